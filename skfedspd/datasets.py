@@ -1,0 +1,442 @@
+"""Offline loading of the PhysioNet EEG Motor Movement/Imagery dataset (eegmmidb).
+
+The data are read through MOABB (``PhysionetMI`` with the ``MotorImagery`` or
+``LeftRightImagery`` paradigm) from a local copy of the original EDF files, laid out
+as MNE and MOABB expect::
+
+    <root>/MNE-eegbci-data/files/eegmmidb/1.0.0/SXXX/SXXXRYY.edf
+
+No network access is ever attempted: every file a request needs is checked before
+MOABB is called, and a missing one raises :class:`FileNotFoundError` naming the
+subject and the path.
+
+The offline copy shipped with this project (``<project root>/../shared/data``) holds
+16 subjects (:data:`PHYSIONET_OFFLINE_SUBJECTS`):
+
+* subjects 1, 4, 15, 42 have all six imagery runs (4, 8, 12: left / right fist;
+  6, 10, 14: both fists / both feet);
+* subjects 2, 3, 5-14 have runs 4, 8, 12 and only the first hands/feet run, 6.
+
+:func:`load_physionet_mi` picks the runs of each subject from what is present, so
+the 4-class problem has about 22 trials per class for the complete subjects
+(90 trials each) but only 7-8 ``hands`` and 7-8 ``feet`` trials for the others
+(60 trials each). The 2-class (left / right hand) problem has 45 trials for every
+subject.
+
+Measured with moabb 1.7.2 / mne 1.13 on the 16 offline subjects (one CPU process,
+imports excluded): about 5-6 s for 4 classes, about 4 s for 2 classes, so no
+on-disk cache is provided.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import warnings
+from pathlib import Path
+
+import numpy as np
+
+__all__ = [
+    "PHYSIONET_OFFLINE_SUBJECTS",
+    "PHYSIONET_SFREQ",
+    "find_physionet_root",
+    "configure_offline",
+    "physionet_runs_present",
+    "sample_covariance",
+    "load_physionet_mi",
+]
+
+#: Subjects whose EDF files are in the offline copy (``../shared/data``).
+PHYSIONET_OFFLINE_SUBJECTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 42)
+
+#: Sampling rate of the recordings (Hz); subject 88, not in the offline copy, is the
+#: only one recorded at 128 Hz.
+PHYSIONET_SFREQ = 160.0
+
+_ENV_ROOT = "SKFEDSPD_DATA"
+_MNE_FOLDER = "MNE-eegbci-data"
+_EDF_SUBDIR = Path(_MNE_FOLDER, "files", "eegmmidb", "1.0.0")
+_HAND_RUNS = (4, 8, 12)  # imagined left / right fist
+_FEET_RUNS = (6, 10, 14)  # imagined both fists / both feet
+_EVENTS_4 = ["left_hand", "right_hand", "feet", "hands"]
+
+
+def _is_root(path):
+    return path is not None and (Path(path) / _EDF_SUBDIR).is_dir()
+
+
+def _normalise_root(path):
+    """Accept ``<root>`` as well as ``<root>/MNE-eegbci-data``."""
+    path = Path(path).expanduser()
+    if path.name == _MNE_FOLDER and not _is_root(path) and _is_root(path.parent):
+        path = path.parent
+    return path
+
+
+def find_physionet_root(root=None):
+    """Locate the offline PhysioNet eegmmidb data root.
+
+    The root is the folder that contains ``MNE-eegbci-data/files/eegmmidb/1.0.0``.
+
+    Parameters
+    ----------
+    root : str | path-like | None
+        Explicit location. When given, only this location is checked (the
+        ``MNE-eegbci-data`` folder itself is accepted too). When None, the
+        environment variable ``SKFEDSPD_DATA`` is used if set; otherwise the folders
+        ``<ancestor>/shared/data`` are searched for every ancestor of the current
+        working directory and of this module's directory (the project layout puts
+        the data at ``<project root>/../shared/data``).
+
+    Returns
+    -------
+    root : pathlib.Path | None
+        The resolved data root, or None when no valid root was found.
+    """
+    if root is not None:
+        root = _normalise_root(root)
+        return root.resolve() if _is_root(root) else None
+    env = os.environ.get(_ENV_ROOT)
+    if env:
+        env = _normalise_root(env)
+        return env.resolve() if _is_root(env) else None
+    seen = set()
+    for start in (Path.cwd(), Path(__file__).resolve().parent):
+        for folder in (start, *start.parents):
+            candidate = folder / "shared" / "data"
+            if candidate in seen:
+                continue
+            seen.add(candidate)
+            if _is_root(candidate):
+                return candidate.resolve()
+    return None
+
+
+def configure_offline(root):
+    """Point MNE and MOABB at the offline data root and forbid NEMAR downloads.
+
+    Sets the environment variables ``MNE_DATA`` and ``MNE_DATASETS_EEGBCI_PATH`` to
+    ``root`` and ``MOABB_DOWNLOAD_PROVIDER`` to ``"upstream"`` (without it, moabb
+    1.7.2 contacts data.nemar.org before reading local files).
+
+    MNE's ``get_config`` reads ``os.environ`` on every call, before its config file,
+    and MOABB resolves the dataset path and the download provider through it each
+    time data are requested; nothing is cached at import. Setting the variables is
+    therefore enough even when ``mne`` or ``moabb`` was imported earlier, and the
+    user's MNE config file (``~/.mne/mne-python.json``) is left untouched. Because
+    ``MNE_DATA`` is set, MOABB never writes a default location to that file, and
+    MNE never asks a question on standard input.
+
+    Parameters
+    ----------
+    root : str | path-like
+        Data root (the folder that contains ``MNE-eegbci-data``).
+
+    Returns
+    -------
+    root : pathlib.Path
+        The resolved root.
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``root`` does not contain ``MNE-eegbci-data/files/eegmmidb/1.0.0``.
+    """
+    resolved = find_physionet_root(root)
+    if resolved is None:
+        raise FileNotFoundError(
+            f"No PhysioNet eegmmidb data under {root!s}: expected "
+            f"{Path(root) / _EDF_SUBDIR}"
+        )
+    os.environ["MNE_DATA"] = str(resolved)
+    os.environ["MNE_DATASETS_EEGBCI_PATH"] = str(resolved)
+    os.environ["MOABB_DOWNLOAD_PROVIDER"] = "upstream"
+    return resolved
+
+
+def _edf_path(root, subject, run):
+    return Path(root) / _EDF_SUBDIR / f"S{subject:03d}" / f"S{subject:03d}R{run:02d}.edf"
+
+
+def physionet_runs_present(subject, root):
+    """Imagery runs of one subject present under ``root``.
+
+    Parameters
+    ----------
+    subject : int
+        Subject number (1-109).
+    root : str | path-like
+        Data root (the folder that contains ``MNE-eegbci-data``).
+
+    Returns
+    -------
+    hand_runs : list of int
+        Present runs among 4, 8, 12 (imagined left / right fist).
+    feet_runs : list of int
+        Present runs among 6, 10, 14 (imagined both fists / both feet).
+    """
+    hand = [r for r in _HAND_RUNS if _edf_path(root, subject, r).is_file()]
+    feet = [r for r in _FEET_RUNS if _edf_path(root, subject, r).is_file()]
+    return hand, feet
+
+
+def sample_covariance(X):
+    r"""Unbiased sample covariance of each trial.
+
+    .. math::
+        C = \frac{1}{T - 1} \bar X \bar X^\top, \qquad
+        \bar X = X - \tfrac{1}{T} X \mathbf 1 \mathbf 1^\top
+
+    ``pyriemann`` ``Covariances("scm")`` divides by ``T`` instead (its
+    ``covariance_scm`` uses weights summing to one), so its result is this one
+    times ``(T - 1) / T``.
+
+    Parameters
+    ----------
+    X : ndarray, shape (n_trials, n_channels, n_times)
+        Trials.
+
+    Returns
+    -------
+    C : ndarray, shape (n_trials, n_channels, n_channels)
+        Symmetric covariance matrices (float64).
+    """
+    X = np.asarray(X, dtype=np.float64)
+    n_times = X.shape[-1]
+    if n_times < 2:
+        raise ValueError(f"Need at least 2 time samples, got {n_times}")
+    Xc = X - X.mean(axis=-1, keepdims=True)
+    C = Xc @ np.swapaxes(Xc, -1, -2) / (n_times - 1)
+    return 0.5 * (C + np.swapaxes(C, -1, -2))
+
+
+def _runs_for(subject, root, n_classes):
+    """Runs to load for one subject, or raise naming what is missing."""
+    subject_dir = Path(root) / _EDF_SUBDIR / f"S{subject:03d}"
+    if not subject_dir.is_dir():
+        raise FileNotFoundError(
+            f"PhysioNet subject {subject} is not available offline: {subject_dir} "
+            f"does not exist (subjects present in the shipped copy: "
+            f"{list(PHYSIONET_OFFLINE_SUBJECTS)})"
+        )
+    hand, feet = physionet_runs_present(subject, root)
+    if not hand:
+        raise FileNotFoundError(
+            f"PhysioNet subject {subject} has no left/right imagery run offline: none of "
+            + ", ".join(str(_edf_path(root, subject, r)) for r in _HAND_RUNS)
+            + " exists"
+        )
+    if n_classes == 4 and not feet:
+        raise FileNotFoundError(
+            f"PhysioNet subject {subject} has no hands/feet imagery run offline "
+            f"(needed for 4 classes): none of "
+            + ", ".join(str(_edf_path(root, subject, r)) for r in _FEET_RUNS)
+            + " exists"
+        )
+    return tuple(hand), tuple(feet) if n_classes == 4 else ()
+
+
+def _channel_names(dataset, subject, run):
+    """EEG channel names in the order MOABB returns them (header read only)."""
+    import mne
+
+    raw = dataset._load_one_run(subject, run, preload=False)
+    picks = mne.pick_types(raw.info, eeg=True, stim=False)
+    return [raw.ch_names[i] for i in picks]
+
+
+def load_physionet_mi(
+    subjects=None,
+    n_classes=4,
+    fmin=8.0,
+    fmax=32.0,
+    tmin=0.0,
+    tmax=None,
+    resample=None,
+    root=None,
+    return_raw=False,
+    n_times=None,
+    verbose=False,
+):
+    """Load PhysioNet motor-imagery trials offline as covariance matrices or epochs.
+
+    Uses MOABB ``PhysionetMI(imagined=True)``. For each subject the runs present
+    offline are used: runs 4, 8, 12 (left / right fist) and, for 4 classes, those of
+    runs 6, 10, 14 (both fists / both feet) that exist, i.e. the MOABB default for
+    subjects 1, 4, 15, 42 and ``feet_runs=[6]`` for subjects 2, 3, 5-14. Subjects that
+    need different runs are loaded in separate MOABB calls; the trials are returned
+    grouped by subject in the order of ``subjects``.
+
+    * 4 classes: ``MotorImagery(n_classes=4, events=["left_hand", "right_hand",
+      "feet", "hands"], fmin, fmax, tmin, tmax, resample)`` (``rest`` excluded).
+    * 2 classes: ``LeftRightImagery(fmin, fmax, tmin, tmax, resample)`` with
+      ``feet_runs=[]`` for every subject.
+
+    Trials span MOABB's PhysionetMI interval ``[0, 3]`` s after the cue (shifted by
+    ``tmin``, ended at ``tmax`` if given). MNE epochs include both ends, so at
+    160 Hz a trial has **481** samples, not 480. Pass ``n_times=480`` (e.g. for the
+    EEGNet baseline, whose paper parameter count assumes T = 480) to keep the first
+    480 samples of each trial; covariances are then computed on those samples.
+
+    Parameters
+    ----------
+    subjects : sequence of int | None
+        Subjects to load; None loads :data:`PHYSIONET_OFFLINE_SUBJECTS`.
+    n_classes : {4, 2}
+        4: ``left_hand``, ``right_hand``, ``feet``, ``hands``; 2: ``left_hand``,
+        ``right_hand``.
+    fmin, fmax : float
+        Band-pass edges in Hz (MOABB's IIR filter on the continuous recording).
+    tmin : float
+        Start of the trial window, in seconds after the cue.
+    tmax : float | None
+        End of the trial window, in seconds after the cue; None means 3 s.
+    resample : float | None
+        Resampling frequency in Hz; None keeps 160 Hz.
+    root : str | path-like | None
+        Data root; see :func:`find_physionet_root`. The MNE/MOABB environment
+        variables are set for it (:func:`configure_offline`).
+    return_raw : bool
+        If True, return the band-passed epochs instead of covariance matrices.
+    n_times : int | None
+        If given, keep only the first ``n_times`` samples of each trial.
+    verbose : bool
+        If False, silence MNE/MOABB logging and their deprecation warnings.
+
+    Returns
+    -------
+    X : ndarray
+        ``return_raw=False``: covariance matrices, shape
+        (n_trials, n_channels, n_channels), computed by :func:`sample_covariance`
+        (``1/(T-1)`` estimator on the centred trial). ``return_raw=True``: epochs,
+        shape (n_trials, n_channels, n_times). Always float64 and in volts (volts²
+        for covariances, traces around 1e-8 for 64 channels at 8-32 Hz): MOABB
+        multiplies arrays by the dataset's ``unit_factor`` (1e6, microvolts) by
+        default; this function disables that. Scaling belongs to the classifier.
+        n_channels is 64.
+    y : ndarray of str, shape (n_trials,)
+        Class labels.
+    subjects : ndarray of int, shape (n_trials,)
+        Subject of each trial.
+    meta : pandas.DataFrame
+        MOABB metadata (``subject``, ``session``, ``run``, where ``run`` is MOABB's
+        run index as a string) plus ``physionet_run``, the PhysioNet run number.
+        ``meta.attrs`` holds ``ch_names``, ``sfreq``, ``n_times``, ``units``,
+        ``runs`` (subject -> PhysioNet runs loaded) and the loading arguments.
+
+    Raises
+    ------
+    FileNotFoundError
+        If no data root is found, or a requested subject (or all its runs of a
+        needed kind) is missing offline; the message names the subject and path.
+    ValueError
+        For invalid arguments (``n_classes`` not in {2, 4}, duplicated subjects,
+        ``n_times`` larger than the trials).
+    """
+    if n_classes not in (2, 4):
+        raise ValueError(f"n_classes must be 2 or 4, got {n_classes!r}")
+    found = find_physionet_root(root)
+    if found is None:
+        where = (
+            str(root)
+            if root is not None
+            else (
+                f"${_ENV_ROOT}={os.environ[_ENV_ROOT]}"
+                if os.environ.get(_ENV_ROOT)
+                else "<ancestor>/shared/data of the working directory and of skfedspd"
+            )
+        )
+        raise FileNotFoundError(
+            f"PhysioNet eegmmidb data not found (looked in {where}); expected "
+            f"<root>/{_EDF_SUBDIR.as_posix()}/SXXX/SXXXRYY.edf"
+        )
+    root = configure_offline(found)
+
+    if subjects is None:
+        subjects = PHYSIONET_OFFLINE_SUBJECTS
+    subjects = [int(s) for s in np.atleast_1d(subjects)]
+    if len(set(subjects)) != len(subjects):
+        raise ValueError(f"Duplicated subjects in {subjects}")
+    if not subjects:
+        raise ValueError("No subject requested")
+    if n_times is not None and int(n_times) < 2:
+        raise ValueError(f"n_times must be at least 2, got {n_times!r}")
+
+    # Check every file before MOABB sees the request: it would download a missing one.
+    runs = {s: _runs_for(s, root, n_classes) for s in subjects}
+    groups = {}
+    for s in subjects:
+        groups.setdefault(runs[s], []).append(s)
+
+    import mne
+    import pandas as pd
+    from moabb.datasets import PhysionetMI
+    from moabb.paradigms import LeftRightImagery, MotorImagery
+
+    common = dict(fmin=fmin, fmax=fmax, tmin=tmin, tmax=tmax, resample=resample)
+    if n_classes == 4:
+        paradigm = MotorImagery(n_classes=4, events=list(_EVENTS_4), **common)
+    else:
+        paradigm = LeftRightImagery(**common)
+
+    per_subject = {}
+    ch_names = None
+    with warnings.catch_warnings():
+        if not verbose:
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+        moabb_logger = logging.getLogger("moabb")
+        old_moabb_level = moabb_logger.level
+        if not verbose:
+            moabb_logger.setLevel(logging.ERROR)
+        try:
+            with contextlib.nullcontext() if verbose else mne.utils.use_log_level("ERROR"):
+                for (hand, feet), group in groups.items():
+                    dataset = PhysionetMI(imagined=True)
+                    dataset.hand_runs = list(hand)
+                    dataset.feet_runs = list(feet)
+                    dataset.unit_factor = 1.0  # keep volts (MOABB default: x1e6)
+                    Xg, yg, mg = paradigm.get_data(dataset=dataset, subjects=group)
+                    if ch_names is None:
+                        ch_names = _channel_names(dataset, group[0], hand[0])
+                    run_numbers = np.asarray(list(hand) + list(feet))
+                    mg = mg.reset_index(drop=True)
+                    mg["physionet_run"] = run_numbers[mg["run"].astype(int).to_numpy()]
+                    sg = mg["subject"].to_numpy().astype(int)
+                    for s in group:
+                        keep = np.flatnonzero(sg == s)
+                        per_subject[s] = (Xg[keep], np.asarray(yg)[keep], mg.iloc[keep])
+        finally:
+            moabb_logger.setLevel(old_moabb_level)
+
+    X = np.concatenate([per_subject[s][0] for s in subjects], axis=0)
+    y = np.concatenate([per_subject[s][1] for s in subjects]).astype(str)
+    meta = pd.concat([per_subject[s][2] for s in subjects], ignore_index=True)
+    subj = meta["subject"].to_numpy().astype(int)
+
+    if n_times is not None:
+        n_times = int(n_times)
+        if n_times > X.shape[-1]:
+            raise ValueError(f"n_times={n_times} exceeds the {X.shape[-1]} samples per trial")
+        X = X[..., :n_times]
+    X = np.ascontiguousarray(X, dtype=np.float64)
+
+    meta.attrs = {
+        "ch_names": ch_names,
+        "sfreq": float(resample) if resample is not None else PHYSIONET_SFREQ,
+        "n_times": int(X.shape[-1]),
+        "units": "V" if return_raw else "V^2",
+        "runs": {s: list(runs[s][0]) + list(runs[s][1]) for s in subjects},
+        "root": str(root),
+        "n_classes": n_classes,
+        "fmin": fmin,
+        "fmax": fmax,
+        "tmin": tmin,
+        "tmax": tmax,
+        "resample": resample,
+    }
+    if not return_raw:
+        X = sample_covariance(X)
+    return X, y, subj, meta

@@ -1,0 +1,220 @@
+"""EEGNet-8,2 (Lawhern et al., 2018) as a pure torch module, the deep baseline of FedSPDnet.
+
+Reference: V. J. Lawhern, A. J. Solon, N. R. Waytowich, S. M. Gordon, C. P. Hung and
+B. J. Lance, "EEGNet: a compact convolutional neural network for EEG-based brain–computer
+interfaces", J. Neural Eng. 15 (2018) 056013, and its Keras code (``arl-eegmodels``).
+braindecode is not used (it does not import with the CPU torch build).
+
+Architecture (input ``(batch, n_channels, n_times)``, z-scored raw EEG, viewed as an image
+``(batch, 1, n_channels, n_times)``; 'same' = zero padding that keeps the time length, the
+extra sample of an even kernel going on the right, as in Keras)::
+
+    block 1  Conv2d(1 → F1, (1, Kt), 'same', bias=False)            F1·Kt
+             BatchNorm2d(F1)                                         2·F1
+             depthwise Conv2d(F1 → F1·D, (C, 1), groups=F1,          F1·D·C
+                              bias=False, max-norm 1)
+             BatchNorm2d(F1·D), ELU, AvgPool(1, p1), Dropout         2·F1·D
+    block 2  depthwise Conv2d(F1·D → F1·D, (1, Ks), 'same',          F1·D·Ks
+                              groups=F1·D, bias=False)
+             pointwise Conv2d(F1·D → F2, (1, 1), bias=False)         F1·D·F2
+             BatchNorm2d(F2), ELU, AvgPool(1, p2), Dropout           2·F2
+    head     Flatten, Linear(F2·T' → n_classes, bias, max-norm 0.25) (F2·T' + 1)·n_classes
+
+with ``Kt = max(round(fs / 2), 32)``, ``Ks = max(round(fs / (2·p1)), 8)`` and
+``T' = floor(floor(n_times / p1) / p2)`` (pooling floors, as Keras' 'valid' pooling does, so
+``n_times`` need not be a multiple of ``p1·p2``). The module returns **logits** (no softmax):
+use it with ``nn.CrossEntropyLoss``.
+
+Parameter counts (the values of the FedSPDnet paper, checked in ``tests/test_eegnet.py``):
+
+* PhysionetMI, C = 64, fs = 160 Hz, 4 classes, n_times = 480 (3 s): Kt = 80, Ks = 20,
+  T' = 15 → 640 + 16 + 1024 + 32 + 320 + 256 + 32 + 964 = **3 284**.
+* Weibo2014, C = 60, fs = 200 Hz, 7 classes: Kt = 100, Ks = 25, the convolutional part has
+  800 + 16 + 960 + 32 + 400 + 256 + 32 = 2 496 parameters, so 5 303 requires a dense layer of
+  2 807 = 16·T'·7 + 7 parameters, i.e. T' = 25, i.e. **n_times = 800** (4 s at 200 Hz; any
+  n_times in [800, 831] floors to the same T').
+
+Max-norm constraints: the method :meth:`EEGNet.apply_max_norm_` projects, in place, each
+spatial filter of the depthwise conv onto the ball of L2 norm 1 and each output row of the
+dense layer onto the ball of norm 0.25 (Keras ``max_norm(axis=0)`` semantics: one norm per
+output unit). The training loop must call it after every ``optimizer.step()``, exactly as Keras
+applies constraints after each update. A ``torch.nn.utils.parametrize`` parametrization was not
+used because (i) it is a reparametrization, not a projection: gradients flow through the
+normalisation, which is a different optimisation from Lawhern's; (ii) it renames the
+state_dict keys (``...parametrizations.weight.original``), which would leak into the
+federated aggregation code and into saved checkpoints. The constraint is also applied once at
+construction, so it holds from the start.
+
+Initialisation follows Keras: Glorot-uniform weights for every conv and for the dense layer,
+zero dense bias, BatchNorm weight 1 / bias 0, BatchNorm momentum 0.01 and eps 1e-3 (Keras'
+defaults momentum 0.99, eps 1e-3; torch's momentum is Keras' complement; braindecode's
+EEGNetv4 uses the same values).
+
+Federated learning: :meth:`EEGNet.parameter_kinds` maps every key of ``state_dict()`` to
+
+* ``"euclidean"`` for trainable tensors (conv/dense weights, dense bias, *and* BatchNorm
+  affine ``weight``/``bias``): they live in a Euclidean space and are averaged by FedAvg;
+* ``"local"`` for BatchNorm buffers ``running_mean``, ``running_var``,
+  ``num_batches_tracked``: they stay on each client and are never averaged, since they
+  encode each client's own feature statistics (in the spirit of FedBN, Li et al., 2021, which
+  also keeps the affine weight/bias local; here those are shared).
+"""
+
+from collections import OrderedDict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .nn import FederatedModule
+
+__all__ = ["EEGNet"]
+
+
+def _kernel_lengths(fs, p1):
+    """Temporal kernel length of block 1 and of the separable conv of block 2."""
+    kt = max(int(round(0.5 * fs)), 32)
+    ks = max(int(round(fs / (2 * p1))), 8)
+    return kt, ks
+
+
+def _same_padding(kernel_length):
+    """(left, right) zero padding of a stride-1 'same' conv: TF/Keras and torch put the extra
+    sample of an even kernel on the right."""
+    left = (kernel_length - 1) // 2
+    return left, kernel_length - 1 - left
+
+
+class EEGNet(FederatedModule):
+    """EEGNet-F1,D (default EEGNet-8,2) for ``(batch, n_channels, n_times)`` EEG.
+
+    Parameters
+    ----------
+    n_channels : int
+        Number of EEG channels C (height of the depthwise spatial filter).
+    n_times : int
+        Number of time samples per trial; must be at least ``p1 * p2``. Need not be a
+        multiple of ``p1 * p2`` (pooling floors).
+    n_classes : int
+        Number of output logits.
+    fs : float
+        Sampling frequency in Hz; sets ``Kt = max(round(fs/2), 32)`` and
+        ``Ks = max(round(fs/(2 p1)), 8)``.
+    F1, D, F2 : int
+        Temporal filters, depth multiplier, separable (pointwise) filters.
+    p1, p2 : int
+        Average-pooling factors along time after blocks 1 and 2.
+    dropout : float
+        Dropout rate (Lawhern: 0.5 within-subject, 0.25 cross-subject; default 0.25).
+
+    See the module docstring for the architecture, the parameter counts (3 284 for
+    PhysionetMI with n_times = 480, 5 303 for Weibo2014 with n_times = 800), the max-norm
+    constraints and the federated ``parameter_kinds``.
+    """
+
+    #: Keras ``max_norm`` values of Lawhern et al.
+    depthwise_max_norm = 1.0
+    dense_max_norm = 0.25
+
+    def __init__(self, n_channels, n_times, n_classes, fs, F1=8, D=2, F2=16, p1=4, p2=8,
+                 dropout=0.25):
+        super().__init__()
+        n_channels, n_times, n_classes = int(n_channels), int(n_times), int(n_classes)
+        if min(n_channels, n_classes, F1, D, F2, p1, p2) < 1:
+            raise ValueError("n_channels, n_classes, F1, D, F2, p1 and p2 must be positive")
+        if fs <= 0:
+            raise ValueError(f"fs must be positive, got {fs}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        n_out = (n_times // p1) // p2
+        if n_out < 1:
+            raise ValueError(f"n_times={n_times} is too short for pooling p1*p2={p1 * p2}")
+
+        self.n_channels, self.n_times, self.n_classes, self.fs = n_channels, n_times, n_classes, fs
+        self.F1, self.D, self.F2, self.p1, self.p2 = F1, D, F2, p1, p2
+        self.dropout = dropout
+        self.kernel_length, self.separable_kernel_length = _kernel_lengths(fs, p1)
+        self.n_features = F2 * n_out
+
+        bn = dict(momentum=0.01, eps=1e-3)  # Keras BatchNormalization defaults (momentum .99)
+        # Block 1: temporal conv, then depthwise spatial conv (one spatial filter bank per
+        # temporal filter).
+        # 'same' padding is applied explicitly in forward (F.pad): identical to
+        # padding="same" but without torch's copy/warning for even kernel lengths.
+        self.temporal_conv = nn.Conv2d(1, F1, (1, self.kernel_length), bias=False)
+        self.bn1 = nn.BatchNorm2d(F1, **bn)
+        self.depthwise_conv = nn.Conv2d(F1, F1 * D, (n_channels, 1), groups=F1, bias=False)
+        self.bn2 = nn.BatchNorm2d(F1 * D, **bn)
+        self.pool1 = nn.AvgPool2d((1, p1))
+        self.drop1 = nn.Dropout(dropout)
+        # Block 2: separable conv = depthwise temporal conv + pointwise 1x1 conv.
+        self.separable_depthwise = nn.Conv2d(F1 * D, F1 * D, (1, self.separable_kernel_length),
+                                             groups=F1 * D, bias=False)
+        self.separable_pointwise = nn.Conv2d(F1 * D, F2, (1, 1), bias=False)
+        self.bn3 = nn.BatchNorm2d(F2, **bn)
+        self.pool2 = nn.AvgPool2d((1, p2))
+        self.drop2 = nn.Dropout(dropout)
+        # Classifier.
+        self.classifier = nn.Linear(self.n_features, n_classes)
+        self.activation = nn.ELU()
+
+        self.reset_parameters()
+
+    def reset_parameters(self):
+        """Keras-style initialisation (Glorot uniform, zero bias), then the max-norm projection."""
+        for module in (self.temporal_conv, self.depthwise_conv, self.separable_depthwise,
+                       self.separable_pointwise, self.classifier):
+            nn.init.xavier_uniform_(module.weight)
+        nn.init.zeros_(self.classifier.bias)
+        for bn in (self.bn1, self.bn2, self.bn3):
+            bn.reset_parameters()
+        self.apply_max_norm_()
+
+    def after_step_(self):
+        self.apply_max_norm_()
+
+    @torch.no_grad()
+    def apply_max_norm_(self):
+        """Project the constrained weights back onto their max-norm balls, in place.
+
+        Depthwise spatial filters (one per output map, norm over the C channel weights)
+        to L2 norm ≤ 1; dense rows (one per class, norm over the inputs) to norm ≤ 0.25.
+        Call after each ``optimizer.step()``. Returns ``self``.
+        """
+        for weight, max_norm in ((self.depthwise_conv.weight, self.depthwise_max_norm),
+                                 (self.classifier.weight, self.dense_max_norm)):
+            weight.copy_(torch.renorm(weight, p=2, dim=0, maxnorm=max_norm))
+        return self
+
+    def parameter_kinds(self):
+        """Ordered ``{state_dict key: "euclidean" | "local"}``, in ``state_dict()`` order.
+
+        Trainable parameters (including BatchNorm affine weight/bias) are ``"euclidean"`` and
+        are averaged by FedAvg; buffers (BatchNorm running_mean, running_var,
+        num_batches_tracked) are ``"local"`` and stay on each client (FedBN).
+        """
+        trainable = {name for name, _ in self.named_parameters()}
+        return OrderedDict((key, "euclidean" if key in trainable else "local")
+                           for key in self.state_dict())
+
+    def forward(self, x):
+        """Logits ``(batch, n_classes)`` of ``x`` of shape ``(batch, n_channels, n_times)``."""
+        if x.dim() != 3 or x.shape[1:] != (self.n_channels, self.n_times):
+            raise ValueError(f"expected input (batch, {self.n_channels}, {self.n_times}), "
+                             f"got {tuple(x.shape)}")
+        x = x.unsqueeze(1)                                  # (B, 1, C, T)
+        x = F.pad(x, _same_padding(self.kernel_length))
+        x = self.bn1(self.temporal_conv(x))                 # (B, F1, C, T)
+        x = self.activation(self.bn2(self.depthwise_conv(x)))  # (B, F1·D, 1, T)
+        x = self.drop1(self.pool1(x))                       # (B, F1·D, 1, T // p1)
+        x = F.pad(x, _same_padding(self.separable_kernel_length))
+        x = self.separable_pointwise(self.separable_depthwise(x))
+        x = self.activation(self.bn3(x))                    # (B, F2, 1, T // p1)
+        x = self.drop2(self.pool2(x))                       # (B, F2, 1, T')
+        return self.classifier(x.flatten(1))
+
+    def extra_repr(self):
+        return (f"n_channels={self.n_channels}, n_times={self.n_times}, "
+                f"n_classes={self.n_classes}, fs={self.fs}, F1={self.F1}, D={self.D}, "
+                f"F2={self.F2}, Kt={self.kernel_length}, Ks={self.separable_kernel_length}, "
+                f"dropout={self.dropout}")

@@ -1,0 +1,143 @@
+"""Spectral functions of symmetric matrices with exact (Daleckii–Krein) gradients.
+
+For a symmetric ``X = U diag(λ) Uᵀ`` and a scalar function ``f``, the matrix function
+``F(X) = U diag(f(λ)) Uᵀ`` has the Fréchet derivative (Daleckii–Krein theorem)
+
+    dF = U (L ∘ (Uᵀ dX U)) Uᵀ,   L_ij = (f(λ_i) − f(λ_j)) / (λ_i − λ_j)  if λ_i ≠ λ_j,
+                                 L_ij = f'(λ_i)                          otherwise,
+
+``L`` being the Loewner matrix of first divided differences. Its adjoint has the same form,
+so the backward pass is ``U (L ∘ (Uᵀ sym(G) U)) Uᵀ``. Unlike the autograd of
+``torch.linalg.eigh``, which divides by ``λ_i − λ_j`` and returns NaN (or silently wrong
+values) when eigenvalues coincide, the divided difference stays bounded: for nearly equal
+eigenvalues it is evaluated as a derivative at the midpoint (exact to second order), which
+is precisely the case created by ReEig clamping several eigenvalues to ``eps``.
+"""
+
+import math
+
+import torch
+
+__all__ = ["reeig", "logeig", "reeig_logeig", "spectral_function", "vech", "unvech"]
+
+# Eigenvalue gaps below this fraction of the spectral scale count as ties.
+_TIE_RTOL = 1e3
+
+
+def _sym(A):
+    return 0.5 * (A + A.transpose(-1, -2))
+
+
+def _loewner(lam, f_lam, df):
+    """Loewner matrix of first divided differences of ``f`` at eigenvalues ``lam``."""
+    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
+    gap = li - lj
+    scale = lam.abs().amax(-1, keepdim=True).unsqueeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)
+    tie = gap.abs() <= _TIE_RTOL * torch.finfo(lam.dtype).eps * scale
+    safe_gap = torch.where(tie, torch.ones_like(gap), gap)
+    divided = (f_lam.unsqueeze(-1) - f_lam.unsqueeze(-2)) / safe_gap
+    return torch.where(tie, df(0.5 * (li + lj)), divided)
+
+
+def _reconstruct(U, values):
+    return (U * values.unsqueeze(-2)) @ U.transpose(-1, -2)
+
+
+class _SpectralFunction(torch.autograd.Function):
+    """``U f(Λ) Uᵀ`` from one ``eigh``, with the Daleckii–Krein backward."""
+
+    @staticmethod
+    def forward(ctx, X, f, df):
+        lam, U = torch.linalg.eigh(X)
+        f_lam = f(lam)
+        ctx.save_for_backward(lam, U, f_lam)
+        ctx.df = df
+        return _reconstruct(U, f_lam)
+
+    @staticmethod
+    def backward(ctx, grad):
+        lam, U, f_lam = ctx.saved_tensors
+        L = _loewner(lam, f_lam, ctx.df)
+        Ut = U.transpose(-1, -2)
+        inner = L * (Ut @ _sym(grad) @ U)
+        return U @ inner @ Ut, None, None
+
+
+def spectral_function(X, f, df):
+    """Apply ``f`` to the eigenvalues of the symmetric batch ``X`` (shape ``(..., n, n)``).
+
+    ``f`` and ``df`` (its derivative) act elementwise on eigenvalue tensors. The gradient
+    is the exact Daleckii–Krein adjoint, finite for repeated eigenvalues.
+    """
+    return _SpectralFunction.apply(X, f, df)
+
+
+def _clamp(eps):
+    return lambda lam: lam.clamp_min(eps)
+
+
+def _clamp_derivative(eps):
+    # Subgradient 1 above the threshold, 0 below; ties exactly at eps take 1 (identity side).
+    return lambda lam: (lam >= eps).to(lam.dtype)
+
+
+def _log(lam):
+    return torch.log(lam)
+
+
+def _log_derivative(lam):
+    return 1.0 / lam
+
+
+def reeig(X, eps):
+    """ReEig layer: ``U max(eps, Λ) Uᵀ``."""
+    return spectral_function(X, _clamp(eps), _clamp_derivative(eps))
+
+
+def logeig(X):
+    """LogEig layer: ``U log(Λ) Uᵀ`` (matrix logarithm of an SPD batch)."""
+    return spectral_function(X, _log, _log_derivative)
+
+
+def reeig_logeig(X, eps):
+    """ReEig followed by LogEig, ``U log(max(eps, Λ)) Uᵀ``, from a single ``eigh``.
+
+    ReEig keeps the eigenvectors, so the composition is the spectral function
+    ``λ ↦ log(max(eps, λ))`` whose derivative is ``1/λ`` above ``eps`` and 0 below.
+    """
+    return spectral_function(
+        X,
+        lambda lam: torch.log(lam.clamp_min(eps)),
+        lambda lam: (lam >= eps).to(lam.dtype) / lam.clamp_min(eps),
+    )
+
+
+def _triu_indices(n, device):
+    return torch.triu_indices(n, n, device=device)
+
+
+def vech(X):
+    """Half-vectorisation with off-diagonal entries scaled by √2.
+
+    Returns the upper triangle (row by row, diagonal included) of each symmetric matrix,
+    shape ``(..., n(n+1)/2)``. The √2 scaling makes the map an isometry from symmetric
+    matrices with the Frobenius norm to Euclidean vectors: ``‖vech(X)‖₂ = ‖X‖_F``.
+    """
+    n = X.shape[-1]
+    rows, cols = _triu_indices(n, X.device)
+    weights = torch.where(rows == cols, 1.0, math.sqrt(2.0)).to(X.dtype)
+    return X[..., rows, cols] * weights
+
+
+def unvech(v):
+    """Inverse of :func:`vech`: symmetric matrices from their scaled half-vectorisation."""
+    m = v.shape[-1]
+    n = int(round((math.sqrt(8 * m + 1) - 1) / 2))
+    if n * (n + 1) // 2 != m:
+        raise ValueError(f"vector length {m} is not n(n+1)/2 for any integer n")
+    rows, cols = _triu_indices(n, v.device)
+    weights = torch.where(rows == cols, 1.0, 1.0 / math.sqrt(2.0)).to(v.dtype)
+    X = v.new_zeros(v.shape[:-1] + (n, n))
+    X[..., rows, cols] = v * weights
+    X[..., cols, rows] = v * weights
+    return X

@@ -1,0 +1,234 @@
+"""SPDnet layers (BiMap, ReEig, LogEig, vech) and the ``SPDNet`` module.
+
+Parameters of every module here can be exported and imported as named numpy arrays together
+with their *kind* — ``"stiefel"`` (aggregated on the Stiefel manifold), ``"euclidean"``
+(aggregated by weighted mean) or ``"local"`` (never leaves a client) — which is what the
+federated layer needs.
+"""
+
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+from .functional import logeig, reeig, reeig_logeig, vech
+from .stiefel import polar, random_stiefel, tangent_project
+
+__all__ = ["BiMap", "ReEig", "LogEig", "ReEigLogEig", "Vech", "SPDNet", "FederatedModule"]
+
+
+class BiMap(nn.Module):
+    """Bilinear map ``Σ ↦ WᵀΣW`` with ``W ∈ St(in_dim, out_dim)``.
+
+    ``W`` is trained by tangent-space local trivialization (Ablin et al., 2024):
+
+        W = R_{W_ref}(P_{W_ref}(V)) = uf(W_ref + P_{W_ref}(V)),
+
+    ``W_ref`` a buffer on the manifold and ``V`` a free Euclidean parameter starting at 0,
+    so any torch optimizer (Adam, SGD, weight decay...) updates ``V`` while ``W`` stays
+    exactly orthonormal. The polar factor has a custom SVD-free backward
+    (:func:`skfedspd.stiefel.polar`), exact and finite at ``V = 0`` where autograd through
+    the SVD is NaN.
+
+    :meth:`recenter_` moves the chart: ``W_ref ← W``, ``V ← 0``. The training loop calls it
+    every ``recenter_every`` optimizer steps; :meth:`set_weight` (the federated broadcast)
+    does it as well. Optimizer state attached to ``V`` (Adam moments) is kept across a
+    re-centring: it is expressed in ambient coordinates, and the projection ``P_{W_ref}``
+    in the forward pass maps it to the new tangent space, whose difference from the old one
+    is of the order of one step. A new optimizer (each federated round) starts from zero.
+    """
+
+    def __init__(self, in_dim, out_dim, seed=None, dtype=torch.float64):
+        super().__init__()
+        if out_dim > in_dim:
+            raise ValueError(f"BiMap reduces dimension: out_dim={out_dim} > in_dim={in_dim}")
+        W0 = torch.as_tensor(random_stiefel(in_dim, out_dim, seed), dtype=dtype)
+        self.register_buffer("W_ref", W0)
+        self.V = nn.Parameter(torch.zeros_like(W0))
+
+    @property
+    def weight(self):
+        return polar(self.W_ref + tangent_project(self.W_ref, self.V))
+
+    def forward(self, X):
+        W = self.weight
+        return W.transpose(-1, -2) @ X @ W
+
+    @torch.no_grad()
+    def recenter_(self):
+        self.W_ref.copy_(self.weight)
+        self.V.zero_()
+
+    @torch.no_grad()
+    def set_weight(self, W):
+        self.W_ref.copy_(torch.as_tensor(W, dtype=self.W_ref.dtype))
+        self.V.zero_()
+
+
+class ReEig(nn.Module):
+    """Eigenvalue rectification ``U max(eps, Λ) Uᵀ``."""
+
+    def __init__(self, eps=1e-4):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, X):
+        return reeig(X, self.eps)
+
+
+class LogEig(nn.Module):
+    """Matrix logarithm ``U log(Λ) Uᵀ``."""
+
+    def forward(self, X):
+        return logeig(X)
+
+
+class ReEigLogEig(nn.Module):
+    """ReEig followed by LogEig with one eigendecomposition."""
+
+    def __init__(self, eps=1e-4):
+        super().__init__()
+        self.eps = eps
+
+    def forward(self, X):
+        return reeig_logeig(X, self.eps)
+
+
+class Vech(nn.Module):
+    """Half-vectorisation with √2-scaled off-diagonal entries (an isometry)."""
+
+    def forward(self, X):
+        return vech(X)
+
+
+class FederatedModule(nn.Module):
+    """A module whose state can be exported/imported as named numpy arrays with kinds."""
+
+    def parameter_kinds(self):
+        """Ordered mapping ``name → "stiefel" | "euclidean" | "local"``."""
+        raise NotImplementedError
+
+    def after_step_(self):
+        """Hook run by the training loop after every optimizer step (default: nothing)."""
+
+    def get_parameters(self):
+        """Named numpy copies of the exported state (the keys of :meth:`parameter_kinds`)."""
+        state = self._exported_state()
+        return OrderedDict(
+            (name, state[name].detach().cpu().numpy().copy()) for name in self.parameter_kinds()
+        )
+
+    def set_parameters(self, arrays):
+        """Load named arrays (a subset of :meth:`parameter_kinds` is allowed)."""
+        kinds = self.parameter_kinds()
+        unknown = set(arrays) - set(kinds)
+        if unknown:
+            raise KeyError(f"unknown parameter names: {sorted(unknown)}")
+        state = self._exported_state()
+        with torch.no_grad():
+            for name, value in arrays.items():
+                value = np.asarray(value)
+                if value.shape != tuple(state[name].shape):
+                    raise ValueError(
+                        f"parameter {name!r} has shape {value.shape}, expected {tuple(state[name].shape)}"
+                    )
+                self._load_array(name, torch.as_tensor(value))
+
+    def _exported_state(self):
+        return self.state_dict(keep_vars=True)
+
+    def _load_array(self, name, value):
+        self._exported_state()[name].copy_(value)
+
+
+class SPDNet(FederatedModule):
+    """SPDnet (Huang & Van Gool, 2017): BiRe blocks → LogEig → vech → Linear.
+
+    Parameters
+    ----------
+    n_channels : int
+        Input matrix size ``d_0``.
+    hidden_dims : sequence of int
+        Output size of each BiMap; one BiRe block (BiMap + ReEig) per entry. The last
+        block's ReEig and the LogEig share one eigendecomposition.
+    n_classes : int
+        Number of outputs (logits).
+    eps : float
+        ReEig threshold.
+    recenter_every : int
+        Re-centre the BiMap charts every this many optimizer steps.
+    seed : int or None
+        Seed of the Stiefel initialisation (the linear head uses torch's default init,
+        drawn from the caller's RNG state).
+    dtype : torch.dtype
+    """
+
+    def __init__(
+        self, n_channels, hidden_dims, n_classes, eps=1e-4, recenter_every=1, seed=None, dtype=torch.float64
+    ):
+        super().__init__()
+        if recenter_every < 1:
+            raise ValueError(f"recenter_every must be >= 1, got {recenter_every}")
+        self.recenter_every = int(recenter_every)
+        self._steps_since_recenter = 0
+        hidden_dims = tuple(int(d) for d in hidden_dims)
+        if not hidden_dims:
+            raise ValueError("hidden_dims needs at least one BiRe block")
+        dims = (int(n_channels),) + hidden_dims
+        seeds = np.random.SeedSequence(seed).spawn(len(hidden_dims))
+        self.bimaps = nn.ModuleList(
+            BiMap(dims[i], dims[i + 1], seed=np.random.default_rng(seeds[i]), dtype=dtype)
+            for i in range(len(hidden_dims))
+        )
+        self.eps = eps
+        self.head = nn.Linear(hidden_dims[-1] * (hidden_dims[-1] + 1) // 2, n_classes, dtype=dtype)
+
+    def features(self, X):
+        """Tangent-space features ``vech(log(ReEig(...)))``, shape ``(batch, d_L(d_L+1)/2)``."""
+        for i, bimap in enumerate(self.bimaps):
+            X = bimap(X)
+            X = reeig_logeig(X, self.eps) if i == len(self.bimaps) - 1 else reeig(X, self.eps)
+        return vech(X)
+
+    def forward(self, X):
+        return self.head(self.features(X))
+
+    def recenter_(self):
+        for bimap in self.bimaps:
+            bimap.recenter_()
+        self._steps_since_recenter = 0
+
+    def after_step_(self):
+        self._steps_since_recenter += 1
+        if self._steps_since_recenter >= self.recenter_every:
+            self.recenter_()
+
+    def parameter_kinds(self):
+        kinds = OrderedDict((f"bimaps.{i}.weight", "stiefel") for i in range(len(self.bimaps)))
+        kinds["head.weight"] = "euclidean"
+        kinds["head.bias"] = "euclidean"
+        return kinds
+
+    def _exported_state(self):
+        state = {f"bimaps.{i}.weight": b.weight for i, b in enumerate(self.bimaps)}
+        state["head.weight"] = self.head.weight
+        state["head.bias"] = self.head.bias
+        return state
+
+    def _load_array(self, name, value):
+        if name.startswith("bimaps."):
+            self.bimaps[int(name.split(".")[1])].set_weight(value)
+        else:
+            super()._load_array(name, value)
+
+    def eigenvalue_clamp_fraction(self, X):
+        """Fraction of eigenvalues clamped by each ReEig on input batch ``X`` (diagnostic)."""
+        fractions = []
+        with torch.no_grad():
+            for bimap in self.bimaps:
+                X = bimap(X)
+                lam = torch.linalg.eigvalsh(X)
+                fractions.append(float((lam < self.eps).to(torch.float64).mean()))
+                X = reeig(X, self.eps)
+        return fractions

@@ -1,0 +1,164 @@
+"""The one local-training routine, shared by the centralized and the federated estimators.
+
+``train_epochs`` runs plain minibatch epochs of cross-entropy training on any
+:class:`~skfedspd.nn.FederatedModule`; ``evaluate`` scores a module; ``PlateauSchedule``
+holds the paper's schedule (ReduceLROnPlateau + early stopping + best checkpoint) and is
+stepped once per epoch (centralized) or once per round (federated).
+"""
+
+import copy
+import warnings
+from contextlib import contextmanager
+
+import numpy as np
+import torch
+from sklearn.metrics import f1_score
+
+__all__ = ["train_epochs", "evaluate", "PlateauSchedule", "seeded_torch", "derive_seed", "torch_threads"]
+
+
+def derive_seed(*entropy):
+    """A 63-bit seed from integers (random_state, round, client id...), stable across runs."""
+    return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+@contextmanager
+def seeded_torch(seed):
+    """Run a block with torch's CPU RNG seeded, restoring the caller's RNG state afterwards."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        yield
+
+
+@contextmanager
+def torch_threads(n_threads):
+    """Temporarily set torch's intra-op thread count (None: leave it)."""
+    if n_threads is None:
+        yield
+        return
+    previous = torch.get_num_threads()
+    torch.set_num_threads(n_threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator):
+    """Train ``module`` for ``n_epochs`` epochs of shuffled minibatches.
+
+    Parameters
+    ----------
+    module : FederatedModule
+        Called as ``module(X_batch)`` → logits; ``module.after_step_()`` runs after every
+        optimizer step (BiMap re-centring, max-norm constraints, ...).
+    optimizer : torch.optim.Optimizer
+    X, y : torch.Tensor
+        Inputs and integer class codes.
+    n_epochs, batch_size : int
+    generator : torch.Generator
+        Drives the shuffling.
+
+    Returns
+    -------
+    mean_loss : float
+        Sample-weighted mean training loss over the batches that were applied
+        (NaN when every batch was skipped).
+    n_skipped : int
+        Batches skipped because their loss or gradient was not finite (weights untouched).
+    """
+    module.train()
+    n = len(y)
+    total, count, skipped = 0.0, 0, 0
+    for _ in range(n_epochs):
+        order = torch.randperm(n, generator=generator)
+        for start in range(0, n, batch_size):
+            idx = order[start : start + batch_size]
+            optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.cross_entropy(module(X[idx]), y[idx])
+            if not torch.isfinite(loss):
+                skipped += 1
+                continue
+            loss.backward()
+            if not all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None):
+                skipped += 1
+                continue
+            optimizer.step()
+            module.after_step_()
+            total += float(loss.detach()) * len(idx)
+            count += len(idx)
+    return (total / count if count else float("nan")), skipped
+
+
+@torch.no_grad()
+def predict_logits(module, X, batch_size=1024):
+    module.eval()
+    return torch.cat([module(X[i : i + batch_size]) for i in range(0, len(X), batch_size)])
+
+
+def evaluate(module, X, y):
+    """Cross-entropy loss and macro-F1 of ``module`` on ``(X, y)``; ``(nan, nan)`` if empty."""
+    if len(y) == 0:
+        return float("nan"), float("nan")
+    logits = predict_logits(module, X)
+    loss = float(torch.nn.functional.cross_entropy(logits, y))
+    f1 = f1_score(y.numpy(), logits.argmax(1).numpy(), average="macro")
+    return loss, float(f1)
+
+
+class PlateauSchedule:
+    """ReduceLROnPlateau + early stopping + best checkpoint, driven by a validation score.
+
+    Each :meth:`step` receives one validation record (macro-F1 and loss). Improvement means
+    a higher F1, or an equal F1 with a lower loss. After ``lr_patience`` steps without
+    improvement the learning rate is multiplied by ``lr_factor`` (as torch's
+    ``ReduceLROnPlateau``: the counter restarts after each reduction); after ``patience``
+    steps without improvement :attr:`should_stop` becomes True. The state passed with the
+    best score is kept as :attr:`best_state`.
+    """
+
+    def __init__(self, lr, patience=75, lr_patience=20, lr_factor=0.5, min_lr=0.0):
+        self.lr = lr
+        self.patience = patience
+        self.lr_patience = lr_patience
+        self.lr_factor = lr_factor
+        self.min_lr = min_lr
+        self.best_score = (-np.inf, np.inf)
+        self.best_step = -1
+        self.best_state = None
+        self.n_steps = 0
+        self._since_best = 0
+        self._since_lr = 0
+
+    def step(self, f1, loss, state):
+        """Record one validation result; ``state`` is copied if it is the best so far."""
+        score_f1 = -np.inf if np.isnan(f1) else f1
+        score_loss = np.inf if np.isnan(loss) else loss
+        improved = (score_f1, -score_loss) > (self.best_score[0], -self.best_score[1])
+        if improved:
+            self.best_score = (score_f1, score_loss)
+            self.best_step = self.n_steps
+            self.best_state = copy.deepcopy(state)
+            self._since_best = self._since_lr = 0
+        else:
+            self._since_best += 1
+            self._since_lr += 1
+            if self._since_lr > self.lr_patience:
+                self.lr = max(self.lr * self.lr_factor, self.min_lr)
+                self._since_lr = 0
+        self.n_steps += 1
+        return improved
+
+    @property
+    def should_stop(self):
+        return self.patience is not None and self._since_best >= self.patience
+
+
+def warn_skipped(n_skipped, where):
+    if n_skipped:
+        warnings.warn(
+            f"{n_skipped} minibatch(es) had a non-finite loss or gradient in {where} and were "
+            "skipped (weights left unchanged); check the input scaling or lower the learning rate",
+            RuntimeWarning,
+            stacklevel=3,
+        )
