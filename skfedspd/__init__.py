@@ -1,6 +1,7 @@
 """skfedspd: SPDnet on SPD (EEG covariance) matrices, centralized or federated, for scikit-learn."""
 
 from .classifier import SPDnetClassifier
+from .federated import FederatedSPDnetClassifier
 
 __version__ = "0.1.0"
-__all__ = ["SPDnetClassifier", "__version__"]
+__all__ = ["SPDnetClassifier", "FederatedSPDnetClassifier", "__version__"]

@@ -59,8 +59,13 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     """Base for torch classifiers trained by :func:`skfedspd.training.train_epochs`.
 
     Subclasses implement ``_validate_X(X, reset)`` (returns a float64 array),
-    ``_fit_input_transform(X)``, ``_to_tensor(X)`` and ``_build_module(seed)``.
+    ``_input_statistic(X)`` / ``_set_input_statistic(value)`` (a scalar fitted on the
+    training inputs, additive over samples so that federated clients can combine it by a
+    weighted mean; None when there is none), ``_to_tensor(X)`` and ``_build_module(seed)``.
     """
+
+    def _fit_input_transform(self, X):
+        self._set_input_statistic(self._input_statistic(X))
 
     # Parameter names shared by every subclass's __init__ (numpydoc in the subclasses).
     def _check_common_params(self):
@@ -107,13 +112,16 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     def _seed(self):
         return int(check_random_state(self.random_state).randint(0, 2**31 - 1))
 
-    def _initialize(self, X, codes, seed):
-        """Fit the input transform and build a fresh module (under the seeded RNG)."""
+    def _initialize(self, X, seed):
+        """Fit the input transform and build a fresh module."""
         self._fit_input_transform(X)
+        self._init_module(seed)
+
+    def _init_module(self, seed):
+        """Build a fresh module under a seeded RNG; reset the history."""
         with seeded_torch(derive_seed(seed, 0)):
             self.module_ = self._build_module(derive_seed(seed, 1)).to(self.device)
         self.history_ = []
-        self._n_updates = 0
 
     def fit(self, X, y):
         """Train on ``(X, y)`` with a stratified validation split and early stopping.
@@ -135,7 +143,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         self._require_two_classes()
         seed = self._seed()
         if not (self.warm_start and self.__sklearn_is_fitted__()):
-            self._initialize(X, codes, seed)
+            self._initialize(X, seed)
         train, val = stratified_split(codes, self.validation_fraction, seed)
         Xt, yt = self._to_tensor(X[train]), torch.as_tensor(codes[train])
         Xv, yv = self._to_tensor(X[val]), torch.as_tensor(codes[val])
@@ -190,11 +198,17 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             codes = self._encode_targets(y, len(X), classes=classes)
             self._require_two_classes()
             self._partial_seed = self._seed()
-            self._initialize(X, codes, self._partial_seed)
-            self._partial_optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.lr)
+            self._initialize(X, self._partial_seed)
         else:
             known = self.classes_
             codes = self._encode_targets(y, len(X), classes=known)
+        if not hasattr(self, "_partial_seed"):  # fitted by fit(): first partial_fit call
+            self._partial_seed = self._seed()
+        optimizer = getattr(self, "_partial_optimizer", None)
+        if optimizer is None or any(  # none yet, or one of a module replaced by fit()
+            a is not b for a, b in zip(optimizer.param_groups[0]["params"], self.module_.parameters())
+        ):
+            self._partial_optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.lr)
         call = len(self.history_)
         with seeded_torch(derive_seed(self._partial_seed, 4, call)):
             generator = torch.Generator().manual_seed(derive_seed(self._partial_seed, 5, call))
@@ -221,7 +235,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def predict(self, X):
         """Most probable class label for each sample."""
-        return self.classes_[np.argmax(self.decision_function(X), axis=1)]
+        scores = self.decision_function(X)  # first, so an unfitted model raises NotFittedError
+        return self.classes_[np.argmax(scores, axis=1)]
 
     # ------------------------------------------------------------------ helpers
     def _warn_about_input(self, Xt):

@@ -171,17 +171,13 @@ class SPDnetClassifier(TorchClassifierBase):
                 raise ValueError(f"hidden_dims {self._hidden_dims} must not increase from {self.n_features_in_} channels")
         return X
 
-    @staticmethod
-    def log_mean_trace(X):
-        """Mean over matrices of ``log(trace(X)/n)`` — additive, so federated clients can
-        combine it by a weighted mean into exactly the pooled value."""
+    def _input_statistic(self, X):
+        """Mean over matrices of ``log(trace(X)/n)``: additive, so federated clients combine
+        it by a weighted mean into exactly the pooled value."""
         n = X.shape[-1]
         return float(np.mean(np.log(np.trace(X, axis1=1, axis2=2) / n)))
 
-    def _fit_input_transform(self, X):
-        self.set_scale_from_log_mean_trace(self.log_mean_trace(X))
-
-    def set_scale_from_log_mean_trace(self, log_mean_trace):
+    def _set_input_statistic(self, log_mean_trace):
         if self.scaling == "auto":
             self.scale_ = float(np.exp(-log_mean_trace))
         elif self.scaling == "trace" or self.scaling is None:

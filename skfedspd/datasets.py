@@ -23,9 +23,10 @@ the 4-class problem has about 22 trials per class for the complete subjects
 (60 trials each). The 2-class (left / right hand) problem has 45 trials for every
 subject.
 
-Measured with moabb 1.7.2 / mne 1.13 on the 16 offline subjects (one CPU process,
-imports excluded): about 5-6 s for 4 classes, about 4 s for 2 classes, so no
-on-disk cache is provided.
+Loading time, measured with moabb 1.7.2 / mne 1.13 on the 16 offline subjects in one
+CPU process: about 7.5-8 s for 4 classes (1080 trials) and 4 s for 2 classes (720
+trials), plus about 4-5 s to import mne and moabb the first time. This is below the
+cost of any model fit, so no on-disk cache is provided.
 """
 
 from __future__ import annotations

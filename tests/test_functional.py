@@ -175,7 +175,10 @@ def test_gradcheck(fname, cname):
     [
         ("logeig", ["distinct", "scaled_identity", "diag_repeated", "two_equal_rotated"]),
         ("spectral_exp", ["distinct", "scaled_identity", "diag_repeated", "two_equal_rotated"]),
-        ("reeig", ["distinct", "diag_repeated", "clamped_tied_zero", "clamped_all_scaled_identity"]),
+        (
+            "reeig",
+            ["distinct", "diag_repeated", "clamped_tied_zero", "clamped_all_scaled_identity"],
+        ),
         (
             "reeig_logeig",
             ["distinct", "diag_repeated", "clamped_tied_zero", "clamped_all_scaled_identity"],

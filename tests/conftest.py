@@ -1,0 +1,109 @@
+"""Shared pytest fixtures."""
+
+import pytest
+
+from skfedspd.datasets import configure_offline, find_physionet_root
+
+# PhysioNet EEG (../shared/data): set MNE_DATA, MNE_DATASETS_EEGBCI_PATH and
+# MOABB_DOWNLOAD_PROVIDER=upstream as early as possible, before any test imports mne
+# or moabb, so that nothing ever tries to download.
+_PHYSIONET_ROOT = find_physionet_root()
+if _PHYSIONET_ROOT is not None:
+    configure_offline(_PHYSIONET_ROOT)
+
+
+def physionet_root_or_skip(root=None):
+    """Return the PhysioNet data root (see ``find_physionet_root``) or skip the test."""
+    found = find_physionet_root(root)
+    if found is None:
+        pytest.skip("PhysioNet EEG files not found in ../shared/data")
+    return configure_offline(found)
+
+
+@pytest.fixture(scope="session")
+def physionet_root():
+    """Offline PhysioNet eegmmidb data root; skips the test when the files are absent."""
+    return physionet_root_or_skip()
+
+
+# ---------------------------------------------------------------------------------------------
+# Synthetic SPD / EEG-like data with class structure (tests of SPDNet and SPDnetClassifier)
+# ---------------------------------------------------------------------------------------------
+
+import numpy as np  # noqa: E402
+
+
+def make_spd_dataset(n_matrices=60, n_channels=8, n_classes=3, seed=0, scale=1.0,
+                     n_times=None, separation=3.0):
+    """Seeded SPD matrices with class structure, and their labels ``0..n_classes-1``.
+
+    Class ``k`` has mean covariance ``Q diag(d_k) Qᵀ`` (one random rotation ``Q`` shared by
+    all classes), where ``d_k`` multiplies a class-specific group of channels by
+    ``separation``; every matrix is the sample covariance of ``n_times`` Gaussian samples
+    drawn from its class's covariance, times ``scale``. Matrices are exactly symmetric and
+    SPD; labels are balanced and interleaved.
+    """
+    rng = np.random.default_rng(seed)
+    n_times = 4 * n_channels if n_times is None else n_times
+    Q, R = np.linalg.qr(rng.standard_normal((n_channels, n_channels)))
+    Q = Q * np.sign(np.diag(R))
+    y = np.arange(n_matrices) % n_classes
+    groups = np.array_split(np.arange(n_channels), n_classes)
+    X = np.empty((n_matrices, n_channels, n_channels))
+    for i, k in enumerate(y):
+        d = np.ones(n_channels)
+        d[groups[k]] = separation
+        A = (Q * np.sqrt(d)) @ rng.standard_normal((n_channels, n_times))
+        C = A @ A.T / n_times
+        X[i] = scale * 0.5 * (C + C.T)
+    return X, y
+
+
+def make_eeg_timeseries(n_trials=90, n_channels=8, n_times=128, n_classes=3, seed=0,
+                        gain=3.0, noise=0.5, amplitude=1e-5):
+    """Seeded multichannel time series ``(n_trials, n_channels, n_times)`` whose class sets
+    the variance of hidden sources, as pyRiemann users simulate motor imagery.
+
+    ``n_channels`` sources of unit variance are mixed by one random matrix; in class ``k``
+    source ``k`` has its standard deviation multiplied by ``gain``. Sensor noise of relative
+    level ``noise`` is added, and everything is scaled by ``amplitude`` (volts).
+    """
+    rng = np.random.default_rng(seed)
+    mixing = rng.standard_normal((n_channels, n_channels))
+    y = np.arange(n_trials) % n_classes
+    X = np.empty((n_trials, n_channels, n_times))
+    for i, k in enumerate(y):
+        sources = rng.standard_normal((n_channels, n_times))
+        sources[k] *= gain
+        X[i] = mixing @ sources + noise * rng.standard_normal((n_channels, n_times))
+    return amplitude * X, y
+
+
+@pytest.fixture
+def spd_dataset():
+    """Factory ``spd_dataset(n_matrices=60, n_channels=8, n_classes=3, seed=0, ...)`` →
+    ``(X, y)``: seeded SPD matrices with class structure (see ``make_spd_dataset``)."""
+    return make_spd_dataset
+
+
+@pytest.fixture
+def eeg_timeseries():
+    """Factory ``eeg_timeseries(n_trials=90, n_channels=8, n_times=128, n_classes=3, ...)``
+    → ``(X, y)``: seeded multichannel time series with class-dependent source variance."""
+    return make_eeg_timeseries
+
+
+@pytest.fixture
+def spd_batch():
+    """Factory ``spd_batch(n, n_channels, seed=0, dtype=torch.float64)`` → a torch batch of
+    well-conditioned random SPD matrices (eigenvalues in [0.5, 2.5])."""
+    import torch
+
+    def _make(n, n_channels, seed=0, dtype=torch.float64):
+        rng = np.random.default_rng(seed)
+        Q, _ = np.linalg.qr(rng.standard_normal((n, n_channels, n_channels)))
+        lam = rng.uniform(0.5, 2.5, size=(n, n_channels))
+        X = (Q * lam[:, None, :]) @ Q.transpose(0, 2, 1)
+        return torch.as_tensor(0.5 * (X + X.transpose(0, 2, 1)), dtype=dtype)
+
+    return _make
