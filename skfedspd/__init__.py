@@ -1,7 +1,8 @@
 """skfedspd: SPDnet on SPD (EEG covariance) matrices, centralized or federated, for scikit-learn."""
 
 from .classifier import SPDnetClassifier
+from .eegnet import EEGNetClassifier
 from .federated import FederatedSPDnetClassifier
 
 __version__ = "0.1.0"
-__all__ = ["SPDnetClassifier", "FederatedSPDnetClassifier", "__version__"]
+__all__ = ["SPDnetClassifier", "EEGNetClassifier", "FederatedSPDnetClassifier", "__version__"]

@@ -46,7 +46,7 @@ def client_weights(n_samples, weighting="n_samples"):
         raw = n_samples
     else:
         raise ValueError(f"weighting must be 'n_samples' or 'uniform', got {weighting!r}")
-    if raw.ndim != 1 or len(raw) == 0 or (raw < 0).any() or raw.sum() <= 0:
+    if raw.ndim != 1 or len(raw) == 0 or (n_samples < 0).any() or (raw < 0).any() or raw.sum() <= 0:
         raise ValueError(f"client weights must be non-negative with a positive sum, got {n_samples.tolist()}")
     return raw / raw.sum()
 

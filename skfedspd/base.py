@@ -213,6 +213,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         with seeded_torch(derive_seed(self._partial_seed, 4, call)):
             generator = torch.Generator().manual_seed(derive_seed(self._partial_seed, 5, call))
             Xt, yt = self._to_tensor(X), torch.as_tensor(codes)
+            if first:
+                self._warn_about_input(Xt)
             self._train_one_epoch(self._partial_optimizer, Xt, yt, generator, Xt[:0], yt[:0], self.lr)
         return self
 

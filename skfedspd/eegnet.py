@@ -62,13 +62,15 @@ Federated learning: :meth:`EEGNet.parameter_kinds` maps every key of ``state_dic
 
 from collections import OrderedDict
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .base import TorchClassifierBase
 from .nn import FederatedModule
 
-__all__ = ["EEGNet"]
+__all__ = ["EEGNet", "EEGNetClassifier"]
 
 
 def _kernel_lengths(fs, p1):
@@ -218,3 +220,87 @@ class EEGNet(FederatedModule):
                 f"n_classes={self.n_classes}, fs={self.fs}, F1={self.F1}, D={self.D}, "
                 f"F2={self.F2}, Kt={self.kernel_length}, Ks={self.separable_kernel_length}, "
                 f"dropout={self.dropout}")
+
+
+class EEGNetClassifier(TorchClassifierBase):
+    """EEGNet-8,2 (Lawhern et al., 2018) as a scikit-learn classifier.
+
+    Input: raw EEG trials ``(n_trials, n_channels, n_times)``; each trial is z-scored per
+    channel (over time) before the network. Trained by the same routine, schedule and
+    early stopping as :class:`~skfedspd.SPDnetClassifier`, so it is also the local model of
+    federated EEGNet (``FederatedSPDnetClassifier(estimator=EEGNetClassifier(...))``: FedAvg
+    of the trainable weights, BatchNorm running statistics kept on each client).
+
+    Parameters
+    ----------
+    fs : float, default=160.0
+        Sampling frequency (sets the kernel lengths).
+    F1, D, F2, p1, p2, dropout
+        See :class:`EEGNet`.
+    lr, batch_size, max_epochs, validation_fraction, patience, lr_patience, lr_factor,
+    dtype, device, random_state, verbose, warm_start
+        As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here).
+
+    Attributes
+    ----------
+    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_epochs_
+    """
+
+    def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, lr=1e-3, batch_size=64,
+                 max_epochs=300, validation_fraction=0.1, patience=75, lr_patience=20, lr_factor=0.5,
+                 dtype="float32", device="cpu", random_state=None, verbose=False, warm_start=False):
+        self.fs = fs
+        self.F1 = F1
+        self.D = D
+        self.F2 = F2
+        self.p1 = p1
+        self.p2 = p2
+        self.dropout = dropout
+        self.lr = lr
+        self.batch_size = batch_size
+        self.max_epochs = max_epochs
+        self.validation_fraction = validation_fraction
+        self.patience = patience
+        self.lr_patience = lr_patience
+        self.lr_factor = lr_factor
+        self.dtype = dtype
+        self.device = device
+        self.random_state = random_state
+        self.verbose = verbose
+        self.warm_start = warm_start
+
+    def _validate_X(self, X, reset):
+        X = np.asarray(X)
+        if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
+            raise ValueError(f"X must be a real numeric array, got dtype {X.dtype}")
+        if X.ndim != 3:
+            raise ValueError(f"X must be a 3-D array (n_trials, n_channels, n_times), got shape {X.shape}")
+        if X.shape[0] == 0:
+            raise ValueError("X holds 0 trials; at least one is required")
+        finite = np.isfinite(X).all(axis=(1, 2))
+        if not finite.all():
+            raise ValueError(f"X contains NaN or infinity (first at trial {int(np.argmin(finite))})")
+        if reset:
+            self.n_features_in_, self.n_times_ = X.shape[1], X.shape[2]
+        elif X.shape[1:] != (self.n_features_in_, self.n_times_):
+            raise ValueError(
+                f"X has trials of shape {X.shape[1:]}, but the estimator was fitted on "
+                f"{(self.n_features_in_, self.n_times_)}"
+            )
+        return X
+
+    def _input_statistic(self, X):
+        return None
+
+    def _set_input_statistic(self, value):
+        """Per-trial z-scoring has nothing to fit."""
+
+    def _to_tensor(self, X):
+        centred = X - X.mean(axis=-1, keepdims=True)
+        std = centred.std(axis=-1, keepdims=True)
+        z = centred / np.where(std > 0, std, 1.0)
+        return torch.as_tensor(z, dtype=self.torch_dtype_, device=self.device)
+
+    def _build_module(self, seed):
+        return EEGNet(self.n_features_in_, self.n_times_, len(self.classes_), self.fs, F1=self.F1, D=self.D,
+                      F2=self.F2, p1=self.p1, p2=self.p2, dropout=self.dropout).to(self.torch_dtype_)

@@ -14,6 +14,7 @@ eigenvalues it is evaluated as a derivative at the midpoint (exact to second ord
 is precisely the case created by ReEig clamping several eigenvalues to ``eps``.
 """
 
+import functools
 import math
 
 import torch
@@ -32,11 +33,11 @@ def _loewner(lam, f_lam, df):
     """Loewner matrix of first divided differences of ``f`` at eigenvalues ``lam``."""
     li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
     gap = li - lj
-    scale = lam.abs().amax(-1, keepdim=True).unsqueeze(-1).clamp_min(torch.finfo(lam.dtype).tiny)
-    tie = gap.abs() <= _TIE_RTOL * torch.finfo(lam.dtype).eps * scale
-    safe_gap = torch.where(tie, torch.ones_like(gap), gap)
-    divided = (f_lam.unsqueeze(-1) - f_lam.unsqueeze(-2)) / safe_gap
-    return torch.where(tie, df(0.5 * (li + lj)), divided)
+    finfo = torch.finfo(lam.dtype)
+    tol = lam.abs().amax(-1, keepdim=True).unsqueeze(-1).clamp_min_(finfo.tiny).mul_(_TIE_RTOL * finfo.eps)
+    tie = gap.abs() <= tol
+    divided = (f_lam.unsqueeze(-1) - f_lam.unsqueeze(-2)).div_(gap.masked_fill_(tie, 1.0))
+    return torch.where(tie, df((li + lj).mul_(0.5)), divided)
 
 
 def _reconstruct(U, values):
@@ -112,14 +113,25 @@ def reeig_logeig(X, eps):
     )
 
 
-def _triu_indices(n, device):
-    return torch.triu_indices(n, n, device=device)
+@functools.lru_cache(maxsize=None)
+def _vech_index(n, device):
+    """Flat (row-major) positions of the upper triangle of an ``n×n`` matrix, row by row.
+
+    Cached; built outside inference mode so that autograd may save them whatever the mode
+    of the first call.
+    """
+    with torch.inference_mode(False):
+        rows, cols = torch.triu_indices(n, n, device=device)
+        return rows, cols, rows * n + cols
 
 
-def _offdiag_weights(rows, cols, off_diagonal, dtype):
+@functools.lru_cache(maxsize=None)
+def _vech_weights(n, dtype, device, inverse):
+    rows, cols, _ = _vech_index(n, device)
     # Built in the target dtype: a float32 √2 would cost float64 inputs 1e-8 of accuracy.
-    one = torch.ones(rows.shape, dtype=dtype, device=rows.device)
-    return torch.where(rows == cols, one, one * off_diagonal)
+    with torch.inference_mode(False):
+        one = torch.ones(rows.shape, dtype=dtype, device=device)
+        return torch.where(rows == cols, one, one * (math.sqrt(0.5) if inverse else math.sqrt(2.0)))
 
 
 def vech(X):
@@ -130,8 +142,10 @@ def vech(X):
     matrices with the Frobenius norm to Euclidean vectors: ``‖vech(X)‖₂ = ‖X‖_F``.
     """
     n = X.shape[-1]
-    rows, cols = _triu_indices(n, X.device)
-    return X[..., rows, cols] * _offdiag_weights(rows, cols, math.sqrt(2.0), X.dtype)
+    _, _, flat = _vech_index(n, X.device)
+    # index_select on the flattened matrix: its backward is a cheap index_add, unlike the
+    # accumulating index_put of advanced indexing X[..., rows, cols].
+    return X.flatten(-2).index_select(-1, flat) * _vech_weights(n, X.dtype, X.device, False)
 
 
 def unvech(v):
@@ -140,9 +154,9 @@ def unvech(v):
     n = int(round((math.sqrt(8 * m + 1) - 1) / 2))
     if n * (n + 1) // 2 != m:
         raise ValueError(f"vector length {m} is not n(n+1)/2 for any integer n")
-    rows, cols = _triu_indices(n, v.device)
-    weights = _offdiag_weights(rows, cols, 1.0 / math.sqrt(2.0), v.dtype)
+    rows, cols, _ = _vech_index(n, v.device)
+    values = v * _vech_weights(n, v.dtype, v.device, True)
     X = v.new_zeros(v.shape[:-1] + (n, n))
-    X[..., rows, cols] = v * weights
-    X[..., cols, rows] = v * weights
+    X[..., rows, cols] = values
+    X[..., cols, rows] = values
     return X

@@ -18,6 +18,47 @@ from .stiefel import polar, random_stiefel, tangent_project
 __all__ = ["BiMap", "ReEig", "LogEig", "ReEigLogEig", "Vech", "SPDNet", "FederatedModule"]
 
 
+class _Congruence(torch.autograd.Function):
+    """``Y = Wᵀ X W`` for one ``W`` (``n×k``) and a batch ``X`` (``..., n, n``).
+
+    Same values and exact gradients as ``W.mT @ X @ W`` under autograd, without the
+    layout copies that broadcasting a 2-D ``W`` against a batch costs (forward and backward):
+    ``Z = X W`` is one ``(batch·n)×n`` by ``n×k`` product, and
+
+        ∇W = Σ_b (X_bᵀ W G_b + X_b W G_bᵀ) = X_flatᵀ (W G)_flat + Σ_b Z_b G_bᵀ,
+        ∇X_b = W G_b Wᵀ,
+
+    valid for any (not necessarily symmetric) ``X`` and upstream gradient ``G``.
+    """
+
+    @staticmethod
+    def forward(ctx, W, X):
+        n, k = W.shape
+        Z = (X.reshape(-1, n) @ W).view(X.shape[:-1] + (k,))  # X_b W
+        ctx.save_for_backward(W, X, Z)
+        return torch.matmul(W.transpose(-1, -2), Z)
+
+    @staticmethod
+    def backward(ctx, G):
+        W, X, Z = ctx.saved_tensors
+        n, k = W.shape
+        grad_W = grad_X = None
+        M = torch.matmul(W, G)  # W G_b
+        if ctx.needs_input_grad[0]:
+            grad_W = X.reshape(-1, n).transpose(0, 1) @ M.reshape(-1, k)
+            grad_W = grad_W + torch.bmm(Z.reshape(-1, n, k), G.reshape(-1, k, k).transpose(-1, -2)).sum(0)
+        if ctx.needs_input_grad[1]:
+            grad_X = torch.matmul(M, W.transpose(-1, -2))
+        return grad_W, grad_X
+
+
+def congruence(W, X):
+    """``Wᵀ X W`` (batched over ``X``), with a copy-free backward for a 2-D ``W``."""
+    if W.dim() != 2 or X.dim() < 2 or X.dtype != W.dtype or X.device != W.device:
+        return W.transpose(-1, -2) @ X @ W
+    return _Congruence.apply(W, X)
+
+
 class BiMap(nn.Module):
     """Bilinear map ``Σ ↦ WᵀΣW`` with ``W ∈ St(in_dim, out_dim)``.
 
@@ -52,8 +93,7 @@ class BiMap(nn.Module):
         return polar(self.W_ref + tangent_project(self.W_ref, self.V))
 
     def forward(self, X):
-        W = self.weight
-        return W.transpose(-1, -2) @ X @ W
+        return congruence(self.weight, X)
 
     @torch.no_grad()
     def recenter_(self):

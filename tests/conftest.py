@@ -79,21 +79,21 @@ def make_eeg_timeseries(n_trials=90, n_channels=8, n_times=128, n_classes=3, see
     return amplitude * X, y
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def spd_dataset():
     """Factory ``spd_dataset(n_matrices=60, n_channels=8, n_classes=3, seed=0, ...)`` →
     ``(X, y)``: seeded SPD matrices with class structure (see ``make_spd_dataset``)."""
     return make_spd_dataset
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def eeg_timeseries():
     """Factory ``eeg_timeseries(n_trials=90, n_channels=8, n_times=128, n_classes=3, ...)``
     → ``(X, y)``: seeded multichannel time series with class-dependent source variance."""
     return make_eeg_timeseries
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def spd_batch():
     """Factory ``spd_batch(n, n_channels, seed=0, dtype=torch.float64)`` → a torch batch of
     well-conditioned random SPD matrices (eigenvalues in [0.5, 2.5])."""
@@ -107,3 +107,13 @@ def spd_batch():
         return torch.as_tensor(0.5 * (X + X.transpose(0, 2, 1)), dtype=dtype)
 
     return _make
+
+
+@pytest.fixture(scope="module")
+def torch_single_thread():
+    """Run a module's tests with one torch intra-op thread (restored afterwards): tiny
+    matrices are much faster that way, and a busy 2-core machine is not oversubscribed."""
+    from skfedspd.training import torch_threads
+
+    with torch_threads(1):
+        yield

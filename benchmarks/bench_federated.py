@@ -1,0 +1,484 @@
+"""Benchmark of the federated layer (``FederatedSPDnetClassifier`` and the aggregation rules).
+
+Four figures, each printed with its ratio and its target side by side:
+
+* **P2** federated overhead — one federated fit of ``T`` rounds × ``E`` local epochs (every
+  client every round, per-round validation of the global model on every client's validation
+  part) against one centralized ``SPDnetClassifier`` fit of ``T·E`` epochs (patience so large
+  that it never stops early) on the same synthetic SPD data. Same work per epoch: every
+  training matrix is seen once per (local) epoch in both. Target: wall-time ratio
+  federated / centralized ≤ 1.15.
+* **P3** client parallelism — the same federated fit with ``n_jobs=2`` against ``n_jobs=1``,
+  *after* a warm-up fit with ``n_jobs=2`` that starts the joblib (loky) workers (they are
+  reused by every later ``Parallel`` call). Also checks that both give bit-identical models.
+  Target: speed-up ≥ 1.6×.
+* **P4** aggregation cost — one server aggregation of ``N`` clients' ``(64×18)`` Stiefel
+  weights plus a small Euclidean head: ProjAvg and RLAvg (median of many repetitions, ms)
+  against the iterative reference ``r_barycenter`` (RLAvg iterated at its own output to
+  ``tol=1e-12``), for clients spread around one Stiefel point at a few spreads δ; also the
+  Frobenius distance of ProjAvg / RLAvg to the reference. Target: ≤ 1 ms and ≥ 100× cheaper.
+* **P6** memory at scale — ``1000`` simulated clients × ``10`` rounds on small matrices, in a
+  fresh child interpreter so the peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is that of
+  the federated fit alone (plus the imports, reported separately). Target: peak RSS ≤ 2 GB.
+
+Timing rules: ``torch.set_num_threads(--torch-threads)`` (default 1: the ``n_jobs=1`` path
+leaves torch's thread count as it finds it while ``n_jobs>1`` pins each worker to one thread,
+so one thread everywhere compares like with like; on a loaded 2-core machine two intra-op
+threads can also be 10–50× slower than one because of spin-waiting), a warm-up call of every
+timed function, then ``--reps`` repetitions whose order alternates, and the median.
+
+Usage::
+
+    .venv/bin/python benchmarks/bench_federated.py                 # all parts, < 5 min on 2 cores
+    .venv/bin/python benchmarks/bench_federated.py --parts P2,P3 --reps 5
+    .venv/bin/python benchmarks/bench_federated.py --parts P6 --p6-clients 2000
+"""
+
+import argparse
+import json
+import os
+import pickle
+import platform
+import resource
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import numpy as np
+import torch
+
+import joblib
+import sklearn
+
+from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.aggregation import client_weights, projavg, r_barycenter, rlavg, weighted_sum
+from skfedspd.stiefel import lift, orthonormality_error, polar, random_stiefel, retract, tangent_project
+
+PARTS = ("P2", "P3", "P4", "P6")
+BIG = 10**9  # "never": patience / lr_patience that no benchmark reaches
+
+
+# ---------------------------------------------------------------------------------------------
+# Data and machine
+# ---------------------------------------------------------------------------------------------
+
+
+def make_spd_data(n_matrices, n_channels, n_classes=4, seed=0, separation=1.5, n_times=None):
+    """Seeded SPD matrices (sample covariances) with class structure, labels ``0..n_classes-1``.
+
+    Class ``k`` has covariance ``Q diag(d_k) Qᵀ`` where ``d_k`` multiplies a class-specific
+    group of channels by ``separation``; labels are balanced and interleaved.
+    """
+    rng = np.random.default_rng(seed)
+    n_times = 4 * n_channels if n_times is None else n_times
+    Q, R = np.linalg.qr(rng.standard_normal((n_channels, n_channels)))
+    Q = Q * np.sign(np.diag(R))
+    y = np.arange(n_matrices) % n_classes
+    blocks = np.array_split(np.arange(n_channels), n_classes)
+    X = np.empty((n_matrices, n_channels, n_channels))
+    for i, k in enumerate(y):
+        d = np.ones(n_channels)
+        d[blocks[k]] = separation
+        A = (Q * np.sqrt(d)) @ rng.standard_normal((n_channels, n_times))
+        C = A @ A.T / n_times
+        X[i] = 0.5 * (C + C.T)
+    return X, y
+
+
+def machine_info():
+    cpu = platform.processor() or "unknown"
+    try:
+        with open("/proc/cpuinfo") as fh:
+            for line in fh:
+                if line.startswith("model name"):
+                    cpu = line.split(":", 1)[1].strip()
+                    break
+    except OSError:
+        pass
+    try:
+        load = "  load average (1/5/15 min): " + " ".join(f"{v:.2f}" for v in os.getloadavg())
+    except OSError:
+        load = ""
+    try:
+        affinity = len(os.sched_getaffinity(0))
+    except AttributeError:
+        affinity = "n/a"
+    return "\n".join([
+        f"CPU          : {cpu}",
+        f"cores        : {os.cpu_count()} logical (affinity: {affinity}){load}",
+        f"python       : {platform.python_version()}  ({platform.platform()})",
+        f"torch        : {torch.__version__}  (intra-op threads: {torch.get_num_threads()}, "
+        f"inter-op threads: {torch.get_num_interop_threads()})",
+        f"numpy        : {np.__version__}   scikit-learn: {sklearn.__version__}   joblib: {joblib.__version__}",
+    ])
+
+
+def median_ms(fn, reps, warmup=3):
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return 1e3 * statistics.median(times), times
+
+
+def verdict(ok):
+    return "MET" if ok else "MISSED"
+
+
+# ---------------------------------------------------------------------------------------------
+# P2 / P3: federated fit timing
+# ---------------------------------------------------------------------------------------------
+
+
+class _TimedFederated(FederatedSPDnetClassifier):
+    """The federated estimator, with the server-side time of each round split out.
+
+    ``_aggregate_round`` covers aggregation + evaluation of the new global model on every
+    client's validation part + the schedule step; ``_evaluate_global`` is the evaluation alone.
+    """
+
+    def _aggregate_round(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return super()._aggregate_round(*args, **kwargs)
+        finally:
+            self.server_time_ = getattr(self, "server_time_", 0.0) + time.perf_counter() - t0
+
+    def _evaluate_global(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return super()._evaluate_global(*args, **kwargs)
+        finally:
+            self.eval_time_ = getattr(self, "eval_time_", 0.0) + time.perf_counter() - t0
+
+
+def _local_estimator(args):
+    return SPDnetClassifier(hidden_dims=(args.hidden,), batch_size=args.batch_size, lr=1e-3,
+                            patience=BIG, lr_patience=BIG)
+
+
+def _federated(args, n_jobs, n_rounds, n_clients, timed=True):
+    cls = _TimedFederated if timed else FederatedSPDnetClassifier
+    return cls(_local_estimator(args), aggregation=args.aggregation, n_rounds=n_rounds,
+               local_epochs=args.epochs, n_clients=n_clients, validation_fraction=args.validation_fraction,
+               n_jobs=n_jobs, random_state=0)
+
+
+def _centralized(args, n_epochs):
+    return _local_estimator(args).set_params(max_epochs=n_epochs, validation_fraction=args.validation_fraction,
+                                             random_state=0)
+
+
+def _timed_fit(make, X, y):
+    est = make()
+    t0 = time.perf_counter()
+    est.fit(X, y)
+    return time.perf_counter() - t0, est
+
+
+def _same_model(a, b):
+    pa, pb = a.global_estimator_.module_.get_parameters(), b.global_estimator_.module_.get_parameters()
+    same_params = all(np.array_equal(pa[k], pb[k]) for k in pa)
+    same_hist = [h["val_loss"] for h in a.history_] == [h["val_loss"] for h in b.history_]
+    return same_params and same_hist
+
+
+def bench_p2(args, X, y, results):
+    T, E, K = args.rounds, args.epochs, args.clients
+    print(f"\n== P2: federated ({K} clients, T={T} rounds x E={E} local epochs, all clients, "
+          f"validation {args.validation_fraction:g} per client) vs centralized ({T * E} epochs) ==")
+    make_fed = lambda: _federated(args, 1, T, K)  # noqa: E731
+    make_cen = lambda: _centralized(args, T * E)  # noqa: E731
+    # warm-up (first-call costs of torch / sklearn)
+    _timed_fit(lambda: _federated(args, 1, 1, K), X, y)
+    _timed_fit(lambda: _centralized(args, 1), X, y)
+    fed_t, cen_t, server, evals = [], [], [], []
+    for r in range(args.reps):
+        order = [("fed", make_fed), ("cen", make_cen)]
+        if r % 2:
+            order.reverse()
+        for name, make in order:
+            t, est = _timed_fit(make, X, y)
+            if name == "fed":
+                fed_t.append(t)
+                server.append(est.server_time_)
+                evals.append(est.eval_time_)
+                fed = est
+            else:
+                cen_t.append(t)
+                cen = est
+    f, c = statistics.median(fed_t), statistics.median(cen_t)
+    n_train_fed = sum(fed.history_[-1]["n_samples"])
+    n_train_cen = len(y) - round(args.validation_fraction * len(y))
+    ratio = f / c
+    print(f"  data             : {len(y)} SPD matrices {X.shape[1]}x{X.shape[2]} -> BiMap {args.hidden}, "
+          f"4 classes, batch {args.batch_size}, aggregation {args.aggregation}")
+    print(f"  training samples : federated {n_train_fed} (over {K} clients), centralized {n_train_cen}")
+    print(f"  reps             : {args.reps} (order alternated), median wall time")
+    print(f"  {'':<26}{'median s':>10}{'all runs (s)':>40}")
+    print(f"  {'federated fit':<26}{f:>10.3f}{'  ' + ' '.join(f'{v:.2f}' for v in fed_t):>40}")
+    print(f"  {'  server side / round':<26}{statistics.median(server) / T:>10.4f}"
+          f"   (aggregation + global evaluation + schedule: {100 * statistics.median(server) / f:.1f}% of fit)")
+    print(f"  {'  global evaluation / rnd':<26}{statistics.median(evals) / T:>10.4f}"
+          f"   ({100 * statistics.median(evals) / f:.1f}% of fit)")
+    print(f"  {'centralized fit':<26}{c:>10.3f}{'  ' + ' '.join(f'{v:.2f}' for v in cen_t):>40}")
+    print(f"  final val macro-F1: federated {fed.history_[-1]['val_f1']:.3f}, centralized "
+          f"{cen.history_[-1]['val_f1']:.3f}")
+    print(f"  ratio federated / centralized = {ratio:.3f}   target <= 1.15   -> {verdict(ratio <= 1.15)}")
+    results["P2"] = (f"fed/central wall time = {ratio:.3f}", "<= 1.15", ratio <= 1.15)
+
+
+def bench_p3(args, X, y, results):
+    T, K = args.p3_rounds, args.p3_clients
+    print(f"\n== P3: n_jobs=2 vs n_jobs=1 ({K} clients, T={T} rounds x E={args.epochs} local epochs) ==")
+    t0 = time.perf_counter()
+    _timed_fit(lambda: _federated(args, 2, 1, K), X, y)
+    cold = time.perf_counter() - t0
+    print(f"  warm-up fit with n_jobs=2 (1 round, starts the loky workers): {cold:.2f} s")
+    _timed_fit(lambda: _federated(args, 1, 1, K), X, y)
+    # what one client's job ships to a worker every round (module + broadcast + client data)
+    probe = _federated(args, 1, 1, K, timed=False).fit(X, y)
+    Xtr = probe.global_estimator_._to_tensor(X[: len(y) // K])
+    payload = len(pickle.dumps((probe.global_estimator_.module_, probe.global_estimator_.module_.get_parameters(),
+                                Xtr, torch.zeros(len(Xtr), dtype=torch.int64))))
+    t1, t2, models = [], [], {}
+    for r in range(args.reps):
+        order = [1, 2] if r % 2 == 0 else [2, 1]
+        for n_jobs in order:
+            t, est = _timed_fit(lambda: _federated(args, n_jobs, T, K), X, y)
+            (t1 if n_jobs == 1 else t2).append(t)
+            models[n_jobs] = est
+    a, b = statistics.median(t1), statistics.median(t2)
+    speedup = a / b
+    identical = _same_model(models[1], models[2])
+    print(f"  per-job pickled payload ~ {payload / 2**20:.2f} MiB (module + broadcast + one client's "
+          f"training tensors), {K} jobs per round")
+    print(f"  {'':<16}{'median s':>10}{'all runs (s)':>36}")
+    print(f"  {'n_jobs=1':<16}{a:>10.3f}{'  ' + ' '.join(f'{v:.2f}' for v in t1):>36}")
+    print(f"  {'n_jobs=2':<16}{b:>10.3f}{'  ' + ' '.join(f'{v:.2f}' for v in t2):>36}")
+    print(f"  bit-identical models and histories for n_jobs=1 and n_jobs=2: {identical}")
+    print(f"  speed-up n_jobs=2 / n_jobs=1 = {speedup:.2f}x   target >= 1.6x   -> {verdict(speedup >= 1.6)}")
+    results["P3"] = (f"speed-up n_jobs=2 = {speedup:.2f}x (bit-identical: {identical})", ">= 1.6x",
+                     speedup >= 1.6 and identical)
+
+
+# ---------------------------------------------------------------------------------------------
+# P4: aggregation
+# ---------------------------------------------------------------------------------------------
+
+
+def _r_barycenter_iterations(client_params, weights, kinds, name, tol=1e-12, max_iter=500):
+    """Number of fixed-point iterations ``r_barycenter`` takes on ``name`` (same loop)."""
+    summed = weighted_sum(client_params, weights, kinds)[name]
+    W = polar(summed)
+    for it in range(1, max_iter + 1):
+        W_next = retract(W, lift(W, summed))
+        moved = np.linalg.norm(W_next - W)
+        W = W_next
+        if moved <= tol:
+            return it
+    return max_iter
+
+
+def bench_p4(args, results):
+    N, p, k, n_classes = args.p4_clients, args.channels, args.hidden, 4
+    n_feat = k * (k + 1) // 2
+    print(f"\n== P4: one aggregation of {N} clients x St({p},{k}) + head ({n_classes}x{n_feat} + {n_classes}) ==")
+    rng = np.random.default_rng(0)
+    W0 = random_stiefel(p, k, rng)
+    H0, b0 = rng.standard_normal((n_classes, n_feat)), rng.standard_normal(n_classes)
+    kinds = {"bimaps.0.weight": "stiefel", "head.weight": "euclidean", "head.bias": "euclidean"}
+    weights = client_weights(rng.integers(20, 200, size=N))
+    previous = {"bimaps.0.weight": W0, "head.weight": H0, "head.bias": b0}
+    print(f"  clients W_i = R_W0(delta * P_W0(G_i)), G_i Gaussian with ||G_i||_F = 1; weights ~ sample counts; "
+          f"previous global = W0; median of {args.p4_reps} reps (reference: {args.p4_ref_reps})")
+    header = (f"  {'delta':>6} {'ProjAvg ms':>11} {'RLAvg ms':>9} {'r_bary ms':>10} {'iters':>5} "
+              f"{'ref/Proj':>9} {'ref/RL':>8} {'|Proj-ref|F':>12} {'|RL-ref|F':>11} {'mean |W_i-ref|F':>16} "
+              f"{'orth. err':>9}")
+    print(header)
+    worst_ms, worst_ratio = 0.0, np.inf
+    for delta in args.deltas:
+        clients = []
+        for _ in range(N):
+            G = rng.standard_normal((p, k))
+            D = tangent_project(W0, G)
+            D /= np.linalg.norm(D)
+            clients.append({"bimaps.0.weight": retract(W0, delta * D),
+                            "head.weight": H0 + delta * rng.standard_normal(H0.shape),
+                            "head.bias": b0 + delta * rng.standard_normal(b0.shape)})
+        t_proj, _ = median_ms(lambda: projavg(clients, weights, previous, kinds), args.p4_reps)
+        t_rl, _ = median_ms(lambda: rlavg(clients, weights, previous, kinds), args.p4_reps)
+        t_ref, _ = median_ms(lambda: r_barycenter(clients, weights, previous, kinds), args.p4_ref_reps, warmup=1)
+        ref = r_barycenter(clients, weights, previous, kinds)["bimaps.0.weight"]
+        pa = projavg(clients, weights, previous, kinds)["bimaps.0.weight"]
+        rl = rlavg(clients, weights, previous, kinds)["bimaps.0.weight"]
+        iters = _r_barycenter_iterations(clients, weights, kinds, "bimaps.0.weight")
+        spread = np.mean([np.linalg.norm(c["bimaps.0.weight"] - ref) for c in clients])
+        orth = max(orthonormality_error(pa), orthonormality_error(rl))
+        print(f"  {delta:>6g} {t_proj:>11.4f} {t_rl:>9.4f} {t_ref:>10.4f} {iters:>5d} {t_ref / t_proj:>9.1f} "
+              f"{t_ref / t_rl:>8.1f} {np.linalg.norm(pa - ref):>12.2e} {np.linalg.norm(rl - ref):>11.2e} "
+              f"{spread:>16.3e} {orth:>9.1e}")
+        worst_ms = max(worst_ms, t_proj, t_rl)
+        worst_ratio = min(worst_ratio, t_ref / t_proj, t_ref / t_rl)
+    # where one ProjAvg goes: the weighted sum over clients vs the polar factor
+    summed = weighted_sum(clients, weights, kinds)
+    t_sum, _ = median_ms(lambda: weighted_sum(clients, weights, kinds), args.p4_reps)
+    t_polar, _ = median_ms(lambda: polar(summed["bimaps.0.weight"]), args.p4_reps)
+    print(f"  breakdown (last delta): weighted_sum over {N} clients {t_sum:.4f} ms, "
+          f"polar(64x18) {t_polar:.4f} ms")
+    ok_ms, ok_ratio = worst_ms <= 1.0, worst_ratio >= 100
+    print(f"  slowest ProjAvg/RLAvg = {worst_ms:.4f} ms   target <= 1 ms   -> {verdict(ok_ms)}")
+    print(f"  smallest r_barycenter / (ProjAvg|RLAvg) = {worst_ratio:.1f}x   target >= 100x   -> {verdict(ok_ratio)}")
+    results["P4 time"] = (f"ProjAvg/RLAvg <= {worst_ms:.3f} ms", "<= 1 ms", ok_ms)
+    results["P4 ratio"] = (f"r_barycenter / one-step >= {worst_ratio:.1f}x", ">= 100x", ok_ratio)
+
+
+# ---------------------------------------------------------------------------------------------
+# P6: memory with many clients (child interpreter)
+# ---------------------------------------------------------------------------------------------
+
+
+def _rss_mib():
+    try:
+        import psutil
+
+        return psutil.Process().memory_info().rss / 2**20
+    except ImportError:  # pragma: no cover - Linux fallback
+        with open("/proc/self/statm") as fh:
+            return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def p6_child(args):
+    """Runs in a fresh interpreter; prints one JSON line."""
+    torch.set_num_threads(args.torch_threads)
+    n_clients, per_client = args.p6_clients, args.p6_samples
+    X, y = make_spd_data(n_clients * per_client, args.p6_channels, n_classes=2, seed=1, separation=3.0)
+    groups = np.repeat(np.arange(n_clients), per_client)
+    # each client: interleaved labels -> both classes; (per_client - 1) training samples, 1 validation
+    rss_before = _rss_mib()
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    fed = FederatedSPDnetClassifier(
+        SPDnetClassifier(hidden_dims=(args.p6_hidden,), batch_size=32, lr=1e-2, patience=BIG, lr_patience=BIG),
+        n_rounds=args.p6_rounds, local_epochs=args.epochs, validation_fraction=1.0 / per_client,
+        n_jobs=args.p6_jobs, random_state=0)
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fed.fit(X, y, groups=groups)
+    wall = time.perf_counter() - t0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({
+        "n_clients": fed.n_clients_, "rounds": len(fed.history_), "wall_s": wall,
+        "rss_before_mib": rss_before, "peak_before_mib": peak_before, "rss_after_mib": _rss_mib(),
+        "peak_mib": peak, "fitted_pickle_mib": len(pickle.dumps(fed)) / 2**20,
+        "val_f1_first": fed.history_[0]["val_f1"], "val_f1_last": fed.history_[-1]["val_f1"],
+        "best_round": fed.best_round_, "round_s": [h["wall_time"] for h in fed.history_],
+    }))
+
+
+def bench_p6(args, results):
+    print(f"\n== P6: {args.p6_clients} clients x {args.p6_rounds} rounds, {args.p6_samples} matrices "
+          f"{args.p6_channels}x{args.p6_channels} per client ({args.p6_samples - 1} train + 1 validation), "
+          f"BiMap {args.p6_hidden}, E={args.epochs}, n_jobs={args.p6_jobs} ==")
+    cmd = [sys.executable, os.path.abspath(__file__), "--_p6-child", "--torch-threads", str(args.torch_threads),
+           "--epochs", str(args.epochs)]
+    for flag in ("p6_clients", "p6_rounds", "p6_samples", "p6_channels", "p6_hidden", "p6_jobs"):
+        cmd += ["--" + flag.replace("_", "-"), str(getattr(args, flag))]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        print(proc.stdout, proc.stderr)
+        results["P6"] = ("child failed", "<= 2 GB", False)
+        return
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    rounds = np.asarray(r["round_s"])
+    peak_gb = r["peak_mib"] / 1024
+    print(f"  fit wall time           : {r['wall_s']:.1f} s ({rounds.mean():.2f} s per round, "
+          f"{1e3 * rounds.mean() / r['n_clients']:.2f} ms per client-round)")
+    print(f"  RSS after imports + data: {r['rss_before_mib']:.0f} MiB (peak so far {r['peak_before_mib']:.0f} MiB)")
+    print(f"  RSS after fit           : {r['rss_after_mib']:.0f} MiB")
+    print(f"  peak RSS (ru_maxrss)    : {r['peak_mib']:.0f} MiB = {peak_gb:.3f} GiB "
+          f"(fit added {r['peak_mib'] - r['peak_before_mib']:.0f} MiB to the peak)")
+    print(f"  pickled fitted estimator: {r['fitted_pickle_mib']:.2f} MiB")
+    print(f"  val macro-F1 round 0 -> last: {r['val_f1_first']:.3f} -> {r['val_f1_last']:.3f} "
+          f"(best round {r['best_round']})")
+    if args.p6_jobs not in (None, 1):
+        print("  note: loky workers' own memory is not included in this process's ru_maxrss")
+    print(f"  peak RSS {peak_gb:.3f} GiB   target <= 2 GB   -> {verdict(peak_gb <= 2)}")
+    results["P6"] = (f"peak RSS = {peak_gb:.3f} GiB", "<= 2 GB", peak_gb <= 2)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--parts", default=",".join(PARTS), help="comma-separated subset of " + ",".join(PARTS))
+    p.add_argument("--reps", type=int, default=3, help="repetitions of each timed fit (P2, P3)")
+    p.add_argument("--torch-threads", type=int, default=1, help="torch intra-op threads of the main process")
+    g = p.add_argument_group("data and model (P2, P3; P4 uses --channels/--hidden)")
+    g.add_argument("--n-matrices", type=int, default=800)
+    g.add_argument("--channels", type=int, default=64)
+    g.add_argument("--hidden", type=int, default=18)
+    g.add_argument("--batch-size", type=int, default=64)
+    g.add_argument("--validation-fraction", type=float, default=0.1)
+    g.add_argument("--aggregation", default="projavg")
+    g.add_argument("--epochs", type=int, default=2, help="local epochs E per round (P2, P3, P6)")
+    g = p.add_argument_group("P2")
+    g.add_argument("--clients", type=int, default=8)
+    g.add_argument("--rounds", type=int, default=10)
+    g = p.add_argument_group("P3")
+    g.add_argument("--p3-clients", type=int, default=8)
+    g.add_argument("--p3-rounds", type=int, default=5)
+    g = p.add_argument_group("P4")
+    g.add_argument("--p4-clients", type=int, default=53)
+    g.add_argument("--p4-reps", type=int, default=300)
+    g.add_argument("--p4-ref-reps", type=int, default=30)
+    g.add_argument("--deltas", type=float, nargs="+", default=[0.01, 0.1, 0.5])
+    g = p.add_argument_group("P6")
+    g.add_argument("--p6-clients", type=int, default=1000)
+    g.add_argument("--p6-rounds", type=int, default=10)
+    g.add_argument("--p6-samples", type=int, default=4, help="matrices per client (one is validation)")
+    g.add_argument("--p6-channels", type=int, default=8)
+    g.add_argument("--p6-hidden", type=int, default=4)
+    g.add_argument("--p6-jobs", type=int, default=1)
+    p.add_argument("--_p6-child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args._p6_child:
+        return p6_child(args)
+
+    parts = [s.strip().upper() for s in args.parts.split(",") if s.strip()]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        p.error(f"unknown parts {sorted(unknown)}; choose from {PARTS}")
+    torch.set_num_threads(args.torch_threads)
+    print("command      :", " ".join(shlex.quote(a) for a in [sys.executable] + sys.argv))
+    print(machine_info())
+    start = time.perf_counter()
+    results = {}
+    if "P4" in parts:
+        bench_p4(args, results)
+    if "P2" in parts or "P3" in parts:
+        X, y = make_spd_data(args.n_matrices, args.channels, n_classes=4, seed=0)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if "P2" in parts:
+                bench_p2(args, X, y, results)
+            if "P3" in parts:
+                bench_p3(args, X, y, results)
+    if "P6" in parts:
+        bench_p6(args, results)
+
+    print(f"\n== summary (total {time.perf_counter() - start:.0f} s) ==")
+    for name, (value, target, ok) in results.items():
+        print(f"  {name:<9} {value:<52} target {target:<9} {verdict(ok)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,556 @@
+"""Tests for ``skfedspd.aggregation``: ProjAvg, RLAvg, R-barycenter and their helpers.
+
+Property tests in float64 (pyRiemann style): orthonormality of the output, consensus,
+equivariance under ``W ↦ Q W R``, the ``O(δ²)`` agreement of ProjAvg and RLAvg, the
+secure-aggregation property (the clients enter only through their weighted sum), the
+Euclidean weighted mean, the exclusion of client-local arrays, and argument checking.
+"""
+
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+
+from skfedspd.aggregation import (
+    AGGREGATIONS,
+    client_weights,
+    get_aggregation,
+    projavg,
+    projavg_from_sum,
+    r_barycenter,
+    rlavg,
+    rlavg_from_sum,
+    weighted_sum,
+)
+from skfedspd.stiefel import lift, orthonormality_error, random_stiefel, retract, tangent_project
+
+SHAPES = [(3, 1), (4, 2), (6, 3), (5, 5), (8, 4), (64, 18)]
+RULES = {"projavg": projavg, "rlavg": rlavg}
+FROM_SUM = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
+ALL_RULES = {**RULES, "r_barycenter": r_barycenter}
+N_CLIENTS = [1, 2, 5]
+
+STIEFEL = "bimaps.0.weight"
+
+
+def _kinds(with_local=True):
+    kinds = OrderedDict([(STIEFEL, "stiefel"), ("head.weight", "euclidean"), ("head.bias", "euclidean")])
+    if with_local:
+        kinds["bn.running_mean"] = "local"
+    return kinds
+
+
+def _orthogonal(n, rng):
+    Q, R = np.linalg.qr(rng.standard_normal((n, n)))
+    return Q * np.sign(np.diag(R))
+
+
+def _random_weights(n, rng):
+    w = rng.uniform(0.2, 1.0, n)
+    return w / w.sum()
+
+
+def _clients(p, k, n_clients, spread, seed, with_local=True):
+    """A previous global model and ``n_clients`` client models whose Stiefel weight is the
+    polar retraction of ``spread`` times a unit tangent vector at the previous weight
+    (``spread=None``: independent Haar points, i.e. far apart)."""
+    rng = np.random.default_rng(seed)
+    W = random_stiefel(p, k, rng)
+    n_head = k * (k + 1) // 2
+    previous = {STIEFEL: W, "head.weight": rng.standard_normal((3, n_head)), "head.bias": rng.standard_normal(3)}
+    clients = []
+    for _ in range(n_clients):
+        if spread is None:
+            Wi = random_stiefel(p, k, rng)
+        else:
+            Z = tangent_project(W, rng.standard_normal((p, k)))
+            Wi = retract(W, spread * Z / np.linalg.norm(Z))
+        params = {STIEFEL: Wi, "head.weight": rng.standard_normal((3, n_head)), "head.bias": rng.standard_normal(3)}
+        if with_local:
+            params["bn.running_mean"] = rng.standard_normal(k)
+        clients.append(params)
+    return previous, clients, _random_weights(n_clients, rng)
+
+
+def _slopes(gaps, ratio=2.0):
+    """log-log slopes of a sequence of errors for steps divided by ``ratio`` each time."""
+    gaps = np.asarray(gaps)
+    return np.log(gaps[:-1] / gaps[1:]) / np.log(ratio)
+
+
+# ---------------------------------------------------------------------------------------------
+# Orthonormality, shapes, dtypes
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+@pytest.mark.parametrize("spread", [0.05, 0.5])
+def test_output_is_orthonormal(rule, shape, n_clients, spread):
+    p, k = shape
+    previous, clients, w = _clients(p, k, n_clients, spread, seed=p * 100 + k)
+    out = ALL_RULES[rule](clients, w, previous, _kinds())
+    assert out[STIEFEL].shape == (p, k)
+    assert out[STIEFEL].dtype == np.float64
+    assert orthonormality_error(out[STIEFEL]) <= 1e-12
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_output_is_orthonormal_for_far_apart_clients(rule, shape, seed):
+    """Independent Haar points (no common neighbourhood): still exactly on the manifold."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 4, None, seed=seed)
+    out = RULES[rule](clients, w, previous, _kinds())
+    assert orthonormality_error(out[STIEFEL]) <= 1e-12
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_output_names_and_shapes(rule):
+    previous, clients, w = _clients(6, 3, 3, 0.1, seed=0)
+    out = ALL_RULES[rule](clients, w, previous, _kinds())
+    assert list(out) == [STIEFEL, "head.weight", "head.bias"]
+    for name, value in out.items():
+        assert value.shape == previous[name].shape
+        assert value.dtype == np.float64
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_inputs_not_modified(rule):
+    previous, clients, w = _clients(6, 3, 3, 0.1, seed=0)
+    before = [{n: a.copy() for n, a in c.items()} for c in clients], {n: a.copy() for n, a in previous.items()}
+    w_before = w.copy()
+    ALL_RULES[rule](clients, w, previous, _kinds())
+    for c, c0 in zip(clients, before[0]):
+        for name in c:
+            np.testing.assert_array_equal(c[name], c0[name])
+    for name in previous:
+        np.testing.assert_array_equal(previous[name], before[1][name])
+    np.testing.assert_array_equal(w, w_before)
+
+
+# ---------------------------------------------------------------------------------------------
+# Consensus: all clients equal → unchanged
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+def test_all_clients_equal_previous_unchanged(rule, shape, n_clients):
+    """Clients that all return the broadcast: the global model does not move."""
+    p, k = shape
+    previous, _, w = _clients(p, k, n_clients, 0.1, seed=k)
+    clients = [{**{n: a.copy() for n, a in previous.items()}, "bn.running_mean": np.ones(k)} for _ in range(n_clients)]
+    out = ALL_RULES[rule](clients, w, previous, _kinds())
+    for name, value in previous.items():
+        np.testing.assert_allclose(out[name], value, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ["projavg", "r_barycenter"])
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+def test_all_clients_equal_returns_that_model(rule, shape, n_clients):
+    """ProjAvg and the R-barycenter of identical clients is that client, whatever the
+    previous model (``uf(W) = W`` on the manifold; ``L_W(W) = 0``)."""
+    p, k = shape
+    previous, (client,), _ = _clients(p, k, 1, 0.7, seed=k + 7)
+    clients = [{n: a.copy() for n, a in client.items()} for _ in range(n_clients)]
+    w = _random_weights(n_clients, np.random.default_rng(0))
+    out = ALL_RULES[rule](clients, w, previous, _kinds())
+    np.testing.assert_allclose(out[STIEFEL], client[STIEFEL], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out["head.weight"], client["head.weight"], rtol=1e-14, atol=1e-14)
+    np.testing.assert_allclose(out["head.bias"], client["head.bias"], rtol=1e-14, atol=1e-14)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_rlavg_identical_clients_at_broadcast(shape):
+    """RLAvg with identical clients equal to the previous model returns it; identical
+    clients away from it give ``R_W(L_W(W_c))`` — on the manifold, within O(δ²) of W_c."""
+    p, k = shape
+    previous, (client,), _ = _clients(p, k, 1, 0.01, seed=3)
+    out = rlavg([client, client], np.array([0.5, 0.5]), previous, _kinds())
+    expected = retract(previous[STIEFEL], lift(previous[STIEFEL], client[STIEFEL]))
+    np.testing.assert_allclose(out[STIEFEL], expected, rtol=0, atol=1e-13)
+    assert np.linalg.norm(out[STIEFEL] - client[STIEFEL]) <= 1e-3  # δ = 0.01 → gap ≲ δ²
+
+
+# ---------------------------------------------------------------------------------------------
+# Equivariance W_i → Q W_i R
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("spread", [0.1, 0.6])
+def test_equivariance(rule, shape, spread):
+    """``W_i → Q W_i R`` (and ``W_prev → Q W_prev R``) maps the result to ``Q W R``;
+    Euclidean arrays are untouched."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 3, spread, seed=11 * k)
+    rng = np.random.default_rng(99)
+    Q, R = _orthogonal(p, rng), _orthogonal(k, rng)
+    moved = [{**c, STIEFEL: Q @ c[STIEFEL] @ R} for c in clients]
+    moved_previous = {**previous, STIEFEL: Q @ previous[STIEFEL] @ R}
+    out = ALL_RULES[rule](clients, w, previous, _kinds())
+    out_moved = ALL_RULES[rule](moved, w, moved_previous, _kinds())
+    np.testing.assert_allclose(out_moved[STIEFEL], Q @ out[STIEFEL] @ R, rtol=0, atol=1e-10)
+    for name in ("head.weight", "head.bias"):
+        np.testing.assert_array_equal(out_moved[name], out[name])
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_projavg_ignores_previous(shape):
+    """ProjAvg does not look at the previous model (so it is equivariant without it)."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 3, 0.3, seed=5)
+    other = {**previous, STIEFEL: random_stiefel(p, k, 123)}
+    a = projavg(clients, w, previous, _kinds())
+    b = projavg(clients, w, other, _kinds())
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+# ---------------------------------------------------------------------------------------------
+# ProjAvg − RLAvg = O(δ²)
+# ---------------------------------------------------------------------------------------------
+
+DELTAS = [4e-2, 2e-2, 1e-2]
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", [2, 5])
+def test_projavg_rlavg_gap_second_order_off_manifold(shape, n_clients):
+    """Clients anywhere within δ of ``W_prev`` (``W_i = W + δ E_i``, e.g. Euclidean local
+    steps): ``‖ProjAvg − RLAvg‖ = O(δ²)`` — log-log slope ≈ 2."""
+    p, k = shape
+    rng = np.random.default_rng(p + k)
+    W = random_stiefel(p, k, rng)
+    E = [rng.standard_normal((p, k)) for _ in range(n_clients)]
+    E = [e / np.linalg.norm(e) for e in E]
+    w = _random_weights(n_clients, rng)
+    kinds = {STIEFEL: "stiefel"}
+    gaps = []
+    for delta in DELTAS:
+        clients = [{STIEFEL: W + delta * e} for e in E]
+        a = projavg(clients, w, {STIEFEL: W}, kinds)[STIEFEL]
+        b = rlavg(clients, w, {STIEFEL: W}, kinds)[STIEFEL]
+        gaps.append(np.linalg.norm(a - b))
+    slopes = _slopes(gaps)
+    assert np.all(slopes >= 1.8), (gaps, slopes)
+    assert np.all(slopes <= 2.3), (gaps, slopes)
+    assert gaps[0] <= 10 * DELTAS[0] ** 2
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", [2, 5])
+def test_projavg_rlavg_gap_on_manifold(shape, n_clients):
+    """Clients on the manifold within δ of ``W_prev`` (``W_i = R_W(δ Z_i)``): the gap is
+    O(δ²) as the paper states — and in fact O(δ³), because the second-order part of
+    ``W_i − W`` is normal (``−δ²/2 W ZᵀZ``), which both rules remove to first order."""
+    p, k = shape
+    gaps = []
+    for delta in DELTAS:
+        previous, clients, w = _clients(p, k, n_clients, delta, seed=p * k)
+        a = projavg(clients, w, previous, _kinds())[STIEFEL]
+        b = rlavg(clients, w, previous, _kinds())[STIEFEL]
+        gaps.append(np.linalg.norm(a - b))
+    slopes = _slopes(gaps)
+    assert np.all(slopes >= 1.8), (gaps, slopes)
+    assert np.all(slopes >= 2.8), (gaps, slopes)
+    assert gaps[0] <= 10 * DELTAS[0] ** 2
+
+
+# ---------------------------------------------------------------------------------------------
+# Secure aggregation: the clients enter only through their weighted sum
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+def test_rule_equals_rule_from_sum(rule, shape, n_clients):
+    p, k = shape
+    previous, clients, w = _clients(p, k, n_clients, 0.3, seed=n_clients)
+    kinds = _kinds()
+    summed = weighted_sum(clients, w, kinds)
+    direct = RULES[rule](clients, w, previous, kinds)
+    from_sum = FROM_SUM[rule](summed, previous, kinds)
+    assert list(direct) == list(from_sum)
+    for name in direct:
+        np.testing.assert_array_equal(direct[name], from_sum[name])
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_single_client_holding_the_sum(rule, shape):
+    """A different client set with exactly the same weighted sum (one client holding it,
+    weight 1) gives the identical result."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 4, 0.3, seed=21)
+    kinds = _kinds()
+    summed = weighted_sum(clients, w, kinds)
+    single = [{**summed, "bn.running_mean": np.zeros(k)}]
+    a = RULES[rule](clients, w, previous, kinds)
+    b = RULES[rule](single, np.array([1.0]), previous, kinds)
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", [2, 3, 6])
+def test_masked_clients_same_result(rule, shape, n_clients):
+    """Secure-aggregation masks ``θ_i + M_i`` with ``Σ w_i M_i = 0`` (the masked arrays are
+    far from the manifold) leave the result unchanged up to rounding."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, n_clients, 0.3, seed=31)
+    rng = np.random.default_rng(7)
+    kinds = _kinds()
+    masked = []
+    masks = {name: [rng.standard_normal(previous[name].shape) for _ in range(n_clients - 1)] for name in previous}
+    for name in previous:
+        masks[name].append(-sum(wi * m for wi, m in zip(w[:-1], masks[name])) / w[-1])
+    for i, c in enumerate(clients):
+        masked.append({**{name: c[name] + masks[name][i] for name in previous}, "bn.running_mean": c["bn.running_mean"]})
+    a = RULES[rule](clients, w, previous, kinds)
+    b = RULES[rule](masked, w, previous, kinds)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("rule", RULES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_different_client_counts_same_sum(rule, shape):
+    """Two clients at ``S ± D`` with weights ½, ½ versus the original clients."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 5, 0.2, seed=41)
+    kinds = _kinds()
+    summed = weighted_sum(clients, w, kinds)
+    rng = np.random.default_rng(3)
+    D = {name: rng.standard_normal(v.shape) for name, v in summed.items()}
+    pair = [{name: summed[name] + D[name] for name in summed}, {name: summed[name] - D[name] for name in summed}]
+    pair = [{**c, "bn.running_mean": np.zeros(k)} for c in pair]
+    a = RULES[rule](clients, w, previous, kinds)
+    b = RULES[rule](pair, np.array([0.5, 0.5]), previous, kinds)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_rlavg_formula(rule):
+    """RLAvg is ``R_W(Σ w_i L_W(W_i))``, ProjAvg is ``uf(Σ w_i W_i)``."""
+    previous, clients, w = _clients(7, 3, 4, 0.4, seed=2)
+    W = previous[STIEFEL]
+    out = RULES[rule](clients, w, previous, _kinds())[STIEFEL]
+    if rule == "rlavg":
+        expected = retract(W, sum(wi * lift(W, c[STIEFEL]) for wi, c in zip(w, clients)))
+    else:
+        U, _, Vh = np.linalg.svd(sum(wi * c[STIEFEL] for wi, c in zip(w, clients)), full_matrices=False)
+        expected = U @ Vh
+    np.testing.assert_allclose(out, expected, rtol=0, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
+# Euclidean and local arrays
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+@pytest.mark.parametrize("shape", [(), (4,), (3, 6), (2, 3, 4)])
+def test_euclidean_weighted_mean(rule, n_clients, shape):
+    previous, clients, w = _clients(5, 2, n_clients, 0.1, seed=n_clients)
+    rng = np.random.default_rng(1)
+    kinds = {STIEFEL: "stiefel", "extra": "euclidean"}
+    for c in clients:
+        c["extra"] = rng.standard_normal(shape)
+    previous["extra"] = np.zeros(shape)
+    out = ALL_RULES[rule](clients, w, previous, kinds)
+    expected = np.einsum("i,i...->...", w, np.stack([c["extra"] for c in clients]))
+    np.testing.assert_allclose(out["extra"], expected, rtol=1e-13, atol=1e-14)
+    assert set(out) == {STIEFEL, "extra"}
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_integer_euclidean_arrays_become_float(rule):
+    previous, clients, w = _clients(5, 2, 2, 0.1, seed=0)
+    kinds = {STIEFEL: "stiefel", "count": "euclidean"}
+    clients[0]["count"], clients[1]["count"] = np.array([1, 2]), np.array([3, 4])
+    out = ALL_RULES[rule](clients, np.array([0.5, 0.5]), previous, kinds)
+    np.testing.assert_array_equal(out["count"], [2.0, 3.0])
+    assert out["count"].dtype == np.float64
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("in_previous", [True, False])
+def test_local_names_excluded(rule, in_previous):
+    previous, clients, w = _clients(6, 3, 3, 0.1, seed=0)
+    kinds = _kinds()
+    kinds["bn.running_var"] = "local"
+    for c in clients:
+        c["bn.running_var"] = np.ones(3)
+    if in_previous:
+        previous["bn.running_mean"] = np.zeros(3)
+    out = ALL_RULES[rule](clients, w, previous, kinds)
+    assert "bn.running_mean" not in out and "bn.running_var" not in out
+    assert set(out) == {n for n, kind in kinds.items() if kind != "local"}
+    assert set(weighted_sum(clients, w, kinds)) == set(out)
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_local_names_may_be_missing_from_clients(rule):
+    """Local arrays are never read: clients need not send them."""
+    previous, clients, w = _clients(6, 3, 3, 0.1, seed=0, with_local=False)
+    out = ALL_RULES[rule](clients, w, previous, _kinds(with_local=True))
+    assert "bn.running_mean" not in out
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_several_stiefel_weights(rule):
+    """Each Stiefel weight is aggregated independently of the others."""
+    rng = np.random.default_rng(0)
+    shapes = {"bimaps.0.weight": (8, 5), "bimaps.1.weight": (5, 3)}
+    kinds = {name: "stiefel" for name in shapes}
+    prev = {name: random_stiefel(*s, rng) for name, s in shapes.items()}
+    clients = [{name: retract(prev[name], 0.1 * tangent_project(prev[name], rng.standard_normal(s)))
+                for name, s in shapes.items()} for _ in range(3)]
+    w = _random_weights(3, rng)
+    out = ALL_RULES[rule](clients, w, prev, kinds)
+    for name in shapes:
+        single = ALL_RULES[rule]([{name: c[name]} for c in clients], w, {name: prev[name]}, {name: "stiefel"})
+        np.testing.assert_allclose(out[name], single[name], rtol=0, atol=1e-14)
+        assert orthonormality_error(out[name]) <= 1e-12
+
+
+# ---------------------------------------------------------------------------------------------
+# client_weights, weighted_sum, get_aggregation
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_samples", [[10], [10, 20, 30], [1, 1], [0, 5, 5], [3.5, 1.5]])
+def test_client_weights_n_samples(n_samples):
+    w = client_weights(n_samples, "n_samples")
+    np.testing.assert_allclose(w, np.asarray(n_samples, float) / np.sum(n_samples), rtol=1e-15)
+    assert w.dtype == np.float64
+    np.testing.assert_allclose(w.sum(), 1.0, rtol=1e-15)
+
+
+@pytest.mark.parametrize("n_samples", [[10], [10, 20, 30], [0, 5, 5]])
+def test_client_weights_uniform(n_samples):
+    w = client_weights(n_samples, "uniform")
+    np.testing.assert_array_equal(w, np.full(len(n_samples), 1.0 / len(n_samples)))
+
+
+def test_client_weights_default_is_n_samples():
+    np.testing.assert_allclose(client_weights([1, 3]), [0.25, 0.75])
+
+
+@pytest.mark.parametrize("weighting", ["samples", "Uniform", None, "mean"])
+def test_client_weights_bad_weighting(weighting):
+    with pytest.raises(ValueError, match="weighting"):
+        client_weights([1, 2], weighting)
+
+
+@pytest.mark.parametrize("n_samples", [[], [0, 0], [-1, 2], [[1, 2]]])
+@pytest.mark.parametrize("weighting", ["n_samples", "uniform"])
+def test_client_weights_bad_counts(n_samples, weighting):
+    if weighting == "uniform" and n_samples == [0, 0]:
+        np.testing.assert_array_equal(client_weights(n_samples, weighting), [0.5, 0.5])
+        return
+    with pytest.raises(ValueError, match="non-negative"):
+        client_weights(n_samples, weighting)
+
+
+@pytest.mark.parametrize("n_clients, n_weights", [(3, 2), (2, 3), (1, 0), (0, 1)])
+def test_weighted_sum_length_mismatch(n_clients, n_weights):
+    previous, clients, _ = _clients(5, 2, max(n_clients, 1), 0.1, seed=0)
+    with pytest.raises(ValueError, match="weights"):
+        weighted_sum(clients[:n_clients], np.full(n_weights, 1.0), _kinds())
+
+
+@pytest.mark.parametrize("rule", ALL_RULES)
+def test_rules_reject_length_mismatch(rule):
+    previous, clients, _ = _clients(5, 2, 3, 0.1, seed=0)
+    with pytest.raises(ValueError, match="weights"):
+        ALL_RULES[rule](clients, np.array([0.5, 0.5]), previous, _kinds())
+
+
+def test_weighted_sum_values():
+    previous, clients, w = _clients(5, 2, 3, 0.1, seed=0)
+    summed = weighted_sum(clients, w, _kinds())
+    assert list(summed) == [STIEFEL, "head.weight", "head.bias"]
+    for name in summed:
+        np.testing.assert_allclose(summed[name], sum(wi * c[name] for wi, c in zip(w, clients)), rtol=1e-15)
+
+
+@pytest.mark.parametrize("name", ["projavg", "rlavg", "r_barycenter"])
+def test_get_aggregation_names(name):
+    assert get_aggregation(name) is AGGREGATIONS[name]
+    assert get_aggregation(name) is {"projavg": projavg, "rlavg": rlavg, "r_barycenter": r_barycenter}[name]
+
+
+def _my_rule(client_params, weights, previous, kinds):
+    return dict(previous)
+
+
+@pytest.mark.parametrize("rule", [_my_rule, lambda c, w, p, k: p, projavg, np.mean])
+def test_get_aggregation_callable(rule):
+    assert get_aggregation(rule) is rule
+
+
+@pytest.mark.parametrize("name", ["fedavg", "ProjAvg", "", None, 3])
+def test_get_aggregation_unknown(name):
+    with pytest.raises(ValueError, match="aggregation"):
+        get_aggregation(name)
+
+
+# ---------------------------------------------------------------------------------------------
+# R-barycenter
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+@pytest.mark.parametrize("spread", [0.05, 0.3])
+def test_r_barycenter_fixed_point(shape, n_clients, spread):
+    """``Σ w_i L_{W*}(W_i) ≈ 0`` and ``W* = R_{W*}(Σ w_i L_{W*}(W_i))``."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, n_clients, spread, seed=p + n_clients)
+    Ws = r_barycenter(clients, w, previous, _kinds())[STIEFEL]
+    balance = sum(wi * lift(Ws, c[STIEFEL]) for wi, c in zip(w, clients))
+    assert np.linalg.norm(balance) <= 1e-10
+    np.testing.assert_allclose(retract(Ws, balance), Ws, rtol=0, atol=1e-10)
+    assert orthonormality_error(Ws) <= 1e-12
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_r_barycenter_close_to_projavg_and_rlavg(shape):
+    """For clients within δ of each other, the R-barycenter, ProjAvg and RLAvg agree to
+    O(δ²) (one step of the iteration starting from ProjAvg already lands near it)."""
+    p, k = shape
+    for delta in DELTAS:
+        previous, clients, w = _clients(p, k, 4, delta, seed=k)
+        rb = r_barycenter(clients, w, previous, _kinds())[STIEFEL]
+        for rule in (projavg, rlavg):
+            gap = np.linalg.norm(rule(clients, w, previous, _kinds())[STIEFEL] - rb)
+            assert gap <= 10 * delta**2, (rule.__name__, delta, gap)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_r_barycenter_ignores_previous(shape):
+    p, k = shape
+    previous, clients, w = _clients(p, k, 3, 0.2, seed=0)
+    other = {**previous, STIEFEL: random_stiefel(p, k, 5)}
+    a = r_barycenter(clients, w, previous, _kinds())
+    b = r_barycenter(clients, w, other, _kinds())
+    for name in a:
+        np.testing.assert_array_equal(a[name], b[name])
+
+
+def test_r_barycenter_not_converging_raises():
+    previous, clients, w = _clients(6, 3, 4, None, seed=0)
+    with pytest.raises(RuntimeError, match="did not converge"):
+        r_barycenter(clients, w, previous, _kinds(), tol=0.0, max_iter=1)

@@ -1,0 +1,877 @@
+"""Tests for ``skfedspd.SPDnetClassifier`` (scikit-learn API, determinism, validation,
+training schedule, partial_fit / warm_start, dtypes, input scaling, pyRiemann pipeline).
+
+scikit-learn's estimator checks
+-------------------------------
+``SPDnetClassifier`` declares ``input_tags.three_d_array=True, two_d_array=False``.
+``check_estimator`` / ``parametrize_with_checks`` therefore skip every data-driven check
+(``SkipTestWarning: Can't test estimator ... which requires input of type ...``): the only
+check they still yield is
+
+* ``check_estimator_cloneable``
+
+The data-independent checks below are called directly and pass (``SKLEARN_DIRECT_CHECKS``):
+
+* ``check_estimator_cloneable``, ``check_estimator_repr``, ``check_estimator_tags_renamed``,
+  ``check_valid_tag_types``, ``check_mixin_order``, ``check_no_attributes_set_in_init``,
+  ``check_parameters_default_constructible``, ``check_get_params_invariance``,
+  ``check_set_params``, ``check_do_not_raise_errors_in_init_or_set_params``,
+* ``check_estimators_unfitted`` (``NotFittedError`` from ``predict``/``predict_proba``/
+  ``decision_function`` before ``fit``),
+* ``check_fit1d`` (1-D ``X`` raises ``ValueError``),
+* ``check_classifiers_one_label_sample_weights`` (no ``sample_weight``: ``TypeError``).
+
+Every check that needs 2-D data is re-done here on 3-D SPD input: fit returns self,
+clone, get/set_params, overwriting of parameters and of ``X``, pickle and joblib,
+one-label ``y``, regression targets, unfitted errors, ``n_features_in_``, ``classes_`` and
+label types, ``predict_proba``/``decision_function`` consistency, ``score``, NaN/inf,
+empty/complex/object inputs, read-only and non-array (list) inputs, dtypes, fit
+idempotence, subset and sample-order invariance of predictions, 2-D column ``y``,
+``partial_fit`` with a wrong number of channels, and use inside ``cross_val_score``.
+"""
+
+import pickle
+import warnings
+
+import joblib
+import numpy as np
+import pytest
+import torch
+from pyriemann.estimation import Covariances
+from sklearn.base import clone
+from sklearn.exceptions import DataConversionWarning, NotFittedError, SkipTestWarning
+from sklearn.metrics import accuracy_score
+from sklearn.model_selection import cross_val_score
+from sklearn.pipeline import make_pipeline
+from sklearn.utils import estimator_checks as ec
+from sklearn.utils.estimator_checks import parametrize_with_checks
+
+from skfedspd import SPDnetClassifier
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+# Tiny, fast configuration: 8 channels → 4, a few epochs of 1-2 minibatches.
+FAST = dict(hidden_dims=(4,), max_epochs=5, batch_size=32, lr=1e-2, random_state=0)
+
+
+def make_clf(**kwargs):
+    params = dict(FAST)
+    params.update(kwargs)
+    return SPDnetClassifier(**params)
+
+
+@pytest.fixture(scope="module")
+def data(spd_dataset):
+    """60 SPD 8x8 matrices, 3 classes (fit on the first 45, test on the last 15)."""
+    return spd_dataset(n_matrices=60, n_channels=8, n_classes=3, seed=0)
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    X, y = data
+    return make_clf().fit(X[:45], y[:45])
+
+
+@pytest.fixture(scope="module")
+def noise_data(spd_dataset):
+    """SPD matrices with random labels: the validation score only fluctuates."""
+    X, _ = spd_dataset(n_matrices=64, n_channels=8, n_classes=2, seed=1)
+    y = np.random.default_rng(2).permutation(np.arange(64) % 2)
+    return X, y
+
+
+def _params(clf):
+    return clf.module_.get_parameters()
+
+
+def _same_params(a, b):
+    return all(np.array_equal(a[k], b[k]) for k in a)
+
+
+# ---------------------------------------------------------------------------------------------
+# scikit-learn estimator checks
+# ---------------------------------------------------------------------------------------------
+
+
+with warnings.catch_warnings():  # "Can't test estimator ... three_d_array=True": expected
+    warnings.simplefilter("ignore", SkipTestWarning)
+    _SKLEARN_CHECKS = parametrize_with_checks([make_clf()])
+
+
+@_SKLEARN_CHECKS
+def test_sklearn_check_estimator(estimator, check):
+    check(estimator)
+
+
+SKLEARN_DIRECT_CHECKS = [
+    ec.check_estimator_cloneable,
+    ec.check_estimator_repr,
+    ec.check_estimator_tags_renamed,
+    ec.check_valid_tag_types,
+    ec.check_mixin_order,
+    ec.check_no_attributes_set_in_init,
+    ec.check_parameters_default_constructible,
+    ec.check_get_params_invariance,
+    ec.check_set_params,
+    ec.check_do_not_raise_errors_in_init_or_set_params,
+    ec.check_estimators_unfitted,
+    ec.check_fit1d,
+    ec.check_classifiers_one_label_sample_weights,
+]
+
+
+@pytest.mark.parametrize("check", SKLEARN_DIRECT_CHECKS, ids=lambda c: c.__name__)
+def test_sklearn_data_independent_checks(check):
+    check(SPDnetClassifier.__name__, make_clf())
+
+
+def test_estimator_tags():
+    tags = make_clf().__sklearn_tags__()
+    assert tags.input_tags.three_d_array and not tags.input_tags.two_d_array
+    assert tags.estimator_type == "classifier"
+    assert tags.requires_fit and not tags.non_deterministic
+
+
+# ---------------------------------------------------------------------------------------------
+# Basic API
+# ---------------------------------------------------------------------------------------------
+
+
+def test_fit_returns_self(data):
+    X, y = data
+    clf = make_clf(max_epochs=1)
+    assert clf.fit(X, y) is clf
+
+
+def test_partial_fit_returns_self(data):
+    X, y = data
+    clf = make_clf()
+    assert clf.partial_fit(X, y, classes=[0, 1, 2]) is clf
+    assert clf.partial_fit(X, y) is clf
+
+
+def test_clone(fitted):
+    cloned = clone(fitted)
+    assert cloned.get_params() == fitted.get_params()
+    assert not hasattr(cloned, "module_") and not hasattr(cloned, "classes_")
+    with pytest.raises(NotFittedError):
+        cloned.predict(np.eye(8)[None])
+
+
+def test_get_params_set_params():
+    clf = make_clf()
+    params = clf.get_params()
+    assert set(params) == {
+        "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
+        "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
+        "random_state", "verbose", "warm_start",
+    }
+    assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
+    assert clf.set_params(lr=0.5, hidden_dims=(6, 2)) is clf
+    assert clf.lr == 0.5 and clf.get_params()["hidden_dims"] == (6, 2)
+    with pytest.raises(ValueError, match="Invalid parameter"):
+        clf.set_params(not_a_parameter=1)
+
+
+def test_defaults():
+    clf = SPDnetClassifier()
+    assert clf.hidden_dims == (18,) and clf.eps == 1e-2 and clf.scaling == "auto"
+    assert clf.dtype == "float64" and clf.device == "cpu" and clf.warm_start is False
+
+
+def test_fit_does_not_change_params_or_input(data):
+    X, y = data
+    X_copy, y_copy = X.copy(), y.copy()
+    clf = make_clf(max_epochs=2)
+    params = clone(clf).get_params()
+    clf.fit(X, y)
+    assert clf.get_params() == params
+    np.testing.assert_array_equal(X, X_copy)
+    np.testing.assert_array_equal(y, y_copy)
+    clf.predict(X)
+    np.testing.assert_array_equal(X, X_copy)
+
+
+def test_fit_sets_only_private_or_trailing_underscore_attributes(data):
+    X, y = data
+    clf = make_clf(max_epochs=2)
+    before = set(vars(clf))
+    clf.fit(X, y)
+    added = set(vars(clf)) - before
+    assert {"classes_", "n_features_in_", "module_", "history_", "best_epoch_", "n_epochs_", "scale_"} <= added
+    assert all(a.endswith("_") or a.startswith("_") for a in added)
+
+
+@pytest.mark.parametrize("method", ["pickle", "joblib"])
+def test_persistence_round_trip(fitted, data, tmp_path, method):
+    X, _ = data
+    if method == "pickle":
+        restored = pickle.loads(pickle.dumps(fitted))
+    else:
+        joblib.dump(fitted, tmp_path / "clf.joblib")
+        restored = joblib.load(tmp_path / "clf.joblib")
+    np.testing.assert_array_equal(restored.decision_function(X), fitted.decision_function(X))
+    np.testing.assert_array_equal(restored.predict(X), fitted.predict(X))
+    np.testing.assert_array_equal(restored.classes_, fitted.classes_)
+    assert restored.history_ == fitted.history_
+    assert restored.get_params() == fitted.get_params()
+
+
+def test_unpickled_model_keeps_training(data):
+    X, y = data
+    clf = make_clf().partial_fit(X, y, classes=[0, 1, 2])
+    restored = pickle.loads(pickle.dumps(clf))
+    clf.partial_fit(X, y)
+    restored.partial_fit(X, y)
+    np.testing.assert_array_equal(restored.decision_function(X), clf.decision_function(X))
+
+
+@pytest.mark.parametrize("method", ["predict", "predict_proba", "decision_function", "score"])
+def test_unfitted_raises_not_fitted(data, method):
+    X, y = data
+    clf = make_clf()
+    args = (X, y) if method == "score" else (X,)
+    with pytest.raises(NotFittedError):
+        getattr(clf, method)(*args)
+
+
+def test_n_features_in(fitted):
+    assert fitted.n_features_in_ == 8
+
+
+@pytest.mark.parametrize("labels", [
+    [0, 1, 2],
+    [3, 7, 11],
+    [-1, 5, 2],
+    ["feet", "left_hand", "right_hand"],
+    ["b", "a", "c"],
+    [1.0, 2.0, 3.0],
+])
+def test_classes_and_label_types(data, labels):
+    X, codes = data
+    labels = np.asarray(labels)
+    y = labels[codes]
+    clf = make_clf(max_epochs=3).fit(X[:45], y[:45])
+    np.testing.assert_array_equal(clf.classes_, np.unique(labels))
+    pred = clf.predict(X[45:])
+    assert pred.dtype.kind == labels.dtype.kind
+    assert set(pred) <= set(labels)
+    # identical model to the one fitted on integer codes, up to relabelling
+    ref = make_clf(max_epochs=3).fit(X[:45], np.searchsorted(np.unique(labels), y[:45]))
+    np.testing.assert_array_equal(clf.decision_function(X), ref.decision_function(X))
+
+
+def test_label_list_and_2d_column_y(data):
+    X, y = data
+    clf = make_clf(max_epochs=2).fit(X, list(y))
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    with pytest.warns(DataConversionWarning):
+        clf2 = make_clf(max_epochs=2).fit(X, y[:, None])
+    np.testing.assert_array_equal(clf2.decision_function(X), clf.decision_function(X))
+
+
+@pytest.mark.parametrize("n_classes", [2, 3, 4])
+def test_predict_proba_decision_function_score(spd_dataset, n_classes):
+    X, y = spd_dataset(n_matrices=40, n_channels=8, n_classes=n_classes, seed=3)
+    clf = make_clf(max_epochs=3).fit(X, y)
+    scores = clf.decision_function(X)
+    proba = clf.predict_proba(X)
+    pred = clf.predict(X)
+    assert scores.shape == proba.shape == (40, n_classes)
+    assert pred.shape == (40,)
+    assert scores.dtype == proba.dtype == np.float64
+    assert (proba >= 0).all() and (proba <= 1).all()
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(clf.classes_[proba.argmax(axis=1)], pred)
+    np.testing.assert_array_equal(scores.argmax(axis=1), proba.argmax(axis=1))
+    # softmax of the logits: log-probability differences equal logit differences
+    np.testing.assert_allclose(np.log(proba) - np.log(proba[:, :1]), scores - scores[:, :1], atol=1e-10)
+    assert clf.score(X, y) == pytest.approx(accuracy_score(y, pred))
+
+
+def test_predictions_independent_of_batch_subset_and_order(fitted, data):
+    X, _ = data
+    full = fitted.decision_function(X)
+    np.testing.assert_allclose(fitted.decision_function(X[10:20]), full[10:20], rtol=1e-12, atol=1e-12)
+    perm = np.random.default_rng(0).permutation(len(X))
+    np.testing.assert_allclose(fitted.decision_function(X[perm]), full[perm], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(fitted.decision_function(X[3:4]), full[3:4], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("convert", [
+    lambda X: X.tolist(),
+    lambda X: X.astype(np.float32),
+    lambda X: np.asfortranarray(X),
+    lambda X: np.repeat(X, 2, axis=2)[:, :, ::2],  # non-contiguous view
+], ids=["list", "float32", "fortran", "strided"])
+def test_accepts_array_likes_and_dtypes(data, convert):
+    X, y = data
+    ref = make_clf(max_epochs=2).fit(X, y)
+    clf = make_clf(max_epochs=2).fit(convert(X), y)
+    np.testing.assert_allclose(clf.decision_function(convert(X)), ref.decision_function(X), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.filterwarnings("ignore:The given NumPy array is not writable:UserWarning")
+def test_accepts_read_only_input(data):
+    X, y = data
+    X_ro, y_ro = X.copy(), y.copy()
+    X_ro.setflags(write=False)
+    y_ro.setflags(write=False)
+    clf = make_clf(max_epochs=2).fit(X_ro, y_ro)
+    np.testing.assert_array_equal(clf.decision_function(X_ro), make_clf(max_epochs=2).fit(X, y).decision_function(X))
+
+
+def test_accepts_integer_matrices():
+    X = np.stack([np.eye(4, dtype=int) * (1 + i % 3) + np.ones((4, 4), dtype=int) for i in range(12)])
+    clf = make_clf(hidden_dims=(2,), max_epochs=2).fit(X, np.arange(12) % 2)
+    assert clf.predict(X).shape == (12,)
+
+
+def test_fit_is_idempotent(data):
+    X, y = data
+    clf = make_clf(max_epochs=3)
+    first = clf.fit(X, y).decision_function(X)
+    np.testing.assert_array_equal(clf.fit(X, y).decision_function(X), first)
+    assert len(clf.history_) == 3
+
+
+def test_cross_val_score(data):
+    X, y = data
+    scores = cross_val_score(make_clf(max_epochs=2), X, y, cv=2)
+    assert scores.shape == (2,) and np.isfinite(scores).all()
+
+
+# ---------------------------------------------------------------------------------------------
+# Determinism and RNG hygiene
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("random_state", [0, 7, 2**31 - 1, "rs"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_same_random_state_bit_identical(data, random_state, dtype):
+    X, y = data
+
+    def fit():
+        rs = np.random.RandomState(42) if random_state == "rs" else random_state
+        return make_clf(random_state=rs, dtype=dtype, validation_fraction=0.2).fit(X[:45], y[:45])
+
+    a, b = fit(), fit()
+    assert np.array_equal(a.decision_function(X), b.decision_function(X))
+    assert _same_params(_params(a), _params(b))
+    np.testing.assert_equal(a.history_, b.history_)
+    assert a.best_epoch_ == b.best_epoch_
+
+
+@pytest.mark.parametrize("seeds", [(0, 1), (3, 4)])
+def test_different_seeds_differ(data, seeds):
+    X, y = data
+    a, b = (make_clf(random_state=s).fit(X[:45], y[:45]) for s in seeds)
+    assert not np.allclose(a.decision_function(X), b.decision_function(X))
+    assert not np.allclose(_params(a)["bimaps.0.weight"], _params(b)["bimaps.0.weight"])
+
+
+@pytest.mark.parametrize("random_state", [0, None])
+def test_global_torch_rng_untouched(data, random_state):
+    X, y = data
+    torch.manual_seed(1234)
+    state = torch.get_rng_state()
+    clf = make_clf(random_state=random_state, validation_fraction=0.2).fit(X, y)
+    clf.predict(X)
+    clf.predict_proba(X)
+    clf.partial_fit(X, y)
+    clf.score(X, y)
+    assert torch.equal(torch.get_rng_state(), state)
+    clf2 = make_clf(random_state=random_state).partial_fit(X, y, classes=[0, 1, 2])
+    clf2.decision_function(X)
+    assert torch.equal(torch.get_rng_state(), state)
+
+
+def test_global_numpy_rng_untouched_with_int_seed(data):
+    X, y = data
+    np.random.seed(99)
+    state = np.random.get_state()
+    make_clf(random_state=3, validation_fraction=0.2).fit(X, y).predict(X)
+    after = np.random.get_state()
+    assert all(np.array_equal(s, t) for s, t in zip(state, after))
+
+
+def test_global_torch_rng_does_not_influence_fit(data):
+    X, y = data
+    torch.manual_seed(1)
+    a = make_clf().fit(X, y).decision_function(X)
+    torch.manual_seed(2)
+    b = make_clf().fit(X, y).decision_function(X)
+    assert np.array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# Input validation
+# ---------------------------------------------------------------------------------------------
+
+
+def _improves(record, best):
+    """The documented improvement rule: higher val F1, or equal F1 and lower val loss."""
+    return (record["val_f1"], -record["val_loss"]) > (best["val_f1"], -best["val_loss"])
+
+
+def _corrupt(X, kind):
+    X = X.copy()
+    if kind == "nan":
+        X[5, 2, 3] = X[5, 3, 2] = np.nan
+    elif kind == "inf":
+        X[3, 0, 0] = np.inf
+    elif kind == "-inf":
+        X[7, 1, 1] = -np.inf
+    elif kind == "asymmetric":
+        X[4, 0, 1] += 0.5
+    elif kind == "indefinite":
+        lam, U = np.linalg.eigh(X[6])
+        lam[0] = -1.0
+        X[6] = (U * lam) @ U.T
+        X[6] = 0.5 * (X[6] + X[6].T)
+    elif kind == "singular":
+        X[2] = np.outer(np.arange(1.0, 9.0), np.arange(1.0, 9.0))
+    elif kind == "zero":
+        X[9] = 0.0
+    return X
+
+
+BAD_X = [
+    ("not_3d_2d", lambda X: X[0], r"3-D array.*got shape \(8, 8\)"),
+    ("not_3d_4d", lambda X: X[..., None], r"3-D array.*got shape \(60, 8, 8, 1\)"),
+    ("not_3d_1d", lambda X: X[0, 0], r"3-D array"),
+    ("not_square", lambda X: X[:, :, :7], r"square matrices, got matrices of shape \(8, 7\)"),
+    ("empty", lambda X: X[:0], "0 matrices"),
+    ("nan", lambda X: _corrupt(X, "nan"), r"NaN or infinity \(first at matrix 5\)"),
+    ("inf", lambda X: _corrupt(X, "inf"), r"NaN or infinity \(first at matrix 3\)"),
+    ("-inf", lambda X: _corrupt(X, "-inf"), r"NaN or infinity \(first at matrix 7\)"),
+    ("asymmetric", lambda X: _corrupt(X, "asymmetric"), "matrix 4 is not symmetric"),
+    ("indefinite", lambda X: _corrupt(X, "indefinite"), "matrix 6 is not positive definite"),
+    ("singular", lambda X: _corrupt(X, "singular"), "matrix 2 is not positive definite"),
+    ("zero", lambda X: _corrupt(X, "zero"), "matrix 9 is not positive definite"),
+    ("complex", lambda X: X.astype(complex), "real numeric"),
+    ("object", lambda X: X.astype(object), "real numeric"),
+    ("strings", lambda X: X.astype(str), "real numeric"),
+]
+
+
+@pytest.mark.parametrize("name, corrupt, match", BAD_X, ids=[b[0] for b in BAD_X])
+def test_fit_rejects_bad_X(data, name, corrupt, match):
+    X, y = data
+    with pytest.raises(ValueError, match=match):
+        make_clf().fit(corrupt(X), y)
+
+
+@pytest.mark.parametrize("name, corrupt, match", BAD_X, ids=[b[0] for b in BAD_X])
+@pytest.mark.parametrize("method", ["predict", "predict_proba", "decision_function"])
+def test_predict_rejects_bad_X(fitted, data, name, corrupt, match, method):
+    X, _ = data
+    with pytest.raises(ValueError, match=match):
+        getattr(fitted, method)(corrupt(X))
+
+
+def test_first_bad_index_is_reported(data):
+    X, y = data
+    X = _corrupt(_corrupt(X, "indefinite"), "zero")  # matrices 6 and 9
+    with pytest.raises(ValueError, match="matrix 6 "):
+        make_clf().fit(X, y)
+    X = _corrupt(_corrupt(X, "inf"), "nan")  # matrices 3 and 5
+    with pytest.raises(ValueError, match="first at matrix 3"):
+        make_clf().fit(X, y)
+
+
+def test_tiny_asymmetry_is_tolerated(data):
+    X, y = data
+    X = X.copy()
+    X[:, 0, 1] *= 1 + 1e-12
+    make_clf(max_epochs=1).fit(X, y)
+
+
+@pytest.mark.parametrize("n_channels", [6, 10])
+@pytest.mark.parametrize("method", ["predict", "decision_function", "partial_fit"])
+def test_unseen_shape_at_predict(fitted, spd_dataset, n_channels, method):
+    X, y = spd_dataset(n_matrices=6, n_channels=n_channels, n_classes=3)
+    args = (X, y) if method == "partial_fit" else (X,)
+    with pytest.raises(ValueError, match=rf"size {n_channels}x{n_channels}.*fitted on 8x8"):
+        getattr(fitted, method)(*args)
+
+
+@pytest.mark.parametrize("n_labels", [59, 61, 1])
+def test_y_length_mismatch(data, n_labels):
+    X, _ = data
+    y = np.arange(n_labels) % 3
+    with pytest.raises(ValueError, match=f"X has 60 samples but y has {n_labels} labels"):
+        make_clf().fit(X, y)
+
+
+@pytest.mark.parametrize("label", [0, "a"])
+def test_one_label_y(data, label):
+    X, _ = data
+    with pytest.raises(ValueError, match=r"number of classes has to be greater than one; got 1 class"):
+        make_clf().fit(X, np.full(len(X), label))
+
+
+def test_one_label_partial_fit_classes(data):
+    X, y = data
+    with pytest.raises(ValueError, match="greater than one"):
+        make_clf().partial_fit(X, np.zeros(len(X)), classes=[0])
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in cast:RuntimeWarning")
+@pytest.mark.parametrize("y", [np.linspace(0, 1, 60), np.full(60, np.nan)], ids=["continuous", "nan"])
+def test_non_classification_targets(data, y):
+    X, _ = data
+    with pytest.raises(ValueError, match="Unknown label type|y contains NaN"):
+        make_clf().fit(X, y)
+
+
+def test_multilabel_target_rejected(data):
+    X, y = data
+    with pytest.raises(ValueError):
+        make_clf().fit(X, np.stack([y, y], axis=1))
+
+
+def test_single_matrix(data):
+    X, y = data
+    with pytest.raises(ValueError, match="greater than one"):
+        make_clf().fit(X[:1], y[:1])
+
+
+BAD_PARAMS = [
+    (dict(lr=-1e-3), "lr must be a finite non-negative number"),
+    (dict(lr=np.nan), "lr must be"),
+    (dict(lr=np.inf), "lr must be"),
+    (dict(lr="0.1"), "lr must be"),
+    (dict(batch_size=0), "batch_size must be a positive integer, got 0"),
+    (dict(batch_size=-4), "batch_size must be a positive integer"),
+    (dict(batch_size=2.5), "batch_size must be a positive integer"),
+    (dict(max_epochs=0), "max_epochs must be a positive integer"),
+    (dict(validation_fraction=1.0), r"validation_fraction must be in \[0, 1\)"),
+    (dict(validation_fraction=-0.1), "validation_fraction must be"),
+    (dict(dtype="float16"), r"dtype must be one of \['float32', 'float64'\], got 'float16'"),
+    (dict(dtype=torch.float64), "dtype must be one of"),
+    (dict(scaling="bad"), r"scaling must be 'auto', 'trace', a positive float or None, got 'bad'"),
+    (dict(scaling=-1.0), "scaling must be"),
+    (dict(scaling=0.0), "scaling must be"),
+    (dict(hidden_dims=(10,)), r"hidden_dims \(10,\) must not increase from 8 channels"),
+    (dict(hidden_dims=(4, 6)), "must not increase"),
+    (dict(hidden_dims=(0,)), "hidden_dims must be positive integers"),
+    (dict(hidden_dims=()), "hidden_dims must be positive integers"),
+    (dict(recenter_every=0), "recenter_every must be >= 1"),
+]
+
+
+@pytest.mark.parametrize("params, match", BAD_PARAMS, ids=[str(p[0]) for p in BAD_PARAMS])
+@pytest.mark.parametrize("method", ["fit", "partial_fit"])
+def test_bad_hyper_parameters(data, params, match, method):
+    X, y = data
+    clf = make_clf(**params)
+    with pytest.raises(ValueError, match=match):
+        if method == "fit":
+            clf.fit(X, y)
+        else:
+            clf.partial_fit(X, y, classes=[0, 1, 2])
+
+
+@pytest.mark.parametrize("hidden_dims", [4, (4,), [6, 4], (8,), np.array([5, 3])])
+def test_hidden_dims_forms(data, hidden_dims):
+    X, y = data
+    clf = make_clf(hidden_dims=hidden_dims, max_epochs=1).fit(X, y)
+    expected = (hidden_dims,) if isinstance(hidden_dims, int) else tuple(hidden_dims)
+    assert [b.weight.shape[1] for b in clf.module_.bimaps] == list(expected)
+
+
+# ---------------------------------------------------------------------------------------------
+# Clamping warning
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", ["fit", "partial_fit"])
+def test_warns_when_most_eigenvalues_are_clamped(data, method):
+    X, y = data
+    clf = make_clf(scaling=None, eps=1e-2, max_epochs=1)
+    with pytest.warns(UserWarning, match=r"ReEig clamps 100% of the first BiMap's eigenvalues to eps=0.01"):
+        if method == "fit":
+            clf.fit(1e-10 * X, y)
+        else:
+            clf.partial_fit(1e-10 * X, y, classes=[0, 1, 2])
+
+
+@pytest.mark.parametrize("scaling", ["auto", "trace", None])
+def test_no_clamp_warning_on_well_scaled_input(data, scaling):
+    X, y = data
+    factor = 1.0 if scaling is None else 1e-10
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        make_clf(scaling=scaling, max_epochs=1).fit(factor * X, y)
+
+
+# ---------------------------------------------------------------------------------------------
+# History, early stopping, learning-rate schedule
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("validation_fraction", [0.0, 0.2])
+def test_history_records(data, validation_fraction):
+    X, y = data
+    clf = make_clf(max_epochs=4, validation_fraction=validation_fraction, patience=100).fit(X, y)
+    assert len(clf.history_) == clf.n_epochs_ == 4
+    for i, record in enumerate(clf.history_):
+        assert {"train_loss", "val_loss", "val_f1", "lr"} <= set(record)
+        assert record["epoch"] == i
+        assert np.isfinite(record["train_loss"]) and record["train_loss"] > 0
+        assert record["lr"] == pytest.approx(1e-2)
+        if validation_fraction:
+            assert np.isfinite(record["val_loss"]) and 0 <= record["val_f1"] <= 1
+        else:
+            assert np.isnan(record["val_loss"]) and np.isnan(record["val_f1"])
+    if not validation_fraction:
+        assert clf.best_epoch_ == 3
+
+
+def test_training_loss_decreases(data):
+    X, y = data
+    clf = make_clf(max_epochs=20, batch_size=16, validation_fraction=0.0).fit(X, y)
+    losses = [r["train_loss"] for r in clf.history_]
+    assert np.mean(losses[-5:]) < np.mean(losses[:5])
+
+
+@pytest.mark.parametrize("patience", [1, 2, 3])
+def test_early_stopping_restores_best_epoch(noise_data, patience):
+    X, y = noise_data
+    kwargs = dict(max_epochs=60, lr=5e-2, batch_size=16, validation_fraction=0.25,
+                  lr_patience=100, random_state=1)
+    clf = make_clf(patience=patience, **kwargs).fit(X, y)
+    assert clf.n_epochs_ < 60
+    assert len(clf.history_) == clf.n_epochs_
+    # stopped exactly `patience` epochs after the best one ...
+    assert clf.n_epochs_ == clf.best_epoch_ + patience + 1
+    assert clf.best_epoch_ > 0 or patience == 1
+    best = clf.history_[clf.best_epoch_]
+    assert not any(_improves(r, best) for r in clf.history_)  # best over all epochs ...
+    assert all(_improves(best, r) for r in clf.history_[: clf.best_epoch_])  # ... strictly, first
+    # ... and holds the weights of the end of that epoch: the same run stopped there.
+    reference = make_clf(patience=10_000, **dict(kwargs, max_epochs=clf.best_epoch_ + 1)).fit(X, y)
+    np.testing.assert_array_equal(clf.decision_function(X), reference.decision_function(X))
+
+
+def test_early_stopping_disabled_without_validation(noise_data):
+    X, y = noise_data
+    clf = make_clf(max_epochs=12, patience=1, validation_fraction=0.0).fit(X, y)
+    assert clf.n_epochs_ == 12 and clf.best_epoch_ == 11
+
+
+@pytest.mark.parametrize("lr_patience, lr_factor", [(0, 0.5), (1, 0.5), (2, 0.1)])
+def test_lr_reduction_on_plateau(noise_data, lr_patience, lr_factor):
+    X, y = noise_data
+    clf = make_clf(max_epochs=15, lr=1e-2, batch_size=16, validation_fraction=0.25, patience=1000,
+                   lr_patience=lr_patience, lr_factor=lr_factor, random_state=1).fit(X, y)
+    lrs = np.array([r["lr"] for r in clf.history_])
+    assert lrs[0] == 1e-2
+    assert (np.diff(lrs) <= 0).all()
+    assert lrs[-1] < 1e-2
+    # Replay the documented rule (as torch's ReduceLROnPlateau) on the validation records:
+    # the LR is multiplied by lr_factor once more than lr_patience epochs in a row have not
+    # improved since the last improvement or reduction; each record holds the LR it used.
+    expected, lr, best, since = [], 1e-2, None, 0
+    for record in clf.history_:
+        expected.append(lr)
+        if best is None or _improves(record, best):
+            best, since = record, 0
+        else:
+            since += 1
+            if since > lr_patience:
+                lr, since = lr * lr_factor, 0
+    np.testing.assert_allclose(lrs, expected, rtol=1e-12)
+
+
+def test_no_lr_reduction_with_large_lr_patience(noise_data):
+    X, y = noise_data
+    clf = make_clf(max_epochs=8, validation_fraction=0.25, patience=1000, lr_patience=1000).fit(X, y)
+    assert all(r["lr"] == 1e-2 for r in clf.history_)
+
+
+# ---------------------------------------------------------------------------------------------
+# partial_fit and warm_start
+# ---------------------------------------------------------------------------------------------
+
+
+def test_partial_fit_requires_classes_first(data):
+    X, y = data
+    clf = make_clf()
+    with pytest.raises(ValueError, match="classes must be passed on the first call to partial_fit"):
+        clf.partial_fit(X, y)
+    assert not hasattr(clf, "module_")
+
+
+def test_partial_fit_continues(data):
+    X, y = data
+    clf = make_clf()
+    snapshots = []
+    for call in range(4):
+        clf.partial_fit(X, y, classes=[0, 1, 2] if call == 0 else None)
+        assert len(clf.history_) == call + 1
+        assert clf.n_features_in_ == 8
+        snapshots.append(_params(clf))
+    for before, after in zip(snapshots, snapshots[1:]):
+        assert not _same_params(before, after)
+    assert all(r["lr"] == 1e-2 and np.isnan(r["val_loss"]) for r in clf.history_)
+
+
+def test_partial_fit_learns(data):
+    X, y = data
+    clf = make_clf(batch_size=16)
+    for call in range(15):
+        clf.partial_fit(X[:45], y[:45], classes=[0, 1, 2])
+    losses = [r["train_loss"] for r in clf.history_]
+    assert losses[-1] < losses[0]
+    assert clf.score(X[45:], y[45:]) > 0.5
+
+
+def test_partial_fit_batches_with_missing_classes(data):
+    X, y = data
+    clf = make_clf()
+    clf.partial_fit(X[y != 2], y[y != 2], classes=np.array([2, 0, 1]))
+    np.testing.assert_array_equal(clf.classes_, [0, 1, 2])
+    clf.partial_fit(X[y == 2], y[y == 2])
+    assert clf.decision_function(X).shape == (60, 3)
+
+
+def test_partial_fit_rejects_unknown_labels(data):
+    X, y = data
+    clf = make_clf().partial_fit(X, y, classes=[0, 1, 2])
+    with pytest.raises(ValueError, match=r"labels not in classes: \[5\]"):
+        clf.partial_fit(X[:3], [0, 1, 5])
+    with pytest.raises(ValueError, match=r"labels not in classes: \[3\]"):
+        make_clf().partial_fit(X, np.where(y == 2, 3, y), classes=[0, 1, 2])
+
+
+def test_partial_fit_is_deterministic(data):
+    X, y = data
+
+    def run():
+        clf = make_clf(random_state=5)
+        for call in range(3):
+            clf.partial_fit(X, y, classes=[0, 1, 2])
+        return clf.decision_function(X)
+
+    assert np.array_equal(run(), run())
+
+
+def test_partial_fit_after_fit_continues(data):
+    X, y = data
+    clf = make_clf(max_epochs=3).fit(X, y)
+    before = _params(clf)
+    clf.partial_fit(X, y)
+    assert len(clf.history_) == 4
+    assert not _same_params(before, _params(clf))
+
+
+def test_partial_fit_after_refit_trains_the_new_module(data):
+    X, y = data
+    clf = make_clf(max_epochs=2).partial_fit(X, y, classes=[0, 1, 2])
+    clf.fit(X, y)  # replaces module_
+    before = _params(clf)
+    clf.partial_fit(X, y)
+    assert not _same_params(before, _params(clf))
+
+
+@pytest.mark.parametrize("validation_fraction", [0.0, 0.2])
+def test_warm_start_continues(data, validation_fraction):
+    X, y = data
+    kwargs = dict(max_epochs=3, validation_fraction=validation_fraction, patience=100)
+    fresh = make_clf(**kwargs).fit(X, y)
+    clf = make_clf(warm_start=True, **kwargs).fit(X, y)
+    assert _same_params(_params(clf), _params(fresh))  # first fit: a fresh model
+    module = clf.module_
+    clf.fit(X, y)
+    assert clf.module_ is module
+    assert len(clf.history_) == 6
+    assert not _same_params(_params(clf), _params(fresh))
+    assert not np.array_equal(clf.decision_function(X), fresh.decision_function(X))
+
+
+def test_no_warm_start_refits_from_scratch(data):
+    X, y = data
+    clf = make_clf(max_epochs=3)
+    first = clf.fit(X, y).decision_function(X)
+    module = clf.module_
+    clf.fit(X, y)
+    assert clf.module_ is not module and len(clf.history_) == 3
+    np.testing.assert_array_equal(clf.decision_function(X), first)
+
+
+# ---------------------------------------------------------------------------------------------
+# dtype and input scaling
+# ---------------------------------------------------------------------------------------------
+
+
+def test_float32(data):
+    X, y = data
+    clf = make_clf(dtype="float32", max_epochs=10).fit(X[:45], y[:45])
+    assert all(p.dtype == torch.float32 for p in clf.module_.parameters())
+    scores = clf.decision_function(X)
+    assert scores.dtype == np.float32 and np.isfinite(scores).all()
+    np.testing.assert_allclose(clf.predict_proba(X).sum(axis=1), 1.0, rtol=1e-5)
+    assert clf.score(X[45:], y[45:]) > 0.5  # chance: 1/3
+    # Same Stiefel initialisation as in float64 (the linear head's torch init depends on dtype).
+    ref = make_clf(dtype="float64", max_epochs=1, lr=0.0).fit(X, y)
+    init32 = make_clf(dtype="float32", max_epochs=1, lr=0.0).fit(X, y)
+    np.testing.assert_allclose(_params(init32)["bimaps.0.weight"], _params(ref)["bimaps.0.weight"], atol=1e-6)
+
+
+@pytest.mark.parametrize("scaling, expected", [
+    ("auto", None), ("trace", 1.0), (None, 1.0), (2.0, 2.0), (1e9, 1e9), (3, 3.0),
+])
+def test_scale_attribute(data, scaling, expected):
+    X, y = data
+    clf = make_clf(scaling=scaling, max_epochs=1).fit(1e-9 * X if scaling == 1e9 else X, y)
+    if scaling == "auto":
+        n = X.shape[-1]
+        expected = np.exp(-np.mean(np.log(np.trace(X, axis1=1, axis2=2) / n)))
+        assert clf.scale_ == pytest.approx(expected, rel=1e-12)
+    else:
+        assert clf.scale_ == expected
+
+
+@pytest.mark.parametrize("scaling", ["auto", "trace"])
+@pytest.mark.parametrize("factor", [1e-10, 1e4])
+def test_auto_and_trace_scaling_are_scale_invariant(data, scaling, factor):
+    X, y = data
+    kwargs = dict(scaling=scaling, max_epochs=5, validation_fraction=0.0)
+    ref = make_clf(**kwargs).fit(X, y).decision_function(X)
+    scaled = make_clf(**kwargs).fit(factor * X, y)
+    np.testing.assert_allclose(scaled.decision_function(factor * X), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_trace_scaling_is_per_matrix(data):
+    X, y = data
+    factors = np.random.default_rng(0).uniform(1e-3, 1e3, size=len(X))
+    kwargs = dict(scaling="trace", max_epochs=5, validation_fraction=0.0)
+    ref = make_clf(**kwargs).fit(X, y).decision_function(X)
+    Xf = X * factors[:, None, None]
+    np.testing.assert_allclose(make_clf(**kwargs).fit(Xf, y).decision_function(Xf), ref, rtol=1e-6, atol=1e-6)
+
+
+def test_float_scaling_equals_prescaled_input(data):
+    X, y = data
+    a = make_clf(scaling=4.0).fit(X, y).decision_function(X)
+    b = make_clf(scaling=None).fit(4.0 * X, y).decision_function(4.0 * X)
+    np.testing.assert_array_equal(a, b)
+
+
+# ---------------------------------------------------------------------------------------------
+# pyRiemann pipeline on EEG-like time series
+# ---------------------------------------------------------------------------------------------
+
+
+def test_pyriemann_pipeline_learns_class_structure(eeg_timeseries):
+    X, y = eeg_timeseries(n_trials=150, n_channels=8, n_times=128, n_classes=3, seed=0)
+    pipe = make_pipeline(
+        Covariances("oas"),
+        SPDnetClassifier(hidden_dims=(4,), max_epochs=30, lr=1e-2, batch_size=16, random_state=0),
+    )
+    pipe.fit(X[:90], y[:90])
+    accuracy = pipe.score(X[90:], y[90:])
+    assert accuracy >= 0.8, accuracy  # chance: 1/3
+    assert pipe[-1].scale_ > 1e8  # volt-scale covariances were rescaled by 'auto'

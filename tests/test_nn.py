@@ -1,0 +1,462 @@
+"""Tests for ``skfedspd.nn``: the BiMap layer (Stiefel weight by tangent-space local
+trivialization) and the ``SPDNet`` module (training, re-centring, parameter export/import).
+
+Data comes from the ``spd_dataset`` / ``spd_batch`` fixtures of ``conftest.py``. All sizes
+are tiny (at most 8 channels) so the file runs in a few seconds.
+"""
+
+import numpy as np
+import pytest
+import torch
+from torch.func import functional_call
+
+from skfedspd.nn import BiMap, SPDNet
+from skfedspd.stiefel import orthonormality_error, random_stiefel, tangent_project
+from skfedspd.training import train_epochs
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+DIMS = [(6, 3), (5, 5), (8, 1), (4, 2), (8, 6)]
+
+
+def _bimap_loss(Y, C):
+    """A smooth non-linear scalar function of the BiMap output."""
+    return (Y * C).sum() + 0.1 * (Y**2).sum()
+
+
+def _sym_weights(k, seed):
+    C = torch.as_tensor(np.random.default_rng(seed).standard_normal((k, k)), dtype=torch.float64)
+    return C + C.T
+
+
+def _perturb_V(bimap, scale, seed):
+    with torch.no_grad():
+        V = np.random.default_rng(seed).standard_normal(tuple(bimap.V.shape))
+        bimap.V.copy_(torch.as_tensor(scale * V))
+
+
+def _torch_data(spd_dataset, n_matrices=30, n_channels=6, n_classes=3, seed=0):
+    X, y = spd_dataset(n_matrices=n_matrices, n_channels=n_channels, n_classes=n_classes, seed=seed)
+    return torch.as_tensor(X), torch.as_tensor(y)
+
+
+def _make_net(*args, torch_seed=0, **kwargs):
+    """SPDNet with the linear head's (torch-global) initialisation seeded too."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed)
+        return SPDNet(*args, **kwargs)
+
+
+def _full_batch_training(net, optimizer, X, y, n_steps):
+    losses = []
+    for _ in range(n_steps):
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(net(X), y)
+        loss.backward()
+        optimizer.step()
+        net.after_step_()
+        losses.append(float(loss.detach()))
+    return np.array(losses)
+
+
+# ---------------------------------------------------------------------------------------------
+# BiMap
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bimap_weight_is_orthonormal(in_dim, out_dim, seed):
+    bimap = BiMap(in_dim, out_dim, seed=seed)
+    W = bimap.weight.detach()
+    assert W.shape == (in_dim, out_dim)
+    assert W.dtype == torch.float64
+    assert orthonormality_error(W) < 1e-13
+    assert torch.count_nonzero(bimap.V) == 0
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+def test_bimap_weight_orthonormal_away_from_chart_centre(in_dim, out_dim):
+    bimap = BiMap(in_dim, out_dim, seed=0)
+    _perturb_V(bimap, 0.5, seed=1)
+    assert orthonormality_error(bimap.weight.detach()) < 1e-13
+
+
+def test_bimap_float32():
+    bimap = BiMap(6, 3, seed=0, dtype=torch.float32)
+    assert bimap.weight.dtype == bimap.V.dtype == torch.float32
+    assert orthonormality_error(bimap.weight.detach()) < 1e-5
+
+
+def test_bimap_seed_reproducible():
+    assert torch.equal(BiMap(6, 3, seed=4).weight, BiMap(6, 3, seed=4).weight)
+    assert not torch.allclose(BiMap(6, 3, seed=4).weight, BiMap(6, 3, seed=5).weight)
+
+
+def test_bimap_rejects_increasing_dimension():
+    with pytest.raises(ValueError, match="out_dim=5 > in_dim=3"):
+        BiMap(3, 5)
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+@pytest.mark.parametrize("v_scale", [0.0, 0.3])
+def test_bimap_forward_is_congruence(spd_batch, in_dim, out_dim, v_scale):
+    bimap = BiMap(in_dim, out_dim, seed=2)
+    _perturb_V(bimap, v_scale, seed=3)
+    X = spd_batch(4, in_dim, seed=5)
+    Y = bimap(X).detach()
+    W = bimap.weight.detach().numpy()
+    expected = np.einsum("ji,njk,kl->nil", W, X.numpy(), W)
+    assert Y.shape == (4, out_dim, out_dim)
+    np.testing.assert_allclose(Y.numpy(), expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(Y.numpy(), Y.numpy().transpose(0, 2, 1), atol=1e-12)
+    assert (torch.linalg.eigvalsh(Y) > 0).all()  # congruence by a full-rank W keeps SPD
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+@pytest.mark.parametrize("seed", [0, 1])
+def test_bimap_gradient_at_chart_centre_is_riemannian_gradient(spd_batch, in_dim, out_dim, seed):
+    """At V = 0, ∇_V L = P_W(∇_W L): the polar retraction's differential at 0 is P_W."""
+    bimap = BiMap(in_dim, out_dim, seed=seed)
+    X = spd_batch(3, in_dim, seed=seed + 10)
+    C = _sym_weights(out_dim, seed)
+
+    _bimap_loss(bimap(X), C).backward()
+    grad_V = bimap.V.grad
+    assert torch.isfinite(grad_V).all()  # autograd through the SVD would be NaN here
+
+    W = bimap.W_ref.clone().requires_grad_(True)
+    (grad_W,) = torch.autograd.grad(_bimap_loss(W.T @ X @ W, C), W)
+    riemannian = tangent_project(W.detach(), grad_W)
+    np.testing.assert_allclose(grad_V.numpy(), riemannian.numpy(), rtol=1e-10, atol=1e-12)
+    # ... which is a tangent vector at W.
+    np.testing.assert_allclose(tangent_project(W.detach(), grad_V).numpy(), grad_V.numpy(), atol=1e-12)
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+@pytest.mark.parametrize("v_scale", [0.0, 0.2])
+def test_bimap_gradcheck(spd_batch, in_dim, out_dim, v_scale):
+    """Finite differences (float64) agree with the custom polar backward, at V = 0 and away."""
+    bimap = BiMap(in_dim, out_dim, seed=7)
+    X = spd_batch(2, in_dim, seed=8)
+    V0 = torch.as_tensor(v_scale * np.random.default_rng(9).standard_normal((in_dim, out_dim)))
+    V0.requires_grad_(True)
+
+    def f(V):
+        return functional_call(bimap, {"V": V}, (X,))
+
+    assert torch.autograd.gradcheck(f, (V0,), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+def test_bimap_gradient_matches_finite_differences_of_loss(spd_batch, in_dim, out_dim):
+    """Directional derivative of the loss along a random V direction, at V = 0."""
+    bimap = BiMap(in_dim, out_dim, seed=11)
+    X = spd_batch(3, in_dim, seed=12)
+    C = _sym_weights(out_dim, 13)
+    _bimap_loss(bimap(X), C).backward()
+    D = torch.as_tensor(np.random.default_rng(14).standard_normal((in_dim, out_dim)))
+    h = 1e-6
+
+    def loss_at(V):
+        with torch.no_grad():
+            return float(_bimap_loss(functional_call(bimap, {"V": V}, (X,)), C))
+
+    fd = (loss_at(h * D) - loss_at(-h * D)) / (2 * h)
+    assert fd == pytest.approx(float((bimap.V.grad * D).sum()), rel=1e-6, abs=1e-8)
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+@pytest.mark.parametrize("v_scale", [0.0, 0.05, 0.5])
+def test_bimap_recenter_keeps_weight_and_resets_V(spd_batch, in_dim, out_dim, v_scale):
+    bimap = BiMap(in_dim, out_dim, seed=3)
+    _perturb_V(bimap, v_scale, seed=4)
+    X = spd_batch(3, in_dim, seed=5)
+    W_before, Y_before = bimap.weight.detach().clone(), bimap(X).detach()
+    bimap.recenter_()
+    assert torch.count_nonzero(bimap.V) == 0
+    np.testing.assert_allclose(bimap.W_ref.numpy(), W_before.numpy(), atol=1e-14)
+    np.testing.assert_allclose(bimap.weight.detach().numpy(), W_before.numpy(), atol=1e-14)
+    np.testing.assert_allclose(bimap(X).detach().numpy(), Y_before.numpy(), atol=1e-12)
+    assert orthonormality_error(bimap.W_ref) < 1e-13
+
+
+@pytest.mark.parametrize("in_dim, out_dim", DIMS)
+@pytest.mark.parametrize("as_tensor", [False, True])
+def test_bimap_set_weight(in_dim, out_dim, as_tensor):
+    bimap = BiMap(in_dim, out_dim, seed=0)
+    _perturb_V(bimap, 0.3, seed=1)
+    W = random_stiefel(in_dim, out_dim, 42)
+    bimap.set_weight(torch.as_tensor(W) if as_tensor else W)
+    assert torch.count_nonzero(bimap.V) == 0
+    assert bimap.W_ref.dtype == torch.float64
+    np.testing.assert_allclose(bimap.W_ref.numpy(), W, atol=0)
+    np.testing.assert_allclose(bimap.weight.detach().numpy(), W, atol=1e-14)
+
+
+def test_bimap_set_weight_casts_to_layer_dtype():
+    bimap = BiMap(5, 2, seed=0, dtype=torch.float32)
+    bimap.set_weight(random_stiefel(5, 2, 1))
+    assert bimap.W_ref.dtype == torch.float32
+
+
+# ---------------------------------------------------------------------------------------------
+# SPDNet: orthonormality under long training with any torch optimizer
+# ---------------------------------------------------------------------------------------------
+
+OPTIMIZERS = {
+    "adam": (lambda p: torch.optim.Adam(p, lr=1e-2), 1000),
+    "sgd_momentum_wd": (lambda p: torch.optim.SGD(p, lr=5e-2, momentum=0.9, weight_decay=1e-3, nesterov=True), 300),
+    "adamw": (lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=1e-2), 300),
+    "rmsprop": (lambda p: torch.optim.RMSprop(p, lr=1e-3), 300),
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+@pytest.mark.parametrize("recenter_every", [1, 7])
+def test_spdnet_training_stays_on_stiefel_and_learns(spd_dataset, name, recenter_every):
+    make_optimizer, n_steps = OPTIMIZERS[name]
+    X, y = _torch_data(spd_dataset, n_channels=6)
+    net = _make_net(6, (4,), 3, eps=1e-4, recenter_every=recenter_every, seed=0)
+    losses = _full_batch_training(net, make_optimizer(net.parameters()), X, y, n_steps)
+    assert np.isfinite(losses).all()
+    for bimap in net.bimaps:
+        assert orthonormality_error(bimap.weight.detach()) <= 1e-10
+        assert orthonormality_error(bimap.W_ref) <= 1e-10
+    assert losses[-50:].mean() < losses[:50].mean()
+
+
+def test_spdnet_multiblock_training_stays_on_stiefel(spd_dataset):
+    X, y = _torch_data(spd_dataset, n_channels=8)
+    net = _make_net(8, (6, 4), 3, eps=1e-4, seed=0)
+    losses = _full_batch_training(net, torch.optim.Adam(net.parameters(), lr=1e-2), X, y, 300)
+    assert max(orthonormality_error(b.weight.detach()) for b in net.bimaps) <= 1e-10
+    assert losses[-50:].mean() < losses[:50].mean()
+
+
+# ---------------------------------------------------------------------------------------------
+# SPDNet: structure
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("n_channels, hidden_dims", [(8, (4,)), (8, (6, 4)), (8, (8,)), (6, (5, 3, 2))])
+@pytest.mark.parametrize("n_classes", [2, 4])
+@pytest.mark.parametrize("batch", [1, 5])
+def test_spdnet_output_shape(spd_batch, n_channels, hidden_dims, n_classes, batch):
+    net = _make_net(n_channels, hidden_dims, n_classes, seed=0)
+    X = spd_batch(batch, n_channels)
+    d = hidden_dims[-1]
+    assert len(net.bimaps) == len(hidden_dims)
+    assert net.features(X).shape == (batch, d * (d + 1) // 2)
+    out = net(X)
+    assert out.shape == (batch, n_classes)
+    assert out.dtype == torch.float64
+    assert torch.isfinite(out).all()
+
+
+def test_spdnet_float32(spd_batch):
+    net = _make_net(8, (6, 4), 3, seed=0, dtype=torch.float32)
+    out = net(spd_batch(5, 8, dtype=torch.float32))
+    assert out.dtype == torch.float32
+    assert torch.isfinite(out).all()
+
+
+def test_spdnet_bimaps_chain_dimensions():
+    net = _make_net(8, (6, 4), 3, seed=0)
+    assert [tuple(b.weight.shape) for b in net.bimaps] == [(8, 6), (6, 4)]
+    assert tuple(net.head.weight.shape) == (3, 10)
+
+
+def test_spdnet_seed_reproducible_and_head_uses_caller_rng():
+    a, b = _make_net(8, (6, 4), 3, seed=1, torch_seed=0), _make_net(8, (6, 4), 3, seed=1, torch_seed=0)
+    for name, value in a.get_parameters().items():
+        np.testing.assert_array_equal(value, b.get_parameters()[name])
+    c = _make_net(8, (6, 4), 3, seed=2, torch_seed=0)
+    assert not np.allclose(a.get_parameters()["bimaps.0.weight"], c.get_parameters()["bimaps.0.weight"])
+    np.testing.assert_array_equal(a.get_parameters()["head.weight"], c.get_parameters()["head.weight"])
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(recenter_every=0), "recenter_every"),
+    (dict(hidden_dims=()), "hidden_dims"),
+    (dict(hidden_dims=(4, 6)), "out_dim=6 > in_dim=4"),
+    (dict(hidden_dims=(10,)), "out_dim=10 > in_dim=8"),
+])
+def test_spdnet_rejects_bad_arguments(kwargs, match):
+    args = dict(n_channels=8, hidden_dims=(4,), n_classes=3)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        SPDNet(**args)
+
+
+# ---------------------------------------------------------------------------------------------
+# SPDNet: re-centring schedule
+# ---------------------------------------------------------------------------------------------
+
+
+def _count_recenterings(net, monkeypatch):
+    calls = []
+    original = net.recenter_
+
+    def counting():
+        calls.append(net._steps_since_recenter)
+        original()
+
+    monkeypatch.setattr(net, "recenter_", counting)
+    return calls
+
+
+@pytest.mark.parametrize("recenter_every", [1, 2, 3, 5, 12, 20])
+def test_spdnet_recenter_every_is_respected(spd_dataset, monkeypatch, recenter_every):
+    X, y = _torch_data(spd_dataset, n_channels=6)
+    net = _make_net(6, (4, 3), 3, recenter_every=recenter_every, seed=0)
+    calls = _count_recenterings(net, monkeypatch)
+    optimizer = torch.optim.Adam(net.parameters(), lr=1e-2)
+    n_steps = 12
+    for step in range(1, n_steps + 1):
+        _full_batch_training(net, optimizer, X, y, 1)
+        assert len(calls) == step // recenter_every
+        at_centre = step % recenter_every == 0
+        for bimap in net.bimaps:
+            assert (torch.count_nonzero(bimap.V) == 0) == at_centre
+    assert all(c == recenter_every for c in calls)  # each after exactly recenter_every steps
+
+
+@pytest.mark.parametrize("recenter_every", [1, 2, 4])
+@pytest.mark.parametrize("batch_size", [7, 10, 30])
+def test_train_epochs_recenters_per_optimizer_step(spd_dataset, monkeypatch, recenter_every, batch_size):
+    X, y = _torch_data(spd_dataset, n_channels=6)
+    net = _make_net(6, (4,), 3, recenter_every=recenter_every, seed=0)
+    calls = _count_recenterings(net, monkeypatch)
+    n_epochs = 2
+    loss, skipped = train_epochs(net, torch.optim.Adam(net.parameters(), lr=1e-2), X, y,
+                                 n_epochs=n_epochs, batch_size=batch_size,
+                                 generator=torch.Generator().manual_seed(0))
+    n_steps = n_epochs * -(-len(y) // batch_size)
+    assert skipped == 0 and np.isfinite(loss)
+    assert len(calls) == n_steps // recenter_every
+    assert net._steps_since_recenter == n_steps % recenter_every
+
+
+# ---------------------------------------------------------------------------------------------
+# SPDNet: parameter export / import
+# ---------------------------------------------------------------------------------------------
+
+HIDDEN = [(4,), (6, 4), (7, 5, 2)]
+
+
+def _kinds_expected(n_blocks):
+    return [(f"bimaps.{i}.weight", "stiefel") for i in range(n_blocks)] + [
+        ("head.weight", "euclidean"), ("head.bias", "euclidean")]
+
+
+@pytest.mark.parametrize("hidden_dims", HIDDEN)
+def test_spdnet_parameter_kinds(hidden_dims):
+    net = _make_net(8, hidden_dims, 3, seed=0)
+    kinds = net.parameter_kinds()
+    assert list(kinds.items()) == _kinds_expected(len(hidden_dims))
+    params = net.get_parameters()
+    assert list(params) == list(kinds)
+    dims = (8,) + hidden_dims
+    for i in range(len(hidden_dims)):
+        assert params[f"bimaps.{i}.weight"].shape == (dims[i], dims[i + 1])
+    d = hidden_dims[-1]
+    assert params["head.weight"].shape == (3, d * (d + 1) // 2)
+    assert params["head.bias"].shape == (3,)
+    assert all(isinstance(v, np.ndarray) and v.dtype == np.float64 for v in params.values())
+
+
+@pytest.mark.parametrize("hidden_dims", HIDDEN)
+@pytest.mark.parametrize("recenter_every", [1, 3])
+def test_spdnet_get_set_parameters_round_trip(spd_dataset, hidden_dims, recenter_every):
+    X, y = _torch_data(spd_dataset, n_channels=8)
+    source = _make_net(8, hidden_dims, 3, recenter_every=recenter_every, seed=0, torch_seed=0)
+    # Two steps: with recenter_every=3 the charts are off-centre (V ≠ 0), so the export must
+    # be the actual weight uf(W_ref + P(V)), not the buffer W_ref.
+    _full_batch_training(source, torch.optim.Adam(source.parameters(), lr=5e-2), X, y, 2)
+    target = _make_net(8, hidden_dims, 3, seed=1, torch_seed=1)
+    with torch.no_grad():
+        assert not torch.allclose(source(X), target(X))
+    exported = source.get_parameters()
+    target.set_parameters(exported)
+    with torch.no_grad():
+        np.testing.assert_allclose(target(X).numpy(), source(X).numpy(), rtol=1e-12, atol=1e-12)
+    for name, value in target.get_parameters().items():
+        np.testing.assert_allclose(value, exported[name], atol=1e-14)
+    for bimap in target.bimaps:
+        assert torch.count_nonzero(bimap.V) == 0
+
+
+def test_spdnet_get_parameters_returns_copies():
+    net = _make_net(8, (4,), 3, seed=0)
+    params = net.get_parameters()
+    before = {k: v.copy() for k, v in params.items()}
+    for value in params.values():
+        value += 1.0
+    for name, value in net.get_parameters().items():
+        np.testing.assert_array_equal(value, before[name])
+
+
+def test_spdnet_set_parameters_subset():
+    net = _make_net(8, (6, 4), 3, seed=0)
+    before = net.get_parameters()
+    net.set_parameters({"head.bias": np.array([1.0, 2.0, 3.0])})
+    after = net.get_parameters()
+    np.testing.assert_array_equal(after["head.bias"], [1.0, 2.0, 3.0])
+    for name in ("bimaps.0.weight", "bimaps.1.weight", "head.weight"):
+        np.testing.assert_array_equal(after[name], before[name])
+
+
+@pytest.mark.parametrize("bad_name", ["bimaps.2.weight", "head.weigth", "bimaps.0.W_ref", "bimaps.0.V"])
+def test_spdnet_set_parameters_rejects_unknown_names(bad_name):
+    net = _make_net(8, (6, 4), 3, seed=0)
+    before = net.get_parameters()
+    arrays = {"head.bias": np.zeros(3), bad_name: np.zeros((8, 6))}
+    with pytest.raises(KeyError, match="unknown parameter names"):
+        net.set_parameters(arrays)
+    for name, value in net.get_parameters().items():  # nothing was loaded
+        np.testing.assert_array_equal(value, before[name])
+
+
+@pytest.mark.parametrize("name, shape", [
+    ("bimaps.0.weight", (6, 8)),
+    ("bimaps.1.weight", (6, 3)),
+    ("head.weight", (3, 9)),
+    ("head.bias", (4,)),
+    ("head.bias", ()),
+])
+def test_spdnet_set_parameters_rejects_wrong_shapes(name, shape):
+    net = _make_net(8, (6, 4), 3, seed=0)
+    with pytest.raises(ValueError, match=rf"parameter '{name}' has shape .*expected"):
+        net.set_parameters({name: np.zeros(shape)})
+
+
+# ---------------------------------------------------------------------------------------------
+# SPDNet: eigenvalue clamp diagnostic
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("level, expected", [(1.0, 0.0), (1e-3, 0.0), (1e-6, 1.0), (1e-10, 1.0)])
+def test_eigenvalue_clamp_fraction_scaled_identity(level, expected):
+    net = _make_net(8, (4,), 3, eps=1e-4, seed=0)
+    X = level * torch.eye(8, dtype=torch.float64).expand(5, 8, 8)
+    assert net.eigenvalue_clamp_fraction(X) == [expected]
+
+
+@pytest.mark.parametrize("n_small", [0, 2, 4, 8])
+def test_eigenvalue_clamp_fraction_counts_small_eigenvalues(n_small):
+    # Square BiMap: WᵀXW has exactly X's eigenvalues.
+    net = _make_net(8, (8,), 3, eps=1e-4, seed=0)
+    lam = np.r_[np.full(n_small, 1e-8), np.ones(8 - n_small)]
+    X = torch.as_tensor(np.diag(lam)).expand(3, 8, 8)
+    assert net.eigenvalue_clamp_fraction(X) == pytest.approx([n_small / 8])
+
+
+@pytest.mark.parametrize("hidden_dims", HIDDEN)
+def test_eigenvalue_clamp_fraction_one_per_block(spd_batch, hidden_dims):
+    net = _make_net(8, hidden_dims, 3, eps=1e-4, seed=0)
+    X = spd_batch(6, 8).requires_grad_(True)
+    fractions = net.eigenvalue_clamp_fraction(X)
+    assert len(fractions) == len(hidden_dims)
+    assert all(f == 0.0 for f in fractions)  # well-conditioned input: nothing clamped
+    assert all(torch.count_nonzero(b.V) == 0 for b in net.bimaps)  # no side effect
