@@ -222,23 +222,28 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     def __sklearn_is_fitted__(self):
         return hasattr(self, "module_")
 
-    def decision_function(self, X):
-        """Class scores (logits), shape ``(n_samples, n_classes)``."""
+    def _logits(self, X):
         check_is_fitted(self)
         X = self._validate_X(X, reset=False)
         return predict_logits(self.module_, self._to_tensor(X)).cpu().numpy()
 
+    def decision_function(self, X):
+        """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, as
+        scikit-learn expects, the 1-D score of ``classes_[1]`` (logit difference)."""
+        logits = self._logits(X)
+        return logits[:, 1] - logits[:, 0] if logits.shape[1] == 2 else logits
+
     def predict_proba(self, X):
         """Softmax class probabilities, columns ordered as ``classes_``."""
-        scores = self.decision_function(X)
+        scores = self._logits(X)
         scores = scores - scores.max(axis=1, keepdims=True)
         proba = np.exp(scores)
         return proba / proba.sum(axis=1, keepdims=True)
 
     def predict(self, X):
         """Most probable class label for each sample."""
-        scores = self.decision_function(X)  # first, so an unfitted model raises NotFittedError
-        return self.classes_[np.argmax(scores, axis=1)]
+        logits = self._logits(X)  # first: an unfitted model raises NotFittedError
+        return self.classes_[np.argmax(logits, axis=1)]
 
     # ------------------------------------------------------------------ helpers
     def _warn_about_input(self, Xt):

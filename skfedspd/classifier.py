@@ -45,7 +45,7 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"X matrix {i} is not symmetric (max |X - X^T| = {asym[i]:.3g})")
-    _, info = torch.linalg.cholesky_ex(torch.from_numpy(X))
+    _, info = torch.linalg.cholesky_ex(torch.tensor(X))  # a copy: X may be read-only
     if (info != 0).any():
         i = int(torch.nonzero(info)[0, 0])
         raise ValueError(f"X matrix {i} is not positive definite")

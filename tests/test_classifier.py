@@ -277,15 +277,22 @@ def test_predict_proba_decision_function_score(spd_dataset, n_classes):
     scores = clf.decision_function(X)
     proba = clf.predict_proba(X)
     pred = clf.predict(X)
-    assert scores.shape == proba.shape == (40, n_classes)
+    assert proba.shape == (40, n_classes)
     assert pred.shape == (40,)
     assert scores.dtype == proba.dtype == np.float64
     assert (proba >= 0).all() and (proba <= 1).all()
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
     np.testing.assert_array_equal(clf.classes_[proba.argmax(axis=1)], pred)
-    np.testing.assert_array_equal(scores.argmax(axis=1), proba.argmax(axis=1))
-    # softmax of the logits: log-probability differences equal logit differences
-    np.testing.assert_allclose(np.log(proba) - np.log(proba[:, :1]), scores - scores[:, :1], atol=1e-10)
+    if n_classes == 2:
+        # scikit-learn's binary convention: one score, positive for classes_[1]
+        assert scores.shape == (40,)
+        np.testing.assert_allclose(scores, np.log(proba[:, 1]) - np.log(proba[:, 0]), atol=1e-10)
+        np.testing.assert_array_equal(scores > 0, proba[:, 1] > proba[:, 0])
+    else:
+        assert scores.shape == (40, n_classes)
+        np.testing.assert_array_equal(scores.argmax(axis=1), proba.argmax(axis=1))
+        # softmax of the logits: log-probability differences equal logit differences
+        np.testing.assert_allclose(np.log(proba) - np.log(proba[:, :1]), scores - scores[:, :1], atol=1e-10)
     assert clf.score(X, y) == pytest.approx(accuracy_score(y, pred))
 
 

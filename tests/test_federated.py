@@ -118,7 +118,8 @@ def test_fit_predict_proba_score(labels, n_classes):
     np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
     np.testing.assert_array_equal(clf.classes_[proba.argmax(axis=1)], pred)
     scores = clf.decision_function(X)
-    assert scores.shape == (len(X), n_classes) and np.isfinite(scores).all()
+    expected = (len(X),) if n_classes == 2 else (len(X), n_classes)  # sklearn's binary convention
+    assert scores.shape == expected and np.isfinite(scores).all()
     score = clf.score(X, y)
     assert 0.0 <= score <= 1.0
     assert score == pytest.approx(np.mean(pred == y))
@@ -183,9 +184,10 @@ def test_global_estimator(fitted):
 
 
 def test_default_estimator():
-    X, y = _data(n=30)
+    X, y = make_spd_dataset(30, 20, 2)  # the default SPDnetClassifier maps to 18 dimensions
     clf = FederatedSPDnetClassifier(n_rounds=1, local_epochs=1, n_clients=2, random_state=0).fit(X, y)
     assert isinstance(clf.global_estimator_, SPDnetClassifier)
+    assert clf.global_estimator_.hidden_dims == (18,)
     assert clf.estimator is None
 
 
@@ -249,7 +251,7 @@ def test_tags():
     assert tags.estimator_type == "classifier"
 
 
-def test_verbose(capsys):
+def test_verbose():
     X, y = _data(n=30)
     clf = _fed(n_rounds=2, verbose=True).fit(X, y)
     assert len(clf.history_) == 2
@@ -262,9 +264,6 @@ def test_predict_rejects_wrong_channels(fitted):
         clf.predict(X)
 
 
-@pytest.mark.xfail(reason="decision_function returns (n, 2) logits for binary problems; sklearn "
-                          "(roc_auc scorer, MOABB's LeftRightImagery) expects shape (n,) — "
-                          "TorchClassifierBase.decision_function in skfedspd/base.py", strict=False)
 def test_binary_roc_auc_scorer():
     X, y = _data(n=30, n_classes=2)
     clf = _fed(n_rounds=1).fit(X, y)
@@ -283,7 +282,8 @@ def test_binary_roc_auc_scorer():
     {"validation_fraction": 1.0}, {"validation_fraction": -0.1}, {"aggregation": "mean"},
     {"weighting": "equal"}, {"partition": "random"}, {"clients_per_round": 0},
     {"clients_per_round": -1}, {"clients_per_round": 4}, {"clients_per_round": 0.0},
-    {"clients_per_round": 1.5}, {"clients_per_round": "half"},
+    {"clients_per_round": 1.5}, {"clients_per_round": "half"}, {"clients_per_round": True},
+    {"clients_per_round": False},
     {"estimator": SPDnetClassifier(lr=-1.0)}, {"estimator": SPDnetClassifier(hidden_dims=(8,))},
 ])
 def test_bad_params(params):
@@ -835,6 +835,7 @@ def _evaluate(evaluation_class, moabb_setup):
     return results
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
 @pytest.mark.parametrize("evaluation", ["WithinSessionEvaluation", "CrossSessionEvaluation"])
 def test_moabb_within_and_cross_session_use_partition(evaluation, moabb_setup, recorder):
     import moabb.evaluations
@@ -848,6 +849,7 @@ def test_moabb_within_and_cross_session_use_partition(evaluation, moabb_setup, r
         assert record["client_groups"] == [None, None]
 
 
+@pytest.mark.filterwarnings("ignore::FutureWarning", "ignore::DeprecationWarning", "ignore::UserWarning")
 def test_moabb_cross_subject_routes_training_subjects(moabb_setup, recorder):
     """MOABB 1.7.2 routes ``subjects`` (the training subjects) to every pipeline step whose
     fit requests it: ``CrossSubjectSplitter`` always reports ``calibration_size`` (0.0 by

@@ -148,6 +148,32 @@ def test_bimap_gradcheck(spd_batch, in_dim, out_dim, v_scale):
     assert torch.autograd.gradcheck(f, (V0,), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
+@pytest.mark.parametrize("in_dim, out_dim", [(6, 3), (5, 5), (4, 1)])
+@pytest.mark.parametrize("batch_shape", [(), (1,), (3,), (2, 2)])
+def test_bimap_gradcheck_input_and_weight(in_dim, out_dim, batch_shape):
+    """Gradients wrt the input too (any, not necessarily symmetric X), for any batch shape."""
+    bimap = BiMap(in_dim, out_dim, seed=7)
+    rng = np.random.default_rng(10)
+    X = torch.tensor(rng.standard_normal(batch_shape + (in_dim, in_dim)), requires_grad=True)
+    V0 = torch.tensor(0.1 * rng.standard_normal((in_dim, out_dim)), requires_grad=True)
+
+    def f(V, X):
+        return functional_call(bimap, {"V": V}, (X,))
+
+    assert torch.autograd.gradcheck(f, (V0, X), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch_shape", [(), (1,), (4,), (2, 3)])
+def test_bimap_forward_batch_shapes(spd_batch, batch_shape):
+    bimap = BiMap(6, 4, seed=0)
+    n = int(np.prod(batch_shape)) if batch_shape else 1
+    X = spd_batch(n, 6).reshape(batch_shape + (6, 6))
+    W = bimap.weight.detach()
+    Y = bimap(X).detach()
+    assert Y.shape == batch_shape + (4, 4)
+    np.testing.assert_allclose(Y.numpy(), (W.T @ X @ W).numpy(), rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("in_dim, out_dim", DIMS)
 def test_bimap_gradient_matches_finite_differences_of_loss(spd_batch, in_dim, out_dim):
     """Directional derivative of the loss along a random V direction, at V = 0."""
