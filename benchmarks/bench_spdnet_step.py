@@ -19,12 +19,14 @@ Linear to 4 classes. Implementations:
 
 Timing: ``torch.set_num_threads(1)``, warm-up, then ``--reps`` repetitions; inside each
 repetition every (implementation, dtype) pair runs one step, in an order rotated from one
-repetition to the next, so machine noise hits all of them alike. Reported: median and IQR in ms.
+repetition to the next, so machine noise hits all of them alike. Wall clock
+(``time.perf_counter``, with ``torch.cuda.synchronize`` around each step on CUDA). Reported:
+median and IQR in ms.
 
 Gradient exactness (float64): the Euclidean gradient of the loss with respect to the BiMap
 weight ``W`` (treated as a free matrix, same ``W``, same head, same batch for all) through each
-implementation's own spectral layers, compared with ours and with a central finite difference
-of the loss along a random direction; then each implementation's *trainable parameter*
+implementation's own spectral layers, compared with ours and with a fourth-order central finite
+difference of the loss along a random direction; then each implementation's *trainable parameter*
 gradient (ours: ``V``; naive: ``W``; spd-learn: the Cayley parametrization's ``original``)
 against a finite difference along a random direction in that parameter. Repeated with a batch
 that has repeated eigenvalues (identity matrices → ``WᵀIW = I``; rank-4 matrices → 14
@@ -383,13 +385,10 @@ def main(argv=None):
     print(f"\nms per training step (median over {args.reps} interleaved reps; IQR = q75 - q25)")
     print(f"{'implementation':<14} {'dtype':<8} {'median ms':>10} {'IQR ms':>8} {'q25':>8} {'q75':>8}")
     med = {}
-    for (impl, dname), t in times.items():
-        q25, q50, q75 = np.percentile(t, [25, 50, 75])
-        med[(impl, dname)] = q50
     for dname in DTYPES:
         for impl in IMPLS:
-            t = times[(impl, dname)]
-            q25, q50, q75 = np.percentile(t, [25, 50, 75])
+            q25, q50, q75 = np.percentile(times[(impl, dname)], [25, 50, 75])
+            med[(impl, dname)] = q50
             print(f"{impl:<14} {dname:<8} {q50:>10.3f} {q75 - q25:>8.3f} {q25:>8.3f} {q75:>8.3f}")
     print("\nratios of medians (> 1: ours faster)")
     for dname in DTYPES:

@@ -145,6 +145,12 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         The full federated state is written there after every round; a ``fit`` that finds
         a checkpoint of the same configuration and data resumes from it and ends
         bit-identical to an uninterrupted fit.
+    backend : {"local", "flower"}, default="local"
+        "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
+        in-process Flower simulation (one virtual SuperNode per client, the ``flower``
+        extra); the same ``random_state`` gives a bit-identical model on both backends.
+        Real multi-site deployments use :func:`skfedspd.flower.fit_federated`
+        (``docs/deployment.md``).
 
     Attributes
     ----------
@@ -193,6 +199,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         on_client_error="raise",
         warm_start=False,
         checkpoint_path=None,
+        backend="local",
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -211,6 +218,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.on_client_error = on_client_error
         self.warm_start = warm_start
         self.checkpoint_path = checkpoint_path
+        self.backend = backend
 
     # ------------------------------------------------------------------ set-up
     def _check_params(self):
@@ -222,6 +230,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"on_client_error must be 'raise' or 'skip', got {self.on_client_error!r}")
         if not 0 <= self.validation_fraction < 1:
             raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
+        if self.backend not in ("local", "flower"):
+            raise ValueError(f"backend must be 'local' or 'flower', got {self.backend!r}")
         get_aggregation(self.aggregation)
         client_weights([1.0], self.weighting)
 
@@ -280,33 +290,24 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
             raise ValueError("groups and subjects were both given and differ; pass one of them")
         groups = groups if groups is not None else subjects
+        if self.backend == "flower":
+            from .flower.simulation_fit import fit_simulation
+
+            return fit_simulation(self, X, y, groups)
         resume = self.warm_start and self.__sklearn_is_fitted__()
         est = self.global_estimator_ if resume else clone(self.estimator if self.estimator is not None else SPDnetClassifier())
         est._check_common_params()
         X = est._validate_X(X, reset=not resume)
         codes = est._encode_targets(y, len(X), classes=self.classes_ if resume else None)
         est._require_two_classes()
-        seed = self._seed_ if resume else int(np.random.RandomState(self.random_state).randint(0, 2**31 - 1)
-                                               if not isinstance(self.random_state, np.random.RandomState)
-                                               else self.random_state.randint(0, 2**31 - 1))
+        seed = self._seed_ if resume else self._draw_seed()
         indices = self._client_indices(codes, groups, seed)
         splits = [stratified_split(codes[idx], self.validation_fraction, derive_seed(seed, 8, i))
                   for i, idx in enumerate(indices)]
 
         if not resume:
             stats = [est._input_statistic(X[idx[tr]]) for idx, (tr, _) in zip(indices, splits)]
-            if stats[0] is not None:
-                est._set_input_statistic(float(np.average(stats, weights=[len(tr) for tr, _ in splits])))
-            else:
-                est._set_input_statistic(None)
-            est._init_module(seed)
-            self._seed_ = seed
-            self.history_ = []
-            self._local_states = {}
-            self._schedule = PlateauSchedule(est.lr, patience=est.patience, lr_patience=est.lr_patience,
-                                             lr_factor=est.lr_factor)
-            self._global = est.module_.get_parameters()
-            self._schedule.best_state = self._global
+            self._init_state(est, seed, stats, [len(tr) for tr, _ in splits])
         self.classes_ = est.classes_
         self.n_features_in_ = est.n_features_in_
         self.n_clients_ = len(indices)
@@ -320,6 +321,33 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         est.module_.set_parameters(self._schedule.best_state)
         self.best_round_ = self._schedule.best_step
         return self
+
+    def _draw_seed(self):
+        rs = self.random_state
+        return int(rs.randint(0, 2**31 - 1) if isinstance(rs, np.random.RandomState)
+                   else np.random.RandomState(rs).randint(0, 2**31 - 1))
+
+    def _init_state(self, est, seed, stats, n_train):
+        """Fresh federated state: pooled input statistic (clients' statistics weighted by
+        their training sizes), initial module, schedule, history. Shared by the backends."""
+        if stats[0] is not None:
+            est._set_input_statistic(float(np.average(stats, weights=n_train)))
+        else:
+            est._set_input_statistic(None)
+        est._init_module(seed)
+        self._seed_ = seed
+        self.history_ = []
+        self._local_states = {}
+        self._schedule = PlateauSchedule(est.lr, patience=est.patience, lr_patience=est.lr_patience,
+                                         lr_factor=est.lr_factor)
+        self._global = est.module_.get_parameters()
+        self._schedule.best_state = self._global
+
+    def _select_clients(self, t, n_clients, n_select):
+        """Round ``t``'s participants (sorted client ids) and their local-training seeds."""
+        rng = np.random.default_rng(derive_seed(self._seed_, 9, t))
+        selected = np.sort(rng.choice(n_clients, size=n_select, replace=False))
+        return selected, [derive_seed(self._seed_, 10, t, int(i)) for i in selected]
 
     def _fingerprint(self, clients, first_round):
         params = {k: v for k, v in self.get_params(deep=True).items() if k not in ("verbose", "n_jobs", "checkpoint_path")}
@@ -354,24 +382,24 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         # What each client's job receives. In parallel, CPU tensors go as numpy arrays made
         # once per fit: joblib memory-maps arrays over 1 MB, and writes each array object to
         # its memmap folder only once per ``Parallel`` context, so the client data are not
-        # pickled again every round (torch tensors would be). "c" (copy-on-write) keeps the
-        # workers' arrays writable, so ``torch.from_numpy`` shares them without a copy.
+        # pickled again every round (torch tensors would be). Default Parallel settings on
+        # purpose: other settings (e.g. mmap_mode) make joblib restart the reusable workers
+        # whenever a call with different settings (sklearn's, the user's) comes in between.
         data = [(c.X_train.numpy(), c.y_train.numpy()) if parallel and c.X_train.device.type == "cpu"
                 else (c.X_train, c.y_train) for c in clients]
         last_round = first_round + self.n_rounds
         rounds = _progress(range(len(self.history_), last_round), self.verbose, "FedSPDnet rounds")
-        with Parallel(n_jobs=self.n_jobs if parallel else 1, mmap_mode="c") as pool:
+        with Parallel(n_jobs=self.n_jobs if parallel else 1) as pool:
             for t in rounds:
                 if self._schedule.should_stop:
                     break
                 start = time.perf_counter()
-                rng = np.random.default_rng(derive_seed(self._seed_, 9, t))
-                selected = np.sort(rng.choice(len(clients), size=n_select, replace=False))
+                selected, seeds = self._select_clients(t, len(clients), n_select)
                 jobs = (delayed(_safe_local_update)(
                     est.module_, self._global, self._local_states.get(int(i)), *data[i],
                     lr=self._schedule.lr, n_epochs=self.local_epochs, batch_size=est.batch_size,
-                    seed=derive_seed(self._seed_, 10, t, int(i)), n_threads=1 if parallel else None)
-                    for i in selected)
+                    seed=seed, n_threads=1 if parallel else None)
+                    for i, seed in zip(selected, seeds))
                 results = pool(jobs) if parallel else [job[0](*job[1], **job[2]) for job in jobs]
                 record = self._aggregate_round(t, selected, results, clients, kinds, aggregate)
                 record["wall_time"] = time.perf_counter() - start
@@ -382,12 +410,22 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                     self._save_checkpoint(fingerprint)
 
     def _aggregate_round(self, t, selected, results, clients, kinds, aggregate):
+        record = self._aggregate_train(t, selected, results, [len(c.y_train) for c in clients], kinds, aggregate)
+        val_loss, val_f1 = self._evaluate_global(clients, kinds)
+        return self._finish_round(record, val_loss, val_f1)
+
+    def _aggregate_train(self, t, selected, results, n_train, kinds, aggregate):
+        """Server step after local training (every backend): the failure policy, the
+        aggregation rule on the replies (in ``selected`` order: sorted client ids), the
+        clients' "local" arrays. ``results[k]`` is ``(params, loss, n_skipped)`` or the
+        exception of client ``selected[k]``; ``n_train`` holds every client's training size.
+        Returns the round's record without its validation entries."""
         ok = [(int(i), r) for i, r in zip(selected, results) if not isinstance(r, BaseException)]
         failed = [(int(i), r) for i, r in zip(selected, results) if isinstance(r, BaseException)]
         if failed and (self.on_client_error == "raise" or not ok):
             cid, error = failed[0]
             raise RuntimeError(f"client {cid} failed in round {t}: {error!r}") from error
-        n_samples = [len(clients[i].y_train) for i, _ in ok]
+        n_samples = [int(n_train[i]) for i, _ in ok]
         weights = client_weights(n_samples, self.weighting)
         params = [r[0] for _, r in ok]
         for (i, _), p in zip(ok, params):
@@ -397,11 +435,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         new_global = aggregate(params, weights, self._global, kinds)
         for name, kind in kinds.items():
             if kind == "local":
-                new_global[name] = _pooled_local(self._local_states, name, clients)
+                new_global[name] = _pooled_local(self._local_states, name, n_train)
         self._global = new_global
-        val_loss, val_f1 = self._evaluate_global(clients, kinds)
-        lr = self._schedule.lr
-        self._schedule.step(val_f1, val_loss, self._global)
         losses = np.array([r[1] for _, r in ok])
         return {
             "round": t,
@@ -409,30 +444,38 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             "n_samples": n_samples,
             "failed_clients": [i for i, _ in failed],
             "train_loss": float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan"),
-            "val_loss": val_loss,
-            "val_f1": val_f1,
+            "val_loss": None,
+            "val_f1": None,
             "orthonormality": {n: orthonormality_error(self._global[n]) for n, k in kinds.items() if k == "stiefel"},
-            "lr": lr,
+            "lr": self._schedule.lr,
             "skipped_batches": int(sum(r[2] for _, r in ok)),
         }
+
+    def _finish_round(self, record, val_loss, val_f1):
+        """Server step after the global validation (every backend): schedule step, record."""
+        record["val_loss"], record["val_f1"] = val_loss, val_f1
+        self._schedule.step(val_f1, val_loss, self._global)
+        return record
 
     def _evaluate_global(self, clients, kinds):
         module = self.global_estimator_.module_
         module.set_parameters(self._global)
+        # A client without local arrays yet (never selected) is validated with the pooled
+        # ones of the global model, not with those of the client evaluated before it.
+        pooled = {name: self._global[name] for name, kind in kinds.items() if kind == "local"}
         scores = []
         for c in clients:
             if len(c.y_val) == 0:
                 continue
             if c.cid in self._local_states:
                 module.set_parameters(self._local_states[c.cid])
+            elif pooled:
+                module.set_parameters(pooled)
             loss, f1 = _evaluate(module, c.X_val, c.y_val)
             scores.append((len(c.y_val), loss, f1))
         if any(kind == "local" for kind in kinds.values()):
             module.set_parameters(self._global)
-        if not scores:
-            return float("nan"), float("nan")
-        n, loss, f1 = map(np.asarray, zip(*scores))
-        return float(np.average(loss, weights=n)), float(np.average(f1, weights=n))
+        return _pool_scores(scores)
 
     # ------------------------------------------------------------------ predict
     def __sklearn_is_fitted__(self):
@@ -475,7 +518,8 @@ def _safe_local_update(module, global_params, local_state, X, y, **kwargs):
 
 
 def _as_tensor(a):
-    """A tensor sharing a writable numpy array's memory (a copy of a read-only one)."""
+    """A tensor sharing a writable numpy array's memory, or a copy of a read-only one (the
+    joblib memmaps): torch has no read-only tensors."""
     if not isinstance(a, np.ndarray):
         return a
     return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
@@ -505,8 +549,17 @@ def _evaluate(module, X, y):
     return loss, _macro_f1(y.cpu().numpy(), logits.argmax(1).cpu().numpy())
 
 
-def _pooled_local(local_states, name, clients):
+def _pool_scores(scores):
+    """Global validation ``(loss, macro-F1)``: the clients' ``(n_val, loss, f1)`` (in client
+    order, clients without a validation part left out) averaged with weights ``n_val``."""
+    if not scores:
+        return float("nan"), float("nan")
+    n, loss, f1 = map(np.asarray, zip(*scores))
+    return float(np.average(loss, weights=n)), float(np.average(f1, weights=n))
+
+
+def _pooled_local(local_states, name, n_train):
     """Training-size-weighted mean of a client-local array, for the released global model."""
     owners = sorted(local_states)
-    weights = np.array([len(clients[i].y_train) for i in owners], dtype=np.float64)
+    weights = np.array([n_train[i] for i in owners], dtype=np.float64)
     return sum(w * local_states[i][name] for w, i in zip(weights / weights.sum(), owners))

@@ -19,7 +19,7 @@ import math
 
 import torch
 
-__all__ = ["reeig", "logeig", "reeig_logeig", "spectral_function", "vech", "unvech"]
+__all__ = ["reeig", "logeig", "reeig_logeig", "reeig_logeig_vech", "spectral_function", "vech", "unvech"]
 
 # Eigenvalue gaps below this fraction of the spectral scale count as ties.
 _TIE_RTOL = 1e3
@@ -36,12 +36,19 @@ def _loewner(lam, f_lam, df):
     finfo = torch.finfo(lam.dtype)
     tol = lam.abs().amax(-1, keepdim=True).unsqueeze(-1).clamp_min_(finfo.tiny).mul_(_TIE_RTOL * finfo.eps)
     tie = gap.abs() <= tol
-    divided = (f_lam.unsqueeze(-1) - f_lam.unsqueeze(-2)).div_(gap.masked_fill_(tie, 1.0))
+    # Tied entries divide by a (near-)zero gap here; torch.where discards them.
+    divided = (f_lam.unsqueeze(-1) - f_lam.unsqueeze(-2)).div_(gap)
     return torch.where(tie, df((li + lj).mul_(0.5)), divided)
 
 
 def _reconstruct(U, values):
     return (U * values.unsqueeze(-2)) @ U.transpose(-1, -2)
+
+
+def _daleckii_krein(lam, U, f_lam, df, S):
+    """``U (L ∘ (Uᵀ S U)) Uᵀ`` for a symmetric ``S``: the adjoint of ``dF`` at ``X = U Λ Uᵀ``."""
+    Ut = U.transpose(-1, -2)
+    return U @ (_loewner(lam, f_lam, df) * (Ut @ S @ U)) @ Ut
 
 
 class _SpectralFunction(torch.autograd.Function):
@@ -58,10 +65,28 @@ class _SpectralFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         lam, U, f_lam = ctx.saved_tensors
-        L = _loewner(lam, f_lam, ctx.df)
-        Ut = U.transpose(-1, -2)
-        inner = L * (Ut @ _sym(grad) @ U)
-        return U @ inner @ Ut, None, None
+        return _daleckii_krein(lam, U, f_lam, ctx.df, _sym(grad)), None, None
+
+
+class _SpectralVech(torch.autograd.Function):
+    """``vech(U f(Λ) Uᵀ)`` in one node: the vech adjoint is folded into the symmetric ``S``."""
+
+    @staticmethod
+    def forward(ctx, X, f, df):
+        lam, U = torch.linalg.eigh(X)
+        f_lam = f(lam)
+        ctx.save_for_backward(lam, U, f_lam)
+        ctx.df = df
+        return vech(_reconstruct(U, f_lam))
+
+    @staticmethod
+    def backward(ctx, grad):
+        lam, U, f_lam = ctx.saved_tensors
+        n = U.shape[-1]
+        # Adjoint of F ↦ vech(F) on symmetric F: S_ii = g_ii, S_ij = S_ji = g_ij / √2.
+        half = _vech_weights(n, grad.dtype, grad.device, True)
+        S = (grad * half).index_select(-1, _vech_gather(n, grad.device)).unflatten(-1, (n, n))
+        return _daleckii_krein(lam, U, f_lam, ctx.df, S), None, None
 
 
 def spectral_function(X, f, df):
@@ -106,11 +131,20 @@ def reeig_logeig(X, eps):
     ReEig keeps the eigenvectors, so the composition is the spectral function
     ``λ ↦ log(max(eps, λ))`` whose derivative is ``1/λ`` above ``eps`` and 0 below.
     """
-    return spectral_function(
-        X,
+    return spectral_function(X, *_log_clamp(eps))
+
+
+def _log_clamp(eps):
+    """``λ ↦ log(max(eps, λ))`` and its (sub)derivative ``1/λ`` above ``eps``, 0 below."""
+    return (
         lambda lam: torch.log(lam.clamp_min(eps)),
-        lambda lam: (lam >= eps).to(lam.dtype) / lam.clamp_min(eps),
+        lambda lam: torch.where(lam >= eps, lam.reciprocal(), 0.0),
     )
+
+
+def reeig_logeig_vech(X, eps):
+    """``vech(reeig_logeig(X, eps))`` as a single autograd node (same values and gradient)."""
+    return _SpectralVech.apply(X, *_log_clamp(eps))
 
 
 @functools.lru_cache(maxsize=None)
@@ -123,6 +157,18 @@ def _vech_index(n, device):
     with torch.inference_mode(False):
         rows, cols = torch.triu_indices(n, n, device=device)
         return rows, cols, rows * n + cols
+
+
+@functools.lru_cache(maxsize=None)
+def _vech_gather(n, device):
+    """For every flat position ``(i, j)`` of an ``n×n`` matrix, the vech index of ``(min, max)``."""
+    with torch.inference_mode(False):
+        rows, cols, flat = _vech_index(n, device)
+        pos = torch.empty(n * n, dtype=torch.long, device=device)
+        ids = torch.arange(len(flat), device=device)
+        pos[flat] = ids
+        pos[cols * n + rows] = ids
+        return pos
 
 
 @functools.lru_cache(maxsize=None)

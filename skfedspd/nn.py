@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from .functional import logeig, reeig, reeig_logeig, vech
+from .functional import logeig, reeig, reeig_logeig, reeig_logeig_vech, vech
 from .stiefel import polar, random_stiefel, tangent_project
 
 __all__ = ["BiMap", "ReEig", "LogEig", "ReEigLogEig", "Vech", "SPDNet", "FederatedModule"]
@@ -36,19 +36,21 @@ class _Congruence(torch.autograd.Function):
         n, k = W.shape
         Z = (X.reshape(-1, n) @ W).view(X.shape[:-1] + (k,))  # X_b W
         ctx.save_for_backward(W, X, Z)
-        return torch.matmul(W.transpose(-1, -2), Z)
+        Zb = Z.reshape(-1, n, k)
+        return torch.bmm(W.transpose(0, 1).expand(Zb.shape[0], k, n), Zb).view(X.shape[:-2] + (k, k))
 
     @staticmethod
     def backward(ctx, G):
         W, X, Z = ctx.saved_tensors
         n, k = W.shape
+        Gb = G.reshape(-1, k, k)
+        M = torch.bmm(W.expand(Gb.shape[0], n, k), Gb)  # W G_b
         grad_W = grad_X = None
-        M = torch.matmul(W, G)  # W G_b
         if ctx.needs_input_grad[0]:
-            grad_W = X.reshape(-1, n).transpose(0, 1) @ M.reshape(-1, k)
-            grad_W = grad_W + torch.bmm(Z.reshape(-1, n, k), G.reshape(-1, k, k).transpose(-1, -2)).sum(0)
+            ZGt = torch.bmm(Z.reshape(-1, n, k), Gb.transpose(-1, -2)).sum(0)  # Σ_b X_b W G_bᵀ
+            grad_W = torch.addmm(ZGt, X.reshape(-1, n).transpose(0, 1), M.view(-1, k))
         if ctx.needs_input_grad[1]:
-            grad_X = torch.matmul(M, W.transpose(-1, -2))
+            grad_X = (M @ W.transpose(-1, -2)).view(X.shape)
         return grad_W, grad_X
 
 
@@ -59,11 +61,36 @@ def congruence(W, X):
     return _Congruence.apply(W, X)
 
 
-def _on_stiefel(W):
-    """``‖WᵀW − I‖_F`` at rounding level, so that ``uf(W) = W`` to working precision."""
-    gram = W.detach().transpose(-1, -2) @ W.detach()
+class _ChartCentre(torch.autograd.Function):
+    """``W(V) = uf(W_ref + P_{W_ref}(V))`` at ``V = 0``: value ``W_ref``, adjoint ``P_{W_ref}``.
+
+    The polar retraction's differential at 0 is the identity on the tangent space, so the
+    composite's differential is ``P_{W_ref}`` (self-adjoint). Valid for ``W_ref`` on the
+    manifold only; :class:`BiMap` checks that before using it.
+    """
+
+    @staticmethod
+    def forward(ctx, V, W_ref):
+        ctx.save_for_backward(W_ref)
+        return W_ref.clone()
+
+    @staticmethod
+    def backward(ctx, G):
+        (W_ref,) = ctx.saved_tensors
+        A = W_ref.transpose(-1, -2) @ G
+        return torch.addmm(G, W_ref, A + A.transpose(-1, -2), alpha=-0.5), None  # P_{W_ref}(G)
+
+
+def _at_chart_centre(W_ref, V):
+    """``V == 0`` and ``‖W_refᵀW_ref − I‖_F`` at rounding level, so ``uf(W_ref) = W_ref``.
+
+    Both conditions are reduced on the device and read back with a single host sync.
+    """
+    W = W_ref.detach()
+    gram = W.transpose(-1, -2) @ W
     gram.diagonal(dim1=-2, dim2=-1).sub_(1.0)
-    return bool(torch.linalg.matrix_norm(gram) <= 16 * W.shape[-1] * torch.finfo(W.dtype).eps)
+    on_stiefel = torch.linalg.matrix_norm(gram) <= 16 * W.shape[-1] * torch.finfo(W.dtype).eps
+    return bool(on_stiefel.logical_and_(~V.detach().any()))
 
 
 class BiMap(nn.Module):
@@ -77,7 +104,10 @@ class BiMap(nn.Module):
     so any torch optimizer (Adam, SGD, weight decay...) updates ``V`` while ``W`` stays
     exactly orthonormal. The polar factor has a custom SVD-free backward
     (:func:`skfedspd.stiefel.polar`), exact and finite at ``V = 0`` where autograd through
-    the SVD is NaN.
+    the SVD is NaN. At the chart centre itself (``V = 0``, ``W_ref`` orthonormal to working
+    precision — every forward pass when re-centring after each step) the SVD is skipped:
+    ``uf(W_ref) = W_ref`` and the retraction's differential there is ``P_{W_ref}``, so the
+    value and the gradient are the same.
 
     :meth:`recenter_` moves the chart: ``W_ref ← W``, ``V ← 0``. The training loop calls it
     every ``recenter_every`` optimizer steps; :meth:`set_weight` (the federated broadcast)
@@ -98,20 +128,19 @@ class BiMap(nn.Module):
     @property
     def weight(self):
         W_ref, V = self.W_ref, self.V
-        A = W_ref + tangent_project(W_ref, V)
-        if not V.detach().any() and _on_stiefel(W_ref):
-            # Chart centre: uf(W_ref) = W_ref to rounding, and the polar retraction's
-            # differential at V = 0 is P_{W_ref}, exactly what autograd through ``A`` gives.
-            # Same value and gradient as ``polar(A)``, without its SVD and backward.
-            return A
-        return polar(A)
+        if _at_chart_centre(W_ref, V):
+            # Chart centre (every step when re-centring each step): uf(W_ref) = W_ref to
+            # rounding and the differential is P_{W_ref}, so skip the SVD and its backward.
+            return _ChartCentre.apply(V, W_ref)
+        return polar(W_ref + tangent_project(W_ref, V))
 
     def forward(self, X):
         return congruence(self.weight, X)
 
     @torch.no_grad()
     def recenter_(self):
-        self.W_ref.copy_(self.weight)
+        # Always the polar factor (no chart-centre shortcut): at V = 0 it re-orthonormalises.
+        self.W_ref.copy_(polar(self.W_ref + tangent_project(self.W_ref, self.V)))
         self.V.zero_()
 
     @torch.no_grad()
@@ -240,10 +269,9 @@ class SPDNet(FederatedModule):
 
     def features(self, X):
         """Tangent-space features ``vech(log(ReEig(...)))``, shape ``(batch, d_L(d_L+1)/2)``."""
-        for i, bimap in enumerate(self.bimaps):
-            X = bimap(X)
-            X = reeig_logeig(X, self.eps) if i == len(self.bimaps) - 1 else reeig(X, self.eps)
-        return vech(X)
+        for bimap in self.bimaps[:-1]:
+            X = reeig(bimap(X), self.eps)
+        return reeig_logeig_vech(self.bimaps[-1](X), self.eps)
 
     def forward(self, X):
         return self.head(self.features(X))
