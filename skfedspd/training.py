@@ -114,7 +114,8 @@ class PlateauSchedule:
     improvement the learning rate is multiplied by ``lr_factor`` (as torch's
     ``ReduceLROnPlateau``: the counter restarts after each reduction); after ``patience``
     steps without improvement :attr:`should_stop` becomes True. The state passed with the
-    best score is kept as :attr:`best_state`.
+    best score is kept as :attr:`best_state`. A step without any validation score (NaN F1
+    and loss: no validation data) counts as an improvement, so the latest state is kept.
     """
 
     def __init__(self, lr, patience=75, lr_patience=20, lr_factor=0.5, min_lr=0.0):
@@ -134,7 +135,8 @@ class PlateauSchedule:
         """Record one validation result; ``state`` is copied if it is the best so far."""
         score_f1 = -np.inf if np.isnan(f1) else f1
         score_loss = np.inf if np.isnan(loss) else loss
-        improved = (score_f1, -score_loss) > (self.best_score[0], -self.best_score[1])
+        unscored = np.isnan(f1) and np.isnan(loss)  # no validation data: keep the latest state
+        improved = unscored or (score_f1, -score_loss) > (self.best_score[0], -self.best_score[1])
         if improved:
             self.best_score = (score_f1, score_loss)
             self.best_step = self.n_steps

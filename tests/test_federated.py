@@ -868,3 +868,14 @@ def test_moabb_cross_subject_routes_training_subjects(moabb_setup, recorder):
         assert record["client_groups"] == [(s,) for s in training]
         held_out += sorted(set(range(1, MOABB_SUBJECTS + 1)) - set(training))
     assert sorted(held_out) == list(range(1, MOABB_SUBJECTS + 1))
+
+
+def test_without_validation_data_keeps_the_latest_global_model():
+    """validation_fraction=0: no score to select on, so the last round's model is returned."""
+    X, y = _data(n_classes=2)
+    clf = _fed(n_rounds=3, validation_fraction=0.0).fit(X, y)
+    assert clf.best_round_ == 2
+    assert all(np.isnan(h["val_f1"]) for h in clf.history_)
+    released = clf.global_estimator_.module_.get_parameters()
+    for name, value in clf._global.items():  # the last aggregation, not the initial model
+        np.testing.assert_allclose(released[name], value, rtol=0, atol=1e-12)
