@@ -148,9 +148,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     backend : {"local", "flower"}, default="local"
         "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
         in-process Flower simulation (one virtual SuperNode per client, the ``flower``
-        extra); the same ``random_state`` gives a bit-identical model on both backends.
-        Real multi-site deployments use :func:`skfedspd.flower.fit_federated`
-        (``docs/deployment.md``).
+        extra); the same ``random_state`` gives a bit-identical model on both backends
+        (``n_jobs`` and ``checkpoint_path`` are local-only). Real multi-site deployments
+        use :func:`skfedspd.flower.fit_federated` (``docs/deployment.md``).
 
     Attributes
     ----------

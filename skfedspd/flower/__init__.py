@@ -1,0 +1,17 @@
+"""FedSPDnet on Flower (the ``flower`` extra: ``pip install skfedspd[flower]``).
+
+- ``FederatedSPDnetClassifier(backend="flower").fit(X, y, groups=...)``: an in-process
+  Flower simulation (:mod:`.simulation_fit`);
+- :func:`fit_federated`: a run on a real SuperLink with one SuperNode per site
+  (``docs/deployment.md``); :mod:`.app` holds the deployed ServerApp and ClientApp;
+- :class:`SPDnetStrategy` / :func:`make_client_app`: the glue (a Strategy whose aggregation
+  is :mod:`skfedspd.aggregation`, a ClientApp running :func:`skfedspd.federated.local_update`).
+"""
+
+from .client import load_site_from_node_config, make_client_app
+from .deploy import fit_federated, write_app
+from .server import SPDnetStrategy, serve
+from .simulation import InProcessBackend, run_inprocess_simulation
+
+__all__ = ["fit_federated", "write_app", "SPDnetStrategy", "serve", "make_client_app",
+           "load_site_from_node_config", "InProcessBackend", "run_inprocess_simulation"]

@@ -1,0 +1,162 @@
+"""The FedSPDnet ClientApp: a site's data, the shared local-training routine.
+
+A site answers four messages; none of them carries its data out:
+
+- ``query.setup``: with the run's seed, the site makes its stratified train/validation
+  split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
+  id, the labels it holds, its sample shape, its training and validation sizes and its
+  input statistic (one scalar, e.g. the mean log-trace that ``scaling="auto"`` pools);
+- ``train``: :func:`skfedspd.federated.local_update` from the broadcast global parameters,
+  with the learning rate and seed of the round; replies the new parameters and loss;
+- ``evaluate``: the global model's loss and macro-F1 on the site's validation part.
+
+Every message carries the run's set-up (a JSON string), so a site keeps no state between
+messages: the SuperNode may start a new ClientApp process for each one, and a restarted
+SuperNode rejoins without losing anything. Client-local arrays (BatchNorm statistics of
+EEGNet) go back to the server with the parameters, exactly as on the local backend, which
+returns them to that client only.
+"""
+
+import importlib
+import threading
+
+import numpy as np
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+from ..base import stratified_split
+from ..federated import _evaluate, local_update
+from ..training import derive_seed
+from . import spec as _spec
+
+__all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "from_array_record"]
+
+
+def to_array_record(params):
+    """``{name: ndarray}`` → ArrayRecord (dtype and bits preserved)."""
+    return ArrayRecord({name: Array(np.asarray(value, order="C")) for name, value in params.items()})
+
+
+def from_array_record(record):
+    return {name: array.numpy() for name, array in record.items()}
+
+
+class _PreparedSite:
+    """A site's data after the set-up: split, encoded, as tensors, with a module."""
+
+    def __init__(self, cid, X, y, setup, estimator_factory):
+        est = estimator_factory() if estimator_factory is not None else _spec.estimator_from_spec(setup["estimator"])
+        X = est._validate_X(X, reset=True)
+        y = np.asarray(y)
+        self.labels, local_codes = np.unique(y, return_inverse=True)
+        # The split sees the labels only through their order and counts, so the site's own
+        # label codes give the split that the global codes give on the local backend.
+        self.train, self.val = stratified_split(local_codes.reshape(-1), setup["validation_fraction"],
+                                                derive_seed(setup["seed"], 8, cid))
+        self.n_train, self.n_val = len(self.train), len(self.val)
+        self.shape = [int(s) for s in X.shape[1:]]
+        self.statistic = est._input_statistic(X[self.train])
+        self.est = None
+        if setup["ready"]:
+            codes = est._encode_targets(y, len(X), classes=np.asarray(setup["classes"]))
+            est._set_input_statistic(setup["input_statistic"])
+            est._init_module(setup["seed"])
+            self.est = est
+            self.X_train, self.y_train = est._to_tensor(X[self.train]), torch.as_tensor(codes[self.train])
+            self.X_val, self.y_val = est._to_tensor(X[self.val]), torch.as_tensor(codes[self.val])
+
+
+def load_site_from_node_config(context):
+    """A site's ``(client_id, X, y)`` from its SuperNode's ``--node-config``.
+
+    Keys: ``client-id`` (int, 0..N-1, unique in the federation), ``data-path`` (a ``.npz``
+    with arrays ``X`` and ``y``, read with ``allow_pickle=False``), and optionally
+    ``data-loader`` (``"module:function"``, called as ``function(data_path) -> (X, y)``, for
+    any other format). The path is read by the site only; the server never sees it.
+    """
+    config = context.node_config
+    if "client-id" not in config or "data-path" not in config:
+        raise ValueError("the SuperNode needs --node-config 'client-id=<int> data-path=\"<file>\"' "
+                         f"(got keys {sorted(config)})")
+    path = str(config["data-path"])
+    loader = config.get("data-loader")
+    if loader:
+        module, _, name = str(loader).partition(":")
+        X, y = getattr(importlib.import_module(module), name)(path)
+    else:
+        with np.load(path, allow_pickle=False) as data:
+            X, y = data["X"], data["y"]
+    return int(config["client-id"]), np.asarray(X), np.asarray(y)
+
+
+def make_client_app(load_site=load_site_from_node_config, estimator_factory=None):
+    """The FedSPDnet ClientApp.
+
+    Parameters
+    ----------
+    load_site : callable
+        ``load_site(context) -> (client_id, X, y)``: the site's raw data (all of it; the
+        train/validation split is made here). Deployment: :func:`load_site_from_node_config`.
+    estimator_factory : callable or None
+        Returns the unfitted local estimator; None: rebuilt from the set-up's JSON spec
+        (deployment). The in-process simulation passes a ``clone`` of the server's.
+    """
+    app = ClientApp()
+    cache = {}
+    lock = threading.Lock()
+
+    def site(context, setup_json):
+        key = (context.node_id, setup_json)
+        with lock:
+            if key not in cache:
+                for old in [k for k in cache if k[0] == context.node_id]:
+                    del cache[old]  # one prepared state per node: the current set-up
+                cid, X, y = load_site(context)
+                cache[key] = (cid, _PreparedSite(cid, X, y, _spec.loads(setup_json), estimator_factory))
+            return cache[key]
+
+    def check_client(message, cid):
+        expected = message.content["config"]["client-id"]
+        if expected != cid:
+            raise RuntimeError(f"message for client {expected} reached the site of client {cid}")
+
+    @app.query("setup")
+    def setup(message, context):
+        cid, prepared = site(context, message.content["config"]["setup"])
+        info = {"client-id": cid, "labels": _spec.dumps(prepared.labels.tolist()), "shape": prepared.shape,
+                "num-examples": prepared.n_train, "n-val": prepared.n_val}
+        if prepared.statistic is not None:
+            info["input-statistic"] = float(prepared.statistic)
+        return Message(RecordDict({"site": ConfigRecord(info)}), reply_to=message)
+
+    @app.train()
+    def train(message, context):
+        config = message.content["config"]
+        cid, prepared = site(context, config["setup"])
+        check_client(message, cid)
+        local = from_array_record(message.content["local"]) or None
+        params, loss, skipped = local_update(
+            prepared.est.module_, from_array_record(message.content["arrays"]), local,
+            prepared.X_train, prepared.y_train, lr=config["lr"], n_epochs=config["local-epochs"],
+            batch_size=config["batch-size"], seed=config["seed"])
+        metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_train,
+                                "train-loss": float(loss), "skipped-batches": int(skipped)})
+        return Message(RecordDict({"arrays": to_array_record(params), "metrics": metrics}), reply_to=message)
+
+    @app.evaluate()
+    def evaluate(message, context):
+        config = message.content["config"]
+        cid, prepared = site(context, config["setup"])
+        check_client(message, cid)
+        module = prepared.est.module_
+        module.set_parameters(from_array_record(message.content["arrays"]))
+        local = from_array_record(message.content["local"])
+        if local:
+            module.set_parameters(local)
+        loss, f1 = _evaluate(module, prepared.X_val, prepared.y_val)
+        metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_val,
+                                "val-loss": float(loss), "val-f1": float(f1)})
+        return Message(RecordDict({"metrics": metrics}), reply_to=message)
+
+    return app

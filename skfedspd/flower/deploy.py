@@ -1,0 +1,168 @@
+"""Launch a FedSPDnet run on a Flower deployment and get the fitted model back.
+
+The sites run SuperNodes that hold their data (``docs/deployment.md``); the researcher
+calls :func:`fit_federated`, which writes the Flower App (:func:`write_app`: a
+``pyproject.toml`` naming :mod:`skfedspd.flower.app`), submits it with ``flwr run`` to
+the SuperLink, streams the server's log, and loads the model that the ServerApp wrote.
+"""
+
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import tomli_w
+
+from . import spec as _spec
+
+__all__ = ["write_app", "fit_federated", "flower_env"]
+
+APP_PYPROJECT = """\
+# FedSPDnet (skfedspd) as a Flower App. The code is the installed skfedspd[flower] on the
+# SuperLink and on every SuperNode: this bundle carries configuration only.
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "skfedspd-fedspdnet"
+version = "0.1.0"
+description = "FedSPDnet (SPDnet on EEG covariance matrices) with skfedspd"
+license = "BSD-3-Clause"
+dependencies = ["flwr>=1.42,<1.43", "skfedspd[flower]"]
+
+[tool.flwr.app]
+publisher = "skfedspd"
+
+[tool.flwr.app.components]
+serverapp = "skfedspd.flower.app:server_app"
+clientapp = "skfedspd.flower.app:client_app"
+
+[tool.flwr.app.config]
+estimator = ""
+output = ""
+n-sites = 2
+round-timeout = 3600.0
+connect-timeout = 600.0
+"""
+
+CONNECTION = "skfedspd"
+
+
+def flower_env(flwr_home, base=None):
+    """Environment for a Flower process: its own ``FLWR_HOME``, telemetry and update
+    checks off."""
+    env = dict(os.environ if base is None else base)
+    env.update(FLWR_HOME=str(flwr_home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
+    return env
+
+
+def _flwr_executable():
+    local = Path(sys.executable).with_name("flwr")
+    found = str(local) if local.exists() else shutil.which("flwr")
+    if not found:
+        raise FileNotFoundError("the `flwr` command was not found: install skfedspd[flower]")
+    return found
+
+
+def write_app(directory):
+    """Write the FedSPDnet Flower App (its ``pyproject.toml``) into ``directory``."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text(APP_PYPROJECT)
+    return directory
+
+
+def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root_certificates=None,
+                  round_timeout=3600.0, connect_timeout=600.0, timeout=None, overwrite=False,
+                  log_path=None, quiet=False):
+    """Train ``estimator`` on the sites of a running Flower deployment.
+
+    Parameters
+    ----------
+    estimator : FederatedSPDnetClassifier
+        The configuration (its ``backend`` is ignored); JSON values only: an int
+        ``random_state``, an aggregation rule by name.
+    superlink : str
+        The SuperLink's address ``host:port`` (its ``--host``/``--port``).
+    n_sites : int
+        SuperNodes to wait for; their ``client-id`` must be ``0..n_sites-1``.
+    output : str
+        Where the ServerApp writes the fitted estimator, **on the SuperLink's machine**;
+        read back from here when that is this machine (or a shared file system).
+    insecure : bool
+        Plain HTTP to the SuperLink (tests on 127.0.0.1 only).
+    root_certificates : str or None
+        CA certificate (PEM) that signed the SuperLink's TLS certificate.
+    round_timeout, connect_timeout : float
+        Seconds to wait for one round's replies / for the sites to connect.
+    timeout : float or None
+        Wall-clock limit of the whole run (``flwr run``).
+    overwrite : bool
+        Replace an existing ``output`` (otherwise an error).
+    log_path : str or None
+        Also write the streamed server log there.
+    quiet : bool
+        Do not echo the streamed server log.
+
+    Returns
+    -------
+    FederatedSPDnetClassifier
+        Fitted, as written by the server (``history_``, ``global_estimator_``...).
+    """
+    from ..federated import FederatedSPDnetClassifier
+
+    if not isinstance(estimator, FederatedSPDnetClassifier):
+        raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
+    if insecure and root_certificates:
+        raise ValueError("pass either insecure=True or root_certificates, not both")
+    output = Path(output).absolute()
+    if output.exists():
+        if not overwrite:
+            raise FileExistsError(f"{output} exists (overwrite=True replaces it)")
+        output.unlink()
+    run_config = {"estimator": _spec.dumps(_spec.estimator_to_spec(estimator)), "output": str(output),
+                  "n-sites": int(n_sites), "round-timeout": float(round_timeout),
+                  "connect-timeout": float(connect_timeout)}
+    with tempfile.TemporaryDirectory(prefix="skfedspd-flwr-") as tmp:
+        tmp = Path(tmp)
+        app = write_app(tmp / "app")
+        home = tmp / "flwr-home"
+        home.mkdir()
+        connection = {"address": str(superlink)}
+        if insecure:
+            connection["insecure"] = True
+        elif root_certificates:
+            connection["root-certificates"] = str(Path(root_certificates).absolute())
+        (home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": CONNECTION,
+                                                                         CONNECTION: connection}}))
+        overrides = tmp / "run-config.toml"
+        overrides.write_text(tomli_w.dumps(run_config))
+        command = [_flwr_executable(), "run", str(app), CONNECTION, "--run-config", str(overrides), "--stream"]
+        proc = subprocess.Popen(command, env=flower_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, cwd=tmp)
+        lines = []
+        log_file = open(log_path, "w") if log_path else None
+        try:
+            for line in proc.stdout:
+                lines.append(line)
+                if log_file:
+                    log_file.write(line)
+                if not quiet:
+                    sys.stdout.write(line)
+            proc.wait(timeout=timeout)
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            if log_file:
+                log_file.close()
+    if proc.returncode != 0 or not output.exists():
+        tail = "".join(lines[-40:])
+        raise RuntimeError(f"the Flower run did not produce {output} (flwr run exit code {proc.returncode}):\n{tail}")
+    with open(output, "rb") as f:
+        return pickle.load(f)

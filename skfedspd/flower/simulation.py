@@ -1,0 +1,149 @@
+"""In-process Flower simulation: Flower's Simulation Runtime with a thread backend.
+
+Flower 1.42's Simulation Runtime (the "VCE": an in-memory LinkState, an ``InMemoryGrid``
+for the ServerApp, per-node contexts, message queues and worker threads) hard-wires one
+backend, Ray (``flwr[simulation]``: ``ray==2.55.1``, a wheel of several tens of MB that
+starts a local Ray cluster of daemons and one actor process per concurrent client). For the
+small consortia this package targets, that costs far more than the training itself, so
+:func:`run_inprocess_simulation` runs the same runtime (``vce_api.run_api``) with
+:class:`InProcessBackend`, an implementation of Flower's ``Backend`` interface that calls
+the ClientApp in the runtime's worker thread. Everything else (messages, node ids, the
+ServerApp thread, reply routing, errors turned into error replies) is Flower's own code.
+
+The helpers reach into ``flwr.server.superlink.fleet.vce`` and the in-memory LinkState,
+which are not public API: the ``flower`` extra pins ``flwr>=1.42,<1.43``.
+"""
+
+import logging
+import os
+import queue
+import threading
+
+from flwr.app import Context, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
+from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
+from flwr.server.run_serverapp import run as _run_serverapp
+from flwr.server.superlink.fleet.vce import vce_api
+from flwr.server.superlink.fleet.vce.backend import Backend
+from flwr.server.superlink.fleet.vce.metrics import VceMetrics
+from flwr.server.superlink.linkstate import LinkStateFactory
+from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
+from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
+from flwr.serverapp import ServerApp
+from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
+from flwr.supercore.object_store import ObjectStoreFactory
+from flwr.supercore.run import Run
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.superlink.federation import NoOpFederationManager
+from flwr.superlink.grid import InMemoryGrid
+
+__all__ = ["InProcessBackend", "run_inprocess_simulation", "quiet_flower_logs"]
+
+
+class InProcessBackend(Backend):
+    """A Flower Simulation Runtime backend that runs the ClientApp in the calling thread.
+
+    ``num_workers`` runtime worker threads call :meth:`process_message` concurrently
+    (default 1: one ClientApp at a time, as a single Ray actor would).
+    """
+
+    def __init__(self, backend_config=None):
+        super().__init__(backend_config or {})
+        self._num_workers = int((backend_config or {}).get("init_args", {}).get("num_workers", 1))
+        self._app = None
+
+    def build(self, app_fn):
+        self._app = app_fn()
+
+    @property
+    def num_workers(self):
+        return self._num_workers
+
+    def is_worker_idle(self):
+        return True
+
+    def process_message(self, message, context):
+        if self._app is None:
+            raise RuntimeError("InProcessBackend.build() was not called")
+        return self._app(message=message, context=context), context
+
+    def terminate(self):
+        self._app = None
+
+
+class quiet_flower_logs:  # noqa: N801 - used as a context manager
+    """Raise the ``flwr`` logger's level while a block runs (Flower logs every round at INFO)."""
+
+    def __init__(self, level=logging.WARNING):
+        self.level = level
+
+    def __enter__(self):
+        self._logger = logging.getLogger("flwr")
+        self._previous = self._logger.level
+        self._logger.setLevel(self.level)
+        return self
+
+    def __exit__(self, *exc):
+        self._logger.setLevel(self._previous)
+        return False
+
+
+def run_inprocess_simulation(server_app: ServerApp, client_app: ClientApp, num_supernodes: int, *,
+                             num_workers: int = 1, run_config=None):
+    """Run ``server_app`` against ``num_supernodes`` virtual SuperNodes in this process.
+
+    Node ``i`` gets ``node_config = {"partition-id": i, "num-partitions": num_supernodes}``
+    (as in any Flower simulation). The ServerApp runs in a thread; this call returns when
+    it finishes, and re-raises what it raised.
+
+    Returns
+    -------
+    Context
+        The ServerApp's context after the run.
+    """
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    state_factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
+    run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
+    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
+    run.federation_id = NOOP_FEDERATION_ID
+    # As flwr.simulation.run_simulation does for its Python API.
+    TaskIdentity.task_id = 1
+    TaskIdentity.run_id = run.run_id
+    TaskIdentity.node_id = SUPERLINK_NODE_ID
+
+    state = state_factory.state()
+    state.run_ids[run.run_id] = RunRecord(run=run)
+    state.task_store[run.primary_task_id] = Task(task_id=run.primary_task_id, run_id=run.run_id)
+    grid = InMemoryGrid(state_factory=state_factory, pull_interval=0.005)
+    grid.set_run(run)
+    context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
+                      run_config=dict(run_config or {}))
+
+    nodes_mapping = vce_api._register_nodes(num_nodes=num_supernodes, state_factory=state_factory)
+    node_info_stores = vce_api._register_node_info_stores(nodes_mapping=nodes_mapping, run=run)
+
+    f_stop = threading.Event()
+    errors = queue.Queue()
+    contexts = queue.Queue()
+
+    def serve():
+        try:
+            contexts.put(_run_serverapp(grid=grid, context=context, server_app_dir="",
+                                        loaded_server_app=server_app))
+        except BaseException as error:  # noqa: BLE001 - re-raised in the caller
+            errors.put(error)
+        finally:
+            f_stop.set()
+
+    server_thread = threading.Thread(target=serve, name="flwr-serverapp", daemon=True)
+    server_thread.start()
+    try:
+        vce_api.run_api(lambda: client_app, lambda: InProcessBackend({"init_args": {"num_workers": num_workers}}),
+                        nodes_mapping, state_factory, node_info_stores, f_stop, VceMetrics())
+    finally:
+        f_stop.set()
+        server_thread.join()
+    if not errors.empty():
+        raise errors.get()
+    return contexts.get() if not contexts.empty() else context

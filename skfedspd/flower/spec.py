@@ -1,0 +1,74 @@
+"""Estimators as JSON: how a researcher's configuration reaches a ServerApp and the sites.
+
+Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
+``get_params(deep=False)``: JSON values, tuples (tagged), and nested estimators. A callable
+``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
+"""
+
+import json
+
+import numpy as np
+from sklearn.base import BaseEstimator
+
+__all__ = ["estimator_to_spec", "estimator_from_spec", "dumps", "loads"]
+
+
+def _classes():
+    from ..classifier import SPDnetClassifier
+    from ..eegnet import EEGNetClassifier
+    from ..federated import FederatedSPDnetClassifier
+
+    return {cls.__name__: cls for cls in (FederatedSPDnetClassifier, SPDnetClassifier, EEGNetClassifier)}
+
+
+def _encode(value, where):
+    if isinstance(value, BaseEstimator):
+        return {"__estimator__": estimator_to_spec(value)}
+    if isinstance(value, tuple):
+        return {"__tuple__": [_encode(v, where) for v in value]}
+    if isinstance(value, list):
+        return [_encode(v, where) for v in value]
+    if isinstance(value, np.generic):
+        return value.item()
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise TypeError(f"{where}={value!r} cannot be sent to a Flower app: use JSON values "
+                    "(an aggregation rule by name, an int random_state)")
+
+
+def _decode(value):
+    if isinstance(value, dict):
+        if "__estimator__" in value:
+            return estimator_from_spec(value["__estimator__"])
+        if "__tuple__" in value:
+            return tuple(_decode(v) for v in value["__tuple__"])
+        raise ValueError(f"unexpected object in an estimator spec: {value!r}")
+    if isinstance(value, list):
+        return [_decode(v) for v in value]
+    return value
+
+
+def estimator_to_spec(estimator):
+    """``{"class": name, "params": {...}}`` of one of this package's estimators."""
+    classes = _classes()
+    name = type(estimator).__name__
+    if classes.get(name) is not type(estimator):
+        raise TypeError(f"{name} cannot be sent to a Flower app; allowed: {sorted(classes)}")
+    params = estimator.get_params(deep=False)
+    return {"class": name, "params": {k: _encode(v, f"{name}.{k}") for k, v in params.items()}}
+
+
+def estimator_from_spec(spec):
+    """Rebuild an unfitted estimator from :func:`estimator_to_spec`'s output."""
+    classes = _classes()
+    if not isinstance(spec, dict) or spec.get("class") not in classes:
+        raise ValueError(f"not an estimator spec of {sorted(classes)}: {spec!r}")
+    return classes[spec["class"]](**{k: _decode(v) for k, v in spec["params"].items()})
+
+
+def dumps(obj):
+    return json.dumps(obj, sort_keys=True, allow_nan=True)
+
+
+def loads(text):
+    return json.loads(text)
