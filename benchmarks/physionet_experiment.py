@@ -293,7 +293,8 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None, help="results folder (default results/physionet-<profile>)")
     parser.add_argument("--only", nargs="*", help="run only keys starting/ending with these (e.g. centralized eegnet)")
     parser.add_argument("--skip-unseen", action="store_true", help="skip the MOABB unseen-subject table")
-    parser.add_argument("--docs", type=Path, default=None, help="also write the report (markdown + figure) here")
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="also write the report as <DOCS>/results-<profile>.md with its figure")
     args = parser.parse_args(argv)
 
     profile = args.profile or ("full" if args.full else "quick")
