@@ -111,7 +111,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``lr_factor`` **counted in rounds**. Not used: ``max_epochs``,
         ``validation_fraction``, ``warm_start``, ``verbose``, ``random_state`` (this
         estimator's own take their place).
-    aggregation : {"projavg", "rlavg", "r_barycenter"} or callable, default="projavg"
+    aggregation : {"projavg", "rlavg", "karcher"} or callable, default="projavg"
         Server rule; a callable has the signature of :mod:`skfedspd.aggregation`
         (``rule(client_params, weights, previous, kinds) -> dict``).
     n_rounds : int, default=150

@@ -1,9 +1,11 @@
-"""Tests for ``skfedspd.aggregation``: ProjAvg, RLAvg, R-barycenter and their helpers.
+"""Tests for ``skfedspd.aggregation``: ProjAvg, RLAvg, the Karcher mean and their helpers.
 
 Property tests in float64 (pyRiemann style): orthonormality of the output, consensus,
 equivariance under ``W ↦ Q W R``, the ``O(δ²)`` agreement of ProjAvg and RLAvg, the
 secure-aggregation property (the clients enter only through their weighted sum), the
-Euclidean weighted mean, the exclusion of client-local arrays, and argument checking.
+Euclidean weighted mean, the exclusion of client-local arrays, and argument checking; the
+Karcher mean's first-order optimality and its ``O(δ²)`` gap to ProjAvg / RLAvg; the
+R-barycenter (RLAvg iterated at its own output) is ProjAvg.
 """
 
 from collections import OrderedDict
@@ -16,18 +18,27 @@ from skfedspd.aggregation import (
     client_weights,
     get_aggregation,
     projavg,
+    karcher,
     projavg_from_sum,
-    r_barycenter,
     rlavg,
     rlavg_from_sum,
     weighted_sum,
 )
-from skfedspd.stiefel import lift, orthonormality_error, random_stiefel, retract, tangent_project
+from skfedspd.stiefel import (
+    lift,
+    orthonormality_error,
+    polar,
+    random_stiefel,
+    retract,
+    stiefel_exp,
+    stiefel_log,
+    tangent_project,
+)
 
 SHAPES = [(3, 1), (4, 2), (6, 3), (5, 5), (8, 4), (64, 18)]
 RULES = {"projavg": projavg, "rlavg": rlavg}
 FROM_SUM = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
-ALL_RULES = {**RULES, "r_barycenter": r_barycenter}
+ALL_RULES = {**RULES, "karcher": karcher}
 N_CLIENTS = [1, 2, 5]
 
 STIEFEL = "bimaps.0.weight"
@@ -149,12 +160,12 @@ def test_all_clients_equal_previous_unchanged(rule, shape, n_clients):
         np.testing.assert_allclose(out[name], value, rtol=0, atol=1e-12)
 
 
-@pytest.mark.parametrize("rule", ["projavg", "r_barycenter"])
+@pytest.mark.parametrize("rule", ["projavg", "karcher"])
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("n_clients", N_CLIENTS)
 def test_all_clients_equal_returns_that_model(rule, shape, n_clients):
-    """ProjAvg and the R-barycenter of identical clients is that client, whatever the
-    previous model (``uf(W) = W`` on the manifold; ``L_W(W) = 0``)."""
+    """ProjAvg and the Karcher mean of identical clients is that client, whatever the
+    previous model (``uf(W) = W`` on the manifold; ``Log_W(W) = 0``)."""
     p, k = shape
     previous, (client,), _ = _clients(p, k, 1, 0.7, seed=k + 7)
     clients = [{n: a.copy() for n, a in client.items()} for _ in range(n_clients)]
@@ -486,10 +497,14 @@ def test_weighted_sum_values():
         np.testing.assert_allclose(summed[name], sum(wi * c[name] for wi, c in zip(w, clients)), rtol=1e-15)
 
 
-@pytest.mark.parametrize("name", ["projavg", "rlavg", "r_barycenter"])
+@pytest.mark.parametrize("name", ["projavg", "rlavg", "karcher"])
 def test_get_aggregation_names(name):
     assert get_aggregation(name) is AGGREGATIONS[name]
-    assert get_aggregation(name) is {"projavg": projavg, "rlavg": rlavg, "r_barycenter": r_barycenter}[name]
+    assert get_aggregation(name) is {"projavg": projavg, "rlavg": rlavg, "karcher": karcher}[name]
+
+
+def test_aggregations_registry():
+    assert sorted(AGGREGATIONS) == ["karcher", "projavg", "rlavg"]
 
 
 def _my_rule(client_params, weights, previous, kinds):
@@ -501,56 +516,157 @@ def test_get_aggregation_callable(rule):
     assert get_aggregation(rule) is rule
 
 
-@pytest.mark.parametrize("name", ["fedavg", "ProjAvg", "", None, 3])
+@pytest.mark.parametrize("name", ["fedavg", "ProjAvg", "r_barycenter", "", None, 3])
 def test_get_aggregation_unknown(name):
     with pytest.raises(ValueError, match="aggregation"):
         get_aggregation(name)
 
 
 # ---------------------------------------------------------------------------------------------
-# R-barycenter
+# The R-barycenter (RLAvg iterated at its own output) is ProjAvg
 # ---------------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("n_clients", N_CLIENTS)
-@pytest.mark.parametrize("spread", [0.05, 0.3])
-def test_r_barycenter_fixed_point(shape, n_clients, spread):
-    """``Σ w_i L_{W*}(W_i) ≈ 0`` and ``W* = R_{W*}(Σ w_i L_{W*}(W_i))``."""
+@pytest.mark.parametrize("spread", [0.05, 0.5, None])
+def test_r_barycenter_fixed_point_is_projavg(shape, n_clients, spread):
+    """At ``W = uf(S)``, ``Σ w_i L_W(W_i) = P_W(S) = S − W sym(WᵀS) = 0``: RLAvg iterated at
+    its own output from ProjAvg does not move (so it is no independent reference)."""
     p, k = shape
     previous, clients, w = _clients(p, k, n_clients, spread, seed=p + n_clients)
-    Ws = r_barycenter(clients, w, previous, _kinds())[STIEFEL]
-    balance = sum(wi * lift(Ws, c[STIEFEL]) for wi, c in zip(w, clients))
-    assert np.linalg.norm(balance) <= 1e-10
-    np.testing.assert_allclose(retract(Ws, balance), Ws, rtol=0, atol=1e-10)
-    assert orthonormality_error(Ws) <= 1e-12
+    summed = weighted_sum(clients, w, _kinds())[STIEFEL]
+    W_proj = projavg(clients, w, previous, _kinds())[STIEFEL]
+    balance = sum(wi * lift(W_proj, c[STIEFEL]) for wi, c in zip(w, clients))
+    assert np.linalg.norm(balance) <= 1e-13
+    np.testing.assert_allclose(tangent_project(W_proj, summed), 0.0, rtol=0, atol=1e-13)
+    W = W_proj
+    for _ in range(5):
+        W = rlavg(clients, w, {**previous, STIEFEL: W}, _kinds())[STIEFEL]
+        np.testing.assert_allclose(W, W_proj, rtol=0, atol=1e-13)
+
+
+# ---------------------------------------------------------------------------------------------
+# Karcher mean (canonical metric)
+# ---------------------------------------------------------------------------------------------
+
+
+def _karcher_gradient(K, clients, w):
+    return sum(wi * stiefel_log(K, c[STIEFEL]) for wi, c in zip(w, clients))
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_r_barycenter_close_to_projavg_and_rlavg(shape):
-    """For clients within δ of each other, the R-barycenter, ProjAvg and RLAvg agree to
-    O(δ²) (one step of the iteration starting from ProjAvg already lands near it)."""
+@pytest.mark.parametrize("n_clients", N_CLIENTS)
+@pytest.mark.parametrize("spread", [0.05, 0.5])
+def test_karcher_first_order_optimality(shape, n_clients, spread):
+    """``Σ w_i Log_K(W_i) ≈ 0`` at the Karcher mean ``K``, which is on the manifold."""
     p, k = shape
+    previous, clients, w = _clients(p, k, n_clients, spread, seed=p + n_clients)
+    K = karcher(clients, w, previous, _kinds())[STIEFEL]
+    assert np.linalg.norm(_karcher_gradient(K, clients, w)) <= 1e-11
+    assert orthonormality_error(K) <= 1e-12
+
+
+@pytest.mark.parametrize("shape", [(4, 2), (6, 3), (8, 4)])
+def test_karcher_minimises_weighted_squared_distance(shape):
+    """The weighted sum of squared canonical distances is smallest at ``K``: moving along
+    any geodesic from ``K`` increases it (to second order)."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 4, 0.4, seed=k)
+    K = karcher(clients, w, previous, _kinds())[STIEFEL]
+
+    def cost(X):
+        total = 0.0
+        for wi, c in zip(w, clients):
+            D = stiefel_log(X, c[STIEFEL])
+            total += wi * (np.sum(D * D) - 0.5 * np.sum((X.T @ D) ** 2))  # canonical ‖D‖²
+        return total
+
+    rng = np.random.default_rng(0)
+    f0 = cost(K)
+    for _ in range(5):
+        Z = tangent_project(K, rng.standard_normal((p, k)))
+        Z *= 1e-3 / np.linalg.norm(Z)
+        assert cost(stiefel_exp(K, Z)) > f0
+        assert cost(stiefel_exp(K, -Z)) > f0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("spread", [0.1, 0.6])
+def test_karcher_equivariance_and_invariance(shape, spread):
+    """The canonical metric is invariant under ``W ↦ Q W R`` (``Q ∈ O(p)``, ``R ∈ O(k)``),
+    so the Karcher mean of ``Q W_i R`` is ``Q K R`` — also with an improper ``Q`` or ``R``."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 4, spread, seed=3 * k)
+    rng = np.random.default_rng(5)
+    Q, R = _orthogonal(p, rng), _orthogonal(k, rng)
+    Q[:, 0] *= -1  # det Q = −det Q: reflections too
+    moved = [{**c, STIEFEL: Q @ c[STIEFEL] @ R} for c in clients]
+    K = karcher(clients, w, previous, _kinds())[STIEFEL]
+    K_moved = karcher(moved, w, previous, _kinds())[STIEFEL]
+    np.testing.assert_allclose(K_moved, Q @ K @ R, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_karcher_close_to_projavg_and_rlavg(shape):
+    """For clients within δ of each other, the Karcher mean, ProjAvg and RLAvg agree to
+    ``O(δ²)``: gap ≤ δ² and a log-log slope ≥ 1.8 (it is 3 for ``k = 1`` and ``k = p``, the
+    sphere and the orthogonal group, where the canonical metric is the embedded one)."""
+    p, k = shape
+    gaps = {"projavg": [], "rlavg": []}
     for delta in DELTAS:
         previous, clients, w = _clients(p, k, 4, delta, seed=k)
-        rb = r_barycenter(clients, w, previous, _kinds())[STIEFEL]
+        K = karcher(clients, w, previous, _kinds())[STIEFEL]
         for rule in (projavg, rlavg):
-            gap = np.linalg.norm(rule(clients, w, previous, _kinds())[STIEFEL] - rb)
-            assert gap <= 10 * delta**2, (rule.__name__, delta, gap)
+            gap = np.linalg.norm(rule(clients, w, previous, _kinds())[STIEFEL] - K)
+            assert gap <= delta**2, (rule.__name__, delta, gap)
+            gaps[rule.__name__].append(gap)
+    for name, g in gaps.items():
+        assert np.all(_slopes(g) >= 1.8), (name, g)
 
 
 @pytest.mark.parametrize("shape", SHAPES)
-def test_r_barycenter_ignores_previous(shape):
+def test_karcher_ignores_previous(shape):
     p, k = shape
     previous, clients, w = _clients(p, k, 3, 0.2, seed=0)
     other = {**previous, STIEFEL: random_stiefel(p, k, 5)}
-    a = r_barycenter(clients, w, previous, _kinds())
-    b = r_barycenter(clients, w, other, _kinds())
+    a = karcher(clients, w, previous, _kinds())
+    b = karcher(clients, w, other, _kinds())
     for name in a:
         np.testing.assert_array_equal(a[name], b[name])
 
 
-def test_r_barycenter_not_converging_raises():
-    previous, clients, w = _clients(6, 3, 4, None, seed=0)
-    with pytest.raises(RuntimeError, match="did not converge"):
-        r_barycenter(clients, w, previous, _kinds(), tol=0.0, max_iter=1)
+def test_karcher_starts_from_projavg_and_returns_iterations():
+    previous, clients, w = _clients(8, 4, 5, 0.3, seed=1)
+    out, iterations = karcher(clients, w, previous, _kinds(), return_iterations=True)
+    assert set(iterations) == {STIEFEL}
+    assert 1 <= iterations[STIEFEL] <= 20
+    np.testing.assert_array_equal(out["head.weight"], projavg(clients, w, previous, _kinds())["head.weight"])
+    start = karcher(clients, w, previous, _kinds(), tol=np.inf)[STIEFEL]
+    np.testing.assert_array_equal(start, polar(weighted_sum(clients, w, _kinds())[STIEFEL]))
+
+
+def test_karcher_zero_weight_client_ignored():
+    """A client with weight 0 does not enter (not even its logarithm)."""
+    previous, clients, w = _clients(6, 3, 3, 0.2, seed=2)
+    w = np.array([0.4, 0.6, 0.0])
+    far = [*clients[:2], {**clients[2], STIEFEL: -clients[0][STIEFEL]}]
+    a = karcher(clients, w, previous, _kinds())
+    b = karcher(far, w, previous, _kinds())
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=0, atol=1e-14)
+
+
+def test_karcher_not_converging_raises():
+    previous, clients, w = _clients(6, 3, 4, 0.3, seed=0)
+    with pytest.raises(RuntimeError, match="did not converge in 1 iterations"):
+        karcher(clients, w, previous, _kinds(), tol=0.0, max_iter=1)
+
+
+def test_karcher_client_too_far_raises():
+    """A client at ``−W`` (a rotation by π away) has no Stiefel logarithm from near ``W``."""
+    previous, clients, w = _clients(6, 3, 3, 0.05, seed=0)
+    clients[2] = {**clients[2], STIEFEL: -clients[0][STIEFEL]}
+    w = np.array([0.45, 0.45, 0.1])
+    with pytest.raises(RuntimeError, match="client 2 is too far"):
+        karcher(clients, w, previous, _kinds())

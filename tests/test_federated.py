@@ -553,7 +553,7 @@ def test_on_client_error_skip_all_fail(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("aggregation", ["projavg", "rlavg", "r_barycenter"])
+@pytest.mark.parametrize("aggregation", ["projavg", "rlavg", "karcher"])
 def test_aggregation_rules(aggregation, fitted):
     reference, X, y = fitted
     clf = _fed(n_rounds=4, aggregation=aggregation).fit(X, y)

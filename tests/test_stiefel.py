@@ -1,4 +1,5 @@
-"""Tests for ``skfedspd.stiefel``: tangent projection, polar factor, retraction, lifting."""
+"""Tests for ``skfedspd.stiefel``: tangent projection, polar factor, retraction, lifting, and
+the Riemannian exponential / logarithm under the canonical metric."""
 
 import numpy as np
 import pytest
@@ -11,6 +12,8 @@ from skfedspd.stiefel import (
     polar,
     random_stiefel,
     retract,
+    stiefel_exp,
+    stiefel_log,
     sym,
     tangent_project,
 )
@@ -491,3 +494,132 @@ def test_orthonormality_error_float32_torch():
     W = torch.as_tensor(random_stiefel(6, 3, 124), dtype=torch.float32)
     err = orthonormality_error(W)
     assert isinstance(err, float) and err < 1e-5
+
+
+# ---------------------------------------------------------------------------------------------
+# Exponential and logarithm (canonical metric)
+# ---------------------------------------------------------------------------------------------
+
+EXPLOG_SHAPES = SHAPES + [(5, 3), (7, 5), (64, 18)]  # (5, 3), (7, 5): p < 2k
+
+
+def _tangent(W, norm, seed):
+    """A tangent vector at ``W`` of Frobenius norm ``norm`` with both a skew (``WΩ``) and a
+    normal part."""
+    D = tangent_project(W, _gauss(W.shape, seed))
+    return D * (norm / np.linalg.norm(D))
+
+
+def _is_tangent_error(W, D):
+    return np.linalg.norm(W.T @ D + D.T @ W)
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+@pytest.mark.parametrize("norm", [0.0, 1e-8, 0.3, 1.0, 3.0, 10.0])
+def test_stiefel_exp_on_manifold(p, k, norm):
+    W = random_stiefel(p, k, p * k)
+    X = stiefel_exp(W, _tangent(W, norm, 1))
+    assert X.shape == (p, k) and X.dtype == np.float64
+    assert orthonormality_error(X) <= 1e-13
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+def test_stiefel_exp_zero_is_identity(p, k):
+    W = random_stiefel(p, k, 0)
+    np.testing.assert_allclose(stiefel_exp(W, np.zeros((p, k))), W, rtol=0, atol=1e-15)
+
+
+@pytest.mark.parametrize("p", [3, 5, 10])
+def test_stiefel_exp_sphere_is_great_circle(p):
+    """``k = 1``: the geodesics are great circles, ``cos‖D‖ W + sin‖D‖ D/‖D‖``."""
+    W = random_stiefel(p, 1, p)
+    for norm in [0.1, 1.0, 2.5]:
+        D = _tangent(W, norm, 2)
+        expected = np.cos(norm) * W + np.sin(norm) * D / norm
+        np.testing.assert_allclose(stiefel_exp(W, D), expected, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+def test_stiefel_exp_vertical_direction(p, k):
+    """``D = WΩ`` (Ω skew): ``Exp_W(D) = W expm(Ω)`` (rotation within the span of ``W``)."""
+    W = random_stiefel(p, k, 3)
+    G = _gauss((k, k), 4)
+    Omega = 0.7 * (G - G.T)
+    np.testing.assert_allclose(stiefel_exp(W, W @ Omega), W @ scipy.linalg.expm(Omega), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("p", [3, 5])
+def test_stiefel_exp_orthogonal_group(p):
+    """``k = p``: every tangent vector is ``WΩ``, so ``Exp_W(D) = W expm(WᵀD)``."""
+    W = random_stiefel(p, p, 5)
+    D = _tangent(W, 2.0, 6)
+    np.testing.assert_allclose(stiefel_exp(W, D), W @ scipy.linalg.expm(W.T @ D), rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+@pytest.mark.parametrize("norm", [1e-6, 0.1, 0.5, 1.0])
+def test_stiefel_log_inverts_exp(p, k, norm):
+    """``Log_W(Exp_W(D)) = D`` for tangent ``D`` of moderate norm; the result is tangent."""
+    W = random_stiefel(p, k, 10 * p + k)
+    D = _tangent(W, norm, 7)
+    L = stiefel_log(W, stiefel_exp(W, D))
+    assert L.shape == (p, k) and L.dtype == np.float64
+    np.testing.assert_allclose(L, D, rtol=0, atol=1e-12)
+    assert _is_tangent_error(W, L) <= 1e-13
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+@pytest.mark.parametrize("spread", [0.05, 0.5, 1.5])
+def test_stiefel_exp_inverts_log(p, k, spread):
+    """``Exp_W(Log_W(W1)) = W1`` for ``W1`` near ``W`` (a polar retraction away), and
+    ``Log_W(W1)`` is tangent at ``W``."""
+    W = random_stiefel(p, k, p + k)
+    W1 = retract(W, _tangent(W, spread, 8))
+    L = stiefel_log(W, W1)
+    assert _is_tangent_error(W, L) <= 1e-13
+    np.testing.assert_allclose(stiefel_exp(W, L), W1, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+def test_stiefel_log_at_base_point_is_zero(p, k):
+    W = random_stiefel(p, k, 11)
+    np.testing.assert_allclose(stiefel_log(W, W), 0.0, rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+def test_stiefel_log_along_a_geodesic(p, k):
+    """Points of one geodesic: ``Log_W(Exp_W(tD)) = tD`` for several ``t``."""
+    W = random_stiefel(p, k, 12)
+    D = _tangent(W, 1.0, 13)
+    for t in [0.1, 0.4, 0.8]:
+        np.testing.assert_allclose(stiefel_log(W, stiefel_exp(W, t * D)), t * D, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("p, k", EXPLOG_SHAPES)
+def test_stiefel_exp_log_equivariance(p, k):
+    """The canonical metric is invariant under ``W ↦ QWR`` (``Q ∈ O(p)``, ``R ∈ O(k)``):
+    ``Exp_{QWR}(QDR) = Q Exp_W(D) R`` and ``Log_{QWR}(QW1R) = Q Log_W(W1) R``."""
+    rng = np.random.default_rng(14)
+    Q = random_stiefel(p, p, rng)
+    R = random_stiefel(k, k, rng)
+    Q[:, 0] *= -1  # an improper one too
+    W = random_stiefel(p, k, rng)
+    D = _tangent(W, 0.8, 15)
+    W1 = stiefel_exp(W, D)
+    np.testing.assert_allclose(stiefel_exp(Q @ W @ R, Q @ D @ R), Q @ W1 @ R, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(stiefel_log(Q @ W @ R, Q @ W1 @ R), Q @ stiefel_log(W, W1) @ R, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("p, k", [(4, 2), (6, 3), (8, 4), (64, 18)])
+def test_stiefel_log_far_point_raises(p, k):
+    """``−W`` is a rotation by π away: no principal logarithm."""
+    W = random_stiefel(p, k, 16)
+    with pytest.raises(RuntimeError, match="too far"):
+        stiefel_log(W, -W)
+
+
+def test_stiefel_log_not_converging_raises():
+    W = random_stiefel(8, 4, 17)
+    W1 = stiefel_exp(W, _tangent(W, 1.0, 18))
+    with pytest.raises(RuntimeError, match="did not converge in 1 iterations"):
+        stiefel_log(W, W1, tol=0.0, max_iter=1)
