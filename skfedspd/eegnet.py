@@ -45,6 +45,15 @@ state_dict keys (``...parametrizations.weight.original``), which would leak into
 federated aggregation code and into saved checkpoints. The constraint is also applied once at
 construction, so it holds from the start.
 
+Implementation of block 1: :meth:`EEGNet.forward` does not build the ``(batch, F1, C, T)``
+maps of the temporal conv. BN1 is affine per temporal filter and the depthwise spatial conv is
+linear over channels, so the spatial filters are applied first and the temporal conv runs, by
+FFT, on the ``F1·D`` spatially filtered signals; BN1's batch mean and variance come exactly
+from the input's lagged Gram matrix (see :meth:`EEGNet._block1_fast`). Same function, same
+gradients and running-statistics updates as the layer-by-layer
+:meth:`EEGNet._reference_forward` (up to rounding; checked in ``tests/test_eegnet.py``), about
+10× faster per CPU training step for PhysionetMI (``benchmarks/bench_eegnet.py``).
+
 Initialisation follows Keras: Glorot-uniform weights for every conv and for the dense layer,
 zero dense bias, BatchNorm weight 1 / bias 0, BatchNorm momentum 0.01 and eps 1e-3 (Keras'
 defaults momentum 0.99, eps 1e-3; torch's momentum is Keras' complement; braindecode's
@@ -85,6 +94,66 @@ def _same_padding(kernel_length):
     sample of an even kernel on the right."""
     left = (kernel_length - 1) // 2
     return left, kernel_length - 1 - left
+
+
+def _lagged_gram(x, kernel_length, left):
+    """Lagged Gram matrix of the windows of a 'same' conv, exact at the zero-padded edges.
+
+    ``G[i, j] = Σ_{b, c} Σ_{t < T} x_pad[b, c, t + i] · x_pad[b, c, t + j]`` for
+    ``x`` of shape ``(..., T)`` and ``x_pad`` = ``x`` zero-padded by ``left`` on the left and
+    ``K − 1 − left`` on the right (``K = kernel_length``, ``i, j < K``). With ``d = j − i ≥ 0``
+    and ``a = i − left``, ``G[i, j] = Σ_{a ≤ s < a + T} p_d[s]`` where
+    ``p_d[s] = Σ_{b,c} x[s] x[s + d]`` (``x`` zero outside ``[0, T)``): the full
+    autocorrelation ``Σ_s p_d[s]`` (by FFT, zero-padded to ``T + K`` so it does not wrap) minus
+    the sum over ``s < a`` (``a ≥ 0``, the first ``K − 1 − left`` samples) or over
+    ``s ≥ a + T`` (``a < 0``, the last ``left`` samples), which come from two small exact
+    Gram products of the edge samples. Cost: one FFT of the input plus ``O(K²·B·C)``.
+    """
+    x = x.reshape(-1, x.shape[-1])
+    n_times, K = x.shape[-1], kernel_length
+    right = K - 1 - left
+    spec = torch.view_as_real(torch.fft.rfft(x, n=n_times + K)).reshape(x.shape[0], -1)
+    power = spec.square().sum(0).view(-1, 2).sum(-1)       # Σ_{b,c} |X(ω)|²
+    acf = torch.fft.irfft(power, n=n_times + K)[:K]        # acf[d] = Σ_s p_d[s]
+    lags = torch.arange(K, device=x.device)
+
+    def edge_lag_products(start, stop):
+        """p_d[s] for start ≤ s < stop, as a (stop − start, K) matrix."""
+        block = x[:, start:min(stop + K - 1, n_times)]
+        block = F.pad(block, (0, stop + K - 1 - start - block.shape[-1]))  # x = 0 beyond T
+        gram = block[:, :stop - start].T @ block
+        rows = torch.arange(stop - start, device=x.device)[:, None]
+        return gram[rows, rows + lags]
+
+    n_head = min(right, n_times)                            # p_d[s], s < a, for a ≤ right
+    head = F.pad(edge_lag_products(0, n_head).cumsum(0), (0, 0, 1, 0))   # Σ_{s < a}
+    tail_start = max(n_times - left, 0)                     # p_d[s], s ≥ a + T, for a ≥ −left
+    n_tail = n_times - tail_start
+    tail = F.pad(edge_lag_products(tail_start, n_times).flip(0).cumsum(0).flip(0),
+                 (0, 0, 0, 1))                              # Σ_{s ≥ tail_start + r}
+    a = torch.arange(K, device=x.device) - left
+    outside = torch.where((a >= 0)[:, None], head[a.clamp(0, n_head)],
+                          tail[(a + n_times - tail_start).clamp(0, n_tail)])   # [i, d]
+    i = torch.arange(K, device=x.device)
+    low = torch.minimum(i[:, None], i[None, :])
+    lag = (i[:, None] - i[None, :]).abs()
+    return acf[lag] - outside[low, lag]
+
+
+def _same_correlate_fft(s, kernels, left):
+    """'same' cross-correlation of each row ``s[..., o, :]`` with ``kernels[o]``, by FFT.
+
+    ``out[..., o, t] = Σ_i kernels[o, i] · s_pad[..., o, t + i]`` with ``s_pad`` zero-padded by
+    ``left`` on the left and ``K − 1 − left`` on the right: what ``Conv1d(groups=O)`` computes
+    after ``F.pad``. The FFT length ``T + K`` exceeds ``T + K − 1``, so the circular
+    correlation does not wrap; it is several times faster than the grouped conv (and its
+    backward) on CPU for kernels this long.
+    """
+    n_times, K = s.shape[-1], kernels.shape[-1]
+    n = n_times + K
+    padded = F.pad(s, (left, K - 1 - left))
+    spectrum = torch.fft.rfft(padded, n=n) * torch.fft.rfft(kernels, n=n).conj()
+    return torch.fft.irfft(spectrum, n=n)[..., :n_times]
 
 
 class EEGNet(FederatedModule):
@@ -199,21 +268,108 @@ class EEGNet(FederatedModule):
         return OrderedDict((key, "euclidean" if key in trainable else "local")
                            for key in self.state_dict())
 
-    def forward(self, x):
-        """Logits ``(batch, n_classes)`` of ``x`` of shape ``(batch, n_channels, n_times)``."""
+    def _check_input(self, x):
         if x.dim() != 3 or x.shape[1:] != (self.n_channels, self.n_times):
             raise ValueError(f"expected input (batch, {self.n_channels}, {self.n_times}), "
                              f"got {tuple(x.shape)}")
+
+    def forward(self, x):
+        """Logits ``(batch, n_classes)`` of ``x`` of shape ``(batch, n_channels, n_times)``.
+
+        Block 1 (temporal conv → BN1 → depthwise spatial conv) is evaluated by
+        :meth:`_block1_fast`, on the ``F1·D`` spatially filtered signals instead of the
+        ``(batch, F1, C, T)`` feature maps; :meth:`_reference_forward` is the literal layer
+        by layer computation, equal up to rounding.
+        """
+        self._check_input(x)
+        return self._head(self._block1_fast(x))
+
+    def _reference_forward(self, x):
+        """Straightforward forward pass, layer by layer (same maths as :meth:`forward`)."""
+        self._check_input(x)
         x = x.unsqueeze(1)                                  # (B, 1, C, T)
         x = F.pad(x, _same_padding(self.kernel_length))
         x = self.bn1(self.temporal_conv(x))                 # (B, F1, C, T)
-        x = self.activation(self.bn2(self.depthwise_conv(x)))  # (B, F1·D, 1, T)
+        return self._head(self.depthwise_conv(x))           # (B, F1·D, 1, T)
+
+    def _head(self, x):
+        """BN2 onwards: ``(B, F1·D, 1, T)`` output of the depthwise conv → logits."""
+        x = self.activation(self.bn2(x))
         x = self.drop1(self.pool1(x))                       # (B, F1·D, 1, T // p1)
         x = F.pad(x, _same_padding(self.separable_kernel_length))
         x = self.separable_pointwise(self.separable_depthwise(x))
         x = self.activation(self.bn3(x))                    # (B, F2, 1, T // p1)
         x = self.drop2(self.pool2(x))                       # (B, F2, 1, T')
         return self.classifier(x.flatten(1))
+
+    def _block1_fast(self, x):
+        """``depthwise_conv(bn1(temporal_conv(pad(x))))`` without the ``(B, F1, C, T)`` maps.
+
+        Why it is the same function. Write ``y_f[b, c] = k_f ⋆ x[b, c]`` for the 'same'
+        temporal conv of channel ``c`` by filter ``f`` (kernel ``k_f``, length ``K``),
+        ``w_o`` for the spatial filter of output map ``o`` (which reads the maps of filter
+        ``f = o // D``) and ``μ_f, σ²_f`` for the statistics BN1 uses (batch statistics over
+        ``(b, c, t)`` in training, running statistics in eval). BN1 is per filter an affine
+        map ``y ↦ a_f (y − μ_f) + β_f`` with ``a_f = γ_f / sqrt(σ²_f + eps)``, the spatial conv
+        is linear over channels, and spatial and temporal filtering commute, so::
+
+            out_o[b] = Σ_c w_o[c] (a_f (y_f[b, c] − μ_f) + β_f)
+                     = a_f · k_f ⋆ (Σ_c w_o[c] x[b, c]) + (β_f − a_f μ_f) · Σ_c w_o[c].
+
+        The conv thus runs on the ``F1·D`` spatially filtered signals ``s_o = w_o · x``
+        (``C`` times less work). The batch statistics only need the input through two
+        parameter-free summaries (each window of the 'same' conv is the zero-padded
+        ``x_pad[b, c, t : t + K]``, ``N = B·C·T`` windows in all)::
+
+            μ_f      = k_fᵀ m / N,   m[i]    = Σ_{b,c,t} x_pad[b, c, t + i]
+            E[y_f²]  = k_fᵀ G k_f / N, G[i, j] = Σ_{b,c,t} x_pad[b, c, t + i] x_pad[b, c, t + j]
+
+        and ``σ²_f = E[y_f²] − μ_f²`` (biased, as BN normalises with); ``G`` is computed
+        exactly, zero-padding edges included, by :func:`_lagged_gram`. Every step is
+        differentiable, so autograd gives the exact gradients of the reference (through
+        the batch statistics too). Running statistics are updated as ``BatchNorm2d`` does
+        (momentum, unbiased ``σ² · N / (N − 1)``, ``num_batches_tracked``). The one
+        numerical difference: ``E[y²] − μ²`` cancels when ``|μ_f| ≫ σ_f``, which the
+        per-channel z-scored input of :class:`EEGNetClassifier` avoids (``μ_f ≈ 0``).
+        Forward hooks registered on ``temporal_conv``, ``bn1`` or ``depthwise_conv`` are
+        not called (those modules only hold the parameters and buffers).
+        """
+        batch, n_channels, n_times = x.shape
+        kernel, F1, D = self.kernel_length, self.F1, self.D
+        left, right = _same_padding(kernel)
+        k = self.temporal_conv.weight.reshape(F1, kernel)
+        w = self.depthwise_conv.weight.reshape(F1 * D, n_channels)
+        bn = self.bn1
+
+        s = torch.matmul(w.expand(batch, -1, -1), x)        # (B, F1·D, T) spatial filtering
+        y = _same_correlate_fft(s, k.repeat_interleave(D, dim=0), left)   # k_f ⋆ s_o
+
+        use_batch_stats = bn.training or bn.running_mean is None
+        if use_batch_stats:
+            n = batch * n_channels * n_times
+            total = F.pad(x.sum(dim=(0, 1)), (left, right))     # (T + K − 1,)
+            m = total.unfold(0, n_times, 1).sum(-1)              # (K,)
+            G = _lagged_gram(x, kernel, left)                    # (K, K)
+            mean = (k @ m) / n
+            var = (((k @ G) * k).sum(-1) / n - mean.square()).clamp_min(0)   # biased
+            if bn.training and bn.track_running_stats:
+                with torch.no_grad():               # as BatchNorm2d.forward + F.batch_norm
+                    bn.num_batches_tracked.add_(1)
+                    factor = (bn.momentum if bn.momentum is not None
+                              else 1.0 / float(bn.num_batches_tracked))
+                    bn.running_mean.lerp_(mean.detach(), factor)
+                    bn.running_var.lerp_(var.detach() * (n / (n - 1)), factor)
+        else:
+            mean, var = bn.running_mean, bn.running_var
+        scale = torch.rsqrt(var + bn.eps)
+        if bn.affine:
+            scale = bn.weight * scale
+        shift = -scale * mean
+        if bn.affine:
+            shift = shift + bn.bias
+        out = (scale.repeat_interleave(D)[:, None] * y
+               + (shift.repeat_interleave(D) * w.sum(-1))[:, None])
+        return out.unsqueeze(2)                             # (B, F1·D, 1, T)
 
     def extra_repr(self):
         return (f"n_channels={self.n_channels}, n_times={self.n_times}, "

@@ -1,9 +1,12 @@
 """Tests of the pure-torch EEGNet-8,2 baseline (skfedspd.eegnet)."""
 
+import copy
+
 import pytest
 import torch
+import torch.nn.functional as F
 
-from skfedspd.eegnet import EEGNet
+from skfedspd.eegnet import EEGNet, _lagged_gram, _same_correlate_fft, _same_padding
 
 # (n_channels, n_times, n_classes, fs)
 PHYSIONET = (64, 480, 4, 160)
@@ -183,8 +186,6 @@ def test_same_padding_matches_torch_same(fs):
     """The explicit F.pad equals torch's padding='same' (also for even kernels) and keeps T."""
     import warnings
 
-    from skfedspd.eegnet import _same_padding
-
     model = EEGNet(8, 150, 3, fs)
     for conv, x in ((model.temporal_conv, torch.randn(2, 1, 8, 150)),
                     (model.separable_depthwise, torch.randn(2, 16, 1, 37))):
@@ -204,3 +205,139 @@ def test_state_dict_roundtrip_keeps_kinds():
     assert a.parameter_kinds() == b.parameter_kinds()
     for key, value in a.state_dict().items():
         assert torch.equal(value, b.state_dict()[key])
+
+
+# --- fast block 1 (spatial filtering first, BN1 statistics from the lagged Gram matrix) ----
+
+TOL = {torch.float64: 1e-10, torch.float32: 1e-4}
+
+
+@pytest.mark.parametrize("n_times, kernel", [(50, 20), (50, 21), (480, 80), (30, 64),
+                                             (20, 33), (40, 7), (32, 32), (5, 1)])
+def test_lagged_gram_is_exact(n_times, kernel):
+    """Against the explicit sum over all zero-padded windows (also for K > T)."""
+    torch.manual_seed(5)
+    x = torch.randn(3, 4, n_times, dtype=torch.float64)
+    left, right = _same_padding(kernel)
+    windows = F.pad(x, (left, right)).unfold(-1, kernel, 1)          # (B, C, T, K)
+    expected = torch.einsum("bcti,bctj->ij", windows, windows)
+    got = _lagged_gram(x, kernel, left)
+    assert got.shape == (kernel, kernel)
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12 * expected.abs().max())
+
+
+@pytest.mark.parametrize("n_times, kernel", [(480, 80), (37, 20), (20, 33), (16, 5)])
+def test_same_correlate_fft_matches_grouped_conv(n_times, kernel):
+    torch.manual_seed(6)
+    s = torch.randn(3, 5, n_times, dtype=torch.float64)
+    k = torch.randn(5, kernel, dtype=torch.float64)
+    left, right = _same_padding(kernel)
+    expected = F.conv1d(F.pad(s, (left, right)), k.unsqueeze(1), groups=5)
+    got = _same_correlate_fft(s, k, left)
+    assert got.shape == expected.shape == s.shape
+    assert torch.allclose(got, expected, rtol=0, atol=1e-12 * expected.abs().max())
+
+
+def _pair(config, dtype, seed=7, **kwargs):
+    torch.manual_seed(seed)
+    fast = EEGNet(*config, **kwargs).to(dtype)
+    return fast, copy.deepcopy(fast)
+
+
+def _assert_close(got, expected, rtol, scale=None, msg=None):
+    """Elementwise, with an absolute floor of ``rtol × scale`` (default: ``max |expected|``)."""
+    scale = expected.abs().max().item() if scale is None else scale
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=rtol * max(scale, 1e-30), msg=msg)
+
+
+def _same_dropout_forward(model, method, x, seed):
+    torch.manual_seed(seed)                 # same dropout masks for both implementations
+    return getattr(model, method)(x)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("config", [PHYSIONET, SMALL, ODD, (8, 32, 3, 128)])
+def test_fast_forward_matches_reference(config, dtype):
+    """Training and eval forward, and the gradient of every parameter (and of the input)."""
+    rtol = TOL[dtype]
+    fast, ref = _pair(config, dtype)
+    x = (1.5 * torch.randn(6, config[0], config[1], dtype=dtype) + 0.2)
+    y = torch.randint(config[2], (6,))
+    xf, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
+    out_f = _same_dropout_forward(fast.train(), "forward", xf, 0)
+    out_r = _same_dropout_forward(ref.train(), "_reference_forward", xr, 0)
+    _assert_close(out_f, out_r, rtol)
+    F.cross_entropy(out_f, y).backward()
+    F.cross_entropy(out_r, y).backward()
+    grad_scale = max(p.grad.abs().max().item() for p in ref.parameters())
+    for (name, p), (_, q) in zip(fast.named_parameters(), ref.named_parameters()):
+        _assert_close(p.grad, q.grad, rtol, scale=grad_scale, msg=name)
+    _assert_close(xf.grad, xr.grad, rtol)
+    # bn1.bias adds a constant to each depthwise map, which BN2 (batch statistics) removes:
+    # its exact gradient is 0 in training mode, in both implementations.
+    assert fast.bn1.bias.grad.abs().max() <= 10 * rtol * grad_scale
+    for key, value in fast.state_dict().items():
+        _assert_close(value.double(), ref.state_dict()[key].double(), rtol)
+    fast.eval(), ref.eval()
+    with torch.no_grad():
+        _assert_close(fast(x), ref._reference_forward(x), rtol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("momentum", [0.01, 0.3, None])
+def test_fast_training_matches_reference_over_steps(dtype, momentum):
+    """Several SGD steps + max-norm: same parameters, running statistics, eval logits."""
+    rtol = TOL[dtype]
+    fast, ref = _pair(SMALL, dtype)
+    for model in (fast, ref):
+        model.bn1.momentum = momentum
+    opt_f = torch.optim.SGD(fast.parameters(), lr=0.2)
+    opt_r = torch.optim.SGD(ref.parameters(), lr=0.2)
+    for step in range(5):
+        x = torch.randn(7, SMALL[0], SMALL[1], dtype=dtype) * (1 + step)
+        y = torch.randint(SMALL[2], (7,))
+        for model, opt, method in ((fast, opt_f, "forward"), (ref, opt_r, "_reference_forward")):
+            opt.zero_grad()
+            F.cross_entropy(_same_dropout_forward(model, method, x, step), y).backward()
+            opt.step()
+            model.apply_max_norm_()
+    assert int(fast.bn1.num_batches_tracked) == int(ref.bn1.num_batches_tracked) == 5
+    for key, value in fast.state_dict().items():
+        # absolute floor 1: bn1.bias only moves by rounding noise (zero exact gradient)
+        _assert_close(value.double(), ref.state_dict()[key].double(), rtol,
+                      scale=max(1.0, ref.state_dict()[key].double().abs().max().item()))
+    x = torch.randn(4, SMALL[0], SMALL[1], dtype=dtype)
+    fast.eval(), ref.eval()
+    with torch.no_grad():
+        _assert_close(fast(x), ref._reference_forward(x), rtol)
+    # BN1 alone in eval mode while the rest trains (running statistics in the fast path)
+    fast.train(), ref.train()
+    fast.bn1.eval(), ref.bn1.eval()
+    _assert_close(_same_dropout_forward(fast, "forward", x, 9),
+                  _same_dropout_forward(ref, "_reference_forward", x, 9), rtol)
+    assert int(fast.bn1.num_batches_tracked) == 5
+
+
+def test_fast_forward_rejects_wrong_shape_like_reference():
+    model = EEGNet(*SMALL)
+    for method in ("forward", "_reference_forward"):
+        with pytest.raises(ValueError):
+            getattr(model, method)(torch.randn(2, 7, 128))
+
+
+@pytest.mark.parametrize("kwargs", [dict(F1=3, D=3, F2=4, p1=2, p2=2), dict(F1=2, D=1, F2=2)])
+def test_fast_forward_matches_reference_other_sizes(kwargs):
+    fast, ref = _pair((5, 64, 3, 100), torch.float64, **kwargs)
+    x = torch.randn(4, 5, 64, dtype=torch.float64)
+    y = torch.randint(3, (4,))
+    out_f = _same_dropout_forward(fast, "forward", x, 1)
+    out_r = _same_dropout_forward(ref, "_reference_forward", x, 1)
+    _assert_close(out_f, out_r, 1e-10)
+    F.cross_entropy(out_f, y).backward()
+    F.cross_entropy(out_r, y).backward()
+    grad_scale = max(p.grad.abs().max().item() for p in ref.parameters())
+    for (name, p), (_, q) in zip(fast.named_parameters(), ref.named_parameters()):
+        _assert_close(p.grad, q.grad, 1e-10, scale=grad_scale, msg=name)
+    fast.eval(), ref.eval()
+    with torch.no_grad():
+        _assert_close(fast(x), ref._reference_forward(x), 1e-10)
