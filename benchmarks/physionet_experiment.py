@@ -139,12 +139,12 @@ def experiment_keys():
 
 
 def run_table(data, budget, out, only, report_only=False):
+    """Seed-major order, so that an interrupted run has every setting for its first seeds."""
+    keys = [k for k in experiment_keys() if not only or any(k.startswith(o) or k.endswith(o) for o in only)]
+    n_seeds = {k: budget["eegnet_seeds"] if k.endswith("eegnet") else budget["seeds"] for k in keys}
     results = {}
-    for key in experiment_keys():
-        if only and not any(key.startswith(o) or key.endswith(o) for o in only):
-            continue
-        n_seeds = budget["eegnet_seeds"] if key.endswith("eegnet") else budget["seeds"]
-        for seed in range(n_seeds):
+    for seed in range(max(n_seeds.values(), default=0)):
+        for key in (k for k in keys if seed < n_seeds[k]):
             path = out / f"{key.replace('/', '__')}__seed{seed}.json"
             if path.exists():
                 record = json.loads(path.read_text())
@@ -156,7 +156,7 @@ def run_table(data, budget, out, only, report_only=False):
             print(f"  {key:28s} seed {seed}: macro-F1 {100 * record['f1']:5.1f}  acc {100 * record['accuracy']:5.1f}"
                   f"  ({record['fit_seconds']:.0f} s)", flush=True)
             results.setdefault(key, []).append(record)
-    return results
+    return {k: results[k] for k in keys if k in results}
 
 
 def fmt(records, field="f1"):

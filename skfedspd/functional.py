@@ -10,8 +10,9 @@ For a symmetric ``X = U diag(λ) Uᵀ`` and a scalar function ``f``, the matrix 
 so the backward pass is ``U (L ∘ (Uᵀ sym(G) U)) Uᵀ``. Unlike the autograd of
 ``torch.linalg.eigh``, which divides by ``λ_i − λ_j`` and returns NaN (or silently wrong
 values) when eigenvalues coincide, the divided difference stays bounded: for nearly equal
-eigenvalues it is evaluated as a derivative at the midpoint (exact to second order), which
-is precisely the case created by ReEig clamping several eigenvalues to ``eps``.
+eigenvalues it is evaluated as the mean derivative ``(f'(λ_i) + f'(λ_j)) / 2`` (exact to
+second order in the gap), which is precisely the case created by ReEig clamping several
+eigenvalues to ``eps``.
 """
 
 import functools
@@ -30,25 +31,46 @@ def _sym(A):
 
 
 def _loewner(lam, f_lam, df):
-    """Loewner matrix of first divided differences of ``f`` at eigenvalues ``lam``."""
-    li, lj = lam.unsqueeze(-1), lam.unsqueeze(-2)
-    gap = li - lj
+    """Loewner matrix of first divided differences of ``f`` at eigenvalues ``lam``.
+
+    ``lam`` is sorted ascending (as ``eigh`` returns it). Near-ties (gaps below
+    ``_TIE_RTOL·eps·max|λ|``, the diagonal included) take the mean derivative
+    ``(f'(λ_i) + f'(λ_j)) / 2``: exact on the diagonal and, like the midpoint derivative,
+    exact to second order in the gap. ``df`` is evaluated on the eigenvalues only. Off the
+    diagonal, a tie can only join consecutive eigenvalues, so one check on the ``n − 1``
+    consecutive gaps decides whether the pairwise tie mask is needed at all (one host sync);
+    without ties the diagonal is set directly.
+    """
     finfo = torch.finfo(lam.dtype)
-    tol = lam.abs().amax(-1, keepdim=True).unsqueeze(-1).clamp_min_(finfo.tiny).mul_(_TIE_RTOL * finfo.eps)
-    tie = gap.abs() <= tol
-    # Tied entries divide by a (near-)zero gap here; torch.where discards them.
+    tol = lam.abs().amax(-1, keepdim=True).mul_(_TIE_RTOL * finfo.eps)
+    # Tied entries divide by a (near-)zero gap below; they are overwritten.
+    gap = lam.unsqueeze(-1) - lam.unsqueeze(-2)
     divided = (f_lam.unsqueeze(-1) - f_lam.unsqueeze(-2)).div_(gap)
-    return torch.where(tie, df((li + lj).mul_(0.5)), divided)
+    d = df(lam)
+    if not bool((torch.diff(lam, dim=-1) <= tol).any()):
+        divided.diagonal(dim1=-2, dim2=-1).copy_(d)
+        return divided
+    half_df = 0.5 * d
+    tie = gap.abs_() <= tol.unsqueeze(-1)
+    return torch.where(tie, half_df.unsqueeze(-1) + half_df.unsqueeze(-2), divided)
+
+
+def _mm(A, B):
+    """``A @ B``; straight to ``bmm`` for 3-D operands (skips ``matmul``'s shape handling)."""
+    if A.dim() == 3 and B.dim() == 3:
+        return torch.bmm(A, B)
+    return A @ B
 
 
 def _reconstruct(U, values):
-    return (U * values.unsqueeze(-2)) @ U.transpose(-1, -2)
+    return _mm(U * values.unsqueeze(-2), U.transpose(-1, -2))
 
 
 def _daleckii_krein(lam, U, f_lam, df, S):
     """``U (L ∘ (Uᵀ S U)) Uᵀ`` for a symmetric ``S``: the adjoint of ``dF`` at ``X = U Λ Uᵀ``."""
     Ut = U.transpose(-1, -2)
-    return U @ (_loewner(lam, f_lam, df) * (Ut @ S @ U)) @ Ut
+    K = _mm(_mm(Ut, S), U).mul_(_loewner(lam, f_lam, df))
+    return _mm(_mm(U, K), Ut)
 
 
 class _SpectralFunction(torch.autograd.Function):
@@ -68,25 +90,36 @@ class _SpectralFunction(torch.autograd.Function):
         return _daleckii_krein(lam, U, f_lam, ctx.df, _sym(grad)), None, None
 
 
+def _spectral_vech_forward(X, f):
+    """``(vech(U f(Λ) Uᵀ), λ, U, f(λ))`` for the symmetric batch ``X``."""
+    lam, U = torch.linalg.eigh(X)
+    f_lam = f(lam)
+    return vech(_reconstruct(U, f_lam)), lam, U, f_lam
+
+
+def _spectral_vech_backward(grad, lam, U, f_lam, df):
+    """Adjoint of ``X ↦ vech(f(X))`` at ``X = U Λ Uᵀ``: a symmetric matrix (batch)."""
+    n = U.shape[-1]
+    # Adjoint of F ↦ vech(F) on symmetric F: S_ii = g_ii, S_ij = S_ji = g_ij / √2.
+    half = _vech_weights(n, grad.dtype, grad.device, True)
+    S = (grad * half).index_select(-1, _vech_gather(n, grad.device)).unflatten(-1, (n, n))
+    return _daleckii_krein(lam, U, f_lam, df, S)
+
+
 class _SpectralVech(torch.autograd.Function):
     """``vech(U f(Λ) Uᵀ)`` in one node: the vech adjoint is folded into the symmetric ``S``."""
 
     @staticmethod
     def forward(ctx, X, f, df):
-        lam, U = torch.linalg.eigh(X)
-        f_lam = f(lam)
+        out, lam, U, f_lam = _spectral_vech_forward(X, f)
         ctx.save_for_backward(lam, U, f_lam)
         ctx.df = df
-        return vech(_reconstruct(U, f_lam))
+        return out
 
     @staticmethod
     def backward(ctx, grad):
         lam, U, f_lam = ctx.saved_tensors
-        n = U.shape[-1]
-        # Adjoint of F ↦ vech(F) on symmetric F: S_ii = g_ii, S_ij = S_ji = g_ij / √2.
-        half = _vech_weights(n, grad.dtype, grad.device, True)
-        S = (grad * half).index_select(-1, _vech_gather(n, grad.device)).unflatten(-1, (n, n))
-        return _daleckii_krein(lam, U, f_lam, ctx.df, S), None, None
+        return _spectral_vech_backward(grad, lam, U, f_lam, ctx.df), None, None
 
 
 def spectral_function(X, f, df):

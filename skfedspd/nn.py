@@ -12,10 +12,35 @@ import numpy as np
 import torch
 from torch import nn
 
-from .functional import logeig, reeig, reeig_logeig, reeig_logeig_vech, vech
-from .stiefel import polar, random_stiefel, tangent_project
+from .functional import (
+    _log_clamp,
+    _spectral_vech_backward,
+    _spectral_vech_forward,
+    logeig,
+    reeig,
+    reeig_logeig,
+    reeig_logeig_vech,
+    vech,
+)
+from .stiefel import polar, polar_newton_schulz, random_stiefel, tangent_project
 
 __all__ = ["BiMap", "ReEig", "LogEig", "ReEigLogEig", "Vech", "SPDNet", "FederatedModule"]
+
+
+def _tangent_adjoint(W, G):
+    """``P_W(G) = G − W sym(WᵀG)`` for ``W`` on the manifold (2-D)."""
+    A = W.transpose(-1, -2) @ G
+    return torch.addmm(G, W, A + A.transpose(-1, -2), alpha=-0.5)
+
+
+def _centred_grads(ctx, grad_W, grad_X):
+    """Gradients ``(W, X, V)`` of a congruence node, centred or not (see :meth:`BiMap.forward`)."""
+    if ctx.centred:
+        grad_V = None
+        if ctx.needs_input_grad[2]:
+            grad_V = _tangent_adjoint(ctx.saved_tensors[0], grad_W)
+        return None, grad_X, grad_V
+    return grad_W, grad_X, None
 
 
 class _Congruence(torch.autograd.Function):
@@ -28,14 +53,18 @@ class _Congruence(torch.autograd.Function):
         ∇W = Σ_b (X_bᵀ W G_b + X_b W G_bᵀ) = X_flatᵀ (W G)_flat + Σ_b Z_b G_bᵀ,
         ∇X_b = W G_b Wᵀ,
 
-    valid for any (not necessarily symmetric) ``X`` and upstream gradient ``G``.
+    valid for any (not necessarily symmetric) ``X`` and upstream gradient ``G``. With a third
+    argument ``V`` (the chart-centre form used by :meth:`BiMap.forward`: ``W`` is ``W_ref``
+    and ``V = 0``) the weight gradient goes to ``V`` as ``P_W(∇W)`` — the adjoint of the
+    retraction's differential at 0, as in :class:`_ChartCentre` — and ``W`` gets none.
     """
 
     @staticmethod
-    def forward(ctx, W, X):
+    def forward(ctx, W, X, V=None):
         n, k = W.shape
         Z = (X.reshape(-1, n) @ W).view(X.shape[:-1] + (k,))  # X_b W
         ctx.save_for_backward(W, X, Z)
+        ctx.centred = V is not None
         Zb = Z.reshape(-1, n, k)
         return torch.bmm(W.transpose(0, 1).expand(Zb.shape[0], k, n), Zb).view(X.shape[:-2] + (k, k))
 
@@ -46,19 +75,102 @@ class _Congruence(torch.autograd.Function):
         Gb = G.reshape(-1, k, k)
         M = torch.bmm(W.expand(Gb.shape[0], n, k), Gb)  # W G_b
         grad_W = grad_X = None
-        if ctx.needs_input_grad[0]:
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
             ZGt = torch.bmm(Z.reshape(-1, n, k), Gb.transpose(-1, -2)).sum(0)  # Σ_b X_b W G_bᵀ
             grad_W = torch.addmm(ZGt, X.reshape(-1, n).transpose(0, 1), M.view(-1, k))
         if ctx.needs_input_grad[1]:
             grad_X = (M @ W.transpose(-1, -2)).view(X.shape)
-        return grad_W, grad_X
+        return _centred_grads(ctx, grad_W, grad_X)
 
 
-def congruence(W, X):
-    """``Wᵀ X W`` (batched over ``X``), with a copy-free backward for a 2-D ``W``."""
-    if W.dim() != 2 or X.dim() < 2 or X.dtype != W.dtype or X.device != W.device:
+class _SymCongruence(torch.autograd.Function):
+    """``Y = Wᵀ X W`` for a batch of *symmetric* ``X``: the same forward as
+    :class:`_Congruence`, a cheaper backward.
+
+    With ``Xᵀ = X`` the weight gradient collapses to
+
+        ∇W = Σ_b (X_b W G_bᵀ + X_b W G_b) = Σ_b Z_b (G_b + G_bᵀ),   Z = X W,
+
+    one batched ``(n×k)(k×k)`` product on the ``Z`` already computed by the forward pass:
+    ``X`` is neither saved nor read again (the general form needs a second pass over ``X``).
+    The input gradient ``∇X_b = W G_b Wᵀ`` holds for any ``G`` and is computed only when
+    ``X`` requires it. The value is exact for any ``X``; the weight gradient is exact when
+    ``X`` is symmetric (for an ``X`` that is not, it is off by ``Σ_b (X_b − X_bᵀ) W G_b``:
+    rounding level for inputs symmetric to rounding).
+    """
+
+    @staticmethod
+    def forward(ctx, W, X, V=None):
+        n, k = W.shape
+        Z = (X.reshape(-1, n) @ W).view(-1, n, k)  # X_b W
+        ctx.save_for_backward(W, Z)
+        ctx.x_shape = X.shape
+        ctx.centred = V is not None
+        Y = torch.bmm(W.transpose(0, 1).expand(Z.shape[0], k, n), Z)
+        return Y.view(X.shape[:-2] + (k, k))
+
+    @staticmethod
+    def backward(ctx, G):
+        W, Z = ctx.saved_tensors
+        n, k = W.shape
+        Gb = G.reshape(-1, k, k)
+        grad_W = grad_X = None
+        if ctx.needs_input_grad[0] or ctx.needs_input_grad[2]:
+            grad_W = torch.bmm(Z, Gb + Gb.transpose(-1, -2)).sum(0)
+        if ctx.needs_input_grad[1]:
+            M = torch.bmm(W.expand(Gb.shape[0], n, k), Gb)  # W G_b
+            grad_X = (M @ W.transpose(-1, -2)).view(ctx.x_shape)
+        return _centred_grads(ctx, grad_W, grad_X)
+
+
+class _CentredBiMapSpectralVech(torch.autograd.Function):
+    """``vech(f(Wᵀ X W))`` for symmetric ``X`` at the chart centre, in one autograd node.
+
+    The composition of :class:`_SymCongruence` (centred form: ``W = W_ref``, weight gradient
+    to ``V`` through ``P_W``) and the spectral ``vech`` node of :mod:`skfedspd.functional`,
+    with the same value and the same exact gradients. One node instead of two, and the
+    gradient ``G`` reaching the congruence is the spectral adjoint ``U K Uᵀ``, symmetric by
+    construction, so ``∇W = Σ_b Z_b (G_b + G_bᵀ) = 2 Σ_b Z_b G_b``.
+    """
+
+    @staticmethod
+    def forward(ctx, W, X, V, f, df):
+        n, k = W.shape
+        Z = (X.reshape(-1, n) @ W).view(-1, n, k)  # X_b W
+        Y = torch.bmm(W.transpose(0, 1).expand(Z.shape[0], k, n), Z)
+        out, lam, U, f_lam = _spectral_vech_forward(Y, f)
+        ctx.save_for_backward(W, Z, lam, U, f_lam)
+        ctx.df = df
+        ctx.x_shape = X.shape
+        return out.view(X.shape[:-2] + out.shape[-1:])
+
+    @staticmethod
+    def backward(ctx, grad):
+        W, Z, lam, U, f_lam = ctx.saved_tensors
+        n, k = W.shape
+        G = _spectral_vech_backward(grad.reshape(-1, grad.shape[-1]), lam, U, f_lam, ctx.df)
+        grad_X = grad_V = None
+        if ctx.needs_input_grad[2]:
+            grad_V = _tangent_adjoint(W, torch.bmm(Z, G).sum(0).mul_(2.0))
+        if ctx.needs_input_grad[1]:
+            M = torch.bmm(W.expand(G.shape[0], n, k), G)  # W G_b
+            grad_X = (M @ W.transpose(-1, -2)).view(ctx.x_shape)
+        return None, grad_X, grad_V, None, None
+
+
+def _fast_path(W, X):
+    return W.dim() == 2 and X.dim() >= 2 and X.dtype == W.dtype and X.device == W.device
+
+
+def congruence(W, X, symmetric=False):
+    """``Wᵀ X W`` (batched over ``X``), with a copy-free backward for a 2-D ``W``.
+
+    ``symmetric=True`` promises ``Xᵀ = X`` (SPD inputs, ReEig outputs): same value, a
+    cheaper weight gradient (see :class:`_SymCongruence`) that is exact under that promise.
+    """
+    if not _fast_path(W, X):
         return W.transpose(-1, -2) @ X @ W
-    return _Congruence.apply(W, X)
+    return (_SymCongruence if symmetric else _Congruence).apply(W, X)
 
 
 class _ChartCentre(torch.autograd.Function):
@@ -77,20 +189,20 @@ class _ChartCentre(torch.autograd.Function):
     @staticmethod
     def backward(ctx, G):
         (W_ref,) = ctx.saved_tensors
-        A = W_ref.transpose(-1, -2) @ G
-        return torch.addmm(G, W_ref, A + A.transpose(-1, -2), alpha=-0.5), None  # P_{W_ref}(G)
+        return _tangent_adjoint(W_ref, G), None  # P_{W_ref}(G)
 
 
-def _at_chart_centre(W_ref, V):
-    """``V == 0`` and ``‖W_refᵀW_ref − I‖_F`` at rounding level, so ``uf(W_ref) = W_ref``.
-
-    Both conditions are reduced on the device and read back with a single host sync.
-    """
-    W = W_ref.detach()
+def _on_stiefel(W):
+    """``‖WᵀW − I‖_F`` at rounding level (``16·k·eps``), so ``uf(W) = W`` (one host sync)."""
+    W = W.detach()
     gram = W.transpose(-1, -2) @ W
     gram.diagonal(dim1=-2, dim2=-1).sub_(1.0)
-    on_stiefel = torch.linalg.matrix_norm(gram) <= 16 * W.shape[-1] * torch.finfo(W.dtype).eps
-    return bool(on_stiefel.logical_and_(~V.detach().any()))
+    return bool(torch.linalg.matrix_norm(gram) <= 16 * W.shape[-1] * torch.finfo(W.dtype).eps)
+
+
+def _version(t):
+    """``t._version``, or ``None`` for inference tensors (no version counter)."""
+    return None if t.is_inference() else t._version
 
 
 class BiMap(nn.Module):
@@ -107,46 +219,103 @@ class BiMap(nn.Module):
     the SVD is NaN. At the chart centre itself (``V = 0``, ``W_ref`` orthonormal to working
     precision — every forward pass when re-centring after each step) the SVD is skipped:
     ``uf(W_ref) = W_ref`` and the retraction's differential there is ``P_{W_ref}``, so the
-    value and the gradient are the same.
+    value and the gradient are the same; the forward pass is then a single autograd node
+    (congruence by ``W_ref``, weight gradient mapped to ``V`` by ``P_{W_ref}``). Whether
+    ``W_ref`` is orthonormal is checked once and remembered until the buffer changes (its
+    version counter); ``V == 0`` is checked at every call.
 
-    :meth:`recenter_` moves the chart: ``W_ref ← W``, ``V ← 0``. The training loop calls it
-    every ``recenter_every`` optimizer steps; :meth:`set_weight` (the federated broadcast)
-    does it as well. Optimizer state attached to ``V`` (Adam moments) is kept across a
+    ``symmetric=True`` declares that the inputs are symmetric (SPD matrices, ReEig outputs),
+    which :class:`SPDNet` does: the weight gradient then needs no second pass over the input
+    (see :class:`_SymCongruence`). Leave it ``False`` for general square inputs.
+
+    :meth:`recenter_` moves the chart: ``W_ref ← W``, ``V ← 0``, the polar factor from
+    Newton–Schulz steps (:func:`skfedspd.stiefel.polar_newton_schulz`; an SVD when ``V`` is
+    far from 0). The training loop calls it every ``recenter_every`` optimizer steps;
+    :meth:`set_weight` (the federated broadcast) does it as well. Optimizer state attached to ``V`` (Adam moments) is kept across a
     re-centring: it is expressed in ambient coordinates, and the projection ``P_{W_ref}``
     in the forward pass maps it to the new tangent space, whose difference from the old one
     is of the order of one step. A new optimizer (each federated round) starts from zero.
     """
 
-    def __init__(self, in_dim, out_dim, seed=None, dtype=torch.float64):
+    def __init__(self, in_dim, out_dim, seed=None, dtype=torch.float64, symmetric=False):
         super().__init__()
         if out_dim > in_dim:
             raise ValueError(f"BiMap reduces dimension: out_dim={out_dim} > in_dim={in_dim}")
+        self.symmetric = bool(symmetric)
         W0 = torch.as_tensor(random_stiefel(in_dim, out_dim, seed), dtype=dtype)
         self.register_buffer("W_ref", W0)
         self.V = nn.Parameter(torch.zeros_like(W0))
+        self._stiefel_mark = None
+
+    def _ref_on_stiefel(self):
+        """Whether ``W_ref`` is orthonormal to rounding; cached until ``W_ref`` changes.
+
+        :meth:`recenter_` marks the polar factor it writes; any later in-place change of the
+        buffer (``copy_``, ``load_state_dict``, :meth:`set_weight`) bumps its version counter
+        and a replaced buffer (``.to()``) is another tensor, so either triggers a new check.
+        (Writes through ``W_ref.data`` bypass the version counter: use :meth:`set_weight`.)
+        """
+        W = self.W_ref
+        mark = self._stiefel_mark
+        if mark is not None and mark[0] is W and mark[1] == _version(W):
+            return True
+        if not _on_stiefel(W):
+            return False
+        self._mark_stiefel()
+        return True
+
+    def _mark_stiefel(self):
+        version = _version(self.W_ref)
+        self._stiefel_mark = None if version is None else (self.W_ref, version)
+
+    def _at_centre(self):
+        """``V == 0`` and ``W_ref`` on the manifold: ``W = uf(W_ref) = W_ref`` (see class doc)."""
+        return not bool(self.V.detach().any()) and self._ref_on_stiefel()
 
     @property
     def weight(self):
         W_ref, V = self.W_ref, self.V
-        if _at_chart_centre(W_ref, V):
+        if self._at_centre():
             # Chart centre (every step when re-centring each step): uf(W_ref) = W_ref to
             # rounding and the differential is P_{W_ref}, so skip the SVD and its backward.
             return _ChartCentre.apply(V, W_ref)
         return polar(W_ref + tangent_project(W_ref, V))
 
+    def _centred_node_applies(self, X):
+        """At the chart centre, with the layouts of the fused autograd nodes."""
+        return not self.W_ref.requires_grad and _fast_path(self.W_ref, X) and self._at_centre()
+
     def forward(self, X):
-        return congruence(self.weight, X)
+        if self._centred_node_applies(X):
+            # Same value and gradient as congruence(self.weight, X), one autograd node.
+            return (_SymCongruence if self.symmetric else _Congruence).apply(self.W_ref, X, self.V)
+        return congruence(self.weight, X, symmetric=self.symmetric)
 
     @torch.no_grad()
     def recenter_(self):
         # Always the polar factor (no chart-centre shortcut): at V = 0 it re-orthonormalises.
-        self.W_ref.copy_(polar(self.W_ref + tangent_project(self.W_ref, self.V)))
-        self.V.zero_()
+        W, V = self.W_ref, self.V
+        M = W.transpose(-1, -2) @ V
+        A = torch.addmm(W + V, W, M + M.transpose(-1, -2), alpha=-0.5)  # W + P_W(V)
+        # A = W + ξ with ξ tangent: AᵀA = I + ξᵀξ, close to I after one step or a few, so
+        # Newton–Schulz steps reach the polar factor without an SVD (SVD fallback for a far V).
+        W.copy_(polar_newton_schulz(A))
+        V.zero_()
+        self._mark_stiefel()
 
     @torch.no_grad()
     def set_weight(self, W):
         self.W_ref.copy_(torch.as_tensor(W, dtype=self.W_ref.dtype))
         self.V.zero_()
+
+    def __getstate__(self):
+        # The Stiefel mark holds a tensor and a version counter value: never carry it over.
+        return {**self.__dict__, "_stiefel_mark": None}
+
+    def __setstate__(self, state):
+        # Modules pickled before these attributes existed: the general (always exact) path.
+        state = {"symmetric": False, **state, "_stiefel_mark": None}
+        super().__setstate__(state)
 
 
 class ReEig(nn.Module):
@@ -228,6 +397,10 @@ class FederatedModule(nn.Module):
 class SPDNet(FederatedModule):
     """SPDnet (Huang & Van Gool, 2017): BiRe blocks → LogEig → vech → Linear.
 
+    Inputs are batches of symmetric (SPD) matrices: the BiMaps are built with
+    ``symmetric=True`` (exact weight gradients for symmetric inputs, see :class:`BiMap`), and
+    at the chart centre the last BiMap, ReEig, LogEig and vech form one autograd node.
+
     Parameters
     ----------
     n_channels : int
@@ -261,7 +434,9 @@ class SPDNet(FederatedModule):
         dims = (int(n_channels),) + hidden_dims
         seeds = np.random.SeedSequence(seed).spawn(len(hidden_dims))
         self.bimaps = nn.ModuleList(
-            BiMap(dims[i], dims[i + 1], seed=np.random.default_rng(seeds[i]), dtype=dtype)
+            BiMap(
+                dims[i], dims[i + 1], seed=np.random.default_rng(seeds[i]), dtype=dtype, symmetric=True
+            )
             for i in range(len(hidden_dims))
         )
         self.eps = eps
@@ -271,7 +446,11 @@ class SPDNet(FederatedModule):
         """Tangent-space features ``vech(log(ReEig(...)))``, shape ``(batch, d_L(d_L+1)/2)``."""
         for bimap in self.bimaps[:-1]:
             X = reeig(bimap(X), self.eps)
-        return reeig_logeig_vech(self.bimaps[-1](X), self.eps)
+        last = self.bimaps[-1]
+        if last.symmetric and last._centred_node_applies(X):
+            # Same value and gradients as the branch below, in one autograd node.
+            return _CentredBiMapSpectralVech.apply(last.W_ref, X, last.V, *_log_clamp(self.eps))
+        return reeig_logeig_vech(last(X), self.eps)
 
     def forward(self, X):
         return self.head(self.features(X))

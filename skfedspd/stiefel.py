@@ -18,6 +18,7 @@ __all__ = [
     "sym",
     "tangent_project",
     "polar",
+    "polar_newton_schulz",
     "retract",
     "lift",
     "random_stiefel",
@@ -85,6 +86,60 @@ def polar(A):
         return U @ Vh
     U, _, Vh = np.linalg.svd(A, full_matrices=False)
     return U @ Vh
+
+
+def polar_newton_schulz(A, max_dev=0.5):
+    """Orthogonal polar factor ``uf(A)`` of a near-orthonormal ``A`` by Newton–Schulz steps.
+
+    ``X ← 1.5 X − 0.5 X XᵀX`` keeps the singular vectors of ``A`` and maps each squared
+    singular value ``1 + d`` to ``1 − ¾d² + ¼d³``, so it converges quadratically to
+    ``uf(A) = A (AᵀA)^{-1/2}`` from any ``A`` with ``δ = ‖AᵀA − I‖_F ≤ max_dev`` (< 1): the
+    number of steps is fixed up front from ``δ`` (``|d|`` at least squares at each step) so
+    that the remaining deviation is below the dtype's epsilon — two or three products of a
+    ``p×k`` by a ``k×k`` matrix per step, no LAPACK call. This is the case of a re-centring,
+    ``A = W + ξ`` with ``W ∈ St(p, k)`` and a small tangent ``ξ`` (``AᵀA = I + ξᵀξ``).
+    Otherwise (``δ > max_dev`` for some matrix of the batch, or not finite) it returns
+    :func:`polar` (SVD). One host sync (reading ``δ``).
+
+    Not for differentiation: with autograd on ``A`` it returns :func:`polar` (exact custom
+    backward) instead.
+    """
+    if not 0 < max_dev < 1:
+        raise ValueError(f"max_dev must be in (0, 1), got {max_dev}")
+    is_torch = isinstance(A, torch.Tensor)
+    if is_torch and torch.is_grad_enabled() and A.requires_grad:
+        return polar(A)
+    k = A.shape[-1]
+    C = _t(A) @ A
+    if is_torch:
+        C.diagonal(dim1=-2, dim2=-1).sub_(1.0)
+        dev = float(torch.linalg.matrix_norm(C).max()) if C.numel() else 0.0
+        eps = torch.finfo(A.dtype).eps
+    else:
+        C = C - np.eye(k)
+        dev = float(np.max(np.linalg.norm(C, axis=(-2, -1)), initial=0.0))
+        eps = np.finfo(np.result_type(A, np.float32)).eps
+    if not dev <= max_dev:
+        return polar(A)
+
+    # X ← beta·X − 0.5·X G: the first step takes G = AᵀA − I (beta = 1), the next ones
+    # G = XᵀX (beta = 1.5); both are X (1.5 I − 0.5 XᵀX).
+    X = _newton_schulz_step(A, C, 1.0)
+    dev *= dev
+    while dev > eps:
+        X = _newton_schulz_step(X, _t(X) @ X, 1.5)
+        dev *= dev
+    return X
+
+
+def _newton_schulz_step(X, G, beta):
+    """``beta·X − 0.5·X G`` (batched), fused into one BLAS call for torch tensors."""
+    if not isinstance(X, torch.Tensor):
+        return beta * X - 0.5 * (X @ G)
+    if X.dim() == 2:
+        return torch.addmm(X, X, G, beta=beta, alpha=-0.5)
+    X3 = X.reshape(-1, *X.shape[-2:])
+    return torch.baddbmm(X3, X3, G.reshape(-1, *G.shape[-2:]), beta=beta, alpha=-0.5).view(X.shape)
 
 
 def retract(W, X):

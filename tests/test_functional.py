@@ -15,6 +15,7 @@ import torch
 from pyriemann.utils.base import logm as pyr_logm
 
 from skfedspd.functional import (
+    _loewner,
     logeig,
     reeig,
     reeig_logeig,
@@ -443,6 +444,35 @@ def test_logeig_grad_accurate_for_nearly_repeated_eigenvalues(gap):
     L = torch.where(d == 0, 1.0 / lam[:, None], torch.log1p(d / lam[:, None]) / safe)
     ref = U @ (L * (U.mT @ G @ U)) @ U.mT
     torch.testing.assert_close(g, ref, rtol=1e-7, atol=1e-9)
+
+
+@pytest.mark.parametrize("f, df", [(torch.log, torch.reciprocal), (torch.exp, torch.exp)])
+def test_loewner_fast_path_equals_tie_path(f, df):
+    """Without ties the diagonal is set directly; with a tie anywhere in the batch every
+    matrix goes through the pairwise mask: the tie-free matrices must not notice."""
+    distinct = torch.linalg.eigvalsh(_t(ALL_CASES["distinct"]))
+    tied = torch.linalg.eigvalsh(_t(SPD_CASES["diag_repeated"]))
+    alone = _loewner(distinct, f(distinct), df)
+    batch = torch.stack([distinct, tied])
+    together = _loewner(batch, f(batch), df)
+    torch.testing.assert_close(together[0], alone, rtol=0, atol=0)
+    li, lj = distinct[:, None], distinct[None, :]
+    off = ~torch.eye(len(distinct), dtype=torch.bool)
+    torch.testing.assert_close(alone[off], ((f(li) - f(lj)) / (li - lj))[off], rtol=1e-14, atol=0)
+    torch.testing.assert_close(alone.diagonal(), df(distinct), rtol=0, atol=0)
+    # the tied pair (λ = 1, 1) takes the derivative, finite
+    assert together[1, 0, 1] == df(tied[0]) and torch.isfinite(together).all()
+
+
+@pytest.mark.parametrize("fname", ["reeig", "logeig", "reeig_logeig"])
+def test_one_by_one_matrices(fname):
+    f = {
+        "reeig": lambda Z: reeig(Z, EPS),
+        "logeig": logeig,
+        "reeig_logeig": lambda Z: reeig_logeig(Z, EPS),
+    }[fname]
+    X = _t([[[2.0]], [[0.5]]]).requires_grad_(True)
+    assert torch.autograd.gradcheck(f, (X,))
 
 
 # ---------------------------------------------------------------------------------------------

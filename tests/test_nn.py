@@ -5,12 +5,16 @@ Data comes from the ``spd_dataset`` / ``spd_batch`` fixtures of ``conftest.py``.
 are tiny (at most 8 channels) so the file runs in a few seconds.
 """
 
+import copy
+import pickle
+
 import numpy as np
 import pytest
 import torch
 from torch.func import functional_call
 
-from skfedspd.nn import BiMap, SPDNet
+import skfedspd.nn as nn_module
+from skfedspd.nn import BiMap, SPDNet, congruence
 from skfedspd.stiefel import orthonormality_error, random_stiefel, tangent_project
 from skfedspd.training import train_epochs
 
@@ -227,6 +231,176 @@ def test_bimap_set_weight_casts_to_layer_dtype():
 
 
 # ---------------------------------------------------------------------------------------------
+# congruence for symmetric inputs, chart-centre node, Stiefel mark
+# ---------------------------------------------------------------------------------------------
+
+
+def _gauss_np(shape, seed):
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def _sym_batch(batch_shape, n, seed):
+    A = np.random.default_rng(seed).standard_normal(batch_shape + (n, n))
+    return torch.as_tensor(A + np.swapaxes(A, -1, -2))
+
+
+@pytest.mark.parametrize("n, k", [(6, 3), (5, 5), (4, 1)])
+@pytest.mark.parametrize("batch_shape", [(), (1,), (3,), (2, 2)])
+def test_symmetric_congruence_gradcheck(n, k, batch_shape):
+    """Weight and input gradients of the symmetric variant at a symmetric ``X``."""
+    W = torch.as_tensor(_gauss_np((n, k), 20)).requires_grad_(True)
+    X = _sym_batch(batch_shape, n, 21).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda W, X: congruence(W, X, symmetric=True), (W, X))
+
+
+@pytest.mark.parametrize("batch_shape", [(), (4,), (2, 3)])
+def test_symmetric_congruence_equals_general_on_symmetric_input(batch_shape):
+    W = torch.as_tensor(_gauss_np((6, 4), 22))
+    X = _sym_batch(batch_shape, 6, 23)
+    G = torch.as_tensor(_gauss_np(batch_shape + (4, 4), 24))
+    out = {}
+    for symmetric in (False, True):
+        Wg, Xg = W.clone().requires_grad_(True), X.clone().requires_grad_(True)
+        Y = congruence(Wg, Xg, symmetric=symmetric)
+        out[symmetric] = (Y,) + torch.autograd.grad((Y * G).sum(), (Wg, Xg))
+    for a, b in zip(out[False], out[True]):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(out[True][0], W.T @ X @ W, rtol=1e-12, atol=1e-12)
+
+
+def test_symmetric_congruence_weight_gradient_on_nonsymmetric_input():
+    """Documented deviation for a non-symmetric ``X``: ``Σ_b (X_b − X_bᵀ) W G_b``."""
+    W = torch.as_tensor(_gauss_np((5, 3), 25))
+    X = torch.as_tensor(_gauss_np((4, 5, 5), 26))
+    G = torch.as_tensor(_gauss_np((4, 3, 3), 27))
+    grads = {}
+    for symmetric in (False, True):
+        Wg = W.clone().requires_grad_(True)
+        Y = congruence(Wg, X, symmetric=symmetric)
+        torch.testing.assert_close(Y, W.T @ X @ W, rtol=1e-12, atol=1e-12)  # value: any X
+        (grads[symmetric],) = torch.autograd.grad((Y * G).sum(), Wg)
+    expected = ((X - X.mT) @ W @ G).sum(0)
+    torch.testing.assert_close(grads[True] - grads[False], expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+@pytest.mark.parametrize("in_dim, out_dim", [(6, 3), (5, 5), (4, 1)])
+@pytest.mark.parametrize("v_scale", [0.0, 0.1])
+def test_bimap_gradcheck_input_and_weight_both_variants(symmetric, in_dim, out_dim, v_scale):
+    """At ``V = 0`` one centred node (value ``W_ref``, ``V``-gradient ``P_W(∇W)``), else the
+    polar path: finite differences cross from one to the other."""
+    bimap = BiMap(in_dim, out_dim, seed=7, symmetric=symmetric)
+    X = _sym_batch((3,), in_dim, 28).requires_grad_(True)
+    V0 = torch.tensor(v_scale * _gauss_np((in_dim, out_dim), 29), requires_grad=True)
+
+    def f(V, X):
+        return functional_call(bimap, {"V": V}, (X,))
+
+    assert torch.autograd.gradcheck(f, (V0, X), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_bimap_forward_uses_one_node_at_chart_centre(spd_batch):
+    bimap = BiMap(6, 3, seed=0, symmetric=True)
+    Y = bimap(spd_batch(2, 6))
+    assert type(Y.grad_fn).__name__ == "_SymCongruenceBackward"
+    assert Y.grad_fn.next_functions[0][0] is None  # W_ref: no gradient
+    _perturb_V(bimap, 0.1, seed=1)  # off-centre: the weight comes from the polar node
+    assert type(bimap.weight.grad_fn).__name__ == "_PolarBackward"
+
+
+def _count_stiefel_checks(monkeypatch):
+    calls = []
+    original = nn_module._on_stiefel
+
+    def counting(W):
+        calls.append(1)
+        return original(W)
+
+    monkeypatch.setattr(nn_module, "_on_stiefel", counting)
+    return calls
+
+
+def test_bimap_recenter_marks_w_ref_and_skips_the_check(spd_batch, monkeypatch):
+    bimap = BiMap(6, 3, seed=0)
+    X = spd_batch(2, 6)
+    calls = _count_stiefel_checks(monkeypatch)
+    bimap(X)
+    bimap(X)
+    assert len(calls) == 1  # checked once, then cached
+    _perturb_V(bimap, 1e-3, seed=1)
+    bimap.recenter_()
+    bimap(X)
+    assert len(calls) == 1  # recenter_ wrote a polar factor: no new check
+    assert orthonormality_error(bimap.W_ref) < 1e-14
+
+
+@pytest.mark.parametrize("how", ["copy_", "mul_", "load_state_dict", "set_weight", "assign"])
+def test_bimap_stiefel_mark_invalidated_when_w_ref_changes(spd_batch, how):
+    """A non-orthonormal ``W_ref`` written after the check must not be used as the weight."""
+    bimap = BiMap(6, 3, seed=0)
+    X = spd_batch(2, 6)
+    bimap(X)  # marks W_ref
+    W = bimap.W_ref.clone()
+    with torch.no_grad():
+        if how == "copy_":
+            bimap.W_ref.copy_(2.0 * W)
+        elif how == "mul_":
+            bimap.W_ref.mul_(2.0)
+        elif how == "load_state_dict":
+            bimap.load_state_dict({"W_ref": 2.0 * W, "V": torch.zeros_like(W)})
+        elif how == "set_weight":
+            bimap.set_weight(2.0 * W)
+        else:
+            bimap.W_ref = 2.0 * W
+    # uf(2W) = W: the weight stays W and the output WᵀXW (a stale mark would give 4·WᵀXW)
+    torch.testing.assert_close(bimap.weight.detach(), W, rtol=0, atol=1e-14)
+    torch.testing.assert_close(bimap(X).detach(), W.T @ X @ W, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("how", ["deepcopy", "pickle", "to_float32"])
+def test_bimap_stiefel_mark_not_carried_over(spd_batch, how):
+    bimap = BiMap(6, 3, seed=0)
+    X = spd_batch(2, 6)
+    bimap(X)
+    assert bimap._stiefel_mark is not None
+    if how == "deepcopy":
+        other = copy.deepcopy(bimap)
+    elif how == "pickle":
+        other = pickle.loads(pickle.dumps(bimap))
+    else:
+        other, X = bimap.to(torch.float32), X.to(torch.float32)
+    if how != "to_float32":
+        assert other._stiefel_mark is None
+    else:
+        assert other._stiefel_mark[0] is not other.W_ref  # stale: a new buffer tensor
+    W = other.W_ref
+    torch.testing.assert_close(other(X).detach(), W.T @ X @ W)
+    assert other._stiefel_mark[0] is other.W_ref
+
+
+def test_bimap_state_from_before_symmetric_flag(spd_batch):
+    """A pickled state without ``symmetric`` / the mark loads as the general variant."""
+    bimap = BiMap(6, 3, seed=0, symmetric=True)
+    state = bimap.__getstate__()
+    del state["symmetric"], state["_stiefel_mark"]
+    old = BiMap.__new__(BiMap)
+    old.__setstate__(state)
+    assert old.symmetric is False and old._stiefel_mark is None
+    X = spd_batch(2, 6)
+    torch.testing.assert_close(old(X), bimap(X))
+
+
+def test_bimap_in_inference_mode(spd_batch):
+    with torch.inference_mode():
+        bimap = BiMap(6, 3, seed=0, symmetric=True)
+        X = spd_batch(2, 6)
+        Y = bimap(X)
+        W = bimap.W_ref
+        torch.testing.assert_close(Y, W.T @ X @ W)
+        assert bimap._stiefel_mark is None  # inference tensors have no version counter
+
+
+# ---------------------------------------------------------------------------------------------
 # SPDNet: orthonormality under long training with any torch optimizer
 # ---------------------------------------------------------------------------------------------
 
@@ -258,6 +432,62 @@ def test_spdnet_multiblock_training_stays_on_stiefel(spd_dataset):
     losses = _full_batch_training(net, torch.optim.Adam(net.parameters(), lr=1e-2), X, y, 300)
     assert max(orthonormality_error(b.weight.detach()) for b in net.bimaps) <= 1e-10
     assert losses[-50:].mean() < losses[:50].mean()
+
+
+# ---------------------------------------------------------------------------------------------
+# SPDNet: the fused last block (centred BiMap + ReEig/LogEig + vech in one node)
+# ---------------------------------------------------------------------------------------------
+
+
+def _features_and_grads(net, X, C):
+    """Features, and the gradients of a non-linear loss wrt every V, the head and X."""
+    X = X.clone().requires_grad_(True)
+    net.zero_grad(set_to_none=True)
+    F = net.features(X)
+    loss = (F * C).sum() + 0.1 * (F**2).sum()
+    loss.backward()
+    return [F.detach()] + [b.V.grad.clone() for b in net.bimaps] + [X.grad.clone()]
+
+
+@pytest.mark.parametrize("hidden_dims", [(4,), (6, 4), (5, 3, 2)])
+@pytest.mark.parametrize("v_scale", [0.0, 0.05])
+def test_spdnet_fused_last_block_equals_unfused(spd_batch, hidden_dims, v_scale):
+    net = _make_net(8, hidden_dims, 3, eps=1e-2, seed=0)
+    for i, bimap in enumerate(net.bimaps):
+        _perturb_V(bimap, v_scale, seed=30 + i)
+    X = spd_batch(5, 8, seed=31)
+    d = hidden_dims[-1]
+    C = torch.as_tensor(_gauss_np((5, d * (d + 1) // 2), 32))
+    fused = _features_and_grads(net, X, C)
+    reference = copy.deepcopy(net)
+    for bimap in reference.bimaps:
+        bimap.symmetric = False  # general congruence, separate spectral node
+    unfused = _features_and_grads(reference, X, C)
+    for a, b in zip(fused, unfused):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_spdnet_features_use_one_node_at_chart_centre(spd_batch):
+    net = _make_net(8, (6, 4), 3, seed=0)
+    F = net.features(spd_batch(2, 8))
+    assert type(F.grad_fn).__name__ == "_CentredBiMapSpectralVechBackward"
+
+
+@pytest.mark.parametrize("hidden_dims", [(4,), (6, 3)])
+@pytest.mark.parametrize("v_scale", [0.0, 0.1])
+def test_spdnet_features_gradcheck_last_v_and_input(spd_batch, hidden_dims, v_scale):
+    """Finite differences through the fused node (at V = 0) and the polar path (V ≠ 0); the
+    input is symmetrised inside so that gradcheck may perturb entries independently."""
+    net = _make_net(8, hidden_dims, 3, eps=1e-2, seed=0)
+    X0 = spd_batch(3, 8, seed=33).requires_grad_(True)
+    name = f"bimaps.{len(hidden_dims) - 1}.V"
+    in_dim = hidden_dims[-2] if len(hidden_dims) > 1 else 8
+    V0 = torch.tensor(v_scale * _gauss_np((in_dim, hidden_dims[-1]), 34), requires_grad=True)
+
+    def f(V, X):
+        return functional_call(net, {name: V}, (0.5 * (X + X.mT),), strict=False)
+
+    assert torch.autograd.gradcheck(f, (V0, X0), eps=1e-6, atol=1e-7, rtol=1e-6)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from skfedspd.stiefel import (
     lift,
     orthonormality_error,
     polar,
+    polar_newton_schulz,
     random_stiefel,
     retract,
     stiefel_exp,
@@ -310,6 +311,84 @@ def test_polar_custom_grad_equals_svd_autograd_at_generic_point(p, k):
         (f(X) * G).sum().backward()
         grads.append(X.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-9, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# polar_newton_schulz
+# ---------------------------------------------------------------------------------------------
+
+
+def _near_stiefel(p, k, scale, seed, batch=()):
+    """``W + P_W(V)`` with ``V`` Gaussian of the given scale (a re-centring's argument)."""
+    rng = np.random.default_rng(seed)
+    n = int(np.prod(batch)) if batch else 1
+    W = np.stack([random_stiefel(p, k, rng) for _ in range(n)])
+    A = W + tangent_project(W, scale * rng.standard_normal(W.shape))
+    return A.reshape(batch + (p, k))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("scale", [0.0, 1e-6, 1e-3, 1e-2])
+@pytest.mark.parametrize("p, k", SHAPES + [(64, 18)])
+def test_polar_newton_schulz_matches_polar_near_stiefel(p, k, scale, backend):
+    A = _as(backend, _near_stiefel(p, k, scale, seed=90))
+    Q = polar_newton_schulz(A)
+    assert type(Q) is type(A)
+    np.testing.assert_allclose(_np(Q), _np(polar(A)), rtol=0, atol=2e-15)
+    assert orthonormality_error(Q) < 4e-15
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_polar_newton_schulz_batch(backend):
+    A = _as(backend, _near_stiefel(6, 3, 1e-2, seed=91, batch=(2, 3)))
+    Q = _np(polar_newton_schulz(A))
+    assert Q.shape == (2, 3, 6, 3)
+    np.testing.assert_allclose(Q, _np(polar(A)), rtol=0, atol=2e-15)
+
+
+@pytest.mark.parametrize("p, k", [(6, 3), (64, 18)])
+def test_polar_newton_schulz_needs_no_svd_near_stiefel(p, k, monkeypatch):
+    A = torch.as_tensor(_near_stiefel(p, k, 1e-3, seed=92))
+
+    def no_svd(*args, **kwargs):
+        raise AssertionError("SVD called")
+
+    monkeypatch.setattr(torch.linalg, "svd", no_svd)
+    assert orthonormality_error(polar_newton_schulz(A)) < 4e-15
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("where", ["generic", "stiefel_times_spd", "far_batch_member"])
+def test_polar_newton_schulz_falls_back_to_polar_far_from_stiefel(where, backend):
+    if where == "far_batch_member":  # one far matrix sends the whole batch to the SVD
+        A = np.stack([_near_stiefel(5, 3, 1e-3, seed=93), _gauss((5, 3), 94)])
+    else:
+        A = _polar_points(5, 3, where)
+    A = _as(backend, A)
+    np.testing.assert_array_equal(_np(polar_newton_schulz(A)), _np(polar(A)))
+
+
+def test_polar_newton_schulz_float32():
+    A = torch.as_tensor(_near_stiefel(64, 18, 1e-3, seed=95), dtype=torch.float32)
+    Q = polar_newton_schulz(A)
+    assert Q.dtype == torch.float32
+    torch.testing.assert_close(Q, polar(A), rtol=0, atol=2e-6)
+    assert orthonormality_error(Q) < 2e-6
+
+
+def test_polar_newton_schulz_under_autograd_is_polar():
+    A = torch.as_tensor(_near_stiefel(6, 3, 1e-2, seed=96)).requires_grad_(True)
+    assert torch.autograd.gradcheck(polar_newton_schulz, (A,))
+    G = torch.as_tensor(_gauss((6, 3), 97))
+    (g_ns,) = torch.autograd.grad((polar_newton_schulz(A) * G).sum(), A)
+    (g_polar,) = torch.autograd.grad((polar(A) * G).sum(), A)
+    torch.testing.assert_close(g_ns, g_polar, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("max_dev", [0.0, 1.0, -0.5, 2.0])
+def test_polar_newton_schulz_rejects_bad_max_dev(max_dev):
+    with pytest.raises(ValueError, match="max_dev"):
+        polar_newton_schulz(random_stiefel(4, 2, 0), max_dev=max_dev)
 
 
 # ---------------------------------------------------------------------------------------------
