@@ -63,6 +63,7 @@ import numpy as np
 import sklearn
 import torch
 
+from _machine import cpu_name
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import client_weights, karcher, projavg, rlavg, weighted_sum
 from skfedspd.stiefel import orthonormality_error, polar, random_stiefel, retract, stiefel_log, tangent_project
@@ -99,15 +100,7 @@ def make_spd_data(n_matrices, n_channels, n_classes=4, seed=0, separation=1.5, n
 
 
 def machine_info():
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_name()
     try:
         load = "  load average (1/5/15 min): " + " ".join(f"{v:.2f}" for v in os.getloadavg())
     except OSError:

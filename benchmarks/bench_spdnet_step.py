@@ -49,6 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from _machine import cpu_name
 from skfedspd.functional import reeig_logeig, vech
 from skfedspd.nn import SPDNet
 from skfedspd.stiefel import random_stiefel, tangent_project
@@ -182,15 +183,7 @@ def make_step(impl, dtype, device, X, y, lr=1e-3):
 
 
 def machine_info(device):
-    cpu = platform.processor() or "unknown"
-    try:
-        with open("/proc/cpuinfo") as fh:
-            for line in fh:
-                if line.startswith("model name"):
-                    cpu = line.split(":", 1)[1].strip()
-                    break
-    except OSError:
-        pass
+    cpu = cpu_name()
     lines = [
         f"CPU          : {cpu}",
         f"cores        : {os.cpu_count()} logical (affinity: {len(os.sched_getaffinity(0))})",

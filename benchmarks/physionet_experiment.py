@@ -27,6 +27,7 @@ from sklearn.metrics import accuracy_score, f1_score  # noqa: E402
 from sklearn.model_selection import train_test_split  # noqa: E402
 from sklearn.pipeline import make_pipeline  # noqa: E402
 
+from _machine import cpu_name  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.datasets import (  # noqa: E402
     PHYSIONET_OFFLINE_SUBJECTS,
@@ -56,8 +57,7 @@ EEGNET = dict(fs=160.0, lr=1e-3, batch_size=64, patience=75, lr_patience=20, lr_
 
 
 def machine():
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor())
+    cpu = cpu_name()
     import torch
 
     return f"{cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"

@@ -6,7 +6,6 @@ once, on top of :mod:`skfedspd.training`.
 """
 
 import numbers
-import warnings
 
 import numpy as np
 import torch
