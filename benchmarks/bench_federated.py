@@ -65,6 +65,7 @@ import torch
 
 from _machine import cpu_name
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.datasets import make_spd_classification
 from skfedspd.aggregation import client_weights, karcher, projavg, rlavg, weighted_sum
 from skfedspd.stiefel import orthonormality_error, polar, random_stiefel, retract, stiefel_log, tangent_project
 
@@ -77,26 +78,6 @@ BIG = 10**9  # "never": patience / lr_patience that no benchmark reaches
 # ---------------------------------------------------------------------------------------------
 
 
-def make_spd_data(n_matrices, n_channels, n_classes=4, seed=0, separation=1.5, n_times=None):
-    """Seeded SPD matrices (sample covariances) with class structure, labels ``0..n_classes-1``.
-
-    Class ``k`` has covariance ``Q diag(d_k) Qᵀ`` where ``d_k`` multiplies a class-specific
-    group of channels by ``separation``; labels are balanced and interleaved.
-    """
-    rng = np.random.default_rng(seed)
-    n_times = 4 * n_channels if n_times is None else n_times
-    Q, R = np.linalg.qr(rng.standard_normal((n_channels, n_channels)))
-    Q = Q * np.sign(np.diag(R))
-    y = np.arange(n_matrices) % n_classes
-    blocks = np.array_split(np.arange(n_channels), n_classes)
-    X = np.empty((n_matrices, n_channels, n_channels))
-    for i, k in enumerate(y):
-        d = np.ones(n_channels)
-        d[blocks[k]] = separation
-        A = (Q * np.sqrt(d)) @ rng.standard_normal((n_channels, n_times))
-        C = A @ A.T / n_times
-        X[i] = 0.5 * (C + C.T)
-    return X, y
 
 
 def machine_info():
@@ -462,7 +443,7 @@ def p6_child(args):
     """Runs in a fresh interpreter; prints one JSON line."""
     torch.set_num_threads(args.torch_threads)
     n_clients, per_client = args.p6_clients, args.p6_samples
-    X, y = make_spd_data(n_clients * per_client, args.p6_channels, n_classes=2, seed=1, separation=3.0)
+    X, y = make_spd_classification(n_clients * per_client, args.p6_channels, n_classes=2, seed=1, separation=3.0)
     groups = np.repeat(np.arange(n_clients), per_client)
     # each client: interleaved labels -> both classes; (per_client - 1) training samples, 1 validation
     rss_before = _rss_mib()
@@ -571,7 +552,7 @@ def main(argv=None):
     if "P4" in parts:
         bench_p4(args, results)
     if "P2" in parts or "P3" in parts:
-        X, y = make_spd_data(args.n_matrices, args.channels, n_classes=4, seed=0)
+        X, y = make_spd_classification(args.n_matrices, args.channels, n_classes=4, seed=0, separation=1.5)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             if "P2" in parts:

@@ -47,11 +47,11 @@ def vm_hwm_mib():
 
 
 def problem(args):
-    sys.path.insert(0, str(ROOT / "tests"))
     import numpy as np
-    from conftest import make_spd_dataset
 
-    X, y = make_spd_dataset(args.n_matrices, args.channels, 3, seed=0)
+    from skfedspd.datasets import make_spd_classification
+
+    X, y = make_spd_classification(args.n_matrices, args.channels, 3, seed=0)
     groups = np.arange(len(y)) % args.sites  # every group holds every class
     return X, y, groups
 

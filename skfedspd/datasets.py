@@ -47,6 +47,7 @@ __all__ = [
     "physionet_runs_present",
     "sample_covariance",
     "load_physionet_mi",
+    "make_spd_classification",
 ]
 
 #: Subjects whose EDF files are in the offline copy (``../shared/data``).
@@ -441,3 +442,31 @@ def load_physionet_mi(
     if not return_raw:
         X = sample_covariance(X)
     return X, y, subj, meta
+
+
+def make_spd_classification(n_matrices=60, n_channels=8, n_classes=3, seed=0, scale=1.0,
+                            n_times=None, separation=3.0):
+    """Seeded synthetic SPD matrices with class structure, and labels ``0..n_classes-1``.
+
+    For tests, examples and benchmarks.
+
+    Class ``k`` has mean covariance ``Q diag(d_k) Qᵀ`` (one random rotation ``Q`` shared by
+    all classes), where ``d_k`` multiplies a class-specific group of channels by
+    ``separation``; every matrix is the sample covariance of ``n_times`` Gaussian samples
+    drawn from its class's covariance, times ``scale``. Matrices are exactly symmetric and
+    SPD; labels are balanced and interleaved.
+    """
+    rng = np.random.default_rng(seed)
+    n_times = 4 * n_channels if n_times is None else n_times
+    Q, R = np.linalg.qr(rng.standard_normal((n_channels, n_channels)))
+    Q = Q * np.sign(np.diag(R))
+    y = np.arange(n_matrices) % n_classes
+    groups = np.array_split(np.arange(n_channels), n_classes)
+    X = np.empty((n_matrices, n_channels, n_channels))
+    for i, k in enumerate(y):
+        d = np.ones(n_channels)
+        d[groups[k]] = separation
+        A = (Q * np.sqrt(d)) @ rng.standard_normal((n_channels, n_times))
+        C = A @ A.T / n_times
+        X[i] = scale * 0.5 * (C + C.T)
+    return X, y

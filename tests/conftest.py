@@ -32,31 +32,8 @@ def physionet_root():
 
 import numpy as np  # noqa: E402
 
+from skfedspd.datasets import make_spd_classification as make_spd_dataset  # noqa: E402,F401
 
-def make_spd_dataset(n_matrices=60, n_channels=8, n_classes=3, seed=0, scale=1.0,
-                     n_times=None, separation=3.0):
-    """Seeded SPD matrices with class structure, and their labels ``0..n_classes-1``.
-
-    Class ``k`` has mean covariance ``Q diag(d_k) Qᵀ`` (one random rotation ``Q`` shared by
-    all classes), where ``d_k`` multiplies a class-specific group of channels by
-    ``separation``; every matrix is the sample covariance of ``n_times`` Gaussian samples
-    drawn from its class's covariance, times ``scale``. Matrices are exactly symmetric and
-    SPD; labels are balanced and interleaved.
-    """
-    rng = np.random.default_rng(seed)
-    n_times = 4 * n_channels if n_times is None else n_times
-    Q, R = np.linalg.qr(rng.standard_normal((n_channels, n_channels)))
-    Q = Q * np.sign(np.diag(R))
-    y = np.arange(n_matrices) % n_classes
-    groups = np.array_split(np.arange(n_channels), n_classes)
-    X = np.empty((n_matrices, n_channels, n_channels))
-    for i, k in enumerate(y):
-        d = np.ones(n_channels)
-        d[groups[k]] = separation
-        A = (Q * np.sqrt(d)) @ rng.standard_normal((n_channels, n_times))
-        C = A @ A.T / n_times
-        X[i] = scale * 0.5 * (C + C.T)
-    return X, y
 
 
 def make_eeg_timeseries(n_trials=90, n_channels=8, n_times=128, n_classes=3, seed=0,
