@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from joblib import Parallel, delayed
+from joblib import Parallel, delayed, effective_n_jobs
 from sklearn.base import BaseEstimator, ClassifierMixin, clone
 from sklearn.utils.validation import check_is_fitted
 
@@ -395,12 +395,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                     break
                 start = time.perf_counter()
                 selected, seeds = self._select_clients(t, len(clients), n_select)
-                jobs = (delayed(_safe_local_update)(
-                    est.module_, self._global, self._local_states.get(int(i)), *data[i],
-                    lr=self._schedule.lr, n_epochs=self.local_epochs, batch_size=est.batch_size,
-                    seed=seed, n_threads=1 if parallel else None)
-                    for i, seed in zip(selected, seeds))
-                results = pool(jobs) if parallel else [job[0](*job[1], **job[2]) for job in jobs]
+                tasks = [(self._local_states.get(int(i)), *data[i], seed) for i, seed in zip(selected, seeds)]
+                common = dict(lr=self._schedule.lr, n_epochs=self.local_epochs, batch_size=est.batch_size,
+                              n_threads=1 if parallel else None)
+                if parallel:  # one job per worker, each running its share of the clients in turn
+                    chunks = np.array_split(np.arange(len(tasks)), min(len(tasks), effective_n_jobs(self.n_jobs)))
+                    replies = pool(delayed(_client_batch)(est.module_, self._global, [tasks[k] for k in chunk],
+                                                          **common) for chunk in chunks)
+                    results = [reply for batch in replies for reply in batch]
+                else:
+                    results = _client_batch(est.module_, self._global, tasks, **common)
                 record = self._aggregate_round(t, selected, results, clients, kinds, aggregate)
                 record["wall_time"] = time.perf_counter() - start
                 self.history_.append(record)
@@ -503,6 +507,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         tags.input_tags.two_d_array = False
         tags.input_tags.three_d_array = True
         return tags
+
+
+def _client_batch(module, global_params, tasks, **kwargs):
+    """:func:`_safe_local_update` for several clients ``(local_state, X, y, seed)`` in turn.
+
+    Every client starts from the broadcast and its own seed, so running them in one job, on
+    one module, gives the same replies as one job each, with fewer, larger parallel tasks.
+    """
+    return [_safe_local_update(module, global_params, local_state, X, y, seed=seed, **kwargs)
+            for local_state, X, y, seed in tasks]
 
 
 def _safe_local_update(module, global_params, local_state, X, y, **kwargs):
