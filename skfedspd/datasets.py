@@ -1,4 +1,7 @@
-"""Offline loading of the PhysioNet EEG Motor Movement/Imagery dataset (eegmmidb).
+"""EEG datasets through MOABB: PhysioNet MI offline, Weibo2014 and any MOABB dataset.
+
+:func:`load_physionet_mi` reads the PhysioNet EEG Motor Movement/Imagery dataset (eegmmidb)
+offline; :func:`load_weibo2014` and :func:`load_moabb` go through MOABB's own download.
 
 The data are read through MOABB (``PhysionetMI`` with the ``MotorImagery`` or
 ``LeftRightImagery`` paradigm) from a local copy of the original EDF files, laid out
@@ -47,6 +50,9 @@ __all__ = [
     "physionet_runs_present",
     "sample_covariance",
     "load_physionet_mi",
+    "load_moabb",
+    "load_weibo2014",
+    "WEIBO2014_EVENTS",
     "make_spd_classification",
 ]
 
@@ -363,8 +369,7 @@ def load_physionet_mi(
         raise ValueError(f"Duplicated subjects in {subjects}")
     if not subjects:
         raise ValueError("No subject requested")
-    if n_times is not None and int(n_times) < 2:
-        raise ValueError(f"n_times must be at least 2, got {n_times!r}")
+    _check_n_times(n_times)
 
     # Check every file before MOABB sees the request: it would download a missing one.
     runs = {s: _runs_for(s, root, n_classes) for s in subjects}
@@ -372,7 +377,6 @@ def load_physionet_mi(
     for s in subjects:
         groups.setdefault(runs[s], []).append(s)
 
-    import mne
     import pandas as pd
     from moabb.datasets import PhysionetMI
     from moabb.paradigms import LeftRightImagery, MotorImagery
@@ -385,45 +389,24 @@ def load_physionet_mi(
 
     per_subject = {}
     ch_names = None
-    with warnings.catch_warnings():
-        if not verbose:
-            warnings.simplefilter("ignore", FutureWarning)
-            warnings.simplefilter("ignore", DeprecationWarning)
-        moabb_logger = logging.getLogger("moabb")
-        old_moabb_level = moabb_logger.level
-        if not verbose:
-            moabb_logger.setLevel(logging.ERROR)
-        try:
-            with contextlib.nullcontext() if verbose else mne.utils.use_log_level("ERROR"):
-                for (hand, feet), group in groups.items():
-                    dataset = PhysionetMI(imagined=True)
-                    dataset.hand_runs = list(hand)
-                    dataset.feet_runs = list(feet)
-                    dataset.unit_factor = 1.0  # keep volts (MOABB default: x1e6)
-                    Xg, yg, mg = paradigm.get_data(dataset=dataset, subjects=group)
-                    if ch_names is None:
-                        ch_names = _channel_names(dataset, group[0], hand[0])
-                    run_numbers = np.asarray(list(hand) + list(feet))
-                    mg = mg.reset_index(drop=True)
-                    mg["physionet_run"] = run_numbers[mg["run"].astype(int).to_numpy()]
-                    sg = mg["subject"].to_numpy().astype(int)
-                    for s in group:
-                        keep = np.flatnonzero(sg == s)
-                        per_subject[s] = (Xg[keep], np.asarray(yg)[keep], mg.iloc[keep])
-        finally:
-            moabb_logger.setLevel(old_moabb_level)
+    with _quiet(verbose):
+        for (hand, feet), group in groups.items():
+            dataset = PhysionetMI(imagined=True)
+            dataset.hand_runs = list(hand)
+            dataset.feet_runs = list(feet)
+            Xg, yg, sg, mg = _get_volts(dataset, paradigm, group)
+            if ch_names is None:
+                ch_names = _channel_names(dataset, group[0], hand[0])
+            run_numbers = np.asarray(list(hand) + list(feet))
+            mg["physionet_run"] = run_numbers[mg["run"].astype(int).to_numpy()]
+            for s in group:
+                keep = np.flatnonzero(sg == s)
+                per_subject[s] = (Xg[keep], yg[keep], mg.iloc[keep])
 
-    X = np.concatenate([per_subject[s][0] for s in subjects], axis=0)
-    y = np.concatenate([per_subject[s][1] for s in subjects]).astype(str)
+    X = _first_samples(np.concatenate([per_subject[s][0] for s in subjects], axis=0), n_times)
+    y = np.concatenate([per_subject[s][1] for s in subjects])
     meta = pd.concat([per_subject[s][2] for s in subjects], ignore_index=True)
     subj = meta["subject"].to_numpy().astype(int)
-
-    if n_times is not None:
-        n_times = int(n_times)
-        if n_times > X.shape[-1]:
-            raise ValueError(f"n_times={n_times} exceeds the {X.shape[-1]} samples per trial")
-        X = X[..., :n_times]
-    X = np.ascontiguousarray(X, dtype=np.float64)
 
     meta.attrs = {
         "ch_names": ch_names,
@@ -442,6 +425,111 @@ def load_physionet_mi(
     if not return_raw:
         X = sample_covariance(X)
     return X, y, subj, meta
+
+
+def _check_n_times(n_times):
+    if n_times is not None and int(n_times) < 2:
+        raise ValueError(f"n_times must be at least 2, got {n_times!r}")
+
+
+def _first_samples(X, n_times):
+    """The first ``n_times`` samples of each trial (all if None), contiguous float64."""
+    if n_times is not None:
+        n_times = int(n_times)
+        if n_times > X.shape[-1]:
+            raise ValueError(f"n_times={n_times} exceeds the {X.shape[-1]} samples per trial")
+        X = X[..., :n_times]
+    return np.ascontiguousarray(X, dtype=np.float64)
+
+
+@contextlib.contextmanager
+def _quiet(verbose):
+    """MNE / MOABB logging and their Future/Deprecation warnings silenced unless verbose."""
+    if verbose:
+        yield
+        return
+    import mne
+
+    moabb_logger = logging.getLogger("moabb")
+    old_level = moabb_logger.level
+    moabb_logger.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings(), mne.utils.use_log_level("ERROR"):
+            warnings.simplefilter("ignore", FutureWarning)
+            warnings.simplefilter("ignore", DeprecationWarning)
+            yield
+    finally:
+        moabb_logger.setLevel(old_level)
+
+
+def _get_volts(dataset, paradigm, subjects):
+    """``paradigm.get_data`` in volts (MOABB multiplies by ``unit_factor``, 1e6, by default)."""
+    dataset.unit_factor = 1.0
+    X, y, meta = paradigm.get_data(dataset=dataset, subjects=list(subjects))
+    meta = meta.reset_index(drop=True)
+    return X, np.asarray(y).astype(str), meta["subject"].to_numpy().astype(int), meta
+
+
+def load_moabb(dataset, paradigm, subjects=None, n_times=None, verbose=False):
+    """Band-passed trials of any MOABB dataset through a MOABB paradigm, in volts.
+
+    The generic loader behind :func:`load_weibo2014`. Unlike :func:`load_physionet_mi`
+    it checks nothing before MOABB runs: files that are not on disk are downloaded by
+    MOABB, and where they cannot be, MOABB's error propagates.
+
+    Parameters
+    ----------
+    dataset : moabb.datasets.base.BaseDataset
+        Its ``unit_factor`` is set to 1 (volts).
+    paradigm : moabb.paradigms.base.BaseParadigm
+        Filtering, events and trial window.
+    subjects : sequence of int | None
+        None means ``dataset.subject_list``.
+    n_times : int | None
+        If given, keep only the first ``n_times`` samples of each trial.
+    verbose : bool
+        If False, silence MNE/MOABB logging and their deprecation warnings.
+
+    Returns
+    -------
+    X : ndarray, shape (n_trials, n_channels, n_times)
+        Epochs, float64, volts.
+    y : ndarray of str
+    subjects : ndarray of int
+    meta : pandas.DataFrame
+        MOABB's metadata.
+    """
+    _check_n_times(n_times)
+    subjects = dataset.subject_list if subjects is None else [int(s) for s in np.atleast_1d(subjects)]
+    with _quiet(verbose):
+        X, y, subj, meta = _get_volts(dataset, paradigm, subjects)
+    return _first_samples(X, n_times), y, subj, meta
+
+
+#: Weibo2014's seven classes, in MOABB's event order.
+WEIBO2014_EVENTS = ("left_hand", "right_hand", "hands", "feet", "left_hand_right_foot",
+                    "right_hand_left_foot", "rest")
+
+
+def load_weibo2014(subjects=None, fmin=8.0, fmax=32.0, n_times=800, verbose=False):
+    """Weibo2014 (10 subjects, 60 EEG channels, 200 Hz, 7 classes) through MOABB, in volts.
+
+    ``MotorImagery(n_classes=7, fmin, fmax)`` on ``moabb.datasets.Weibo2014``; trials
+    span MOABB's 4 s window (801 samples; the default ``n_times=800`` keeps the first
+    800, the length behind the paper's EEGNet parameter count, 5 303). The files come
+    from MOABB's download: offline, this raises whatever MOABB raises when they are
+    not already on disk.
+
+    Returns
+    -------
+    X, y, subjects, meta
+        As :func:`load_moabb`.
+    """
+    from moabb.datasets import Weibo2014
+    from moabb.paradigms import MotorImagery
+
+    paradigm = MotorImagery(n_classes=len(WEIBO2014_EVENTS), events=list(WEIBO2014_EVENTS), fmin=fmin, fmax=fmax)
+    return load_moabb(Weibo2014(), paradigm, subjects=subjects, n_times=n_times, verbose=verbose)
 
 
 def make_spd_classification(n_matrices=60, n_channels=8, n_classes=3, seed=0, scale=1.0,

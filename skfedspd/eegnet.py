@@ -330,7 +330,7 @@ class EEGNet(FederatedModule):
         the batch statistics too). Running statistics are updated as ``BatchNorm2d`` does
         (momentum, unbiased ``σ² · N / (N − 1)``, ``num_batches_tracked``). The one
         numerical difference: ``E[y²] − μ²`` cancels when ``|μ_f| ≫ σ_f``, which the
-        per-channel z-scored input of :class:`EEGNetClassifier` avoids (``μ_f ≈ 0``).
+        centred input of :class:`EEGNetClassifier` avoids (``μ_f ≈ 0``).
         Forward hooks registered on ``temporal_conv``, ``bn1`` or ``depthwise_conv`` are
         not called (those modules only hold the parameters and buffers).
         """
@@ -378,11 +378,15 @@ class EEGNet(FederatedModule):
                 f"dropout={self.dropout}")
 
 
+#: Axes of the standard deviation that divides each centred trial.
+_STANDARDIZE_AXES = {"trial": (-2, -1), "channel": -1}
+
+
 class EEGNetClassifier(TorchClassifierBase):
     """EEGNet-8,2 (Lawhern et al., 2018) as a scikit-learn classifier.
 
-    Input: raw EEG trials ``(n_trials, n_channels, n_times)``; each trial is z-scored per
-    channel (over time) before the network. Trained by the same routine, schedule and
+    Input: raw EEG trials ``(n_trials, n_channels, n_times)``, z-scored trial by trial
+    before the network (``standardize``). Trained by the same routine, schedule and
     early stopping as :class:`~skfedspd.SPDnetClassifier`, so it is also the local model of
     federated EEGNet (``FederatedSPDnetClassifier(estimator=EEGNetClassifier(...))``: FedAvg
     of the trainable weights, BatchNorm running statistics kept on each client).
@@ -393,6 +397,13 @@ class EEGNetClassifier(TorchClassifierBase):
         Sampling frequency (sets the kernel lengths).
     F1, D, F2, p1, p2, dropout
         See :class:`EEGNet`.
+    standardize : {"trial", "channel"}, default="trial"
+        How each trial is z-scored. Both centre every channel over time. ``"trial"``
+        divides the whole trial by one standard deviation (over its channels and
+        samples), which keeps the channels' relative power, the lateralised band power
+        that motor imagery is decoded from. ``"channel"`` divides each channel by its
+        own standard deviation, which erases it (PhysionetMI figures for both in
+        ``docs/results.md``).
     lr, batch_size, max_epochs, validation_fraction, patience, lr_patience, lr_factor,
     dtype, device, random_state, verbose, warm_start
         As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here).
@@ -402,9 +413,10 @@ class EEGNetClassifier(TorchClassifierBase):
     classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_epochs_
     """
 
-    def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, lr=1e-3, batch_size=64,
-                 max_epochs=300, validation_fraction=0.1, patience=75, lr_patience=20, lr_factor=0.5,
-                 dtype="float32", device="cpu", random_state=None, verbose=False, warm_start=False):
+    def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,
+                 batch_size=64, max_epochs=300, validation_fraction=0.1, patience=75, lr_patience=20,
+                 lr_factor=0.5, dtype="float32", device="cpu", random_state=None, verbose=False,
+                 warm_start=False):
         self.fs = fs
         self.F1 = F1
         self.D = D
@@ -412,6 +424,7 @@ class EEGNetClassifier(TorchClassifierBase):
         self.p1 = p1
         self.p2 = p2
         self.dropout = dropout
+        self.standardize = standardize
         self.lr = lr
         self.batch_size = batch_size
         self.max_epochs = max_epochs
@@ -426,6 +439,8 @@ class EEGNetClassifier(TorchClassifierBase):
         self.warm_start = warm_start
 
     def _validate_X(self, X, reset):
+        if self.standardize not in _STANDARDIZE_AXES:
+            raise ValueError(f"standardize must be one of {sorted(_STANDARDIZE_AXES)}, got {self.standardize!r}")
         X = np.asarray(X)
         if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
             raise ValueError(f"X must be a real numeric array, got dtype {X.dtype}")
@@ -453,7 +468,7 @@ class EEGNetClassifier(TorchClassifierBase):
 
     def _to_tensor(self, X):
         centred = X - X.mean(axis=-1, keepdims=True)
-        std = centred.std(axis=-1, keepdims=True)
+        std = centred.std(axis=_STANDARDIZE_AXES[self.standardize], keepdims=True)
         z = centred / np.where(std > 0, std, 1.0)
         return torch.as_tensor(z, dtype=self.torch_dtype_, device=self.device)
 

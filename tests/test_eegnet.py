@@ -341,3 +341,99 @@ def test_fast_forward_matches_reference_other_sizes(kwargs):
     fast.eval(), ref.eval()
     with torch.no_grad():
         _assert_close(fast(x), ref._reference_forward(x), 1e-10)
+
+
+# ---------------------------------------------------------------------------------------------
+# EEGNetClassifier (the scikit-learn estimator)
+# ---------------------------------------------------------------------------------------------
+
+import pickle  # noqa: E402
+
+import numpy as np  # noqa: E402
+from sklearn.base import clone  # noqa: E402
+from sklearn.exceptions import NotFittedError  # noqa: E402
+
+from skfedspd import EEGNetClassifier  # noqa: E402
+
+
+def small_classifier(**kwargs):
+    params = dict(fs=128.0, max_epochs=40, lr=1e-2, batch_size=32, random_state=0)
+    return EEGNetClassifier(**{**params, **kwargs})
+
+
+@pytest.mark.parametrize("standardize", ["trial", "channel"])
+def test_classifier_learns_source_power(eeg_timeseries, standardize):
+    """Class = which hidden source is stronger: learnable well above chance (1/3)."""
+    X, y = eeg_timeseries(n_trials=150, n_classes=3, seed=1)
+    clf = small_classifier(standardize=standardize).fit(X[:120], y[:120])
+    assert clf.score(X[120:], y[120:]) >= 0.6
+    assert clf.predict_proba(X[120:]).shape == (30, 3)
+    np.testing.assert_allclose(clf.predict_proba(X[120:]).sum(1), 1.0, rtol=1e-5)
+
+
+@pytest.mark.parametrize("standardize, keeps_channel_power", [("trial", True), ("channel", False)])
+def test_standardize_keeps_or_erases_channel_power(eeg_timeseries, standardize, keeps_channel_power):
+    """Both z-scorings ignore the trial's overall scale; only "trial" sees one channel's
+    power relative to the others."""
+    X, _ = eeg_timeseries(n_trials=4)
+    clf = EEGNetClassifier(standardize=standardize, dtype="float64")
+    z = clf._to_tensor(X).numpy()
+    np.testing.assert_allclose(clf._to_tensor(1e3 * X).numpy(), z, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(z.mean(-1), 0.0, atol=1e-12)
+    louder = X.copy()
+    louder[:, 0] *= 10.0
+    z_louder = clf._to_tensor(louder).numpy()
+    ratio = z_louder[:, 0].std(-1) / z_louder[:, 1].std(-1)
+    expected = 10.0 * X[:, 0].std(-1) / X[:, 1].std(-1) if keeps_channel_power else np.ones(len(X))
+    np.testing.assert_allclose(ratio, expected, rtol=1e-10)
+
+
+def test_standardize_trial_unit_variance(eeg_timeseries):
+    X, _ = eeg_timeseries(n_trials=3)
+    clf = EEGNetClassifier(dtype="float64")
+    np.testing.assert_allclose(clf._to_tensor(X).numpy().std(axis=(1, 2)), 1.0, rtol=1e-12)
+
+
+def test_bad_standardize_is_named(eeg_timeseries):
+    X, y = eeg_timeseries(n_trials=12)
+    with pytest.raises(ValueError, match="standardize must be one of"):
+        small_classifier(standardize="global").fit(X, y)
+
+
+@pytest.mark.parametrize("bad, match", [
+    (lambda X: X[:, :, 0], "3-D"),
+    (lambda X: np.where(np.arange(X.size).reshape(X.shape) == 5, np.nan, X), "NaN"),
+    (lambda X: X[:0], "0 trials"),
+])
+def test_bad_input_is_named(eeg_timeseries, bad, match):
+    X, y = eeg_timeseries(n_trials=12)
+    with pytest.raises(ValueError, match=match):
+        small_classifier(max_epochs=1).fit(bad(X), y[: len(bad(X))])
+
+
+def test_predict_checks_shape_and_fitted(eeg_timeseries):
+    X, y = eeg_timeseries(n_trials=24)
+    clf = small_classifier(max_epochs=1)
+    with pytest.raises(NotFittedError):
+        clf.predict(X)
+    clf.fit(X, y)
+    with pytest.raises(ValueError, match="fitted on"):
+        clf.predict(X[:, :4])
+
+
+def test_clone_pickle_and_params(eeg_timeseries):
+    X, y = eeg_timeseries(n_trials=30)
+    clf = small_classifier(max_epochs=2, standardize="channel")
+    assert clone(clf).get_params() == clf.get_params()
+    clf.fit(X, y)
+    assert clf.__sklearn_is_fitted__()
+    again = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(again.predict_proba(X), clf.predict_proba(X))
+
+
+def test_paper_parameter_count_through_classifier():
+    X = np.random.default_rng(0).standard_normal((8, 64, 480))
+    y = np.arange(8) % 4
+    clf = EEGNetClassifier(max_epochs=1, random_state=0).fit(X, y)
+    assert sum(p.numel() for p in clf.module_.parameters()) == 3284
+    assert (clf.n_features_in_, clf.n_times_) == (64, 480)
