@@ -208,6 +208,7 @@ def run_table(protocol, data, budget, out, only=None, report_only=False, jobs=1)
         print(f"  {protocol.name} {record['key']:24s} seed {record['seed']}: macro-F1 {100 * record['f1']:5.1f}  "
               f"acc {100 * record['accuracy']:5.1f}  ({record['fit_seconds']:.0f} s)", flush=True)
 
+    out.mkdir(parents=True, exist_ok=True)
     todo = [] if report_only else [(k, s) for k, s in runs if not path(k, s).exists()]
     if todo:
         print(f"{protocol.name}: {len(todo)} of {len(runs)} runs to fit ({jobs} in parallel)", flush=True)
@@ -308,7 +309,8 @@ def plot_curves(name, results, path):
         ax.set_xlabel("communication round")
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("validation macro-F1 (%)")
-    axes[0].legend()
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend()
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -364,7 +366,6 @@ def load_or_skip(protocol):
 
 def run_protocol(protocol, budget, out, only=None, report_only=False, skip_unseen=False, jobs=1):
     """Table I runs, figure and unseen-subject table of one dataset; returns the report parts."""
-    out.mkdir(parents=True, exist_ok=True)
     loaded = load_or_skip(protocol)
     if loaded is None:
         return None

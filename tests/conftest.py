@@ -94,3 +94,33 @@ def torch_single_thread():
 
     with torch_threads(1):
         yield
+
+
+# ---------------------------------------------------------------------------------------------
+# MOABB FakeDataset, offline, every path inside tmp_path
+# ---------------------------------------------------------------------------------------------
+
+import os  # noqa: E402
+
+
+@pytest.fixture
+def fake_moabb(tmp_path, monkeypatch):
+    """Factory ``fake_moabb(**FakeDataset kwargs)`` → a MOABB ``FakeDataset`` whose data,
+    results and MNE paths all lie in ``tmp_path`` (FakeDataset itself points its path
+    variable to a fresh ``mkdtemp``; that variable is redirected and restored)."""
+    pytest.importorskip("moabb")
+    monkeypatch.setenv("MNE_DATA", str(tmp_path / "mne_data"))
+    monkeypatch.setenv("MOABB_RESULTS", str(tmp_path / "results"))
+    from moabb.datasets.fake import FakeDataset
+
+    def make(**kwargs):
+        before = set(os.environ)
+        dataset = FakeDataset(**{"seed": 0, **kwargs})
+        for key in set(os.environ) - before:
+            created = os.environ.pop(key)
+            if os.path.isdir(created) and not os.listdir(created):
+                os.rmdir(created)
+            monkeypatch.setenv(key, str(tmp_path / "fake"))
+        return dataset
+
+    return make

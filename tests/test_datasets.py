@@ -234,3 +234,61 @@ def test_partial_subject_never_downloads(physionet_root, tmp_path, monkeypatch):
     assert os.environ["MNE_DATASETS_EEGBCI_PATH"] == str(tmp_path.resolve())
     assert os.environ["MOABB_DOWNLOAD_PROVIDER"] == "upstream"
     _assert_spd_volts(C)
+
+
+# ---------------------------------------------------------------------------------------------
+# load_moabb / load_weibo2014 (any MOABB dataset; offline here through FakeDataset)
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_lr(fake_moabb):
+    from moabb.paradigms import LeftRightImagery
+
+    dataset = fake_moabb(event_list=["left_hand", "right_hand"], n_subjects=3, n_sessions=1, n_runs=1,
+                         n_events=20, duration=60, channels=("C3", "Cz", "C4"))
+    return dataset, LeftRightImagery(fmin=8, fmax=32)
+
+
+def test_load_moabb_is_in_volts(fake_lr):
+    from skfedspd.datasets import load_moabb
+
+    dataset, paradigm = fake_lr
+    X, y, subjects, meta = load_moabb(dataset, paradigm, subjects=[1, 3])
+    assert dataset.unit_factor == 1.0
+    dataset.unit_factor = 1e6  # MOABB's default scaling to microvolts
+    X_uv, y_uv, _ = paradigm.get_data(dataset=dataset, subjects=[1, 3])
+    np.testing.assert_allclose(X * 1e6, X_uv, rtol=1e-12)
+    assert X.dtype == np.float64 and X.flags.c_contiguous
+    np.testing.assert_array_equal(y, np.asarray(y_uv).astype(str))
+    assert set(subjects) == {1, 3} and np.array_equal(subjects, meta["subject"].to_numpy())
+
+
+def test_load_moabb_n_times(fake_lr):
+    from skfedspd.datasets import load_moabb
+
+    dataset, paradigm = fake_lr
+    X, *_ = load_moabb(dataset, paradigm, subjects=[2])
+    X_cut, *_ = load_moabb(dataset, paradigm, subjects=[2], n_times=100)
+    np.testing.assert_array_equal(X_cut, X[..., :100])
+    with pytest.raises(ValueError, match="exceeds"):
+        load_moabb(dataset, paradigm, subjects=[2], n_times=X.shape[-1] + 1)
+    with pytest.raises(ValueError, match="at least 2"):
+        load_moabb(dataset, paradigm, n_times=1)
+
+
+def test_weibo2014_request(monkeypatch):
+    """The Weibo2014 request: MOABB's dataset, 7 classes, 8-32 Hz, first 800 samples."""
+    import skfedspd.datasets as datasets
+
+    seen = {}
+
+    def fake_load(dataset, paradigm, subjects=None, n_times=None, verbose=False):
+        seen.update(code=dataset.code, events=paradigm.events, band=tuple(paradigm.filters[0]), n_times=n_times,
+                    subjects=subjects)
+        return "loaded"
+
+    monkeypatch.setattr(datasets, "load_moabb", fake_load)
+    assert datasets.load_weibo2014(subjects=[1, 2]) == "loaded"
+    assert seen == dict(code="Weibo2014", events=list(datasets.WEIBO2014_EVENTS), band=(8.0, 32.0), n_times=800,
+                        subjects=[1, 2])

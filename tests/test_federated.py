@@ -796,24 +796,14 @@ MOABB_SUBJECTS, MOABB_SESSIONS = 3, 2
 
 
 @pytest.fixture
-def moabb_setup(tmp_path, monkeypatch):
+def moabb_setup(tmp_path, fake_moabb):
     """An offline MOABB FakeDataset (3 subjects, 2 sessions, 3 motor-imagery classes, 6
     channels) whose paths all point into ``tmp_path``."""
-    pytest.importorskip("moabb")
-    monkeypatch.setenv("MNE_DATA", str(tmp_path / "mne_data"))
-    monkeypatch.setenv("MOABB_RESULTS", str(tmp_path / "results"))
-    from moabb.datasets.fake import FakeDataset
     from moabb.paradigms import MotorImagery
 
-    before = set(os.environ)
-    dataset = FakeDataset(event_list=("left_hand", "right_hand", "feet"), n_subjects=MOABB_SUBJECTS,
-                          n_sessions=MOABB_SESSIONS, n_runs=1, n_events=20, duration=70,
-                          channels=("C3", "Cz", "C4", "FC3", "FC4", "CP3"), seed=0)
-    for key in set(os.environ) - before:  # FakeDataset points its path to a fresh mkdtemp
-        created = os.environ.pop(key)
-        if os.path.isdir(created) and not os.listdir(created):
-            os.rmdir(created)
-        monkeypatch.setenv(key, str(tmp_path / "fake"))
+    dataset = fake_moabb(event_list=("left_hand", "right_hand", "feet"), n_subjects=MOABB_SUBJECTS,
+                         n_sessions=MOABB_SESSIONS, n_runs=1, n_events=20, duration=70,
+                         channels=("C3", "Cz", "C4", "FC3", "FC4", "CP3"))
     paradigm = MotorImagery(n_classes=3, events=["left_hand", "right_hand", "feet"])
     return dataset, paradigm, tmp_path
 

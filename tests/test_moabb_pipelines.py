@@ -12,7 +12,6 @@ ProjAvg and RLAvg global models differ by ~1e-7, too little to change a ranking.
 import importlib.util
 import logging
 import math
-import os
 import re
 from pathlib import Path
 
@@ -83,28 +82,10 @@ def small_pipeline_dir(tmp_path):
 
 
 @pytest.fixture
-def fake_dataset(tmp_path, monkeypatch):
-    """A 2-subject, 1-session left/right FakeDataset with 20 channels.
-
-    FakeDataset puts a fresh ``tempfile.mkdtemp()`` folder into
-    ``os.environ["MNE_DATASETS_<CODE>_PATH"]``; the folder goes to tmp_path and the
-    variable is removed afterwards.
-    """
-    import types
-
-    import moabb.datasets.fake as fake
-
-    folder = tmp_path / "fake_data"
-    folder.mkdir()
-    monkeypatch.setattr(fake, "tempfile", types.SimpleNamespace(mkdtemp=lambda: str(folder)))
-    before = set(os.environ)
-    dataset = fake.FakeDataset(
-        event_list=["left_hand", "right_hand"], n_sessions=1, n_runs=1, n_subjects=2,
-        channels=FAKE_CHANNELS, n_events=40, duration=100, seed=0,
-    )
-    yield dataset
-    for key in set(os.environ) - before:
-        del os.environ[key]
+def fake_dataset(fake_moabb):
+    """A 2-subject, 1-session left/right FakeDataset with 20 channels."""
+    return fake_moabb(event_list=["left_hand", "right_hand"], n_sessions=1, n_runs=1, n_subjects=2,
+                      channels=FAKE_CHANNELS, n_events=40, duration=100)
 
 
 def test_benchmark_runs_both_pipelines_on_fake_data(small_pipeline_dir, fake_dataset, tmp_path):
