@@ -2,6 +2,7 @@
 # torch is pinned to the 2.13.0 CPU wheel *before* the package is installed, so pip never
 # resolves torch>=2.2 to a multi-GB CUDA build.
 PYTHON ?= python3
+JOBS ?= 2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
@@ -21,10 +22,10 @@ test: setup
 	$(BIN)/python -m pytest -q -ra
 
 experiment: setup
-	$(BIN)/python benchmarks/physionet_experiment.py
+	$(BIN)/python benchmarks/physionet_experiment.py --jobs $(JOBS)
 
 experiment-full: setup
-	$(BIN)/python benchmarks/physionet_experiment.py --full
+	$(BIN)/python benchmarks/physionet_experiment.py --full --jobs $(JOBS)
 
 bench: setup
 	$(BIN)/python benchmarks/bench_spdnet_step.py

@@ -8,6 +8,7 @@ CrossSubjectEvaluation.
 
     python benchmarks/physionet_experiment.py                # main job, <= 10 min on 2 cores
     python benchmarks/physionet_experiment.py --full --jobs 2   # the paper's budget
+    python benchmarks/physionet_experiment.py --classes 2 --subjects 1 2 3 4   # left / right
 
 Every (dataset, setting, model, seed) result is stored as JSON under ``--out``; a re-run
 skips what is done, so a long run can be resumed or re-run per setting (``--only``).
@@ -82,14 +83,44 @@ class Protocol:
     load: Callable
 
 
-def physionet_moabb():
-    from moabb.datasets import PhysionetMI
-    from moabb.paradigms import MotorImagery
+#: Left out of PhysionetMI: recorded at 128 Hz, with another run layout.
+PHYSIONET_EXCLUDED = (88,)
 
-    dataset = PhysionetMI(imagined=True)
-    dataset.feet_runs = [6]  # the one hands/feet run every offline subject has
-    dataset.subject_list = list(PHYSIONET_OFFLINE_SUBJECTS)
-    return dataset, MotorImagery(n_classes=4, events=["left_hand", "right_hand", "feet", "hands"], fmin=8, fmax=32)
+
+def physionet_protocol(n_classes=4, subjects=None):
+    """PhysionetMI: 4 classes (left / right hand, hands, feet) or 2 (left / right hand).
+
+    ``subjects`` None means the offline subset. When every subject is offline, trials come
+    from :func:`load_physionet_mi` (never downloads; runs picked from what is present),
+    otherwise from MOABB's download, resampled to 160 Hz.
+    """
+    subjects = list(PHYSIONET_OFFLINE_SUBJECTS if subjects is None else subjects)
+    excluded = sorted(set(subjects) & set(PHYSIONET_EXCLUDED))
+    if excluded:
+        raise ValueError(f"PhysionetMI subject(s) {excluded} are excluded (128 Hz recordings)")
+    offline = set(subjects) <= set(PHYSIONET_OFFLINE_SUBJECTS) and find_physionet_root() is not None
+
+    def moabb():
+        from moabb.datasets import PhysionetMI
+        from moabb.paradigms import LeftRightImagery, MotorImagery
+
+        dataset = PhysionetMI(imagined=True)
+        dataset.subject_list = subjects
+        common = dict(fmin=8, fmax=32, resample=None if offline else 160.0)
+        if n_classes == 2:
+            dataset.feet_runs = []
+            return dataset, LeftRightImagery(**common)
+        if offline:
+            dataset.feet_runs = [6]  # the one hands/feet run every offline subject has
+        return dataset, MotorImagery(n_classes=4, events=["left_hand", "right_hand", "feet", "hands"], **common)
+
+    def load():
+        if offline:
+            return load_physionet_mi(subjects, n_classes=n_classes, return_raw=True, n_times=480)[:3]
+        return load_moabb(*moabb(), n_times=480)[:3]
+
+    name = "PhysionetMI" if n_classes == 4 else "PhysionetMI-2class"
+    return Protocol(name, hidden_dim=18, eps=1e-2, fs=160.0, n_times=480, moabb=moabb, load=load)
 
 
 def weibo_moabb():
@@ -100,9 +131,7 @@ def weibo_moabb():
 
 
 PROTOCOLS = {
-    # PhysionetMI: runs picked per subject from what is offline (see load_physionet_mi).
-    "PhysionetMI": Protocol("PhysionetMI", hidden_dim=18, eps=1e-2, fs=160.0, n_times=480, moabb=physionet_moabb,
-                            load=lambda: load_physionet_mi(n_classes=4, return_raw=True, n_times=480)[:3]),
+    "PhysionetMI": physionet_protocol(),
     "Weibo2014": Protocol("Weibo2014", hidden_dim=22, eps=1e-1, fs=200.0, n_times=800, moabb=weibo_moabb,
                           load=lambda: load_moabb(*weibo_moabb(), n_times=800)[:3]),
 }
@@ -159,8 +188,10 @@ def n_parameters(clf):
     return int(sum(p.numel() for p in module.parameters()))
 
 
-def run_one(protocol, key, data, seed, budget, n_threads=None, verbose=False):
-    """Fit one (setting, model) for one seed; return its record."""
+def run_one(protocol, key, data, seed, budget, n_threads=None, verbose=False, params=None):
+    """Fit one (setting, model) for one seed; return its record. ``params`` overrides the
+    protocol: ``{"local": {...}, "federated": {...}}`` estimator parameters (ablations)."""
+    params = params or {}
     setting, model = key.split("/")
     X_cov, X_raw, y, subjects = data
     train, test = client_split(y, subjects, seed)
@@ -172,10 +203,12 @@ def run_one(protocol, key, data, seed, budget, n_threads=None, verbose=False):
         if model in ("ts-lr", "mdm"):
             clf = riemann_reference(model).fit(X[train], y[train])
         elif setting == "centralized":
-            clf = local(protocol, seed, rounds * LOCAL_EPOCHS, verbose=verbose).fit(X[train], y[train])
+            clf = local(protocol, seed, rounds * LOCAL_EPOCHS, verbose=verbose).set_params(**params.get("local", {}))
+            clf.fit(X[train], y[train])
         else:
             aggregation = "projavg" if model == "eegnet" else model.split("-")[1]  # FedAvg == ProjAvg on Euclidean weights
-            clf = federated(local(protocol, seed, 1), aggregation, setting, rounds, seed, verbose=verbose)
+            clf = federated(local(protocol, seed, 1).set_params(**params.get("local", {})), aggregation, setting,
+                            rounds, seed, verbose=verbose).set_params(**params.get("federated", {}))
             clf.fit(X[train], y[train], groups=subjects[train])
         pred = clf.predict(X[test])
     history = getattr(clf, "history_", [])
@@ -193,7 +226,7 @@ def experiment_keys():
     return keys
 
 
-def run_table(protocol, data, budget, out, only=None, report_only=False, jobs=1):
+def run_table(protocol, data, budget, out, only=None, report_only=False, jobs=1, params=None):
     """Every (key, seed) of the table, cached as JSON in ``out``; seed-major order, so that
     an interrupted run has every setting for its first seeds. ``jobs`` runs fit in
     parallel processes (one torch thread each); results do not depend on it."""
@@ -214,8 +247,13 @@ def run_table(protocol, data, budget, out, only=None, report_only=False, jobs=1)
         print(f"{protocol.name}: {len(todo)} of {len(runs)} runs to fit ({jobs} in parallel)", flush=True)
         single = jobs == 1
         replies = Parallel(n_jobs=jobs, return_as="generator_unordered")(
-            delayed(run_one)(protocol, k, data, s, budget, n_threads=None if single else 1, verbose=single)
+            delayed(run_one)(protocol, k, data, s, budget, n_threads=None if single else 1, verbose=single,
+                             params=params)
             for k, s in todo)
+        if not single:  # runs finish in any order; one bar over them
+            from tqdm.auto import tqdm
+
+            replies = tqdm(replies, total=len(todo), desc=f"{protocol.name} runs", leave=False)
         for record in replies:
             path(record["key"], record["seed"]).write_text(json.dumps(record))
             show(record)
@@ -392,6 +430,10 @@ def main(argv=None):
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
                         help="budget profile (default quick; --full means full; smoke checks the plumbing)")
     parser.add_argument("--datasets", nargs="+", choices=sorted(PROTOCOLS), default=["PhysionetMI", "Weibo2014"])
+    parser.add_argument("--classes", type=int, choices=(4, 2), default=4,
+                        help="PhysionetMI: 4 classes, or 2 (left / right hand)")
+    parser.add_argument("--subjects", nargs="+", type=int, default=None,
+                        help="PhysionetMI subjects (default: the offline subset; others come from MOABB's download)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default results/experiment-<profile>)")
     parser.add_argument("--only", nargs="*", help="run only keys starting/ending with these (e.g. centralized eegnet)")
     parser.add_argument("--jobs", type=int, default=1, help="runs fitted in parallel processes (default 1)")
@@ -412,13 +454,14 @@ def main(argv=None):
     root = find_physionet_root()
     if root is not None:
         configure_offline(root)
-    elif "PhysionetMI" in args.datasets:
-        print("PhysionetMI: EEG files not found (../shared/data or $SKFEDSPD_DATA); skipped, the rest goes on.")
+    try:
+        protocols = dict(PROTOCOLS, PhysionetMI=physionet_protocol(args.classes, args.subjects))
+    except ValueError as error:
+        parser.error(str(error))
 
     start = time.perf_counter()
-    done = [run_protocol(PROTOCOLS[name], budget, out / name, args.only, args.report_only, args.skip_unseen,
-                         args.jobs)
-            for name in args.datasets if name != "PhysionetMI" or root is not None]
+    done = [run_protocol(protocols[name], budget, out / protocols[name].name, args.only, args.report_only,
+                         args.skip_unseen, args.jobs) for name in args.datasets]
     done = [d for d in done if d is not None]
     if not done:
         print("No dataset reachable: nothing to report.")

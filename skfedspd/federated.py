@@ -388,7 +388,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         data = [(c.X_train.numpy(), c.y_train.numpy()) if parallel and c.X_train.device.type == "cpu"
                 else (c.X_train, c.y_train) for c in clients]
         last_round = first_round + self.n_rounds
-        rounds = _progress(range(len(self.history_), last_round), self.verbose, "FedSPDnet rounds")
+        rounds = _progress(range(len(self.history_), last_round), self.verbose, "federated rounds")
         with Parallel(n_jobs=self.n_jobs if parallel else 1) as pool:
             for t in rounds:
                 if self._schedule.should_stop:

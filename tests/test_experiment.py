@@ -128,3 +128,30 @@ def test_jobs_give_the_same_records(experiment, fake_weibo, tmp_path):
         for a, b in zip(serial[key], parallel[key]):
             assert (a["f1"], a["accuracy"]) == (b["f1"], b["accuracy"])
             np.testing.assert_array_equal(a["curve"], b["curve"])
+
+
+def test_physionet_two_class_on_a_subject_list(experiment, physionet_root):
+    protocol = experiment.physionet_protocol(n_classes=2, subjects=[2, 42])
+    assert protocol.name == "PhysionetMI-2class" and (protocol.hidden_dim, protocol.eps) == (18, 1e-2)
+    X, y, subjects = protocol.load()
+    assert X.shape == (90, 64, 480) and set(y) == {"left_hand", "right_hand"}
+    assert sorted(set(subjects)) == [2, 42]
+    dataset, paradigm = protocol.moabb()
+    assert dataset.subject_list == [2, 42] and dataset.feet_runs == [] and paradigm.resample is None
+
+
+def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(experiment, monkeypatch):
+    """Online: any subject list, through MOABB's download, resampled to 160 Hz; 88 excluded."""
+    seen = {}
+
+    def fake_load(dataset, paradigm, subjects=None, n_times=None, verbose=False):
+        seen.update(subjects=dataset.subject_list, resample=paradigm.resample, n_times=n_times,
+                    events=paradigm.events)
+        return "X", "y", "subjects", "meta"
+
+    monkeypatch.setattr(experiment, "load_moabb", fake_load)
+    assert experiment.physionet_protocol(subjects=[1, 50, 109]).load() == ("X", "y", "subjects")
+    assert seen == dict(subjects=[1, 50, 109], resample=160.0, n_times=480,
+                        events=["left_hand", "right_hand", "feet", "hands"])
+    with pytest.raises(ValueError, match=r"\[88\] are excluded"):
+        experiment.physionet_protocol(subjects=[87, 88])
