@@ -5,8 +5,9 @@ re-runs the cells it affects on the same client splits and seeds:
 
 * FedSPDnet Full (ProjAvg) with more local computation per round: E = 8 local epochs
   instead of 2, or a local Adam learning rate of 4e-3 instead of 1e-3 (what closes the
-  gap to centralized SPDnet, beyond the paper's budget); FedSPDnet Half with 2T rounds,
-  i.e. as many client-epochs as Full;
+  gap to centralized SPDnet, beyond the paper's budget); FedSPDnet Half with the
+  learning-rate patience counted in plain rounds (20) instead of rounds of full
+  participation (40 at M = N/2);
 * EEGNet, centralized and FedAvg Full, with each channel z-scored on its own
   (``standardize="channel"``) instead of the whole trial (the default, ``"trial"``).
 
@@ -31,7 +32,7 @@ VARIANTS = {
     "protocol": (["centralized/spdnet", "full/spdnet-projavg", "half/spdnet-projavg"], None),
     "E=8 local epochs": (["full/spdnet-projavg"], {"federated": {"local_epochs": 8}}),
     "local lr 4e-3": (["full/spdnet-projavg"], {"local": {"lr": 4e-3}}),
-    "Half, 2T rounds": (["half/spdnet-projavg"], {"federated": {"n_rounds": 300}}),
+    "Half, LR patience 20 rounds": (["half/spdnet-projavg"], {"local": {"lr_patience": 20}}),
     "protocol (EEGNet)": (["centralized/eegnet", "full/eegnet"], None),
     "EEGNet standardize='channel'": (["centralized/eegnet", "full/eegnet"], {"local": {"standardize": "channel"}}),
 }

@@ -61,7 +61,8 @@ LOCAL_EPOCHS = 2
 TEST_FRACTION = 0.15
 VALIDATION_FRACTION = 0.10 / 0.85  # 75/10/15 of each client's data
 # Paper: Adam 1e-3, batch 64, ReduceLROnPlateau(20, 0.5); centralized early stopping 75.
-# Federated runs do all T rounds (patience None) and keep the best-validation global model.
+# Federated runs do all T rounds (patience None) and keep the best-validation global model;
+# the LR patience counts rounds of full participation (see ``federated``).
 TRAINING = dict(lr=1e-3, batch_size=64, patience=75, lr_patience=20, lr_factor=0.5)
 
 
@@ -166,10 +167,18 @@ def eegnet(protocol, seed, epochs, patience=TRAINING["patience"], verbose=False)
 
 
 def federated(local, aggregation, participation, rounds, seed, verbose=False):
-    """``local`` is a fresh local model; T rounds of E = 2 epochs, no early stopping."""
+    """``local`` is a fresh local model; T rounds of E = 2 epochs, no early stopping.
+
+    ReduceLROnPlateau's patience (20) counts rounds of full participation: with a fraction
+    ``q`` of the clients per round it is 20 / q rounds, the same number of client updates.
+    Counted in plain rounds, Half participation halved its learning rate 4 times in 150
+    rounds (Full: once), on a validation score made noisier by training half the clients.
+    """
+    fraction = 1.0 if participation == "full" else 0.5
+    local = local.set_params(patience=None, verbose=False, lr_patience=round(TRAINING["lr_patience"] / fraction))
     return FederatedSPDnetClassifier(
-        local.set_params(patience=None, verbose=False), aggregation=aggregation, n_rounds=rounds,
-        local_epochs=LOCAL_EPOCHS, clients_per_round=None if participation == "full" else 0.5, groups_per_client=2,
+        local, aggregation=aggregation, n_rounds=rounds, local_epochs=LOCAL_EPOCHS,
+        clients_per_round=None if participation == "full" else fraction, groups_per_client=2,
         validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose,
     )
 
@@ -207,8 +216,9 @@ def run_one(protocol, key, data, seed, budget, n_threads=None, verbose=False, pa
             clf.fit(X[train], y[train])
         else:
             aggregation = "projavg" if model == "eegnet" else model.split("-")[1]  # FedAvg == ProjAvg on Euclidean weights
-            clf = federated(local(protocol, seed, 1).set_params(**params.get("local", {})), aggregation, setting,
-                            rounds, seed, verbose=verbose).set_params(**params.get("federated", {}))
+            clf = federated(local(protocol, seed, 1), aggregation, setting, rounds, seed, verbose=verbose)
+            clf.estimator.set_params(**params.get("local", {}))
+            clf.set_params(**params.get("federated", {}))
             clf.fit(X[train], y[train], groups=subjects[train])
         pred = clf.predict(X[test])
     history = getattr(clf, "history_", [])

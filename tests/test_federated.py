@@ -5,7 +5,6 @@ that the whole file runs in well under a minute and a half on two CPU cores. One
 joblib workers (``n_jobs=2``), whose first start takes 10-25 s.
 """
 
-import itertools
 import os
 import pickle
 
