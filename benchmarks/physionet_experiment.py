@@ -155,15 +155,14 @@ def client_split(y, subjects, seed):
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def spdnet(protocol, seed, epochs, patience=TRAINING["patience"], verbose=False):
-    return SPDnetClassifier(hidden_dims=(protocol.hidden_dim,), eps=protocol.eps, **{**TRAINING, "patience": patience},
-                            max_epochs=epochs, validation_fraction=VALIDATION_FRACTION, random_state=seed,
-                            verbose=verbose)
-
-
-def eegnet(protocol, seed, epochs, patience=TRAINING["patience"], verbose=False):
-    return EEGNetClassifier(fs=protocol.fs, **{**TRAINING, "patience": patience}, max_epochs=epochs,
+def spdnet(protocol, seed, epochs, verbose=False):
+    return SPDnetClassifier(hidden_dims=(protocol.hidden_dim,), eps=protocol.eps, **TRAINING, max_epochs=epochs,
                             validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose)
+
+
+def eegnet(protocol, seed, epochs, verbose=False):
+    return EEGNetClassifier(fs=protocol.fs, **TRAINING, max_epochs=epochs, validation_fraction=VALIDATION_FRACTION,
+                            random_state=seed, verbose=verbose)
 
 
 def federated(local, aggregation, participation, rounds, seed, verbose=False):
