@@ -75,11 +75,13 @@ def main(argv=None):
     # Each model's protocol centralized score, the reference of the ratios.
     centralized = {key.split("/")[1]: np.mean([r["f1"] for r in records]) for name, key, records in rows
                    if name.startswith("protocol") and key.startswith("centralized")}
-    lines = ["| variant | cell | test macro-F1 (%) | seeds | / protocol centralized |", "| --- | --- | --- | --- | --- |"]
+    lines = ["| variant | cell | test macro-F1 (%) | seeds | / protocol centralized | LR halvings per seed |",
+             "| --- | --- | --- | --- | --- | --- |"]
     for name, key, records in rows:
         reference = centralized.get(key.split("/")[1].split("-")[0])
         ratio = f"{np.mean([r['f1'] for r in records]) / reference:.1%}" if reference else "–"
-        lines.append(f"| {name} | {key} | {experiment.fmt(records)} | {len(records)} | {ratio} |")
+        halvings = ", ".join(str(int(np.sum(np.diff(r["lr"]) < 0))) if r.get("lr") else "–" for r in records)
+        lines.append(f"| {name} | {key} | {experiment.fmt(records)} | {len(records)} | {ratio} | {halvings} |")
     lines += ["", f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min; {experiment.machine()}; "
                   f"{args.rounds} rounds."]
     text = "\n".join(lines)

@@ -179,8 +179,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     is noisier (each round trains a subset, all clients validate) and a round holds fewer
     client updates, so a patience meant for full participation cuts the learning rate too
     early: scale ``estimator__lr_patience`` (and ``estimator__patience``) by ``N / M``.
-    On PhysionetMI at M = N/2 this took the learning rate from 4 halvings in 150 rounds to
-    0-1 (``docs/results.md``).
+    On PhysionetMI at M = N/2 this took the learning rate from 2-4 halvings in 150 rounds to
+    0-1 (seeds 0-2, ``benchmarks/physionet_ablation.py``; ``docs/results.md``).
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
