@@ -213,7 +213,7 @@ def clip_and_sum(grads, clip_norm):
         The joint norms before clipping (``inf``/``nan`` for non-finite samples).
     """
     _check_positive("clip_norm", clip_norm)
-    flat = [g.reshape(g.shape[0], -1) for g in grads.values()]
+    flat = [g.flatten(1) for g in grads.values()]
     norms = torch.cat(flat, dim=1).norm(dim=1) if flat else torch.zeros(0)
     finite = torch.isfinite(norms)
     # C / max(norm, C) = min(1, C / norm), and 1 at norm 0; non-finite samples get 0
