@@ -531,7 +531,7 @@ def _rounds_per_site(participation, n_rounds, n_sites):
     return counts, "exact: per-site counts of the seeded (data-independent) schedule"
 
 
-def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation=1.0, target_epsilon=8.0,
+def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation, target_epsilon,
             delta=None, *, per_site_noise=True, accountant="rdp"):
     """Noise multipliers so that every site's whole federated run meets ``(ε, δ)``.
 
@@ -549,12 +549,12 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation=
     batch_size : int
         Expected batch size ``b`` (``q_i = b / n_i``).
     local_epochs, n_rounds : int
-    participation : float or sequence of int, default=1.0
+    participation : float or sequence of int
         Fraction of sites drawn per round — the bound is then the worst case, every round
         (the current schedule draws sites afresh each round, so no site has a smaller cap)
         — or the exact number of rounds each site is drawn in by the seeded schedule (valid
         because the schedule does not depend on the data; early stopping only lowers it).
-    target_epsilon : float, default=8.0
+    target_epsilon : float
         ``ε > 0``; ``inf`` gives ``σ = 0`` (clipping only).
     delta : float or None
         None: :func:`default_delta` (``min(1e-5, 1 / (10 n_min))``). Must be below
@@ -578,7 +578,7 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation=
     Examples
     --------
     >>> plan = plan_dp([120, 90, 200], batch_size=16, local_epochs=2, n_rounds=50,
-    ...                target_epsilon=8.0)  # doctest: +SKIP
+    ...                participation=1.0, target_epsilon=8.0)  # doctest: +SKIP
     >>> [site["noise_multiplier"] for site in plan["sites"]]  # doctest: +SKIP
     """
     sizes = [int(n) for n in n_train_per_site]

@@ -212,6 +212,27 @@ def test_full_batch_without_noise_is_a_plain_riemannian_sgd_step(spd_dataset):
         np.testing.assert_allclose(dp_module.get_parameters()[name], value, rtol=0, atol=1e-12)
 
 
+def test_update_divides_by_the_expected_batch_size(spd_dataset, monkeypatch):
+    """Poisson batches: the noisy sum is divided by q·n (data-independent), not by the drawn size."""
+    X, y = _spd_data(spd_dataset, n=21)  # q·n = 10.5: never a drawn batch size
+    sums = []
+    real = privacy.per_sample_gradients
+
+    def recording(module, Xb, yb, **kwargs):
+        grads, losses = real(module, Xb, yb, **kwargs)
+        sums.append(grads["head.bias"].sum(0))
+        return grads, losses
+
+    monkeypatch.setattr(privacy, "per_sample_gradients", recording)
+    module = _spdnet()
+    bias0 = module.head.bias.detach().clone()
+    dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.5, clip_norm=1e30, noise_multiplier=0.0, lr=0.3,
+                    generator=torch.Generator().manual_seed(0))
+    assert len(sums) == 2
+    torch.testing.assert_close(module.head.bias.detach(), bias0 - 0.3 * (sums[0] + sums[1]) / 10.5,
+                               rtol=0, atol=1e-14)
+
+
 @pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 def test_weights_stay_on_stiefel(spd_dataset, dtype, tol, optimizer):
