@@ -106,6 +106,10 @@ def _check_method(module, method):
     return method
 
 
+def _batchnorms(module):
+    return [sub for sub in module.modules() if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm)]
+
+
 def _loop_gradients(module, names, params, X, y):
     """Per-sample gradients and losses, one forward/backward per sample (exact custom backward)."""
     grads = [torch.empty((len(y),) + p.shape, dtype=p.dtype, device=p.device) for p in params]
@@ -147,7 +151,9 @@ def per_sample_gradients(module, X, y, *, method="auto"):
     module : FederatedModule
         Called as ``module(X_batch)`` → logits. Its BiMap charts must be centred
         (``V = 0``: the gradient of ``V`` is then the Riemannian gradient
-        ``P_W(∇_W ℓ)`` at the current ``W``); :func:`dp_train_epochs` re-centres them.
+        ``P_W(∇_W ℓ)`` at the current ``W``) and its BatchNorm layers in eval mode with
+        running statistics (batch statistics mix the samples); :func:`dp_train_epochs`
+        sees to both.
     X : torch.Tensor of shape (batch, ...)
     y : torch.Tensor of shape (batch,)
         Integer class codes.
@@ -176,6 +182,10 @@ def per_sample_gradients(module, X, y, *, method="auto"):
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
     method = _check_method(module, method)
+    mixing = [type(sub).__name__ for sub in _batchnorms(module) if sub.training or not sub.track_running_stats]
+    if mixing:
+        raise ValueError(f"{mixing} normalise with batch statistics, which mix the samples of a batch: put them "
+                         "in eval mode with running statistics (dp_train_epochs freezes them)")
     if not _at_chart_centres(module):
         raise ValueError("BiMap charts are not centred (V != 0): call module.recenter_() first, "
                          "otherwise the gradient of V is not the Riemannian gradient at W")
@@ -268,7 +278,7 @@ def _frozen_batchnorm(module):
     """``module.train()`` with every BatchNorm layer in eval mode (frozen running statistics);
     the previous modes are restored on exit."""
     modes = {sub: sub.training for sub in module.modules()}
-    norms = [sub for sub in module.modules() if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm)]
+    norms = _batchnorms(module)
     unfrozen = [type(sub).__name__ for sub in norms if not sub.track_running_stats]
     if unfrozen:
         raise ValueError(f"{unfrozen} without running statistics normalise with batch statistics, which "

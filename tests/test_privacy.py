@@ -133,6 +133,12 @@ def test_per_sample_gradients_errors(spd_dataset):
         per_sample_gradients(module, X, y)
 
 
+def test_per_sample_gradients_refuse_batchnorm_in_training_mode():
+    X, y = _eeg_data(n=4)
+    with pytest.raises(ValueError, match="mix the samples"):
+        per_sample_gradients(_eegnet(), X, y)  # a fresh module is in training mode
+
+
 def test_per_sample_gradients_empty_batch(spd_dataset):
     X, y = _spd_data(spd_dataset, n=4)
     grads, losses = per_sample_gradients(_spdnet(), X[:0], y[:0])
@@ -296,6 +302,18 @@ def test_eegnet_dropout_determinism_and_frozen_batchnorm():
         runs.append(module.get_parameters())
     for name in runs[0]:
         np.testing.assert_array_equal(runs[0][name], runs[1][name])
+
+
+@pytest.mark.parametrize("make", ["spdnet", "eegnet"])
+def test_dp_train_epochs_ignores_global_grad_mode(spd_dataset, make):
+    X, y = _spd_data(spd_dataset, n=8) if make == "spdnet" else _eeg_data(n=8)
+    module = _spdnet() if make == "spdnet" else _eegnet()
+    before = module.get_parameters()
+    with torch.no_grad():
+        dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.5, clip_norm=1.0, noise_multiplier=0.0,
+                        lr=0.1, generator=torch.Generator().manual_seed(0))
+    after = module.get_parameters()
+    assert any(np.abs(after[k] - before[k]).max() > 0 for k in before if "running" not in k)
 
 
 def test_batchnorm_without_running_statistics_is_refused():
