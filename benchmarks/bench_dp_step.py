@@ -8,9 +8,10 @@ joint clipping, Gaussian noise projected to the tangent space, ``Adam.step()``,
 ``after_step_()`` and re-centring.
 
 Models (PhysionetMI sizes): SPDNet 64×64 → BiMap 18 → ReEig+LogEig → vech → Linear 4 (per-sample
-gradients by a loop: its autograd Functions have no vmap rules), and EEGNet-8,2 on 64 channels ×
-480 samples at 160 Hz, BatchNorm frozen (per-sample gradients by ``torch.func.vmap`` and by the
-loop). ``torch.set_num_threads(1)``, one warm-up, then ``--reps`` repetitions rotating the
+gradients by the batched backward — the default for SPDnet: its autograd Functions cannot run
+under ``torch.func`` — and by the loop), and EEGNet-8,2 on 64 channels × 480 samples at 160 Hz,
+BatchNorm frozen (per-sample gradients by ``torch.func.vmap`` — the default —, the batched
+backward and the loop). ``torch.set_num_threads(1)``, one warm-up, then ``--reps`` repetitions rotating the
 order of the variants; median and IQR in ms.
 
 Usage::
@@ -99,7 +100,8 @@ def main():
     X, y = make_spd_classification(args.batch, 64, 4, seed=0)
     X, y = torch.as_tensor(X / np.trace(X, axis1=1, axis2=2)[:, None, None] * 64), torch.as_tensor(y)
     spd = {name: (SPDNet(64, (18,), 4, eps=1e-2, seed=0), step)
-           for name, step in (("plain (Adam)", plain_step), ("DP, per-sample loop", dp_step("loop")))}
+           for name, step in (("plain (Adam)", plain_step), ("DP, batched backward", dp_step("batched")),
+                              ("DP, per-sample loop", dp_step("loop")))}
     report(f"SPDNet 64→18, 4 classes, float64, batch {args.batch}", time_variants(spd, X, y, args.reps),
            "plain (Adam)")
 
@@ -108,7 +110,8 @@ def main():
     ye = torch.as_tensor(np.arange(args.batch) % 4)
     eeg = {name: (EEGNet(64, 480, 4, fs=160.0), step)
            for name, step in (("plain (Adam)", plain_step), ("plain, BatchNorm frozen", frozen_bn_plain_step),
-                              ("DP, per-sample vmap", dp_step("vmap")), ("DP, per-sample loop", dp_step("loop")))}
+                              ("DP, per-sample vmap", dp_step("vmap")), ("DP, batched backward", dp_step("batched")),
+                              ("DP, per-sample loop", dp_step("loop")))}
     report(f"EEGNet-8,2 64×480 @160 Hz, 4 classes, float32, batch {args.batch}",
            time_variants(eeg, Xe, ye, args.reps), "plain (Adam)")
 

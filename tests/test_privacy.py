@@ -87,11 +87,12 @@ def _oracle_spdnet_grads(module, x, t):
     return out
 
 
+@pytest.mark.parametrize("method", ["auto", "batched", "loop"])
 @pytest.mark.parametrize("hidden", [(4,), (5, 3)])
-def test_per_sample_gradients_spdnet_match_single_sample_oracle(spd_dataset, hidden):
-    X, y = _spd_data(spd_dataset, n=8)
+def test_per_sample_gradients_spdnet_match_single_sample_oracle(spd_dataset, hidden, method):
+    X, y = _spd_data(spd_dataset, n=11)  # more than one chunk of the batched backward
     module = _spdnet(hidden=hidden)
-    grads, losses = per_sample_gradients(module, X, y)
+    grads, losses = per_sample_gradients(module, X, y, method=method)
     assert set(grads) == {name for name, _ in module.named_parameters()}
     for i in range(len(y)):
         oracle = _oracle_spdnet_grads(module, X[i : i + 1], y[i : i + 1])
@@ -105,7 +106,7 @@ def test_per_sample_gradients_spdnet_match_single_sample_oracle(spd_dataset, hid
         assert float((WtG + WtG.transpose(-1, -2)).abs().max()) < 1e-12
 
 
-@pytest.mark.parametrize("method", ["vmap", "loop"])
+@pytest.mark.parametrize("method", ["auto", "vmap", "batched", "loop"])
 def test_per_sample_gradients_eegnet_match_single_sample_backward(method):
     X, y = _eeg_data()
     module = _eegnet()
