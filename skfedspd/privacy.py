@@ -278,7 +278,8 @@ def add_gaussian_noise(summed, *, std, charts, generator):
         projected onto the tangent space at ``W_ref`` (the sum already lies there, so only
         the noise is projected).
     generator : torch.Generator
-        Source of the noise (on the parameters' device).
+        A CPU generator, the source of the noise (drawn on the CPU and moved to the
+        parameters' device: the same draws whatever the device).
 
     Returns
     -------
@@ -286,7 +287,7 @@ def add_gaussian_noise(summed, *, std, charts, generator):
     """
     noisy = {}
     for name, s in summed.items():
-        noise = torch.randn(s.shape, generator=generator, dtype=s.dtype, device=s.device)
+        noise = torch.randn(s.shape, generator=generator, dtype=s.dtype).to(s.device)
         value = s + std * noise
         if name in charts:
             value = tangent_project(charts[name].detach(), value)
@@ -371,8 +372,8 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     lr : float or None
         Learning rate of a fresh ``optimizer`` ("sgd"/"adam"); None with an instance.
     generator : torch.Generator
-        Drives the Poisson sampling, the noise and (through a seed drawn from it) dropout:
-        the run is a deterministic function of the generator's state.
+        A CPU generator. Drives the Poisson sampling, the noise and (through a seed drawn
+        from it) dropout: the run is a deterministic function of the generator's state.
     optimizer : {"sgd", "adam"} or torch.optim.Optimizer, default="sgd"
         Post-processing of the privatized gradient: any optimizer keeps the guarantee.
         "sgd" is the textbook Riemannian DP-SGD (retraction of ``−lr·g``).
@@ -402,6 +403,9 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU generator (draws are moved to the module's device), "
+                         f"got one on {generator.device}")
     method = _check_method(module, method)
     opt = _make_optimizer(optimizer, module, lr)
     charts = stiefel_charts(module)
