@@ -351,8 +351,8 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     jointly to ``clip_norm``, sums them, adds ``N(0, (σC)²)`` noise (projected to the tangent
     space for the Stiefel weights), divides by the expected batch size ``q·n`` and applies
     one optimizer step, ``module.after_step_()`` and a re-centring of the BiMap charts (the
-    polar retraction). Every step is ``(ε, δ)``-accounted by :func:`epsilon_spent` with
-    ``steps = n_epochs · steps_per_epoch(sample_rate)``. See the module docstring.
+    polar retraction). The run spends ``epsilon_spent(noise_multiplier, delta, sample_rate,
+    n_epochs · steps_per_epoch(sample_rate))``. See the module docstring.
 
     Parameters
     ----------
