@@ -480,6 +480,9 @@ class SPDNet(FederatedModule):
     def _load_array(self, name, value):
         if name.startswith("bimaps."):
             self.bimaps[int(name.split(".")[1])].set_weight(value)
+            # set_weight re-centres the chart: the step count towards the next re-centring
+            # restarts, so a local update never depends on what the module trained before.
+            self._steps_since_recenter = 0
         else:
             super()._load_array(name, value)
 

@@ -14,9 +14,9 @@ __all__ = ["estimator_to_spec", "estimator_from_spec", "dumps", "loads"]
 
 
 def _classes():
-    from ..classifier import SPDnetClassifier
-    from ..eegnet import EEGNetClassifier
-    from ..federated import FederatedSPDnetClassifier
+    from .classifier import SPDnetClassifier
+    from .eegnet import EEGNetClassifier
+    from .federated import FederatedSPDnetClassifier
 
     return {cls.__name__: cls for cls in (FederatedSPDnetClassifier, SPDnetClassifier, EEGNetClassifier)}
 
