@@ -5,8 +5,10 @@ that the whole file runs in well under a minute and a half on two CPU cores. One
 joblib workers (``n_jobs=2``), whose first start takes 10-25 s.
 """
 
+import copy
 import os
 import pickle
+import warnings
 
 import joblib
 import numpy as np
@@ -20,16 +22,16 @@ from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.validation import check_is_fitted
 
-import skfedspd.federated as federated
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import projavg
-from skfedspd.federated import _partition, make_clients
+from skfedspd.federated import make_clients, partition_indices
+from skfedspd.persistence import load_bundle, load_estimator, save_estimator
 from skfedspd.stiefel import orthonormality_error
 
 N_CHANNELS = 6
 HISTORY_KEYS = {"round", "clients", "n_samples", "failed_clients", "train_loss", "val_loss", "val_f1",
-                "orthonormality", "lr", "wall_time"}
+                "orthonormality", "lr", "skipped_batches", "wall_time"}
 
 
 def _data(n=60, n_classes=3, seed=0):
@@ -43,9 +45,13 @@ def _estimator(**kwargs):
 
 
 def _fed(estimator=None, **kwargs):
-    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0)
+    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
     params.update(kwargs)
     return FederatedSPDnetClassifier(estimator if estimator is not None else _estimator(), **params)
+
+
+def _without_time(history):
+    return [{k: v for k, v in record.items() if k != "wall_time"} for record in history]
 
 
 def _groups(n, n_groups):
@@ -60,19 +66,20 @@ def fitted():
 
 
 def _counting_local_update(monkeypatch, fail=None):
-    """Replace ``federated.local_update`` by a wrapper that counts calls and raises on the
-    calls for which ``fail(call_index)`` is true; returns the list of recorded calls."""
-    original = federated.local_update
+    """Replace ``SPDnetClassifier.local_update`` (the one local-training routine) by a
+    wrapper that counts calls and raises on the calls for which ``fail(call_index)`` is
+    true; returns the list of recorded calls."""
+    original = SPDnetClassifier.local_update
     calls = []
 
-    def wrapper(*args, **kwargs):
+    def wrapper(self, global_params, local_state, X, y, **kwargs):
         index = len(calls)
-        calls.append({"y": args[4].clone(), "seed": kwargs["seed"], "lr": kwargs["lr"]})
+        calls.append({"y": torch.as_tensor(y).clone(), "seed": kwargs["seed"], "lr": kwargs["lr"]})
         if fail is not None and fail(index):
             raise OSError(f"simulated failure at call {index}")
-        return original(*args, **kwargs)
+        return original(self, global_params, local_state, X, y, **kwargs)
 
-    monkeypatch.setattr(federated, "local_update", wrapper)
+    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
     return calls
 
 
@@ -228,6 +235,21 @@ def test_persistence(fitted, method, tmp_path):
     assert loaded.history_ == clf.history_
 
 
+def test_save_estimator_round_trip(fitted, tmp_path):
+    """skfedspd's own data-only persistence (no pickle) keeps the model, the history and
+    the engine state that warm_start continues."""
+    clf, X, y = fitted
+    save_estimator(clf, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+    assert repr(loaded.history_) == repr(clf.history_)
+    assert loaded.best_round_ == clf.best_round_ and loaded.client_groups_ == clf.client_groups_
+    for name, value in clf.engine_.global_params.items():
+        np.testing.assert_array_equal(loaded.engine_.global_params[name], value, strict=True)
+    continued = loaded.set_params(warm_start=True, n_rounds=1).fit(X, y)
+    reference = copy.deepcopy(clf).set_params(warm_start=True, n_rounds=1).fit(X, y)
+    np.testing.assert_array_equal(continued.decision_function(X), reference.decision_function(X))
+    assert repr(_without_time(continued.history_)) == repr(_without_time(reference.history_))
 @pytest.mark.parametrize("method", ["predict", "predict_proba", "decision_function", "score"])
 def test_not_fitted(method):
     X, y = _data(n=6)
@@ -282,13 +304,22 @@ def test_binary_roc_auc_scorer():
     {"weighting": "equal"}, {"partition": "random"}, {"clients_per_round": 0},
     {"clients_per_round": -1}, {"clients_per_round": 4}, {"clients_per_round": 0.0},
     {"clients_per_round": 1.5}, {"clients_per_round": "half"}, {"clients_per_round": True},
-    {"clients_per_round": False},
+    {"clients_per_round": False}, {"clients_per_round": np.nan},
     {"estimator": SPDnetClassifier(lr=-1.0)}, {"estimator": SPDnetClassifier(hidden_dims=(8,))},
+    {"estimator": "SPDnetClassifier"}, {"estimator": object()},
+    {"patience": 0}, {"patience": -1}, {"patience": 2.5}, {"lr_patience": -1}, {"lr_factor": 0.0},
+    {"lr_factor": -0.5}, {"lr_factor": 1.5}, {"lr_factor": np.nan}, {"alpha": 0.0}, {"alpha": np.nan},
+    {"max_update_norm": 0.0}, {"max_update_norm": np.nan}, {"max_update_norm": -1.0},
+    {"validation_fraction": np.nan}, {"n_rounds": np.nan}, {"backend": "ray"}, {"warm_start": "yes"},
+    {"checkpoint_path": 3}, {"n_jobs": 1.5}, {"random_state": "seed"},
 ])
 def test_bad_params(params):
     X, y = _data(n=30)
+    clf = _fed(**params)
+    before = dict(vars(clf))
     with pytest.raises(ValueError):
-        _fed(**params).fit(X, y)
+        clf.fit(X, y)
+    assert vars(clf).keys() == before.keys()  # nothing fitted is left behind
 
 
 @pytest.mark.parametrize("groups", [np.zeros(29), np.zeros((30, 2))])
@@ -370,11 +401,27 @@ def test_partition_fallback(partition, n_clients):
     assert clf.history_[0]["clients"] == list(range(n_clients))
 
 
+def test_partition_fallback_warns_when_groups_were_probably_meant():
+    X, y = _data(n=30)
+    with pytest.warns(UserWarning, match="received no groups.*groups=subjects.*enable_metadata_routing.*"
+                                         "partition='stratified'"):
+        clf = _fed(n_rounds=1, partition=None).fit(X, y)
+    assert clf.client_source_ == "partition:stratified"
+    explicit = _fed(n_rounds=1, partition="stratified")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        explicit.fit(X, y)  # an explicit partition is silent ...
+        _fed(n_rounds=1, partition=None).fit(X, y, groups=_groups(30, 3))  # ... and so are groups
+        with sklearn.config_context(enable_metadata_routing=True):  # routing on: no groups was meant
+            _fed(n_rounds=1, partition=None).fit(X, y)
+    np.testing.assert_array_equal(clf.decision_function(X), explicit.decision_function(X))
+
+
 @pytest.mark.parametrize("partition", ["stratified", "contiguous", "dirichlet"])
 @pytest.mark.parametrize("n_clients", [1, 3, 7])
 def test_partition_covers_every_sample_once(partition, n_clients):
     y = np.arange(63) % 3
-    parts = _partition(y, n_clients, partition, alpha=1.0, seed=0)
+    parts = partition_indices(y, n_clients, partition, alpha=1.0, seed=0)
     assert len(parts) == n_clients
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(63))
     if partition == "contiguous":
@@ -519,10 +566,13 @@ def test_on_client_error_skip(monkeypatch, bad):
     X, y = _data(n=60)
     _counting_local_update(monkeypatch, fail=lambda call: call % 3 == bad)
     rule = RecordingRule()
-    clf = _fed(n_rounds=3, on_client_error="skip", aggregation=rule).fit(X, y)
+    with pytest.warns(RuntimeWarning, match=f"client {bad} left out"):
+        clf = _fed(n_rounds=3, on_client_error="skip", aggregation=rule).fit(X, y)
     others = [i for i in range(3) if i != bad]
     for record, call in zip(clf.history_, rule.calls):
-        assert record["failed_clients"] == [bad]
+        assert [f["client"] for f in record["failed_clients"]] == [bad]
+        assert record["failed_clients"][0]["stage"] == "train"
+        assert "OSError: simulated failure" in record["failed_clients"][0]["reason"]
         assert record["clients"] == others
         assert len(record["n_samples"]) == 2
         assert len(call["client_params"]) == 2
@@ -543,7 +593,7 @@ def test_on_client_error_raise(monkeypatch, bad):
 def test_on_client_error_skip_all_fail(monkeypatch):
     X, y = _data(n=60)
     _counting_local_update(monkeypatch, fail=lambda call: True)
-    with pytest.raises(RuntimeError, match="client 0 failed"):
+    with pytest.raises(RuntimeError, match="client 0 failed in round 0 .every client failed."):
         _fed(on_client_error="skip").fit(X, y)
 
 
@@ -645,13 +695,12 @@ def test_warm_start_unknown_label():
 
 def test_checkpoint_written(tmp_path, fitted):
     reference, X, y = fitted
-    path = tmp_path / "ckpt.pkl"
-    clf = _fed(n_rounds=4, checkpoint_path=str(path)).fit(X, y)
+    path = tmp_path / "ckpt.skfedspd"
+    clf = _fed(n_rounds=4, checkpoint_path=path).fit(X, y)
     np.testing.assert_array_equal(clf.decision_function(X), reference.decision_function(X))
-    with open(path, "rb") as f:
-        saved = pickle.load(f)
-    assert len(saved["history"]) == 4
-    assert not os.path.exists(f"{path}.tmp")
+    _, meta = load_bundle(path, kind="federated-checkpoint")
+    assert len(meta["history"]) == 4
+    assert os.listdir(tmp_path) == ["ckpt.skfedspd"]  # the temporary file was renamed
 
 
 def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
@@ -660,19 +709,18 @@ def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
     bit-identical."""
     X, y = _data(n=60)
     params = dict(n_rounds=4, clients_per_round=2, n_clients=4)
-    uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.pkl"), **params).fit(X, y)
+    uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.ckpt"), **params).fit(X, y)
 
     calls = _counting_local_update(monkeypatch, fail=lambda call: call == 4)  # 1st call of round 3
     with pytest.raises(RuntimeError, match="failed in round 2"):
-        _fed(checkpoint_path=str(tmp_path / "B.pkl"), **params).fit(X, y)
+        _fed(checkpoint_path=str(tmp_path / "B.ckpt"), **params).fit(X, y)
     assert len(calls) == 6  # round 3's other client still ran
-    with open(tmp_path / "B.pkl", "rb") as f:
-        assert len(pickle.load(f)["history"]) == 2
+    assert len(load_bundle(tmp_path / "B.ckpt", kind="federated-checkpoint")[1]["history"]) == 2
 
     calls.clear()
     monkeypatch.undo()
     calls = _counting_local_update(monkeypatch)
-    resumed = _fed(checkpoint_path=str(tmp_path / "B.pkl"), **params).fit(X, y)
+    resumed = _fed(checkpoint_path=str(tmp_path / "B.ckpt"), **params).fit(X, y)
     assert len(calls) == 4  # only rounds 3 and 4 were trained
     np.testing.assert_array_equal(resumed.decision_function(X), uninterrupted.decision_function(X))
     assert [r["round"] for r in resumed.history_] == [0, 1, 2, 3]
@@ -683,10 +731,11 @@ def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
 
 def test_checkpoint_of_other_configuration_ignored(tmp_path, monkeypatch):
     X, y = _data(n=30)
-    path = str(tmp_path / "ckpt.pkl")
+    path = str(tmp_path / "ckpt")
     _fed(n_rounds=2, checkpoint_path=path).fit(X, y)
     calls = _counting_local_update(monkeypatch)
-    clf = _fed(_estimator(lr=0.02), n_rounds=2, checkpoint_path=path).fit(X, y)
+    with pytest.warns(UserWarning, match="another configuration"):
+        clf = _fed(_estimator(lr=0.02), n_rounds=2, checkpoint_path=path).fit(X, y)
     assert len(calls) == 6  # trained from scratch
     assert [r["lr"] for r in clf.history_] == [0.02, 0.02]
     fresh = _fed(_estimator(lr=0.02), n_rounds=2).fit(X, y)
@@ -695,11 +744,12 @@ def test_checkpoint_of_other_configuration_ignored(tmp_path, monkeypatch):
 
 def test_checkpoint_of_other_data_ignored(tmp_path, monkeypatch):
     X, y = _data(n=30)
-    path = str(tmp_path / "ckpt.pkl")
+    path = str(tmp_path / "ckpt")
     _fed(n_rounds=2, checkpoint_path=path).fit(X, y)
     calls = _counting_local_update(monkeypatch)
     X2, y2 = _data(n=30, seed=5)
-    _fed(n_rounds=2, checkpoint_path=path).fit(X2, y2)
+    with pytest.warns(UserWarning, match="another configuration"):
+        _fed(n_rounds=2, checkpoint_path=path).fit(X2, y2)
     assert len(calls) == 6
 
 
@@ -780,8 +830,10 @@ def test_without_routing_groups_only_reach_the_splitter(recorder):
     X, y, subjects = _timeseries()
     pipe = make_pipeline(Covariances("oas"), RecordingFederated(_estimator(), n_rounds=1, local_epochs=1,
                                                                  n_clients=3, random_state=0))
-    GridSearchCV(pipe, {"recordingfederated__local_epochs": [1]}, cv=GroupKFold(2)).fit(X, y, groups=subjects)
+    with pytest.warns(UserWarning, match="received no groups") as caught:
+        GridSearchCV(pipe, {"recordingfederated__local_epochs": [1]}, cv=GroupKFold(2)).fit(X, y, groups=subjects)
     assert all(r["groups"] is None and r["client_source"] == "partition:stratified" for r in recorder)
+    assert sum("received no groups" in str(w.message) for w in caught) == len(recorder)  # every fit says so
     # Without routing, a pipeline passes step parameters explicitly.
     pipe.fit(X, y, recordingfederated__groups=subjects)
     assert recorder[-1]["client_source"] == "groups"
@@ -866,5 +918,5 @@ def test_without_validation_data_keeps_the_latest_global_model():
     assert clf.best_round_ == 2
     assert all(np.isnan(h["val_f1"]) for h in clf.history_)
     released = clf.global_estimator_.module_.get_parameters()
-    for name, value in clf._global.items():  # the last aggregation, not the initial model
+    for name, value in clf.engine_.global_params.items():  # the last aggregation, not the initial model
         np.testing.assert_allclose(released[name], value, rtol=0, atol=1e-12)
