@@ -329,7 +329,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                 raise
             raise ImportError(f"backend={self.backend!r} needs the flower extra: pip install "
                               f"'skfedspd[flower]' ({error})") from error
-        return self.set_result(backend(self, task))
+        # Training needs autograd whatever the caller's mode: inference tensors made here
+        # could not be trained on (local_update enables gradients itself).
+        with torch.inference_mode(False):
+            result = backend(self, task)
+        return self.set_result(result)
 
     def _prepare(self, X, y, groups, subjects):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
@@ -337,11 +341,12 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError("groups and subjects were both given and differ; pass one of them")
         groups = groups if groups is not None else subjects
         resume = self.warm_start and self.__sklearn_is_fitted__()
-        if resume:
+        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        if resume:  # the fitted model continues; its parameters are still checked
+            est.check_params()
             est = copy.deepcopy(self.global_estimator_)
             X = est.check_inputs(X, reset=False)
         else:
-            est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
             X = est.check_inputs(X, reset=True)
             est.set_classes(y)
         codes = est.encode_labels(y, len(X))

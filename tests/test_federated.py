@@ -8,6 +8,7 @@ joblib workers (``n_jobs=2``), whose first start takes 10-25 s.
 import copy
 import os
 import pickle
+import re
 import warnings
 
 import joblib
@@ -482,10 +483,11 @@ def test_weighting(weighting):
 
 def test_reproducible_serial_and_parallel():
     """Same random_state: bit-identical with one or two joblib workers (the only test that
-    starts loky workers)."""
+    starts loky workers), also when the charts are re-centred every few steps."""
     X, y = _data(n=60)
-    serial = _fed(n_rounds=3, n_jobs=1, clients_per_round=2).fit(X, y)
-    parallel = _fed(n_rounds=3, n_jobs=2, clients_per_round=2).fit(X, y)
+    est = _estimator(recenter_every=3, batch_size=16)
+    serial = _fed(est, n_rounds=3, n_jobs=1, clients_per_round=2).fit(X, y)
+    parallel = _fed(est, n_rounds=3, n_jobs=2, clients_per_round=2).fit(X, y)
     np.testing.assert_array_equal(serial.decision_function(X), parallel.decision_function(X))
     assert [r["clients"] for r in serial.history_] == [r["clients"] for r in parallel.history_]
     assert [r["val_loss"] for r in serial.history_] == [r["val_loss"] for r in parallel.history_]
@@ -920,3 +922,217 @@ def test_without_validation_data_keeps_the_latest_global_model():
     released = clf.global_estimator_.module_.get_parameters()
     for name, value in clf.engine_.global_params.items():  # the last aggregation, not the initial model
         np.testing.assert_allclose(released[name], value, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic fits: a fit that raises leaves the estimator exactly as it was
+# ---------------------------------------------------------------------------------------------
+
+
+def _nan_rule(client_params, weights, previous, kinds):
+    return {n: np.full_like(v, np.nan) for n, v in projavg(client_params, weights, previous, kinds).items()}
+
+
+def _shape_rule(client_params, weights, previous, kinds):
+    out = projavg(client_params, weights, previous, kinds)
+    out["head.bias"] = out["head.bias"][:, None]
+    return out
+
+
+class FlakyRule:
+    """ProjAvg, then a NaN model from the second call on (a failure after round 0)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return projavg(*args) if self.calls == 1 else _nan_rule(*args)
+
+
+def _all_clients_fail(monkeypatch):
+    _counting_local_update(monkeypatch, fail=lambda call: True)
+
+
+FAILING_FITS = {
+    # name: (parameters, how to call fit, expected error)
+    "clients_per_round_above_n_clients": ({"clients_per_round": 10}, {}, "clients_per_round=10"),
+    "nan_aggregate_from_callable_rule": ({"aggregation": _nan_rule}, {}, "aggregation rule .*_nan_rule"),
+    "wrong_shape_from_callable_rule": ({"aggregation": _shape_rule}, {}, "aggregation rule .*_shape_rule"),
+    "callable_rule_failing_in_round_1": ({"aggregation": FlakyRule(), "n_rounds": 2}, {}, "FlakyRule"),
+    "bad_n_rounds": ({"n_rounds": 0}, {}, "n_rounds"),
+    "bad_lr_factor": ({"lr_factor": np.nan}, {}, "lr_factor"),
+    "bad_inner_estimator": ({"estimator": _estimator(lr=-1.0)}, {}, "lr"),
+    "nan_in_X": ({}, {"X": "nan"}, "NaN or infinity"),
+    "y_of_other_length": ({}, {"y": "short"}, "labels"),
+    "groups_of_other_length": ({}, {"groups": np.zeros(7)}, "groups has 7 entries"),
+    "groups_and_subjects_differ": ({}, {"groups": "g", "subjects": "reversed"}, "differ"),
+    "single_class": ({}, {"y": "one class"}, "greater than one|labels not in classes"),
+    "n_clients_above_n_samples": ({"n_clients": 100}, {}, "n_clients=100 exceeds"),
+    "all_clients_fail": ({"on_client_error": "skip"}, {"patch": _all_clients_fail}, "every client failed"),
+    "corrupt_checkpoint_file": ({"checkpoint_path": "corrupt"}, {}, "corrupt"),
+}
+
+
+def _call(case_kwargs, X, y, tmp_path, monkeypatch):
+    X, y = X.copy(), y.copy()
+    kwargs = {}
+    if case_kwargs.get("X") == "nan":
+        X[3, 0, 0] = np.nan
+    if case_kwargs.get("y") == "short":
+        y = y[:-1]
+    if case_kwargs.get("y") == "one class":
+        y = np.zeros_like(y)
+    if "groups" in case_kwargs:
+        kwargs["groups"] = _groups(len(y), 3) if isinstance(case_kwargs["groups"], str) else case_kwargs["groups"]
+    if case_kwargs.get("subjects") == "reversed":
+        kwargs["subjects"] = kwargs["groups"][::-1]
+    if "patch" in case_kwargs:
+        case_kwargs["patch"](monkeypatch)
+    return X, y, kwargs
+
+
+def _snapshot(clf):
+    """The attribute objects, and the content of a fitted state."""
+    objects = {k: id(v) for k, v in vars(clf).items()}
+    if not clf.__sklearn_is_fitted__():
+        return objects, None
+    return objects, (repr(clf.history_), clf.best_round_, clf.engine_.state_dict()[0],
+                     clf.global_estimator_.get_parameters())
+
+
+def _assert_snapshot(clf, snapshot):
+    objects, fitted = snapshot
+    assert {k: id(v) for k, v in vars(clf).items()} == objects
+    if fitted is not None:
+        history, best, engine_arrays, released = _snapshot(clf)[1]
+        assert (history, best) == fitted[:2]
+        for before, after in ((fitted[2], engine_arrays), (fitted[3], released)):
+            assert before.keys() == after.keys()
+            for name in before:
+                np.testing.assert_array_equal(before[name], after[name], strict=True)
+
+
+@pytest.mark.parametrize("start", ["unfitted", "fitted", "warm_start"])
+@pytest.mark.parametrize("case", sorted(FAILING_FITS))
+def test_failing_fit_leaves_the_estimator_unchanged(case, start, fitted, tmp_path, monkeypatch):
+    params, case_kwargs, message = FAILING_FITS[case]
+    if (case, start) == ("single_class", "warm_start"):
+        pytest.skip("a warm start continues with the classes it knows: one-class data is valid there")
+    reference, X, y = fitted
+    clean = X[:5]
+    clf = copy.deepcopy(reference) if start != "unfitted" else _fed(n_rounds=4)
+    params = dict(params, warm_start=start == "warm_start")
+    if params.get("checkpoint_path") == "corrupt":
+        params["checkpoint_path"] = tmp_path / "corrupt"
+        params["checkpoint_path"].write_bytes(b"PK\x03\x04 not really a zip")
+    clf.set_params(**params)
+    X, y, kwargs = _call(case_kwargs, X, y, tmp_path, monkeypatch)
+    snapshot = _snapshot(clf)
+    prediction = clf.predict_proba(clean) if start != "unfitted" else None
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        clf.fit(X, y, **kwargs)
+    _assert_snapshot(clf, snapshot)
+    if prediction is not None:  # the fitted model still predicts as before
+        np.testing.assert_array_equal(clf.predict_proba(clean), prediction)
+    else:
+        assert not clf.__sklearn_is_fitted__()
+        assert not any(k.endswith("_") and not k.startswith("__") for k in vars(clf))
+
+
+def test_warm_start_with_unknown_label_leaves_the_model_unchanged(fitted):
+    reference, X, y = fitted
+    clf = copy.deepcopy(reference).set_params(warm_start=True)
+    snapshot = _snapshot(clf)
+    with pytest.raises(ValueError, match="not in classes"):
+        clf.fit(X, np.where(y == 0, 5, y))
+    _assert_snapshot(clf, snapshot)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grad mode, re-centring, checkpoints of a callable rule, crafted checkpoint files
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_fit_and_predict_do_not_depend_on_the_global_grad_mode(mode, fitted):
+    """pyRiemann's own test configuration turns gradients off globally."""
+    reference, X, y = fitted
+    context = torch.set_grad_enabled(False) if mode == "no_grad" else torch.inference_mode()
+    with context:
+        clf = _fed(n_rounds=4).fit(X, y)
+        proba = clf.predict_proba(X)
+        assert not torch.is_grad_enabled()
+    np.testing.assert_array_equal(proba, reference.predict_proba(X))
+    assert repr(_without_time(clf.history_)) == repr(_without_time(reference.history_))
+
+
+def test_recentring_counter_restarts_at_every_local_update():
+    """With recenter_every > 1 a client's reply does not depend on the client that the
+    shared module trained before it (as on the local backend) or not (a Flower site's own
+    module): the same replies either way."""
+    X, y = _data(n=60)
+    est = _estimator(recenter_every=3, batch_size=16)  # 2 steps per local update: the count would carry over
+    shared = _fed(est, n_rounds=2, aggregation=RecordingRule()).fit(X, y)
+    original = SPDnetClassifier.local_update
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SPDnetClassifier, "local_update", lambda self, *a, **k: original(copy.deepcopy(self), *a, **k))
+        separate = _fed(est, n_rounds=2, aggregation=RecordingRule()).fit(X, y)
+    for call_a, call_b in zip(shared.aggregation.calls, separate.aggregation.calls):
+        for a, b in zip(call_a["client_params"], call_b["client_params"]):
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name], strict=True)
+
+
+def test_checkpoint_of_a_callable_rule_resumes_with_another_instance(tmp_path, monkeypatch):
+    """The rule is fingerprinted by its qualified name: a new instance (a new process would
+    give a new address) resumes the checkpoint instead of restarting at round 0."""
+    X, y = _data(n=30)
+    path = tmp_path / "ckpt"
+    calls = _counting_local_update(monkeypatch, fail=lambda call: call == 3)  # round 1, client 0
+    with pytest.raises(RuntimeError, match="failed in round 1"):
+        _fed(n_rounds=2, aggregation=RecordingRule(), checkpoint_path=path).fit(X, y)
+    monkeypatch.undo()
+    calls = _counting_local_update(monkeypatch)
+    resumed = _fed(n_rounds=2, aggregation=RecordingRule(), checkpoint_path=path).fit(X, y)
+    assert len(calls) == 3  # round 1 only
+    uninterrupted = _fed(n_rounds=2, aggregation=RecordingRule()).fit(X, y)
+    np.testing.assert_array_equal(resumed.decision_function(X), uninterrupted.decision_function(X))
+
+
+class _Exploit:
+    """A pickle payload that would create ``marker`` when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("content", ["pickle_payload", "npz_with_pickled_object", "truncated", "random_bytes",
+                                     "empty", "other_kind_of_file"])
+def test_crafted_checkpoint_file_is_refused_and_runs_nothing(content, tmp_path, fitted):
+    reference, X, y = fitted
+    path, marker = tmp_path / "ckpt", tmp_path / "code-ran"
+    if content == "pickle_payload":
+        path.write_bytes(pickle.dumps({"fingerprint": "x", "history": _Exploit(marker)}))
+    elif content == "npz_with_pickled_object":
+        with open(path, "wb") as f:
+            np.savez(f, history=np.array([_Exploit(marker)], dtype=object))
+    elif content == "truncated":
+        _fed(n_rounds=1, checkpoint_path=path).fit(X, y)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif content == "random_bytes":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif content == "empty":
+        path.write_bytes(b"")
+    else:
+        save_estimator(reference, path)
+    original = path.read_bytes()
+    clf = _fed(n_rounds=1, checkpoint_path=path)
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        clf.fit(X, y)
+    assert not marker.exists()  # no code ran
+    assert path.read_bytes() == original  # the file is left alone
+    assert not clf.__sklearn_is_fitted__()

@@ -86,6 +86,7 @@ def spd():
     dict(groups=True, clients_per_round=2),
     dict(groups=False, clients_per_round=1, aggregation="rlavg", weighting="uniform", partition="dirichlet"),
     dict(groups=False, clients_per_round=None, validation_fraction=0.0),
+    dict(groups=False, clients_per_round=2, estimator=_estimator(recenter_every=3, batch_size=16)),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd
