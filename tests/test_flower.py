@@ -269,3 +269,13 @@ def test_deployment_loopback_equals_local(tmp_path, spd):
     server_side = (tmp_path / "run.log").read_text() + deployment.log("superlink")
     assert "SPDnetStrategy" in server_side and "model written to" in server_side
     assert "site0.npz" not in server_side and "site1.npz" not in server_side  # paths stay on the sites
+
+
+@pytest.mark.parametrize("labels", [np.array([10.0, 20.0, 30.0]), np.array([True, False]), np.array(["a", "b", "c"])])
+def test_simulation_accepts_float_bool_and_string_labels(spd, labels):
+    X, codes = spd
+    y = labels[codes % len(labels)]
+    local = _fed("local", n_rounds=1).fit(X, y)
+    flower = _fed("flower", n_rounds=1).fit(X, y)
+    assert_same_model(local, flower)
+    assert flower.classes_.tolist() == sorted(set(labels.tolist()))

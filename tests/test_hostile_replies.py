@@ -228,6 +228,8 @@ HOSTILE_SETUP = {
                             r"client 1 declared an invalid input statistic nan"),
     "labels_of_another_type": (_setup("labels", '["0", "1", "2"]'), r"labels of different types"),
     "labels_not_a_list": (_setup("labels", '{"0": 1}'), r"client 1 declared invalid labels"),
+    "label_not_a_scalar": (_setup("labels", '[0, 1, [2]]'), r"client 1 declared invalid labels"),
+    "label_nan": (_setup("labels", '[0, 1, NaN]'), r"client 1 declared invalid labels"),
     "duplicate_labels": (_setup("labels", "[0, 0, 1]"), r"client 1 declared invalid labels"),
     "zero_num_examples": (_setup("num-examples", 0), r"client 1 declared invalid sample counts"),
     "other_shape": (_setup("shape", [7, 7]), r"samples differ in shape"),

@@ -191,10 +191,11 @@ def _count(value, minimum):
 
 
 def _label_kind(label):
-    if isinstance(label, str):
-        return "str"
-    if isinstance(label, numbers.Integral) and not isinstance(label, bool):
-        return "int"
+    """"str", "bool" or "number" (a finite int or float); None for anything else."""
+    if isinstance(label, (str, bool)):
+        return type(label).__name__
+    if isinstance(label, numbers.Real) and np.isfinite(label):
+        return "number"
     return None
 
 
@@ -227,7 +228,7 @@ def _read_setup(infos, nodes):
         kinds = {_label_kind(label) for label in declared} if isinstance(declared, list) else {None}
         if not declared or None in kinds or len(set(declared)) != len(declared):
             raise ValueError(f"client {cid} declared invalid labels {declared!r} (a non-empty list of "
-                             "distinct ints or strings)")
+                             "distinct strings, booleans or finite numbers)")
         if not _count(info.get("num-examples"), 1) or not _count(info.get("n-val"), 0):
             raise ValueError(f"client {cid} declared invalid sample counts (num-examples "
                              f"{info.get('num-examples')!r}, n-val {info.get('n-val')!r})")
