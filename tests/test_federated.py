@@ -705,12 +705,14 @@ def test_checkpoint_written(tmp_path, fitted):
     assert os.listdir(tmp_path) == ["ckpt.skfedspd"]  # the temporary file was renamed
 
 
-def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
+@pytest.mark.parametrize("recenter_every", [1, 3])
+def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, recenter_every):
     """Uninterrupted fit (checkpoint A) vs. a fit interrupted in round 3 (checkpoint B) and
     then re-run with the same parameters: the re-run resumes from round 2 and ends
-    bit-identical."""
+    bit-identical (also when the charts are re-centred every few steps)."""
     X, y = _data(n=60)
-    params = dict(n_rounds=4, clients_per_round=2, n_clients=4)
+    params = dict(n_rounds=4, clients_per_round=2, n_clients=4,
+                  estimator=_estimator(recenter_every=recenter_every, batch_size=16))
     uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.ckpt"), **params).fit(X, y)
 
     calls = _counting_local_update(monkeypatch, fail=lambda call: call == 4)  # 1st call of round 3
