@@ -1,10 +1,11 @@
 """``SPDnetClassifier``: scikit-learn estimator around :class:`skfedspd.nn.SPDNet`."""
 
-import numbers
 import warnings
+from numbers import Integral, Real
 
 import numpy as np
 import torch
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from .base import TorchClassifierBase
 from .nn import SPDNet
@@ -155,39 +156,86 @@ class SPDnetClassifier(TorchClassifierBase):
         self.verbose = verbose
         self.warm_start = warm_start
 
+    _parameter_constraints: dict = {
+        **TorchClassifierBase._parameter_constraints,
+        "hidden_dims": [Interval(Integral, 1, None, closed="left"), "array-like"],
+        "eps": [Interval(Real, 0, np.inf, closed="neither")],
+        "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
+        "recenter_every": [Interval(Integral, 1, None, closed="left")],
+    }
+
+    def check_params(self):
+        """Validate the hyper-parameters (see :meth:`TorchClassifierBase.check_params`);
+        ``hidden_dims`` must be a positive int or a non-empty sequence of positive ints."""
+        super().check_params()
+        self._hidden_dims  # noqa: B018 - validates
+
     @property
     def _hidden_dims(self):
-        dims = (self.hidden_dims,) if isinstance(self.hidden_dims, numbers.Integral) else tuple(self.hidden_dims)
-        if not dims or any(int(d) < 1 for d in dims):
-            raise ValueError(f"hidden_dims must be positive integers, got {self.hidden_dims!r}")
+        dims = self.hidden_dims
+        dims = (dims,) if isinstance(dims, Integral) else tuple(dims)
+        if not dims or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, Integral) or d < 1 for d in dims):
+            raise ValueError(f"hidden_dims must be positive integers (an int or a tuple of ints), "
+                             f"got {self.hidden_dims!r}")
         return dims
 
     def _check_array(self, X, reset):
         X = check_spd_batch(X, None if reset else self.n_features_in_)
         if reset:
-            self.n_features_in_ = X.shape[1]
-            dims = (self.n_features_in_,) + self._hidden_dims
+            dims = (X.shape[1],) + self._hidden_dims
             if any(b > a for a, b in zip(dims, dims[1:])):
-                raise ValueError(f"hidden_dims {self._hidden_dims} must not increase from {self.n_features_in_} channels")
+                raise ValueError(f"hidden_dims {self._hidden_dims} must not increase from {X.shape[1]} channels")
+            self.n_features_in_ = X.shape[1]
         return X
 
     def input_statistic(self, X):
         """Mean over matrices of ``log(trace(X)/n)``: additive, so federated clients combine
-        it by a weighted mean into exactly the pooled value."""
+        it by a weighted mean into exactly the pooled value.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_matrices, n_channels, n_channels)
+            SPD matrices validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        float
+        """
         n = X.shape[-1]
         return float(np.mean(np.log(np.trace(X, axis1=1, axis2=2) / n)))
 
     def set_input_statistic(self, log_mean_trace):
+        """Set ``scale_``: ``exp(-log_mean_trace)`` for ``scaling="auto"``, the constant for a
+        float ``scaling``, 1.0 otherwise.
+
+        Parameters
+        ----------
+        log_mean_trace : float or None
+            The (pooled) :meth:`input_statistic`; only used by ``scaling="auto"``.
+        """
         if self.scaling == "auto":
             self.scale_ = float(np.exp(-log_mean_trace))
-        elif self.scaling == "trace" or self.scaling is None:
-            self.scale_ = 1.0
-        elif isinstance(self.scaling, numbers.Real) and self.scaling > 0:
+        elif isinstance(self.scaling, Real):
             self.scale_ = float(self.scaling)
-        else:
-            raise ValueError(f"scaling must be 'auto', 'trace', a positive float or None, got {self.scaling!r}")
+        else:  # "trace" (per matrix, in to_tensor) or None
+            self.scale_ = 1.0
+
+    @staticmethod
+    def _fitted_attributes():
+        return TorchClassifierBase._fitted_attributes() + ("scale_",)
 
     def to_tensor(self, X):
+        """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_matrices, n_channels, n_channels)
+            Validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        torch.Tensor
+        """
         if self.scaling == "trace":
             X = X * (X.shape[-1] / np.trace(X, axis1=1, axis2=2))[:, None, None]
         else:

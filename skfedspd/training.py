@@ -12,13 +12,20 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from sklearn.utils.validation import check_random_state
 
-__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "torch_threads"]
+__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads"]
 
 
 def derive_seed(*entropy):
     """A 63-bit seed from integers (random_state, round, client id...), stable across runs."""
     return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+def draw_seed(random_state):
+    """The int seed of one fit, drawn from ``random_state`` (None, int or RandomState) as
+    scikit-learn estimators draw: an int gives the same seed at every call."""
+    return int(check_random_state(random_state).randint(0, 2**31 - 1))
 
 
 @contextmanager
