@@ -35,8 +35,6 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.utils.validation import check_random_state
-
 from .aggregation import client_weights, get_aggregation
 from .stiefel import orthonormality_error
 from .training import PlateauSchedule, derive_seed
@@ -48,7 +46,6 @@ __all__ = [
     "FederatedResult",
     "FitTask",
     "check_aggregate",
-    "draw_seed",
     "n_selected",
     "pool_input_statistic",
     "rule_name",
@@ -110,11 +107,6 @@ class FederatedResult:
     engine: "FederatedEngine"
     client_source: str
     client_groups: list
-
-
-def draw_seed(random_state):
-    """The run's seed: one draw from ``random_state`` (int, RandomState or None)."""
-    return int(check_random_state(random_state).randint(0, 2**31 - 1))
 
 
 def rule_name(aggregation):

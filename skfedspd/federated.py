@@ -36,13 +36,12 @@ from .engine import (
     FederatedResult,
     FitTask,
     TrainReply,
-    draw_seed,
     n_selected,
     pool_input_statistic,
     rule_name,
 )
 from .persistence import load_bundle, save_bundle
-from .training import derive_seed, evaluate
+from .training import derive_seed, draw_seed, evaluate
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 

@@ -200,6 +200,22 @@ class PlateauSchedule:
     def should_stop(self):
         return self.patience is not None and self._since_best >= self.patience
 
+    def state_dict(self):
+        """The schedule's progress (not its configuration): JSON-able entries, and
+        ``best_state`` as given to :meth:`step` (a copy; None before the first step)."""
+        return {"lr": float(self.lr), "best_score": [float(v) for v in self.best_score],
+                "best_step": int(self.best_step), "n_steps": int(self.n_steps),
+                "since_best": int(self._since_best), "since_lr": int(self._since_lr),
+                "best_state": copy.deepcopy(self.best_state)}
+
+    def load_state_dict(self, state):
+        """Continue from :meth:`state_dict`'s output (the configuration stays this one's)."""
+        self.lr = float(state["lr"])
+        self.best_score = tuple(float(v) for v in state["best_score"])
+        self.best_step, self.n_steps = int(state["best_step"]), int(state["n_steps"])
+        self._since_best, self._since_lr = int(state["since_best"]), int(state["since_lr"])
+        self.best_state = copy.deepcopy(state["best_state"])
+
 
 def warn_skipped(n_skipped, where):
     if n_skipped:

@@ -20,7 +20,8 @@ from sklearn.base import clone
 
 from .. import spec as _spec
 from ..classifier import SPDnetClassifier
-from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, draw_seed, pool_input_statistic
+from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, pool_input_statistic
+from ..training import draw_seed
 from .client import from_array_record, to_array_record
 
 __all__ = ["SPDnetStrategy", "serve", "connect_sites"]
