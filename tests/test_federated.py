@@ -1,8 +1,9 @@
-"""Tests for ``skfedspd.federated``: ``FederatedSPDnetClassifier``, clients, partitions.
+"""Tests for ``skfedspd.federated``: ``FederatedSPDnetClassifier``, clients, partitions,
+failure policy, checkpoints (crafted files included), atomic fits, grad mode.
 
-Tiny SPD problems (6 channels, ``hidden_dims=(3,)``, a few rounds of one local epoch) so
-that the whole file runs in well under a minute and a half on two CPU cores. One test uses
-joblib workers (``n_jobs=2``), whose first start takes 10-25 s.
+Tiny SPD problems (6 channels, ``hidden_dims=(3,)``, a few rounds of one local epoch); most
+failing fits stop before any training. One test uses joblib workers (``n_jobs=2``), whose
+first start takes 10-25 s.
 """
 
 import copy
