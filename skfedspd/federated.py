@@ -334,6 +334,20 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             result = backend(self, task)
         return self.set_result(result)
 
+    def check_params(self):
+        """Validate the parameters (``_parameter_constraints``) and the local estimator's.
+
+        ``fit`` does it; a Flower ServerApp (:func:`skfedspd.flower.serve`), which gets the
+        estimator as a JSON spec, calls this before contacting any site.
+
+        Raises
+        ------
+        ValueError
+            Naming the parameter, its value and what is allowed.
+        """
+        self._validate_params()
+        clone(self.estimator if self.estimator is not None else SPDnetClassifier()).check_params()
+
     def _prepare(self, X, y, groups, subjects):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):

@@ -284,3 +284,14 @@ def test_simulation_accepts_float_bool_and_string_labels(spd, labels):
     flower = _fed("flower", n_rounds=1).fit(X, y)
     assert_same_model(local, flower)
     assert flower.classes_.tolist() == sorted(set(labels.tolist()))
+
+
+def test_serve_checks_the_parameters_before_contacting_any_site():
+    """The ServerApp gets the estimator as a JSON spec, not through ``fit``: ``serve``
+    validates it before waiting for any site (no grid needed to fail)."""
+    from skfedspd.flower.server import serve
+
+    with pytest.raises(ValueError, match="n_rounds"):
+        serve(_fed("local", n_rounds=0), grid=None, n_sites=2)
+    with pytest.raises(ValueError, match="lr"):
+        serve(_fed("local", estimator=_estimator(lr=-1.0)), grid=None, n_sites=2)

@@ -280,12 +280,12 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     FederatedResult
         For ``fed.set_result``.
     """
+    fed.check_params()
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
     resume = fed.warm_start and fed.__sklearn_is_fitted__()
     est = copy.deepcopy(fed.global_estimator_) if resume else clone(
         fed.estimator if fed.estimator is not None else SPDnetClassifier())
-    est.check_params()
     nodes = connect_sites(grid, n_sites, connect_timeout)
     seed = fed.engine_.seed if resume else (draw_seed(fed.random_state) if seed is None else int(seed))
 
