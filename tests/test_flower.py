@@ -51,8 +51,8 @@ def _fed(backend, estimator=None, **kwargs):
 def _without_time(history):
     """History records without wall times, failure reasons reduced to client and stage
     (the reasons' wording differs between backends: an exception vs a ClientApp error)."""
-    return [{k: ([(f["client"], f["stage"]) for f in v] if k == "failed_clients" else v)
-             for k, v in record.items() if k != "wall_time"} for record in history]
+    return [{k: ([(f["client"], f["stage"]) for f in record[k]] if k == "failed_clients" else record[k])
+             for k in sorted(record) if k != "wall_time"} for record in history]  # saved files sort keys
 
 
 def assert_same_model(a, b):

@@ -157,8 +157,8 @@ HOSTILE_TRAIN = {
 
 
 def _without_reasons(history):
-    return [{k: ([(f["client"], f["stage"]) for f in v] if k == "failed_clients" else v)
-             for k, v in record.items() if k != "wall_time"} for record in history]
+    return [{k: ([(f["client"], f["stage"]) for f in record[k]] if k == "failed_clients" else record[k])
+             for k in sorted(record) if k != "wall_time"} for record in history]
 
 
 def _assert_same_run(a, b):
