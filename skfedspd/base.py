@@ -511,6 +511,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         with self._atomic():
             warm = self.warm_start and self.__sklearn_is_fitted__()
+            if warm:  # check_inputs(reset=True) runs check_params otherwise
+                self.check_params()
             X = self.check_inputs(X, reset=not warm)
             y = _check_labels(y, len(X))
             if not warm:

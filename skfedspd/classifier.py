@@ -63,9 +63,10 @@ class SPDnetClassifier(TorchClassifierBase):
     Parameters
     ----------
     hidden_dims : int or tuple of int, default=(18,)
-        Output size of each BiMap (one BiRe block per entry).
+        Output size of each BiMap (one BiRe block per entry); positive and not increasing
+        from the number of channels.
     eps : float, default=1e-2
-        ReEig threshold (applied after input scaling).
+        ReEig threshold (applied after input scaling); finite and > 0.
     scaling : {"auto", "trace"}, float or None, default="auto"
         Input scaling. ``"auto"`` multiplies every matrix by one scalar fitted on the
         training data, the inverse geometric mean of ``trace(X)/n``, so that raw MOABB
@@ -73,17 +74,19 @@ class SPDnetClassifier(TorchClassifierBase):
         power differences between trials are kept. ``"trace"`` divides each matrix by its
         own ``trace/n``; a float multiplies by that constant; None leaves the input as is.
     lr : float, default=1e-3
-        Initial Adam learning rate.
+        Initial Adam learning rate (> 0); the learning rate of every ``partial_fit`` epoch.
     batch_size : int, default=64
     max_epochs : int, default=300
     validation_fraction : float, default=0.1
         Stratified hold-out used for early stopping and the LR schedule (0 disables both).
-    patience : int, default=75
-        Early stopping: epochs without improvement of the validation macro-F1 (ties broken
-        by the validation loss) before training stops; the best epoch's weights are restored.
-    lr_patience : int, default=20
-        ReduceLROnPlateau patience, in epochs, on the same validation score.
-    lr_factor : float, default=0.5
+    patience : int >= 0 or None, default=75
+        Early stopping in ``fit``: **epochs** without improvement of the validation
+        macro-F1 (ties broken by the validation loss) before training stops; the best
+        epoch's weights are restored. None: no early stopping. (The federated schedule
+        counts rounds and is set on :class:`~skfedspd.FederatedSPDnetClassifier`.)
+    lr_patience : int >= 0, default=20
+        ReduceLROnPlateau patience, in **epochs**, on the same validation score.
+    lr_factor : float in (0, 1), default=0.5
         ReduceLROnPlateau factor.
     recenter_every : int, default=1
         Re-centre the Stiefel charts every this many optimizer steps.
@@ -96,7 +99,10 @@ class SPDnetClassifier(TorchClassifierBase):
     verbose : bool, default=False
         Show a progress bar per epoch with the training loss and validation macro-F1.
     warm_start : bool, default=False
-        When True, ``fit`` continues from the current weights.
+        When True, ``fit`` continues from the current weights (with a fresh optimizer).
+
+    All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
+    ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
 
     Attributes
     ----------
@@ -110,7 +116,11 @@ class SPDnetClassifier(TorchClassifierBase):
     history_ : list of dict
         One record per epoch: ``train_loss``, ``val_loss``, ``val_f1`` (macro), ``lr``,
         ``skipped_batches``.
-    best_epoch_, n_epochs_ : int
+    best_epoch_ : int
+        Index in ``history_`` of the epoch whose weights were kept.
+    n_iter_ : int
+        Epochs run on this model (``fit``, ``partial_fit`` and warm starts), as in
+        :class:`~sklearn.neural_network.MLPClassifier`; ``n_epochs_`` is an alias.
 
     Examples
     --------

@@ -412,7 +412,8 @@ class EEGNetClassifier(TorchClassifierBase):
 
     Attributes
     ----------
-    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_epochs_
+    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_
+        As in :class:`~skfedspd.SPDnetClassifier`.
     """
 
     def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,

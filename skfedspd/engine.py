@@ -53,6 +53,7 @@ __all__ = [
 ]
 
 STATE_VERSION = 1
+_SCHEDULE_CONFIG = ("patience", "lr_patience", "lr_factor", "min_lr")
 _STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
 
 
@@ -503,7 +504,9 @@ class FederatedEngine:
             f"local/{c}/{n}" for c, s in local_states.items() for n in s}
         if unknown:
             raise ValueError(f"engine state has unexpected arrays {sorted(unknown)}")
-        schedule = dict(meta["schedule"], best_state=best if meta.get("has_best") else None)
+        # The schedule's progress from the state, its configuration (patience...) this engine's.
+        config = {k: v for k, v in self.schedule.state_dict().items() if k in _SCHEDULE_CONFIG}
+        schedule = dict(meta["schedule"], **config, best_state=best if meta.get("has_best") else None)
         self.schedule.load_state_dict(schedule)
         self.global_params = global_params
         self.local_states = local_states

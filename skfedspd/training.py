@@ -196,25 +196,44 @@ class PlateauSchedule:
         self.n_steps += 1
         return improved
 
+    _FIELDS = ("lr", "patience", "lr_patience", "lr_factor", "min_lr", "best_step", "n_steps", "_since_best",
+               "_since_lr")
+
+    def state_dict(self):
+        """The schedule's state: JSON data, plus ``"best_state"`` (the stored state, as given
+        to :meth:`step`: e.g. a dict of numpy arrays, or None).
+
+        Returns
+        -------
+        dict
+            Keys ``lr``, ``patience``, ``lr_patience``, ``lr_factor``, ``min_lr``,
+            ``best_score`` (``[f1, loss]``, possibly infinite), ``best_step``, ``n_steps``,
+            ``since_best``, ``since_lr`` and ``best_state``.
+        """
+        state = {name.lstrip("_"): getattr(self, name) for name in self._FIELDS}
+        state["best_score"] = [float(v) for v in self.best_score]
+        state["best_state"] = self.best_state
+        return state
+
+    def load_state_dict(self, state):
+        """Restore what :meth:`state_dict` returned (``best_state`` is used as given).
+
+        Raises
+        ------
+        ValueError
+            If a key is missing or unknown.
+        """
+        expected = {name.lstrip("_") for name in self._FIELDS} | {"best_score", "best_state"}
+        if set(state) != expected:
+            raise ValueError(f"schedule state has keys {sorted(state)}, expected {sorted(expected)}")
+        for name in self._FIELDS:
+            setattr(self, name, state[name.lstrip("_")])
+        self.best_score = tuple(float(v) for v in state["best_score"])
+        self.best_state = state["best_state"]
+
     @property
     def should_stop(self):
         return self.patience is not None and self._since_best >= self.patience
-
-    def state_dict(self):
-        """The schedule's progress (not its configuration): JSON-able entries, and
-        ``best_state`` as given to :meth:`step` (a copy; None before the first step)."""
-        return {"lr": float(self.lr), "best_score": [float(v) for v in self.best_score],
-                "best_step": int(self.best_step), "n_steps": int(self.n_steps),
-                "since_best": int(self._since_best), "since_lr": int(self._since_lr),
-                "best_state": copy.deepcopy(self.best_state)}
-
-    def load_state_dict(self, state):
-        """Continue from :meth:`state_dict`'s output (the configuration stays this one's)."""
-        self.lr = float(state["lr"])
-        self.best_score = tuple(float(v) for v in state["best_score"])
-        self.best_step, self.n_steps = int(state["best_step"]), int(state["n_steps"])
-        self._since_best, self._since_lr = int(state["since_best"]), int(state["since_lr"])
-        self.best_state = copy.deepcopy(state["best_state"])
 
 
 def warn_skipped(n_skipped, where):

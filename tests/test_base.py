@@ -102,3 +102,9 @@ def test_encode_labels_errors():
         clf.encode_labels(["a", "b"], n_samples=3)
     with pytest.raises(ValueError, match="greater than one; got 1 class"):
         SPDnetClassifier().set_classes(["a", "a"])
+
+
+@pytest.mark.parametrize("cls", [SPDnetClassifier, EEGNetClassifier])
+def test_every_parameter_is_constrained(cls):
+    assert set(cls._parameter_constraints) == set(cls().get_params(deep=False))
+    cls().check_params()  # the defaults are valid

@@ -768,6 +768,15 @@ def test_hostile_input_fitted_model_intact(fitted, data, what, match, method):
     np.testing.assert_array_equal(clf.decision_function(data[0]), reference)
 
 
+@pytest.mark.parametrize("hidden_dims", [(2.7,), (0,), ()])
+def test_warm_start_fit_validates_hidden_dims(fitted, data, hidden_dims):
+    clf = copy.deepcopy(fitted).set_params(warm_start=True, hidden_dims=hidden_dims)
+    before = _snapshot(clf)
+    with pytest.raises(ValueError, match="hidden_dims must be positive integers"):
+        clf.fit(*data)
+    _assert_same_state(clf, before)
+
+
 def test_partial_fit_other_classes_rejected_and_atomic(data):
     X, y = data
     clf = make_clf().partial_fit(X, y, classes=[0, 1, 2])

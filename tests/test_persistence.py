@@ -247,7 +247,8 @@ def test_pickle_payload_inside_a_valid_container_runs_no_code(tmp_path):
 
 @pytest.mark.parametrize("spec", [{"class": "os.system", "params": {}},
                                   {"class": "SPDnetClassifier", "params": {"hidden_dims": {"__reduce__": 1}}},
-                                  {"class": "SPDnetClassifier", "params": {"no_such_param": 1}}])
+                                  {"class": "SPDnetClassifier", "params": {"no_such_param": 1}},
+                                  {"class": "SPDnetClassifier", "params": ["x"]}, ["SPDnetClassifier"]])
 def test_unknown_class_or_params_in_spec(tmp_path, spec):
     path = tmp_path / "m.safetensors"
     save_bundle(path, {}, {"estimator": spec, "fitted": False}, kind="estimator")
