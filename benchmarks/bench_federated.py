@@ -63,8 +63,10 @@ import numpy as np
 import sklearn
 import torch
 
+import skfedspd.federated as federated_module
 from _machine import cpu_name
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.engine import FederatedEngine
 from skfedspd.datasets import make_spd_classification
 from skfedspd.aggregation import client_weights, karcher, projavg, rlavg, weighted_sum
 from skfedspd.stiefel import orthonormality_error, polar, random_stiefel, retract, stiefel_log, tangent_project
@@ -121,25 +123,39 @@ def verdict(ok):
 
 
 class _TimedFederated(FederatedSPDnetClassifier):
-    """The federated estimator, with the server-side time of each round split out.
+    """The federated estimator, with the server-side time of its fits split out.
 
-    ``_aggregate_round`` covers aggregation + evaluation of the new global model on every
-    client's validation part + the schedule step; ``_evaluate_global`` is the evaluation alone.
+    ``server_time_`` covers the engine's round steps (reply checks, aggregation, schedule,
+    records: ``FederatedEngine.aggregate`` and ``finish_round``) plus the evaluation of the
+    new global model on every client's validation part; ``eval_time_`` is the evaluation
+    alone (``skfedspd.federated.evaluate``, called once per client per round).
     """
 
-    def _aggregate_round(self, *args, **kwargs):
-        t0 = time.perf_counter()
-        try:
-            return super()._aggregate_round(*args, **kwargs)
-        finally:
-            self.server_time_ = getattr(self, "server_time_", 0.0) + time.perf_counter() - t0
+    def fit(self, X, y, **kwargs):
+        times = {"server": 0.0, "eval": 0.0}
 
-    def _evaluate_global(self, *args, **kwargs):
-        t0 = time.perf_counter()
+        def timed(function, *keys):
+            def wrapper(*args, **kw):
+                t0 = time.perf_counter()
+                try:
+                    return function(*args, **kw)
+                finally:
+                    for key in keys:
+                        times[key] += time.perf_counter() - t0
+            return wrapper
+
+        patches = [(FederatedEngine, "aggregate", ("server",)), (FederatedEngine, "finish_round", ("server",)),
+                   (federated_module, "evaluate", ("server", "eval"))]
+        originals = [getattr(owner, name) for owner, name, _ in patches]
         try:
-            return super()._evaluate_global(*args, **kwargs)
+            for owner, name, keys in patches:
+                setattr(owner, name, timed(getattr(owner, name), *keys))
+            super().fit(X, y, **kwargs)
         finally:
-            self.eval_time_ = getattr(self, "eval_time_", 0.0) + time.perf_counter() - t0
+            for (owner, name, _), original in zip(patches, originals):
+                setattr(owner, name, original)
+        self.server_time_, self.eval_time_ = times["server"], times["eval"]
+        return self
 
 
 def _local_estimator(args):
@@ -150,8 +166,8 @@ def _local_estimator(args):
 def _federated(args, n_jobs, n_rounds, n_clients, timed=True):
     cls = _TimedFederated if timed else FederatedSPDnetClassifier
     return cls(_local_estimator(args), aggregation=args.aggregation, n_rounds=n_rounds,
-               local_epochs=args.epochs, n_clients=n_clients, validation_fraction=args.validation_fraction,
-               n_jobs=n_jobs, random_state=0)
+               local_epochs=args.epochs, n_clients=n_clients, partition="stratified", patience=None,
+               lr_patience=BIG, validation_fraction=args.validation_fraction, n_jobs=n_jobs, random_state=0)
 
 
 def _centralized(args, n_epochs):
@@ -287,11 +303,10 @@ def bench_p3(args, X, y, results):
     cold = time.perf_counter() - t0
     print(f"  warm-up fit with n_jobs=2 (1 round, starts the loky workers): {cold:.2f} s")
     _timed_fit(lambda: _federated(args, 1, 1, K), X, y)
-    # what one client's job carries: the module + broadcast (pickled per job) and its data
+    # what one client's job carries: the local estimator (its module) + broadcast (pickled per job) and its data
     probe = _federated(args, 1, 1, K, timed=False).fit(X, y)
-    module = probe.global_estimator_.module_
-    small = len(pickle.dumps((module, module.get_parameters())))
-    data_mib = probe.global_estimator_._to_tensor(X[: len(y) // K]).numpy().nbytes / 2**20
+    small = len(pickle.dumps((probe.global_estimator_, probe.global_estimator_.get_parameters())))
+    data_mib = probe.global_estimator_.to_tensor(X[: len(y) // K]).numpy().nbytes / 2**20
     # the ceiling workload: jobs as long as one client's local update
     one = _federated(args, 1, 1, K, timed=False)
     one.fit(X, y)
@@ -322,7 +337,7 @@ def bench_p3(args, X, y, results):
     speedup = a / b
     ceiling = statistics.median(c1) / statistics.median(c2)
     identical, how = _compare_models(models[1], models[2])
-    print(f"  per job: module + broadcast {small / 1024:.0f} KiB pickled; client training data "
+    print(f"  per job: estimator + broadcast {small / 1024:.0f} KiB pickled; client training data "
           f"{data_mib:.2f} MiB ({K} jobs per round)")
     print(f"  reps {args.reps} (order alternated), median; 1-min load average {load:.2f} -> "
           f"{os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
@@ -449,8 +464,9 @@ def p6_child(args):
     rss_before = _rss_mib()
     peak_before = _peak_rss_mib()
     fed = FederatedSPDnetClassifier(
-        SPDnetClassifier(hidden_dims=(args.p6_hidden,), batch_size=32, lr=1e-2, patience=BIG, lr_patience=BIG),
-        n_rounds=args.p6_rounds, local_epochs=args.epochs, validation_fraction=1.0 / per_client,
+        SPDnetClassifier(hidden_dims=(args.p6_hidden,), batch_size=32, lr=1e-2),
+        n_rounds=args.p6_rounds, local_epochs=args.epochs, patience=None, lr_patience=BIG,
+        validation_fraction=1.0 / per_client,
         n_jobs=args.p6_jobs, random_state=0)
     t0 = time.perf_counter()
     with warnings.catch_warnings():

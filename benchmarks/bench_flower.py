@@ -60,7 +60,7 @@ def estimator(args):
     from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 
     return FederatedSPDnetClassifier(
-        SPDnetClassifier(hidden_dims=(args.hidden,), batch_size=16, lr=0.02, patience=1000),
+        SPDnetClassifier(hidden_dims=(args.hidden,), batch_size=16, lr=0.02),
         n_rounds=args.rounds, local_epochs=args.local_epochs, clients_per_round=args.clients_per_round,
         random_state=0)
 
@@ -115,7 +115,7 @@ def child(args):
             sampler = threading.Thread(target=sample, args=({p.pid for p in deployment.processes.values()},),
                                        daemon=True)
             sampler.start()
-            fed = fit_federated(fed, deployment.address, args.sites, tmp / "model.pkl", insecure=True,
+            fed = fit_federated(fed, deployment.address, args.sites, tmp / "model.skfedspd", insecure=True,
                                 quiet=True, round_timeout=600, connect_timeout=300)
             stop.set()
             sampler.join()
@@ -125,7 +125,7 @@ def child(args):
     walls = [r["wall_time"] for r in fed.history_]
     out.update(rounds=len(walls), round_median_s=float(np.median(walls)), round_min_s=float(np.min(walls)),
                round_max_s=float(np.max(walls)), peak_hwm_mib=vm_hwm_mib(), total_s=time.perf_counter() - t0,
-               params={k: np.asarray(v).tolist() for k, v in fed._global.items()},
+               params={k: np.asarray(v).tolist() for k, v in fed.engine_.global_params.items()},
                history=repr([{k: v for k, v in r.items() if k != "wall_time"} for r in fed.history_]))
     print("RESULT " + json.dumps(out))
 

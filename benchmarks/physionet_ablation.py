@@ -32,7 +32,7 @@ VARIANTS = {
     "protocol": (["centralized/spdnet", "full/spdnet-projavg", "half/spdnet-projavg"], None),
     "E=8 local epochs": (["full/spdnet-projavg"], {"federated": {"local_epochs": 8}}),
     "local lr 4e-3": (["full/spdnet-projavg"], {"local": {"lr": 4e-3}}),
-    "Half, LR patience 20 rounds": (["half/spdnet-projavg"], {"local": {"lr_patience": 20}}),
+    "Half, LR patience 20 rounds": (["half/spdnet-projavg"], {"federated": {"lr_patience": 20}}),
     "protocol (EEGNet)": (["centralized/eegnet", "full/eegnet"], None),
     "EEGNet standardize='channel'": (["centralized/eegnet", "full/eegnet"], {"local": {"standardize": "channel"}}),
 }

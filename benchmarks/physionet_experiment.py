@@ -175,10 +175,10 @@ def federated(local, aggregation, participation, rounds, seed, verbose=False):
     training half the clients.
     """
     fraction = 1.0 if participation == "full" else 0.5
-    local = local.set_params(patience=None, verbose=False, lr_patience=round(TRAINING["lr_patience"] / fraction))
     return FederatedSPDnetClassifier(
-        local, aggregation=aggregation, n_rounds=rounds, local_epochs=LOCAL_EPOCHS,
-        clients_per_round=None if participation == "full" else fraction, groups_per_client=2,
+        local.set_params(verbose=False), aggregation=aggregation, n_rounds=rounds, local_epochs=LOCAL_EPOCHS,
+        clients_per_round=None if participation == "full" else fraction, patience=None,
+        lr_patience=round(TRAINING["lr_patience"] / fraction), lr_factor=TRAINING["lr_factor"], groups_per_client=2,
         validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose,
     )
 

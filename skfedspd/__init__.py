@@ -3,6 +3,14 @@
 from .classifier import SPDnetClassifier
 from .eegnet import EEGNetClassifier
 from .federated import FederatedSPDnetClassifier
+from .persistence import load_estimator, save_estimator
 
 __version__ = "0.1.0"
-__all__ = ["SPDnetClassifier", "EEGNetClassifier", "FederatedSPDnetClassifier", "__version__"]
+__all__ = [
+    "SPDnetClassifier",
+    "EEGNetClassifier",
+    "FederatedSPDnetClassifier",
+    "save_estimator",
+    "load_estimator",
+    "__version__",
+]

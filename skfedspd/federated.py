@@ -1,68 +1,60 @@
 """``FederatedSPDnetClassifier``: FedSPDnet (Algorithm 1 of the paper) as a meta-estimator.
 
-Clients are simulated in-process (optionally in parallel with joblib). Each round the server
-samples clients with a seeded generator, broadcasts the global parameters, every selected
-client runs :func:`skfedspd.training.train_epochs` (the same routine as centralized
-training) with a fresh optimizer, and the server aggregates with a pure function of
-:mod:`skfedspd.aggregation`.
+``fit`` validates the parameters and the data, splits the samples into clients, and hands
+the run to a backend by name (:data:`BACKENDS`): ``"local"`` (:func:`fit_local`, clients
+simulated in this process, optionally in parallel with joblib) or ``"flower"`` (an
+in-process Flower simulation). Every backend drives one
+:class:`~skfedspd.engine.FederatedEngine` (seeded client sampling, reply validation,
+failure policy, aggregation, schedule, history); each selected client runs the local
+estimator's ``local_update`` (the one local-training routine). The estimator's attributes
+are assigned only when the backend succeeds: a fit that raises leaves it as it was.
 """
 
-import numbers
+import copy
+import hashlib
+import importlib
+import json
 import os
-import pickle
 import time
-from dataclasses import dataclass
+import warnings
+from numbers import Integral, Real
 
 import numpy as np
+import sklearn
 import torch
 from joblib import Parallel, delayed, effective_n_jobs
-from sklearn.base import BaseEstimator, ClassifierMixin, clone
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
+from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .aggregation import client_weights, get_aggregation
-from .base import _progress, stratified_split
+from .aggregation import AGGREGATIONS
+from .base import stratified_split
 from .classifier import SPDnetClassifier
-from .stiefel import orthonormality_error
-from .training import PlateauSchedule, derive_seed, predict_logits, seeded_torch, torch_threads, train_epochs
+from .engine import (
+    EvalReply,
+    FederatedEngine,
+    FederatedResult,
+    FitTask,
+    TrainReply,
+    n_selected,
+    pool_input_statistic,
+    rule_name,
+)
+from .persistence import load_bundle, save_bundle
+from .training import derive_seed, draw_seed, evaluate
 
-__all__ = ["FederatedSPDnetClassifier", "local_update", "make_clients"]
+__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 
+#: Backends of ``FederatedSPDnetClassifier(backend=...)``: ``"module:function"``, called as
+#: ``function(fed, task) -> FederatedResult`` (imported when used: Flower is an extra).
+BACKENDS = {"local": "skfedspd.federated:fit_local", "flower": "skfedspd.flower.simulation_fit:fit_simulation"}
 
-@dataclass
-class Client:
-    """One simulated site: its training and validation parts (already tensors)."""
-
-    cid: int
-    groups: tuple
-    X_train: torch.Tensor
-    y_train: torch.Tensor
-    X_val: torch.Tensor
-    y_val: torch.Tensor
-
-
-def local_update(module, global_params, local_state, X, y, *, lr, n_epochs, batch_size, seed, n_threads=None):
-    """One client's work in a round: load the broadcast, train, return the new parameters.
-
-    The module's BiMap charts are re-centred at the broadcast weights (``set_parameters``),
-    a fresh Adam optimizer is created, and ``n_epochs`` epochs of
-    :func:`~skfedspd.training.train_epochs` run under a seeded RNG.
-
-    Returns
-    -------
-    params : dict
-        ``module.get_parameters()`` after training (``"local"`` arrays included).
-    mean_loss : float
-    n_skipped : int
-    """
-    with torch_threads(n_threads), seeded_torch(seed):
-        module.set_parameters(global_params)
-        if local_state:
-            module.set_parameters(local_state)
-        generator = torch.Generator().manual_seed(seed)
-        optimizer = torch.optim.Adam(module.parameters(), lr=lr)
-        loss, skipped = train_epochs(module, optimizer, X, y, n_epochs=n_epochs,
-                                     batch_size=batch_size, generator=generator)
-        return module.get_parameters(), loss, skipped
+CHECKPOINT_KIND = "federated-checkpoint"
+PARTITIONS = ("stratified", "contiguous", "dirichlet")
+# The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
+PROTOCOL = ["check_params", "check_inputs", "set_classes", "encode_labels", "input_statistic",
+            "set_input_statistic", "to_tensor", "init_module", "get_parameters", "set_parameters",
+            "parameter_kinds", "local_update", "fitted_state", "restore_fitted_state"]
 
 
 def make_clients(groups, groups_per_client=1):
@@ -79,8 +71,10 @@ def make_clients(groups, groups_per_client=1):
     return indices, [tuple(chunk.tolist()) for chunk in chunks]
 
 
-def _partition(y, n_clients, partition, alpha, seed):
-    """Fallback client split when no groups are given."""
+def partition_indices(y, n_clients, partition, alpha, seed):
+    """Client index arrays when no groups are given: ``"stratified"`` (each client a
+    seeded stratified share), ``"contiguous"`` (consecutive blocks) or ``"dirichlet"``
+    (label skew, class shares drawn from ``Dirichlet(alpha)``)."""
     n = len(y)
     rng = np.random.default_rng(seed)
     if partition == "contiguous":
@@ -96,7 +90,7 @@ def _partition(y, n_clients, partition, alpha, seed):
             for part, chunk in zip(parts, np.split(idx, cuts)):
                 part.extend(chunk.tolist())
         return [np.sort(np.asarray(p, dtype=int)) for p in parts]
-    raise ValueError(f"partition must be 'stratified', 'contiguous' or 'dirichlet', got {partition!r}")
+    raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
 
 
 class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
@@ -106,45 +100,71 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     ----------
     estimator : TorchClassifierBase, default=None
         The local model and its training parameters (``SPDnetClassifier()`` when None),
-        reachable as ``estimator__lr`` etc. Used: the architecture, ``lr``, ``batch_size``,
-        ``dtype``, ``device``, the input scaling, and ``patience`` / ``lr_patience`` /
-        ``lr_factor`` **counted in rounds**. Not used: ``max_epochs``,
+        reachable as ``estimator__lr`` etc. Used through its public protocol
+        (``docs/design.md``): the architecture, ``lr`` (initial learning rate of the
+        clients), ``batch_size``, ``dtype``, ``device``, the input scaling. Not used: its
+        epoch-level ``max_epochs``, ``patience``, ``lr_patience``, ``lr_factor``,
         ``validation_fraction``, ``warm_start``, ``verbose``, ``random_state`` (this
-        estimator's own take their place).
+        estimator's own round-level parameters take their place).
     aggregation : {"projavg", "rlavg", "karcher"} or callable, default="projavg"
         Server rule; a callable has the signature of :mod:`skfedspd.aggregation`
-        (``rule(client_params, weights, previous, kinds) -> dict``).
+        (``rule(client_params, weights, previous, kinds) -> dict``); its output is checked
+        (names, shapes, finite, orthonormal Stiefel arrays) and a bad one raises naming it.
     n_rounds : int, default=150
     local_epochs : int, default=2
     clients_per_round : int, float or None, default=None
         None: every client every round. int: exactly that many. float in (0, 1]:
         ``max(1, floor(fraction * N))`` (the paper's half participation is 0.5).
+    patience : int or None, default=None
+        Early stopping, in rounds without improvement of the global validation score.
+        None: all ``n_rounds`` rounds run (the paper's protocol); the best global model is
+        kept either way.
+    lr_patience : int, default=20
+        Rounds without improvement before the clients' learning rate is multiplied by
+        ``lr_factor`` (torch's ``ReduceLROnPlateau`` semantics).
+    lr_factor : float in (0, 1], default=0.5
     groups_per_client : int, default=1
         Sorted groups (subjects) are merged this many at a time into one client.
     n_clients : int, default=5
         Number of clients when ``fit`` gets no groups.
-    partition : {"stratified", "contiguous", "dirichlet"}, default="stratified"
+    partition : {"stratified", "contiguous", "dirichlet"} or None, default=None
         How samples are split into ``n_clients`` when ``fit`` gets no groups
-        (``"dirichlet"``: label skew with concentration ``alpha``).
+        (``"dirichlet"``: label skew with concentration ``alpha``). None: stratified, with a
+        ``UserWarning`` when the caller probably meant groups (none received while
+        scikit-learn's metadata routing is off); set ``"stratified"`` to silence it.
     alpha : float, default=0.5
     weighting : {"n_samples", "uniform"}, default="n_samples"
-        Client weights in the aggregation (training samples of each replying client).
+        Client weights in the aggregation (training samples of each accepted reply).
     validation_fraction : float, default=0.1
         Stratified share of each client's data kept on that client for validation.
+    max_update_norm : float or None, default=1000.0
+        A client reply whose array ``θ_i`` moved from the broadcast ``θ`` by more than
+        ``max_update_norm · (1 + ‖θ‖_F)`` (Frobenius norm, per array) is rejected as a
+        failed client. The default only stops absurd replies: an honest round moves a
+        Stiefel array by at most ``2√k`` and the other arrays by a few learning-rate steps.
+        None: no bound.
     n_jobs : int or None, default=None
         joblib workers for the clients' local training (each worker runs one torch thread).
     random_state : int, RandomState instance or None, default=None
     verbose : bool, default=False
         A progress bar over rounds with the global validation macro-F1.
     on_client_error : {"raise", "skip"}, default="raise"
-        "skip": a client whose local training raises is left out of that round's
-        aggregation and recorded in ``history_``; the round fails only if all do.
+        What a failed client does to its round: a client whose local training raises, or
+        whose reply fails the checks of :mod:`skfedspd.engine` (names, shapes, dtypes,
+        finite values, orthonormality, update norm, sample counts, metrics in range).
+        "raise": the fit raises. "skip": the client is left out of that round (recorded in
+        ``history_``, with the reason, and a ``RuntimeWarning``); the round fails only if
+        every client does.
     warm_start : bool, default=False
         A second ``fit`` continues for ``n_rounds`` more rounds from the last global model.
-    checkpoint_path : str or None, default=None
-        The full federated state is written there after every round; a ``fit`` that finds
-        a checkpoint of the same configuration and data resumes from it and ends
-        bit-identical to an uninterrupted fit.
+    checkpoint_path : str, path-like or None, default=None
+        The federated state is written there after every round (``backend="local"``), in a
+        data-only file (:mod:`skfedspd.persistence`, never a pickle). A ``fit`` that finds a
+        checkpoint of the same configuration and data resumes from it and ends
+        bit-identical to an uninterrupted fit; a checkpoint of another configuration is
+        replaced (with a ``UserWarning``); a file there that is not a skfedspd checkpoint
+        (truncated, corrupt, another format) stops the fit with a ValueError naming it, and
+        is left alone.
     backend : {"local", "flower"}, default="local"
         "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
         in-process Flower simulation (one virtual SuperNode per client, the ``flower``
@@ -156,17 +176,23 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     ----------
     global_estimator_ : TorchClassifierBase
         The best global model (highest weighted validation macro-F1 over rounds), fitted.
-    classes_, n_features_in_
+    engine_ : FederatedEngine
+        The run's server state (global and client-local arrays, schedule, history); what
+        ``warm_start`` continues.
+    classes_ : ndarray
+    n_features_in_ : int
     n_clients_ : int
     client_groups_ : list of tuple
         Groups of each client (None entries when clients came from ``partition``).
     client_source_ : str
-        ``"groups"`` or ``"partition:<name>"``.
+        ``"groups"``, ``"partition:<name>"`` or ``"flower:client-id"``.
     history_ : list of dict
-        One record per round: ``round``, ``clients``, ``n_samples``, ``failed_clients``,
-        ``train_loss`` (weighted mean), ``val_f1``, ``val_loss`` (global model after
-        aggregation, on every client's validation part, weighted by its size),
-        ``orthonormality`` (``‖WᵀW − I‖`` per Stiefel weight), ``lr``, ``wall_time``.
+        One JSON-able record per round: ``round``, ``clients`` (accepted replies),
+        ``n_samples``, ``failed_clients`` (``{"client", "stage": "train" | "evaluate",
+        "reason"}``), ``train_loss`` (weighted mean), ``val_f1``, ``val_loss`` (global model
+        after aggregation, on every client's validation part, weighted by its size),
+        ``orthonormality`` (``‖WᵀW − I‖`` per Stiefel weight), ``lr``,
+        ``skipped_batches``, ``wall_time``.
     best_round_ : int
 
     Notes
@@ -174,16 +200,53 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     Schedule semantics: after each round the new global model is evaluated on every
     client's validation part; the global validation macro-F1 is the mean of the clients'
     macro-F1 weighted by their validation sizes (loss likewise). This score drives, in
-    rounds, ReduceLROnPlateau (the learning rate of the clients' fresh optimizers) and
-    early stopping, and the best global model is kept. With partial participation the score
-    is noisier (each round trains a subset, all clients validate) and a round holds fewer
+    rounds, ReduceLROnPlateau (``lr_patience``, ``lr_factor``: the learning rate of the
+    clients' fresh optimizers) and early stopping (``patience``), and the best global model
+    is kept. Defaults: ``lr_patience=20`` and ``lr_factor=0.5`` are the values the
+    meta-estimator used before (then read from the local estimator); ``patience=None``
+    (previously the local estimator's 75, in rounds) runs all ``n_rounds`` as in the paper
+    and in ``benchmarks/physionet_experiment.py``. With partial participation the score is
+    noisier (each round trains a subset, all clients validate) and a round holds fewer
     client updates, so a patience meant for full participation cuts the learning rate too
-    early: scale ``estimator__lr_patience`` (and ``estimator__patience``) by ``N / M``.
-    On PhysionetMI at M = N/2 this took the learning rate from 2-4 halvings in 150 rounds to
-    0-1 (seeds 0-2, ``benchmarks/physionet_ablation.py``; ``docs/results.md``).
+    early: scale ``lr_patience`` (and ``patience``) by ``N / M``. On PhysionetMI at M = N/2
+    this took the learning rate from 2-4 halvings in 150 rounds to 0-1 (seeds 0-2,
+    ``benchmarks/physionet_ablation.py``; ``docs/results.md``).
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(4,)), n_rounds=3,
+    ...                                 partition="stratified", random_state=0)
+    >>> fed.fit(X, y, groups=subjects)  # doctest: +SKIP
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
+
+    _parameter_constraints = {
+        "estimator": [HasMethods(PROTOCOL), None],
+        "aggregation": [StrOptions(set(AGGREGATIONS)), callable],
+        "n_rounds": [Interval(Integral, 1, None, closed="left")],
+        "local_epochs": [Interval(Integral, 1, None, closed="left")],
+        "clients_per_round": [None, Interval(Integral, 1, None, closed="left"),
+                              Interval(RealNotInt, 0, 1, closed="right")],
+        "patience": [None, Interval(Integral, 1, None, closed="left")],
+        "lr_patience": [Interval(Integral, 0, None, closed="left")],
+        "lr_factor": [Interval(Real, 0, 1, closed="right")],
+        "groups_per_client": [Interval(Integral, 1, None, closed="left")],
+        "n_clients": [Interval(Integral, 1, None, closed="left")],
+        "partition": [None, StrOptions(set(PARTITIONS))],
+        "alpha": [Interval(Real, 0, None, closed="neither")],
+        "weighting": [StrOptions({"n_samples", "uniform"})],
+        "validation_fraction": [Interval(Real, 0, 1, closed="left")],
+        "max_update_norm": [None, Interval(Real, 0, None, closed="neither")],
+        "n_jobs": [None, Integral],
+        "random_state": ["random_state"],
+        "verbose": ["verbose"],
+        "on_client_error": [StrOptions({"raise", "skip"})],
+        "warm_start": ["boolean"],
+        "checkpoint_path": [None, str, os.PathLike],
+        "backend": [StrOptions(set(BACKENDS))],
+    }
 
     def __init__(
         self,
@@ -192,12 +255,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         n_rounds=150,
         local_epochs=2,
         clients_per_round=None,
+        patience=None,
+        lr_patience=20,
+        lr_factor=0.5,
         groups_per_client=1,
         n_clients=5,
-        partition="stratified",
+        partition=None,
         alpha=0.5,
         weighting="n_samples",
         validation_fraction=0.1,
+        max_update_norm=1e3,
         n_jobs=None,
         random_state=None,
         verbose=False,
@@ -211,12 +278,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.n_rounds = n_rounds
         self.local_epochs = local_epochs
         self.clients_per_round = clients_per_round
+        self.patience = patience
+        self.lr_patience = lr_patience
+        self.lr_factor = lr_factor
         self.groups_per_client = groups_per_client
         self.n_clients = n_clients
         self.partition = partition
         self.alpha = alpha
         self.weighting = weighting
         self.validation_fraction = validation_fraction
+        self.max_update_norm = max_update_norm
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
@@ -225,52 +296,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_path = checkpoint_path
         self.backend = backend
 
-    # ------------------------------------------------------------------ set-up
-    def _check_params(self):
-        for name in ("n_rounds", "local_epochs", "groups_per_client", "n_clients"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.on_client_error not in ("raise", "skip"):
-            raise ValueError(f"on_client_error must be 'raise' or 'skip', got {self.on_client_error!r}")
-        if not 0 <= self.validation_fraction < 1:
-            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
-        if self.backend not in ("local", "flower"):
-            raise ValueError(f"backend must be 'local' or 'flower', got {self.backend!r}")
-        get_aggregation(self.aggregation)
-        client_weights([1.0], self.weighting)
-
-    def _n_selected(self, n_clients):
-        m = self.clients_per_round
-        if m is None:
-            return n_clients
-        if isinstance(m, numbers.Integral) and not isinstance(m, bool):
-            if not 1 <= m <= n_clients:
-                raise ValueError(f"clients_per_round={m} must be between 1 and the {n_clients} clients")
-            return int(m)
-        if isinstance(m, numbers.Real) and not isinstance(m, bool) and 0 < m <= 1:
-            return max(1, int(np.floor(m * n_clients)))
-        raise ValueError(f"clients_per_round must be None, an int or a float in (0, 1], got {m!r}")
-
-    def _client_indices(self, y_codes, groups, seed):
-        if groups is not None:
-            groups = np.asarray(groups)
-            if len(groups) != len(y_codes):
-                raise ValueError(f"groups has {len(groups)} entries but X has {len(y_codes)} samples")
-            self.client_source_ = "groups"
-            indices, self.client_groups_ = make_clients(groups, self.groups_per_client)
-        else:
-            if self.n_clients > len(y_codes):
-                raise ValueError(f"n_clients={self.n_clients} exceeds the {len(y_codes)} samples")
-            self.client_source_ = f"partition:{self.partition}"
-            indices = _partition(y_codes, self.n_clients, self.partition, self.alpha, derive_seed(seed, 7))
-            self.client_groups_ = [None] * len(indices)
-        empty = [i for i, idx in enumerate(indices) if len(idx) == 0]
-        if empty:
-            raise ValueError(f"clients {empty} received no samples (partition={self.partition!r})")
-        return indices
-
     # ------------------------------------------------------------------ fit
+    @_fit_context(prefer_skip_nested_validation=False)
     def fit(self, X, y, groups=None, subjects=None):
         """Run federated training.
 
@@ -290,208 +317,134 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Returns
         -------
         self
+            Fitted; if ``fit`` raises, the estimator is left exactly as it was.
         """
-        self._check_params()
+        task = self._prepare(X, y, groups, subjects)
+        module, _, function = BACKENDS[self.backend].partition(":")
+        try:
+            backend = getattr(importlib.import_module(module), function)
+        except ModuleNotFoundError as error:
+            if (error.name or "").partition(".")[0] != "flwr":
+                raise
+            raise ImportError(f"backend={self.backend!r} needs the flower extra: pip install "
+                              f"'skfedspd[flower]' ({error})") from error
+        # Training needs autograd whatever the caller's mode: inference tensors made here
+        # could not be trained on (local_update enables gradients itself).
+        with torch.inference_mode(False):
+            result = backend(self, task)
+        return self.set_result(result)
+
+    def check_params(self):
+        """Validate the parameters (``_parameter_constraints``) and the local estimator's.
+
+        ``fit`` does it; a Flower ServerApp (:func:`skfedspd.flower.serve`), which gets the
+        estimator as a JSON spec, calls this before contacting any site.
+
+        Raises
+        ------
+        ValueError
+            Naming the parameter, its value and what is allowed.
+        """
+        self._validate_params()
+        clone(self.estimator if self.estimator is not None else SPDnetClassifier()).check_params()
+
+    def _prepare(self, X, y, groups, subjects):
+        """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
             raise ValueError("groups and subjects were both given and differ; pass one of them")
         groups = groups if groups is not None else subjects
-        if self.backend == "flower":
-            from .flower.simulation_fit import fit_simulation
-
-            return fit_simulation(self, X, y, groups)
         resume = self.warm_start and self.__sklearn_is_fitted__()
-        est = self.global_estimator_ if resume else clone(self.estimator if self.estimator is not None else SPDnetClassifier())
-        est._check_common_params()
-        X = est._validate_X(X, reset=not resume)
-        codes = est._encode_targets(y, len(X), classes=self.classes_ if resume else None)
-        est._require_two_classes()
-        seed = self._seed_ if resume else self._draw_seed()
-        indices = self._client_indices(codes, groups, seed)
-        splits = [stratified_split(codes[idx], self.validation_fraction, derive_seed(seed, 8, i))
-                  for i, idx in enumerate(indices)]
+        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        if resume:  # the fitted model continues; its parameters are still checked
+            est.check_params()
+            est = copy.deepcopy(self.global_estimator_)
+            X = est.check_inputs(X, reset=False)
+        else:
+            X = est.check_inputs(X, reset=True)
+            est.set_classes(y)
+        codes = est.encode_labels(y, len(X))
+        seed = self.engine_.seed if resume else draw_seed(self.random_state)
+        indices, source, client_groups = self._clients(codes, groups, seed)
+        n_selected(self.clients_per_round, len(indices))
+        return FitTask(estimator=est, X=X, y=np.asarray(y), codes=codes, indices=indices, seed=seed,
+                       resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups)
 
-        if not resume:
-            stats = [est._input_statistic(X[idx[tr]]) for idx, (tr, _) in zip(indices, splits)]
-            self._init_state(est, seed, stats, [len(tr) for tr, _ in splits])
+    def _clients(self, codes, groups, seed):
+        """``(indices, client_source, client_groups)``."""
+        if groups is not None:
+            groups = np.asarray(groups)
+            if len(groups) != len(codes):
+                raise ValueError(f"groups has {len(groups)} entries but X has {len(codes)} samples")
+            indices, client_groups = make_clients(groups, self.groups_per_client)
+            return indices, "groups", client_groups
+        if self.n_clients > len(codes):
+            raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
+        partition = self.partition or "stratified"
+        if self.partition is None and not sklearn.get_config()["enable_metadata_routing"]:
+            warnings.warn(
+                f"{type(self).__name__}.fit received no groups: its {self.n_clients} clients are a random "
+                "stratified partition of the samples, not one client per subject. Pass groups=subjects to fit "
+                "(through GridSearchCV / cross_validate / MOABB, enable sklearn.set_config("
+                "enable_metadata_routing=True) so that they reach it), or set partition='stratified' to "
+                "silence this warning.", UserWarning, stacklevel=5)
+        indices = partition_indices(codes, self.n_clients, partition, self.alpha, derive_seed(seed, 7))
+        empty = [i for i, idx in enumerate(indices) if len(idx) == 0]
+        if empty:
+            raise ValueError(f"clients {empty} received no samples (partition={partition!r})")
+        return indices, f"partition:{partition}", [None] * len(indices)
+
+    def set_result(self, result):
+        """Make this estimator the fitted model of a backend's :class:`FederatedResult`.
+
+        Only assignments: what ``fit`` does once its backend has succeeded (and what a
+        Flower ServerApp does with :func:`skfedspd.flower.serve`'s result).
+
+        Returns
+        -------
+        self
+        """
+        est, engine = result.estimator, result.engine
+        self.global_estimator_ = est
+        self.engine_ = engine
+        self.history_ = engine.history
         self.classes_ = est.classes_
         self.n_features_in_ = est.n_features_in_
-        self.n_clients_ = len(indices)
-        clients = [
-            Client(i, self.client_groups_[i], est._to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
-                   est._to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]))
-            for i, (idx, (tr, va)) in enumerate(zip(indices, splits))
-        ]
-        self.global_estimator_ = est
-        self._run_rounds(est, clients, first_round=len(self.history_))
-        est.module_.set_parameters(self._schedule.best_state)
-        self.best_round_ = self._schedule.best_step
+        self.n_clients_ = engine.n_clients
+        self.client_source_ = result.client_source
+        self.client_groups_ = list(result.client_groups)
+        self.best_round_ = engine.best_round
         return self
 
-    def _draw_seed(self):
-        rs = self.random_state
-        return int(rs.randint(0, 2**31 - 1) if isinstance(rs, np.random.RandomState)
-                   else np.random.RandomState(rs).randint(0, 2**31 - 1))
+    # ------------------------------------------------------------------ persistence
+    def fitted_state(self):
+        """``(arrays, meta)`` of the fitted model (:mod:`skfedspd.persistence`): the local
+        estimator's fitted state, the engine's state and the client metadata."""
+        check_is_fitted(self)
+        est_arrays, est_meta = self.global_estimator_.fitted_state()
+        engine_arrays, engine_meta = self.engine_.state_dict()
+        arrays = {**{f"estimator/{k}": v for k, v in est_arrays.items()},
+                  **{f"engine/{k}": v for k, v in engine_arrays.items()}}
+        meta = {"estimator": est_meta, "engine": engine_meta, "client_source": self.client_source_,
+                "client_groups": [None if g is None else list(g) for g in self.client_groups_]}
+        return arrays, meta
 
-    def _init_state(self, est, seed, stats, n_train):
-        """Fresh federated state: pooled input statistic (clients' statistics weighted by
-        their training sizes), initial module, schedule, history. Shared by the backends."""
-        if stats[0] is not None:
-            est._set_input_statistic(float(np.average(stats, weights=n_train)))
-        else:
-            est._set_input_statistic(None)
-        est._init_module(seed)
-        self._seed_ = seed
-        self.history_ = []
-        self._local_states = {}
-        self._schedule = PlateauSchedule(est.lr, patience=est.patience, lr_patience=est.lr_patience,
-                                         lr_factor=est.lr_factor)
-        self._global = est.module_.get_parameters()
-        self._schedule.best_state = self._global
+    def restore_fitted_state(self, arrays, meta):
+        """Inverse of :meth:`fitted_state`, on an unfitted estimator of the same parameters."""
+        def part(prefix):
+            return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
-    def _select_clients(self, t, n_clients, n_select):
-        """Round ``t``'s participants (sorted client ids) and their local-training seeds."""
-        rng = np.random.default_rng(derive_seed(self._seed_, 9, t))
-        selected = np.sort(rng.choice(n_clients, size=n_select, replace=False))
-        return selected, [derive_seed(self._seed_, 10, t, int(i)) for i in selected]
-
-    def _fingerprint(self, clients, first_round):
-        params = {k: v for k, v in self.get_params(deep=True).items() if k not in ("verbose", "n_jobs", "checkpoint_path")}
-        data = [(c.cid, float(c.X_train.sum()), len(c.y_train), len(c.y_val)) for c in clients]
-        return repr((params, data, first_round))
-
-    def _load_checkpoint(self, fingerprint):
-        if not self.checkpoint_path or not os.path.exists(self.checkpoint_path):
-            return
-        with open(self.checkpoint_path, "rb") as f:
-            saved = pickle.load(f)
-        if saved["fingerprint"] != fingerprint:
-            return
-        self.history_, self._local_states, self._schedule, self._global = (
-            saved["history"], saved["local_states"], saved["schedule"], saved["global"])
-
-    def _save_checkpoint(self, fingerprint):
-        tmp = f"{self.checkpoint_path}.tmp"
-        with open(tmp, "wb") as f:
-            pickle.dump({"fingerprint": fingerprint, "history": self.history_, "local_states": self._local_states,
-                         "schedule": self._schedule, "global": self._global}, f)
-        os.replace(tmp, self.checkpoint_path)
-
-    def _run_rounds(self, est, clients, first_round):
-        fingerprint = self._fingerprint(clients, first_round) if self.checkpoint_path else None
-        if fingerprint:
-            self._load_checkpoint(fingerprint)
-        aggregate = get_aggregation(self.aggregation)
-        kinds = est.module_.parameter_kinds()
-        n_select = self._n_selected(len(clients))
-        parallel = self.n_jobs not in (None, 1)
-        # What each client's job receives. In parallel, CPU tensors go as numpy arrays made
-        # once per fit: joblib memory-maps arrays over 1 MB, and writes each array object to
-        # its memmap folder only once per ``Parallel`` context, so the client data are not
-        # pickled again every round (torch tensors would be). Default Parallel settings on
-        # purpose: other settings (e.g. mmap_mode) make joblib restart the reusable workers
-        # whenever a call with different settings (sklearn's, the user's) comes in between.
-        data = [(c.X_train.numpy(), c.y_train.numpy()) if parallel and c.X_train.device.type == "cpu"
-                else (c.X_train, c.y_train) for c in clients]
-        last_round = first_round + self.n_rounds
-        rounds = _progress(range(len(self.history_), last_round), self.verbose, "federated rounds")
-        with Parallel(n_jobs=self.n_jobs if parallel else 1) as pool:
-            for t in rounds:
-                if self._schedule.should_stop:
-                    break
-                start = time.perf_counter()
-                selected, seeds = self._select_clients(t, len(clients), n_select)
-                tasks = [(self._local_states.get(int(i)), *data[i], seed) for i, seed in zip(selected, seeds)]
-                common = dict(lr=self._schedule.lr, n_epochs=self.local_epochs, batch_size=est.batch_size,
-                              n_threads=1 if parallel else None)
-                if parallel:  # one job per worker, each running its share of the clients in turn
-                    chunks = np.array_split(np.arange(len(tasks)), min(len(tasks), effective_n_jobs(self.n_jobs)))
-                    replies = pool(delayed(_client_batch)(est.module_, self._global, [tasks[k] for k in chunk],
-                                                          **common) for chunk in chunks)
-                    results = [reply for batch in replies for reply in batch]
-                else:
-                    results = _client_batch(est.module_, self._global, tasks, **common)
-                record = self._aggregate_round(t, selected, results, clients, kinds, aggregate)
-                record["wall_time"] = time.perf_counter() - start
-                self.history_.append(record)
-                if self.verbose:
-                    rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
-                if fingerprint:
-                    self._save_checkpoint(fingerprint)
-
-    def _aggregate_round(self, t, selected, results, clients, kinds, aggregate):
-        record = self._aggregate_train(t, selected, results, [len(c.y_train) for c in clients], kinds, aggregate)
-        val_loss, val_f1 = self._evaluate_global(clients, kinds)
-        return self._finish_round(record, val_loss, val_f1)
-
-    def _aggregate_train(self, t, selected, results, n_train, kinds, aggregate):
-        """Server step after local training (every backend): the failure policy, the
-        aggregation rule on the replies (in ``selected`` order: sorted client ids), the
-        clients' "local" arrays. ``results[k]`` is ``(params, loss, n_skipped)`` or the
-        exception of client ``selected[k]``; ``n_train`` holds every client's training size.
-        Returns the round's record without its validation entries."""
-        ok = [(int(i), r) for i, r in zip(selected, results) if not isinstance(r, BaseException)]
-        failed = [(int(i), r) for i, r in zip(selected, results) if isinstance(r, BaseException)]
-        if failed and (self.on_client_error == "raise" or not ok):
-            cid, error = failed[0]
-            raise RuntimeError(f"client {cid} failed in round {t}: {error!r}") from error
-        n_samples = [int(n_train[i]) for i, _ in ok]
-        weights = client_weights(n_samples, self.weighting)
-        params = [r[0] for _, r in ok]
-        for (i, _), p in zip(ok, params):
-            local = {name: p[name] for name, kind in kinds.items() if kind == "local"}
-            if local:
-                self._local_states[i] = local
-        new_global = aggregate(params, weights, self._global, kinds)
-        for name, kind in kinds.items():
-            if kind == "local":
-                new_global[name] = _pooled_local(self._local_states, name, n_train)
-        self._global = new_global
-        losses = np.array([r[1] for _, r in ok])
-        return {
-            "round": t,
-            "clients": [i for i, _ in ok],
-            "n_samples": n_samples,
-            "failed_clients": [i for i, _ in failed],
-            "train_loss": float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan"),
-            "val_loss": None,
-            "val_f1": None,
-            "orthonormality": {n: orthonormality_error(self._global[n]) for n, k in kinds.items() if k == "stiefel"},
-            "lr": self._schedule.lr,
-            "skipped_batches": int(sum(r[2] for _, r in ok)),
-        }
-
-    def _finish_round(self, record, val_loss, val_f1):
-        """Server step after the global validation (every backend): schedule step, record."""
-        record["val_loss"], record["val_f1"] = val_loss, val_f1
-        self._schedule.step(val_f1, val_loss, self._global)
-        return record
-
-    def _evaluate_global(self, clients, kinds):
-        module = self.global_estimator_.module_
-        module.set_parameters(self._global)
-        # A client without local arrays yet (never selected) is validated with the pooled
-        # ones of the global model, not with those of the client evaluated before it.
-        pooled = {name: self._global[name] for name, kind in kinds.items() if kind == "local"}
-        scores = []
-        for c in clients:
-            if len(c.y_val) == 0:
-                continue
-            if c.cid in self._local_states:
-                module.set_parameters(self._local_states[c.cid])
-            elif pooled:
-                module.set_parameters(pooled)
-            loss, f1 = _evaluate(module, c.X_val, c.y_val)
-            scores.append((len(c.y_val), loss, f1))
-        if any(kind == "local" for kind in kinds.values()):
-            module.set_parameters(self._global)
-        return _pool_scores(scores)
+        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        est.restore_fitted_state(part("estimator/"), meta["estimator"])
+        engine_meta = meta["engine"]
+        engine = FederatedEngine.from_estimator(self, est, n_train=engine_meta["n_train"], n_val=engine_meta["n_val"],
+                                                seed=engine_meta["seed"], input_statistic=engine_meta["input_statistic"])
+        engine.load_state_dict(part("engine/"), engine_meta)
+        groups = [None if g is None else tuple(g) for g in meta["client_groups"]]
+        self.set_result(FederatedResult(est, engine, meta["client_source"], groups))
 
     # ------------------------------------------------------------------ predict
     def __sklearn_is_fitted__(self):
         return hasattr(self, "global_estimator_")
-
-    def _seed(self):
-        return self._seed_
 
     def predict(self, X):
         """Class labels from the global model."""
@@ -504,6 +457,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return self.global_estimator_.predict_proba(X)
 
     def decision_function(self, X):
+        """Class scores of the global model (see the local estimator)."""
         check_is_fitted(self)
         return self.global_estimator_.decision_function(X)
 
@@ -514,71 +468,143 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
 
-def _client_batch(module, global_params, tasks, **kwargs):
-    """:func:`_safe_local_update` for several clients ``(local_state, X, y, seed)`` in turn.
+# ---------------------------------------------------------------------- the local backend
+def fit_local(fed, task):
+    """The ``"local"`` backend: clients simulated in this process (joblib with ``n_jobs``).
+
+    Returns
+    -------
+    FederatedResult
+    """
+    est, X, codes, seed = task.estimator, task.X, task.codes, task.seed
+    splits = [stratified_split(codes[idx], fed.validation_fraction, derive_seed(seed, 8, i))
+              for i, idx in enumerate(task.indices)]
+    n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
+    if task.resume is None:
+        statistic = pool_input_statistic([est.input_statistic(X[idx[tr]]) for idx, (tr, _) in
+                                          zip(task.indices, splits)], n_train)
+        est.set_input_statistic(statistic)
+        est.init_module(seed)
+    else:
+        statistic = task.resume.input_statistic
+    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
+                                            input_statistic=statistic)
+    if task.resume is not None:
+        engine.load_state_dict(*task.resume.state_dict())
+    clients = [(est.to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
+                est.to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]))
+               for idx, (tr, va) in zip(task.indices, splits)]
+    first_round = engine.next_round
+    fingerprint = _fingerprint(fed, clients, seed, first_round) if fed.checkpoint_path else None
+    if fingerprint:
+        _resume_from_checkpoint(os.fspath(fed.checkpoint_path), fingerprint, engine)
+    _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, fingerprint)
+    est.set_parameters(engine.best_params)
+    return FederatedResult(est, engine, task.client_source, task.client_groups)
+
+
+def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
+    parallel = fed.n_jobs not in (None, 1)
+    # What each client's job receives. In parallel, CPU tensors go as numpy arrays made
+    # once per fit: joblib memory-maps arrays over 1 MB, and writes each array object to
+    # its memmap folder only once per ``Parallel`` context, so the client data are not
+    # pickled again every round (torch tensors would be). Default Parallel settings on
+    # purpose: other settings (e.g. mmap_mode) make joblib restart the reusable workers
+    # whenever a call with different settings (sklearn's, the user's) comes in between.
+    data = [(Xt.numpy(), yt.numpy()) if parallel and Xt.device.type == "cpu" else (Xt, yt)
+            for Xt, yt, _, _ in clients]
+    rounds = range(engine.next_round, last_round)
+    if fed.verbose:
+        from tqdm.auto import tqdm
+
+        rounds = tqdm(rounds, desc="federated rounds", leave=False)
+    with Parallel(n_jobs=fed.n_jobs if parallel else 1) as pool:
+        for t in rounds:
+            if engine.should_stop:
+                break
+            start = time.perf_counter()
+            selected, seeds = engine.select(t)
+            tasks = [(engine.local_state(i) or None, *data[i], seed) for i, seed in zip(selected, seeds)]
+            common = dict(lr=engine.lr, n_epochs=fed.local_epochs, n_threads=1 if parallel else None)
+            if parallel:  # one job per worker, each running its share of the clients in turn
+                chunks = np.array_split(np.arange(len(tasks)), min(len(tasks), effective_n_jobs(fed.n_jobs)))
+                batches = pool(delayed(_client_batch)(est, engine.global_params, [tasks[k] for k in chunk], **common)
+                               for chunk in chunks)
+                replies = [reply for batch in batches for reply in batch]
+            else:
+                replies = _client_batch(est, engine.global_params, tasks, **common)
+            record = engine.aggregate(t, selected, replies)
+            evaluations = [_evaluate_client(est, engine, cid, *clients[cid][2:]) for cid in engine.evaluated_clients()]
+            record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
+            if fed.verbose:
+                rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
+            if fingerprint:
+                save_bundle(os.fspath(fed.checkpoint_path), *engine.state_dict(), kind=CHECKPOINT_KIND,
+                            fingerprint=fingerprint)
+
+
+def _client_batch(est, global_params, tasks, **kwargs):
+    """Several clients' ``(local_state, X, y, seed)`` in turn, each a :class:`TrainReply`
+    or the exception it raised (joblib-safe: the server applies the failure policy).
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
-    one module, gives the same replies as one job each, with fewer, larger parallel tasks.
+    one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
     """
-    return [_safe_local_update(module, global_params, local_state, X, y, seed=seed, **kwargs)
-            for local_state, X, y, seed in tasks]
+    replies = []
+    for local_state, X, y, seed in tasks:
+        try:
+            params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **kwargs)
+            replies.append(TrainReply(params, float(loss), int(n_skipped), len(y)))
+        except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
+            replies.append(error)
+    return replies
 
 
-def _safe_local_update(module, global_params, local_state, X, y, **kwargs):
-    """:func:`local_update`, returning the exception instead of raising (joblib-safe).
-
-    ``X`` and ``y`` may come as numpy arrays (the parallel path); they become tensors here.
-    """
+def _evaluate_client(est, engine, cid, X_val, y_val):
+    """Client ``cid``'s validation of the new global model (its own local arrays loaded)."""
     try:
-        X, y = _as_tensor(X), _as_tensor(y)
-        return local_update(module, global_params, local_state, X, y, **kwargs)
+        est.set_parameters(engine.evaluation_params(cid))
+        loss, f1 = evaluate(est.module_, X_val, y_val)
+        return EvalReply(loss, f1, len(y_val))
     except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
         return error
 
 
-def _as_tensor(a):
-    """A tensor sharing a writable numpy array's memory, or a copy of a read-only one (the
-    joblib memmaps): torch has no read-only tensors."""
-    if not isinstance(a, np.ndarray):
-        return a
-    return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
+# ---------------------------------------------------------------------- checkpoints
+def _fingerprint(fed, clients, seed, first_round):
+    """SHA-256 of what determines the run: the parameters (a callable rule by its qualified
+    name, the seed instead of ``random_state``), the clients' data and the first round."""
+    params = {k: v for k, v in fed.get_params(deep=False).items()
+              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start")}
+    params["aggregation"] = rule_name(fed.aggregation)
+    est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
+    params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",
+                           "params": est.get_params(deep=False)}
+    data = hashlib.sha256()
+    for arrays in clients:
+        for a in arrays:
+            a = a.detach().cpu().numpy()
+            data.update(f"{a.dtype}{a.shape}".encode())
+            data.update(np.ascontiguousarray(a).tobytes())
+    text = json.dumps({"params": params, "seed": int(seed), "first_round": int(first_round),
+                       "data": data.hexdigest()}, sort_keys=True, default=repr)
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
-def _macro_f1(y_true, y_pred):
-    """``sklearn.metrics.f1_score(y_true, y_pred, average="macro")`` for integer codes.
-
-    The same arithmetic (labels present in either array, per label ``2·tp / (n_true + n_pred)``
-    in float64, then their mean) and so the same value to the last bit, without the input
-    validation that makes the sklearn call cost ~1 ms: it ran once per client per round.
-    """
-    labels, codes = np.unique(np.concatenate([y_true, y_pred]), return_inverse=True)
-    t, p = codes[: len(y_true)], codes[len(y_true) :]
-    n = len(labels)
-    tp = np.bincount(t[t == p], minlength=n).astype(np.float64)
-    denom = np.bincount(t, minlength=n).astype(np.float64) + np.bincount(p, minlength=n).astype(np.float64)
-    return float(np.mean(2.0 * tp / denom))
-
-
-def _evaluate(module, X, y):
-    """:func:`skfedspd.training.evaluate` (loss, macro-F1) with :func:`_macro_f1`."""
-    if len(y) == 0:
-        return float("nan"), float("nan")
-    logits = predict_logits(module, X)
-    loss = float(torch.nn.functional.cross_entropy(logits, y))
-    return loss, _macro_f1(y.cpu().numpy(), logits.argmax(1).cpu().numpy())
-
-
-def _pool_scores(scores):
-    """Global validation ``(loss, macro-F1)``: the clients' ``(n_val, loss, f1)`` (in client
-    order, clients without a validation part left out) averaged with weights ``n_val``."""
-    if not scores:
-        return float("nan"), float("nan")
-    n, loss, f1 = map(np.asarray, zip(*scores))
-    return float(np.average(loss, weights=n)), float(np.average(f1, weights=n))
-
-
-def _pooled_local(local_states, name, n_train):
-    """Training-size-weighted mean of a client-local array, for the released global model."""
-    owners = sorted(local_states)
-    weights = np.array([n_train[i] for i in owners], dtype=np.float64)
-    return sum(w * local_states[i][name] for w, i in zip(weights / weights.sum(), owners))
+def _resume_from_checkpoint(path, fingerprint, engine):
+    """Load a checkpoint of this run into ``engine``; replace one of another configuration."""
+    if not os.path.exists(path):
+        return
+    try:
+        arrays, meta = load_bundle(path, kind=CHECKPOINT_KIND, fingerprint=fingerprint)
+    except ValueError:
+        # Not this run's. A valid checkpoint of another run is replaced; anything else
+        # (truncated, corrupt, not a skfedspd file) raises, naming the path, from here.
+        load_bundle(path, kind=CHECKPOINT_KIND)
+        warnings.warn(f"checkpoint {path} is of another configuration or data: starting from round "
+                      f"{engine.next_round} and overwriting it", UserWarning, stacklevel=4)
+        return
+    try:
+        engine.load_state_dict(arrays, meta)
+    except (ValueError, KeyError, TypeError) as error:
+        raise ValueError(f"checkpoint {path} does not fit this run: {error}") from None

@@ -20,7 +20,8 @@ import math
 
 import torch
 
-__all__ = ["reeig", "logeig", "reeig_logeig", "reeig_logeig_vech", "spectral_function", "vech", "unvech"]
+__all__ = ["reeig", "logeig", "reeig_logeig", "reeig_logeig_vech", "spectral_function", "vech", "unvech",
+           "log_clamp", "spectral_vech_forward", "spectral_vech_backward"]
 
 # Eigenvalue gaps below this fraction of the spectral scale count as ties.
 _TIE_RTOL = 1e3
@@ -90,14 +91,14 @@ class _SpectralFunction(torch.autograd.Function):
         return _daleckii_krein(lam, U, f_lam, ctx.df, _sym(grad)), None, None
 
 
-def _spectral_vech_forward(X, f):
+def spectral_vech_forward(X, f):
     """``(vech(U f(Λ) Uᵀ), λ, U, f(λ))`` for the symmetric batch ``X``."""
     lam, U = torch.linalg.eigh(X)
     f_lam = f(lam)
     return vech(_reconstruct(U, f_lam)), lam, U, f_lam
 
 
-def _spectral_vech_backward(grad, lam, U, f_lam, df):
+def spectral_vech_backward(grad, lam, U, f_lam, df):
     """Adjoint of ``X ↦ vech(f(X))`` at ``X = U Λ Uᵀ``: a symmetric matrix (batch)."""
     n = U.shape[-1]
     # Adjoint of F ↦ vech(F) on symmetric F: S_ii = g_ii, S_ij = S_ji = g_ij / √2.
@@ -113,7 +114,7 @@ class _SpectralVech(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, X, f, df):
-        out, lam, U, f_lam = _spectral_vech_forward(X, f)
+        out, lam, U, f_lam = spectral_vech_forward(X, f)
         ctx.save_for_backward(lam, U, f_lam)
         ctx.df = df
         return out
@@ -121,7 +122,7 @@ class _SpectralVech(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         lam, U, f_lam = ctx.saved_tensors
-        return _spectral_vech_backward(grad, lam, U, f_lam, ctx.df), None, None
+        return spectral_vech_backward(grad, lam, U, f_lam, ctx.df), None, None
 
 
 def spectral_function(X, f, df):
@@ -166,10 +167,10 @@ def reeig_logeig(X, eps):
     ReEig keeps the eigenvectors, so the composition is the spectral function
     ``λ ↦ log(max(eps, λ))`` whose derivative is ``1/λ`` above ``eps`` and 0 below.
     """
-    return spectral_function(X, *_log_clamp(eps))
+    return spectral_function(X, *log_clamp(eps))
 
 
-def _log_clamp(eps):
+def log_clamp(eps):
     """``λ ↦ log(max(eps, λ))`` and its (sub)derivative ``1/λ`` above ``eps``, 0 below."""
     return (
         lambda lam: torch.log(lam.clamp_min(eps)),
@@ -179,7 +180,7 @@ def _log_clamp(eps):
 
 def reeig_logeig_vech(X, eps):
     """``vech(reeig_logeig(X, eps))`` as a single autograd node (same values and gradient)."""
-    return _SpectralVech.apply(X, *_log_clamp(eps))
+    return _SpectralVech.apply(X, *log_clamp(eps))
 
 
 @functools.lru_cache(maxsize=None)

@@ -13,13 +13,13 @@ import torch
 from torch import nn
 
 from .functional import (
-    _log_clamp,
-    _spectral_vech_backward,
-    _spectral_vech_forward,
+    log_clamp,
     logeig,
     reeig,
     reeig_logeig,
     reeig_logeig_vech,
+    spectral_vech_backward,
+    spectral_vech_forward,
     vech,
 )
 from .stiefel import polar, polar_newton_schulz, random_stiefel, tangent_project
@@ -138,7 +138,7 @@ class _CentredBiMapSpectralVech(torch.autograd.Function):
         n, k = W.shape
         Z = (X.reshape(-1, n) @ W).view(-1, n, k)  # X_b W
         Y = torch.bmm(W.transpose(0, 1).expand(Z.shape[0], k, n), Z)
-        out, lam, U, f_lam = _spectral_vech_forward(Y, f)
+        out, lam, U, f_lam = spectral_vech_forward(Y, f)
         ctx.save_for_backward(W, Z, lam, U, f_lam)
         ctx.df = df
         ctx.x_shape = X.shape
@@ -148,7 +148,7 @@ class _CentredBiMapSpectralVech(torch.autograd.Function):
     def backward(ctx, grad):
         W, Z, lam, U, f_lam = ctx.saved_tensors
         n, k = W.shape
-        G = _spectral_vech_backward(grad.reshape(-1, grad.shape[-1]), lam, U, f_lam, ctx.df)
+        G = spectral_vech_backward(grad.reshape(-1, grad.shape[-1]), lam, U, f_lam, ctx.df)
         grad_X = grad_V = None
         if ctx.needs_input_grad[2]:
             grad_V = _tangent_adjoint(W, torch.bmm(Z, G).sum(0).mul_(2.0))
@@ -449,7 +449,7 @@ class SPDNet(FederatedModule):
         last = self.bimaps[-1]
         if last.symmetric and last._centred_node_applies(X):
             # Same value and gradients as the branch below, in one autograd node.
-            return _CentredBiMapSpectralVech.apply(last.W_ref, X, last.V, *_log_clamp(self.eps))
+            return _CentredBiMapSpectralVech.apply(last.W_ref, X, last.V, *log_clamp(self.eps))
         return reeig_logeig_vech(last(X), self.eps)
 
     def forward(self, X):
@@ -480,6 +480,9 @@ class SPDNet(FederatedModule):
     def _load_array(self, name, value):
         if name.startswith("bimaps."):
             self.bimaps[int(name.split(".")[1])].set_weight(value)
+            # set_weight re-centres the chart: the step count towards the next re-centring
+            # restarts, so a local update never depends on what the module trained before.
+            self._steps_since_recenter = 0
         else:
             super()._load_array(name, value)
 

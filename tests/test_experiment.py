@@ -58,10 +58,10 @@ def test_paper_protocols(experiment):
     spd = experiment.spdnet(weibo, 0, 10)
     assert (spd.hidden_dims, spd.eps, spd.lr, spd.batch_size, spd.patience) == ((22,), 1e-1, 1e-3, 64, 75)
     fed = experiment.federated(experiment.spdnet(weibo, 0, 1), "rlavg", "half", 150, 0)
-    assert (fed.n_rounds, fed.local_epochs, fed.clients_per_round, fed.estimator.patience) == (150, 2, 0.5, None)
-    assert fed.estimator.lr_patience == 40  # 20 rounds of full participation
+    assert (fed.n_rounds, fed.local_epochs, fed.clients_per_round, fed.patience) == (150, 2, 0.5, None)
+    assert (fed.lr_patience, fed.lr_factor) == (40, 0.5)  # 20 rounds of full participation, in rounds
     full = experiment.federated(experiment.eegnet(weibo, 0, 1), "projavg", "full", 150, 0)
-    assert (full.clients_per_round, full.estimator.lr_patience, full.estimator.patience) == (None, 20, None)
+    assert (full.clients_per_round, full.lr_patience, full.patience) == (None, 20, None)
 
 
 def test_smoke_run_on_weibo_shaped_data(experiment, fake_weibo, tmp_path, capsys):

@@ -1,12 +1,16 @@
-"""Tests for ``skfedspd.federated``: ``FederatedSPDnetClassifier``, clients, partitions.
+"""Tests for ``skfedspd.federated``: ``FederatedSPDnetClassifier``, clients, partitions,
+failure policy, checkpoints (crafted files included), atomic fits, grad mode.
 
-Tiny SPD problems (6 channels, ``hidden_dims=(3,)``, a few rounds of one local epoch) so
-that the whole file runs in well under a minute and a half on two CPU cores. One test uses
-joblib workers (``n_jobs=2``), whose first start takes 10-25 s.
+Tiny SPD problems (6 channels, ``hidden_dims=(3,)``, a few rounds of one local epoch); most
+failing fits stop before any training. One test uses joblib workers (``n_jobs=2``), whose
+first start takes 10-25 s.
 """
 
+import copy
 import os
 import pickle
+import re
+import warnings
 
 import joblib
 import numpy as np
@@ -20,16 +24,16 @@ from sklearn.model_selection import GridSearchCV, GroupKFold
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.validation import check_is_fitted
 
-import skfedspd.federated as federated
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import projavg
-from skfedspd.federated import _partition, make_clients
+from skfedspd.federated import make_clients, partition_indices
+from skfedspd.persistence import load_bundle, load_estimator, save_estimator
 from skfedspd.stiefel import orthonormality_error
 
 N_CHANNELS = 6
 HISTORY_KEYS = {"round", "clients", "n_samples", "failed_clients", "train_loss", "val_loss", "val_f1",
-                "orthonormality", "lr", "wall_time"}
+                "orthonormality", "lr", "skipped_batches", "wall_time"}
 
 
 def _data(n=60, n_classes=3, seed=0):
@@ -43,9 +47,13 @@ def _estimator(**kwargs):
 
 
 def _fed(estimator=None, **kwargs):
-    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0)
+    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
     params.update(kwargs)
     return FederatedSPDnetClassifier(estimator if estimator is not None else _estimator(), **params)
+
+
+def _without_time(history):
+    return [{k: v for k, v in record.items() if k != "wall_time"} for record in history]
 
 
 def _groups(n, n_groups):
@@ -60,19 +68,20 @@ def fitted():
 
 
 def _counting_local_update(monkeypatch, fail=None):
-    """Replace ``federated.local_update`` by a wrapper that counts calls and raises on the
-    calls for which ``fail(call_index)`` is true; returns the list of recorded calls."""
-    original = federated.local_update
+    """Replace ``SPDnetClassifier.local_update`` (the one local-training routine) by a
+    wrapper that counts calls and raises on the calls for which ``fail(call_index)`` is
+    true; returns the list of recorded calls."""
+    original = SPDnetClassifier.local_update
     calls = []
 
-    def wrapper(*args, **kwargs):
+    def wrapper(self, global_params, local_state, X, y, **kwargs):
         index = len(calls)
-        calls.append({"y": args[4].clone(), "seed": kwargs["seed"], "lr": kwargs["lr"]})
+        calls.append({"y": torch.as_tensor(y).clone(), "seed": kwargs["seed"], "lr": kwargs["lr"]})
         if fail is not None and fail(index):
             raise OSError(f"simulated failure at call {index}")
-        return original(*args, **kwargs)
+        return original(self, global_params, local_state, X, y, **kwargs)
 
-    monkeypatch.setattr(federated, "local_update", wrapper)
+    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
     return calls
 
 
@@ -228,6 +237,21 @@ def test_persistence(fitted, method, tmp_path):
     assert loaded.history_ == clf.history_
 
 
+def test_save_estimator_round_trip(fitted, tmp_path):
+    """skfedspd's own data-only persistence (no pickle) keeps the model, the history and
+    the engine state that warm_start continues."""
+    clf, X, y = fitted
+    save_estimator(clf, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+    assert loaded.history_ == clf.history_
+    assert loaded.best_round_ == clf.best_round_ and loaded.client_groups_ == clf.client_groups_
+    for name, value in clf.engine_.global_params.items():
+        np.testing.assert_array_equal(loaded.engine_.global_params[name], value, strict=True)
+    continued = loaded.set_params(warm_start=True, n_rounds=1).fit(X, y)
+    reference = copy.deepcopy(clf).set_params(warm_start=True, n_rounds=1).fit(X, y)
+    np.testing.assert_array_equal(continued.decision_function(X), reference.decision_function(X))
+    assert _without_time(continued.history_) == _without_time(reference.history_)
 @pytest.mark.parametrize("method", ["predict", "predict_proba", "decision_function", "score"])
 def test_not_fitted(method):
     X, y = _data(n=6)
@@ -282,13 +306,22 @@ def test_binary_roc_auc_scorer():
     {"weighting": "equal"}, {"partition": "random"}, {"clients_per_round": 0},
     {"clients_per_round": -1}, {"clients_per_round": 4}, {"clients_per_round": 0.0},
     {"clients_per_round": 1.5}, {"clients_per_round": "half"}, {"clients_per_round": True},
-    {"clients_per_round": False},
+    {"clients_per_round": False}, {"clients_per_round": np.nan},
     {"estimator": SPDnetClassifier(lr=-1.0)}, {"estimator": SPDnetClassifier(hidden_dims=(8,))},
+    {"estimator": "SPDnetClassifier"}, {"estimator": object()},
+    {"patience": 0}, {"patience": -1}, {"patience": 2.5}, {"lr_patience": -1}, {"lr_factor": 0.0},
+    {"lr_factor": -0.5}, {"lr_factor": 1.5}, {"lr_factor": np.nan}, {"alpha": 0.0}, {"alpha": np.nan},
+    {"max_update_norm": 0.0}, {"max_update_norm": np.nan}, {"max_update_norm": -1.0},
+    {"validation_fraction": np.nan}, {"n_rounds": np.nan}, {"backend": "ray"}, {"warm_start": "yes"},
+    {"checkpoint_path": 3}, {"n_jobs": 1.5}, {"random_state": "seed"},
 ])
 def test_bad_params(params):
     X, y = _data(n=30)
+    clf = _fed(**params)
+    before = dict(vars(clf))
     with pytest.raises(ValueError):
-        _fed(**params).fit(X, y)
+        clf.fit(X, y)
+    assert vars(clf).keys() == before.keys()  # nothing fitted is left behind
 
 
 @pytest.mark.parametrize("groups", [np.zeros(29), np.zeros((30, 2))])
@@ -370,11 +403,27 @@ def test_partition_fallback(partition, n_clients):
     assert clf.history_[0]["clients"] == list(range(n_clients))
 
 
+def test_partition_fallback_warns_when_groups_were_probably_meant():
+    X, y = _data(n=30)
+    with pytest.warns(UserWarning, match="received no groups.*groups=subjects.*enable_metadata_routing.*"
+                                         "partition='stratified'"):
+        clf = _fed(n_rounds=1, partition=None).fit(X, y)
+    assert clf.client_source_ == "partition:stratified"
+    explicit = _fed(n_rounds=1, partition="stratified")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        explicit.fit(X, y)  # an explicit partition is silent ...
+        _fed(n_rounds=1, partition=None).fit(X, y, groups=_groups(30, 3))  # ... and so are groups
+        with sklearn.config_context(enable_metadata_routing=True):  # routing on: no groups was meant
+            _fed(n_rounds=1, partition=None).fit(X, y)
+    np.testing.assert_array_equal(clf.decision_function(X), explicit.decision_function(X))
+
+
 @pytest.mark.parametrize("partition", ["stratified", "contiguous", "dirichlet"])
 @pytest.mark.parametrize("n_clients", [1, 3, 7])
 def test_partition_covers_every_sample_once(partition, n_clients):
     y = np.arange(63) % 3
-    parts = _partition(y, n_clients, partition, alpha=1.0, seed=0)
+    parts = partition_indices(y, n_clients, partition, alpha=1.0, seed=0)
     assert len(parts) == n_clients
     np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(63))
     if partition == "contiguous":
@@ -435,10 +484,11 @@ def test_weighting(weighting):
 
 def test_reproducible_serial_and_parallel():
     """Same random_state: bit-identical with one or two joblib workers (the only test that
-    starts loky workers)."""
+    starts loky workers), also when the charts are re-centred every few steps."""
     X, y = _data(n=60)
-    serial = _fed(n_rounds=3, n_jobs=1, clients_per_round=2).fit(X, y)
-    parallel = _fed(n_rounds=3, n_jobs=2, clients_per_round=2).fit(X, y)
+    est = _estimator(recenter_every=3, batch_size=16)
+    serial = _fed(est, n_rounds=3, n_jobs=1, clients_per_round=2).fit(X, y)
+    parallel = _fed(est, n_rounds=3, n_jobs=2, clients_per_round=2).fit(X, y)
     np.testing.assert_array_equal(serial.decision_function(X), parallel.decision_function(X))
     assert [r["clients"] for r in serial.history_] == [r["clients"] for r in parallel.history_]
     assert [r["val_loss"] for r in serial.history_] == [r["val_loss"] for r in parallel.history_]
@@ -519,10 +569,13 @@ def test_on_client_error_skip(monkeypatch, bad):
     X, y = _data(n=60)
     _counting_local_update(monkeypatch, fail=lambda call: call % 3 == bad)
     rule = RecordingRule()
-    clf = _fed(n_rounds=3, on_client_error="skip", aggregation=rule).fit(X, y)
+    with pytest.warns(RuntimeWarning, match=f"client {bad} left out"):
+        clf = _fed(n_rounds=3, on_client_error="skip", aggregation=rule).fit(X, y)
     others = [i for i in range(3) if i != bad]
     for record, call in zip(clf.history_, rule.calls):
-        assert record["failed_clients"] == [bad]
+        assert [f["client"] for f in record["failed_clients"]] == [bad]
+        assert record["failed_clients"][0]["stage"] == "train"
+        assert "OSError: simulated failure" in record["failed_clients"][0]["reason"]
         assert record["clients"] == others
         assert len(record["n_samples"]) == 2
         assert len(call["client_params"]) == 2
@@ -543,7 +596,7 @@ def test_on_client_error_raise(monkeypatch, bad):
 def test_on_client_error_skip_all_fail(monkeypatch):
     X, y = _data(n=60)
     _counting_local_update(monkeypatch, fail=lambda call: True)
-    with pytest.raises(RuntimeError, match="client 0 failed"):
+    with pytest.raises(RuntimeError, match="client 0 failed in round 0 .every client failed."):
         _fed(on_client_error="skip").fit(X, y)
 
 
@@ -645,34 +698,34 @@ def test_warm_start_unknown_label():
 
 def test_checkpoint_written(tmp_path, fitted):
     reference, X, y = fitted
-    path = tmp_path / "ckpt.pkl"
-    clf = _fed(n_rounds=4, checkpoint_path=str(path)).fit(X, y)
+    path = tmp_path / "ckpt.skfedspd"
+    clf = _fed(n_rounds=4, checkpoint_path=path).fit(X, y)
     np.testing.assert_array_equal(clf.decision_function(X), reference.decision_function(X))
-    with open(path, "rb") as f:
-        saved = pickle.load(f)
-    assert len(saved["history"]) == 4
-    assert not os.path.exists(f"{path}.tmp")
+    _, meta = load_bundle(path, kind="federated-checkpoint")
+    assert len(meta["history"]) == 4
+    assert os.listdir(tmp_path) == ["ckpt.skfedspd"]  # the temporary file was renamed
 
 
-def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
+@pytest.mark.parametrize("recenter_every", [1, 3])
+def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, recenter_every):
     """Uninterrupted fit (checkpoint A) vs. a fit interrupted in round 3 (checkpoint B) and
     then re-run with the same parameters: the re-run resumes from round 2 and ends
-    bit-identical."""
+    bit-identical (also when the charts are re-centred every few steps)."""
     X, y = _data(n=60)
-    params = dict(n_rounds=4, clients_per_round=2, n_clients=4)
-    uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.pkl"), **params).fit(X, y)
+    params = dict(n_rounds=4, clients_per_round=2, n_clients=4,
+                  estimator=_estimator(recenter_every=recenter_every, batch_size=16))
+    uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.ckpt"), **params).fit(X, y)
 
     calls = _counting_local_update(monkeypatch, fail=lambda call: call == 4)  # 1st call of round 3
     with pytest.raises(RuntimeError, match="failed in round 2"):
-        _fed(checkpoint_path=str(tmp_path / "B.pkl"), **params).fit(X, y)
+        _fed(checkpoint_path=str(tmp_path / "B.ckpt"), **params).fit(X, y)
     assert len(calls) == 6  # round 3's other client still ran
-    with open(tmp_path / "B.pkl", "rb") as f:
-        assert len(pickle.load(f)["history"]) == 2
+    assert len(load_bundle(tmp_path / "B.ckpt", kind="federated-checkpoint")[1]["history"]) == 2
 
     calls.clear()
     monkeypatch.undo()
     calls = _counting_local_update(monkeypatch)
-    resumed = _fed(checkpoint_path=str(tmp_path / "B.pkl"), **params).fit(X, y)
+    resumed = _fed(checkpoint_path=str(tmp_path / "B.ckpt"), **params).fit(X, y)
     assert len(calls) == 4  # only rounds 3 and 4 were trained
     np.testing.assert_array_equal(resumed.decision_function(X), uninterrupted.decision_function(X))
     assert [r["round"] for r in resumed.history_] == [0, 1, 2, 3]
@@ -683,10 +736,11 @@ def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch):
 
 def test_checkpoint_of_other_configuration_ignored(tmp_path, monkeypatch):
     X, y = _data(n=30)
-    path = str(tmp_path / "ckpt.pkl")
+    path = str(tmp_path / "ckpt")
     _fed(n_rounds=2, checkpoint_path=path).fit(X, y)
     calls = _counting_local_update(monkeypatch)
-    clf = _fed(_estimator(lr=0.02), n_rounds=2, checkpoint_path=path).fit(X, y)
+    with pytest.warns(UserWarning, match="another configuration"):
+        clf = _fed(_estimator(lr=0.02), n_rounds=2, checkpoint_path=path).fit(X, y)
     assert len(calls) == 6  # trained from scratch
     assert [r["lr"] for r in clf.history_] == [0.02, 0.02]
     fresh = _fed(_estimator(lr=0.02), n_rounds=2).fit(X, y)
@@ -695,11 +749,12 @@ def test_checkpoint_of_other_configuration_ignored(tmp_path, monkeypatch):
 
 def test_checkpoint_of_other_data_ignored(tmp_path, monkeypatch):
     X, y = _data(n=30)
-    path = str(tmp_path / "ckpt.pkl")
+    path = str(tmp_path / "ckpt")
     _fed(n_rounds=2, checkpoint_path=path).fit(X, y)
     calls = _counting_local_update(monkeypatch)
     X2, y2 = _data(n=30, seed=5)
-    _fed(n_rounds=2, checkpoint_path=path).fit(X2, y2)
+    with pytest.warns(UserWarning, match="another configuration"):
+        _fed(n_rounds=2, checkpoint_path=path).fit(X2, y2)
     assert len(calls) == 6
 
 
@@ -780,8 +835,10 @@ def test_without_routing_groups_only_reach_the_splitter(recorder):
     X, y, subjects = _timeseries()
     pipe = make_pipeline(Covariances("oas"), RecordingFederated(_estimator(), n_rounds=1, local_epochs=1,
                                                                  n_clients=3, random_state=0))
-    GridSearchCV(pipe, {"recordingfederated__local_epochs": [1]}, cv=GroupKFold(2)).fit(X, y, groups=subjects)
+    with pytest.warns(UserWarning, match="received no groups") as caught:
+        GridSearchCV(pipe, {"recordingfederated__local_epochs": [1]}, cv=GroupKFold(2)).fit(X, y, groups=subjects)
     assert all(r["groups"] is None and r["client_source"] == "partition:stratified" for r in recorder)
+    assert sum("received no groups" in str(w.message) for w in caught) == len(recorder)  # every fit says so
     # Without routing, a pipeline passes step parameters explicitly.
     pipe.fit(X, y, recordingfederated__groups=subjects)
     assert recorder[-1]["client_source"] == "groups"
@@ -866,5 +923,219 @@ def test_without_validation_data_keeps_the_latest_global_model():
     assert clf.best_round_ == 2
     assert all(np.isnan(h["val_f1"]) for h in clf.history_)
     released = clf.global_estimator_.module_.get_parameters()
-    for name, value in clf._global.items():  # the last aggregation, not the initial model
+    for name, value in clf.engine_.global_params.items():  # the last aggregation, not the initial model
         np.testing.assert_allclose(released[name], value, rtol=0, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# Atomic fits: a fit that raises leaves the estimator exactly as it was
+# ---------------------------------------------------------------------------------------------
+
+
+def _nan_rule(client_params, weights, previous, kinds):
+    return {n: np.full_like(v, np.nan) for n, v in projavg(client_params, weights, previous, kinds).items()}
+
+
+def _shape_rule(client_params, weights, previous, kinds):
+    out = projavg(client_params, weights, previous, kinds)
+    out["head.bias"] = out["head.bias"][:, None]
+    return out
+
+
+class FlakyRule:
+    """ProjAvg, then a NaN model from the second call on (a failure after round 0)."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, *args):
+        self.calls += 1
+        return projavg(*args) if self.calls == 1 else _nan_rule(*args)
+
+
+def _all_clients_fail(monkeypatch):
+    _counting_local_update(monkeypatch, fail=lambda call: True)
+
+
+FAILING_FITS = {
+    # name: (parameters, how to call fit, expected error)
+    "clients_per_round_above_n_clients": ({"clients_per_round": 10}, {}, "clients_per_round=10"),
+    "nan_aggregate_from_callable_rule": ({"aggregation": _nan_rule}, {}, "aggregation rule .*_nan_rule"),
+    "wrong_shape_from_callable_rule": ({"aggregation": _shape_rule}, {}, "aggregation rule .*_shape_rule"),
+    "callable_rule_failing_in_round_1": ({"aggregation": FlakyRule(), "n_rounds": 2}, {}, "FlakyRule"),
+    "bad_n_rounds": ({"n_rounds": 0}, {}, "n_rounds"),
+    "bad_lr_factor": ({"lr_factor": np.nan}, {}, "lr_factor"),
+    "bad_inner_estimator": ({"estimator": _estimator(lr=-1.0)}, {}, "lr"),
+    "nan_in_X": ({}, {"X": "nan"}, "NaN or infinity"),
+    "y_of_other_length": ({}, {"y": "short"}, "labels"),
+    "groups_of_other_length": ({}, {"groups": np.zeros(7)}, "groups has 7 entries"),
+    "groups_and_subjects_differ": ({}, {"groups": "g", "subjects": "reversed"}, "differ"),
+    "single_class": ({}, {"y": "one class"}, "greater than one|labels not in classes"),
+    "n_clients_above_n_samples": ({"n_clients": 100}, {}, "n_clients=100 exceeds"),
+    "all_clients_fail": ({"on_client_error": "skip"}, {"patch": _all_clients_fail}, "every client failed"),
+    "corrupt_checkpoint_file": ({"checkpoint_path": "corrupt"}, {}, "corrupt"),
+}
+
+
+def _call(case_kwargs, X, y, tmp_path, monkeypatch):
+    X, y = X.copy(), y.copy()
+    kwargs = {}
+    if case_kwargs.get("X") == "nan":
+        X[3, 0, 0] = np.nan
+    if case_kwargs.get("y") == "short":
+        y = y[:-1]
+    if case_kwargs.get("y") == "one class":
+        y = np.zeros_like(y)
+    if "groups" in case_kwargs:
+        kwargs["groups"] = _groups(len(y), 3) if isinstance(case_kwargs["groups"], str) else case_kwargs["groups"]
+    if case_kwargs.get("subjects") == "reversed":
+        kwargs["subjects"] = kwargs["groups"][::-1]
+    if "patch" in case_kwargs:
+        case_kwargs["patch"](monkeypatch)
+    return X, y, kwargs
+
+
+def _snapshot(clf):
+    """The attribute objects, and the content of a fitted state."""
+    objects = {k: id(v) for k, v in vars(clf).items()}
+    if not clf.__sklearn_is_fitted__():
+        return objects, None
+    return objects, (repr(clf.history_), clf.best_round_, clf.engine_.state_dict()[0],
+                     clf.global_estimator_.get_parameters())
+
+
+def _assert_snapshot(clf, snapshot):
+    objects, fitted = snapshot
+    assert {k: id(v) for k, v in vars(clf).items()} == objects
+    if fitted is not None:
+        history, best, engine_arrays, released = _snapshot(clf)[1]
+        assert (history, best) == fitted[:2]
+        for before, after in ((fitted[2], engine_arrays), (fitted[3], released)):
+            assert before.keys() == after.keys()
+            for name in before:
+                np.testing.assert_array_equal(before[name], after[name], strict=True)
+
+
+@pytest.mark.parametrize("start", ["unfitted", "fitted", "warm_start"])
+@pytest.mark.parametrize("case", sorted(FAILING_FITS))
+def test_failing_fit_leaves_the_estimator_unchanged(case, start, fitted, tmp_path, monkeypatch):
+    params, case_kwargs, message = FAILING_FITS[case]
+    if (case, start) == ("single_class", "warm_start"):
+        pytest.skip("a warm start continues with the classes it knows: one-class data is valid there")
+    reference, X, y = fitted
+    clean = X[:5]
+    clf = copy.deepcopy(reference) if start != "unfitted" else _fed(n_rounds=4)
+    params = dict(params, warm_start=start == "warm_start")
+    if params.get("checkpoint_path") == "corrupt":
+        params["checkpoint_path"] = tmp_path / "corrupt"
+        params["checkpoint_path"].write_bytes(b"PK\x03\x04 not really a zip")
+    clf.set_params(**params)
+    X, y, kwargs = _call(case_kwargs, X, y, tmp_path, monkeypatch)
+    snapshot = _snapshot(clf)
+    prediction = clf.predict_proba(clean) if start != "unfitted" else None
+    with pytest.raises((ValueError, RuntimeError), match=message):
+        clf.fit(X, y, **kwargs)
+    _assert_snapshot(clf, snapshot)
+    if prediction is not None:  # the fitted model still predicts as before
+        np.testing.assert_array_equal(clf.predict_proba(clean), prediction)
+    else:
+        assert not clf.__sklearn_is_fitted__()
+        assert not any(k.endswith("_") and not k.startswith("__") for k in vars(clf))
+
+
+def test_warm_start_with_unknown_label_leaves_the_model_unchanged(fitted):
+    reference, X, y = fitted
+    clf = copy.deepcopy(reference).set_params(warm_start=True)
+    snapshot = _snapshot(clf)
+    with pytest.raises(ValueError, match="not in classes"):
+        clf.fit(X, np.where(y == 0, 5, y))
+    _assert_snapshot(clf, snapshot)
+
+
+# ---------------------------------------------------------------------------------------------
+# Grad mode, re-centring, checkpoints of a callable rule, crafted checkpoint files
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_fit_and_predict_do_not_depend_on_the_global_grad_mode(mode, fitted):
+    """pyRiemann's own test configuration turns gradients off globally."""
+    reference, X, y = fitted
+    context = torch.set_grad_enabled(False) if mode == "no_grad" else torch.inference_mode()
+    with context:
+        clf = _fed(n_rounds=4).fit(X, y)
+        proba = clf.predict_proba(X)
+        assert not torch.is_grad_enabled()
+    np.testing.assert_array_equal(proba, reference.predict_proba(X))
+    assert repr(_without_time(clf.history_)) == repr(_without_time(reference.history_))
+
+
+def test_recentring_counter_restarts_at_every_local_update():
+    """With recenter_every > 1 a client's reply does not depend on the client that the
+    shared module trained before it (as on the local backend) or not (a Flower site's own
+    module): the same replies either way."""
+    X, y = _data(n=60)
+    est = _estimator(recenter_every=3, batch_size=16)  # 2 steps per local update: the count would carry over
+    shared = _fed(est, n_rounds=2, aggregation=RecordingRule()).fit(X, y)
+    original = SPDnetClassifier.local_update
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SPDnetClassifier, "local_update", lambda self, *a, **k: original(copy.deepcopy(self), *a, **k))
+        separate = _fed(est, n_rounds=2, aggregation=RecordingRule()).fit(X, y)
+    for call_a, call_b in zip(shared.aggregation.calls, separate.aggregation.calls):
+        for a, b in zip(call_a["client_params"], call_b["client_params"]):
+            for name in a:
+                np.testing.assert_array_equal(a[name], b[name], strict=True)
+
+
+def test_checkpoint_of_a_callable_rule_resumes_with_another_instance(tmp_path, monkeypatch):
+    """The rule is fingerprinted by its qualified name: a new instance (a new process would
+    give a new address) resumes the checkpoint instead of restarting at round 0."""
+    X, y = _data(n=30)
+    path = tmp_path / "ckpt"
+    calls = _counting_local_update(monkeypatch, fail=lambda call: call == 3)  # round 1, client 0
+    with pytest.raises(RuntimeError, match="failed in round 1"):
+        _fed(n_rounds=2, aggregation=RecordingRule(), checkpoint_path=path).fit(X, y)
+    monkeypatch.undo()
+    calls = _counting_local_update(monkeypatch)
+    resumed = _fed(n_rounds=2, aggregation=RecordingRule(), checkpoint_path=path).fit(X, y)
+    assert len(calls) == 3  # round 1 only
+    uninterrupted = _fed(n_rounds=2, aggregation=RecordingRule()).fit(X, y)
+    np.testing.assert_array_equal(resumed.decision_function(X), uninterrupted.decision_function(X))
+
+
+class _Exploit:
+    """A pickle payload that would create ``marker`` when unpickled."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+@pytest.mark.parametrize("content", ["pickle_payload", "npz_with_pickled_object", "truncated", "random_bytes",
+                                     "empty", "other_kind_of_file"])
+def test_crafted_checkpoint_file_is_refused_and_runs_nothing(content, tmp_path, fitted):
+    reference, X, y = fitted
+    path, marker = tmp_path / "ckpt", tmp_path / "code-ran"
+    if content == "pickle_payload":
+        path.write_bytes(pickle.dumps({"fingerprint": "x", "history": _Exploit(marker)}))
+    elif content == "npz_with_pickled_object":
+        with open(path, "wb") as f:
+            np.savez(f, history=np.array([_Exploit(marker)], dtype=object))
+    elif content == "truncated":
+        _fed(n_rounds=1, checkpoint_path=path).fit(X, y)
+        path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    elif content == "random_bytes":
+        path.write_bytes(np.random.default_rng(0).bytes(4096))
+    elif content == "empty":
+        path.write_bytes(b"")
+    else:
+        save_estimator(reference, path)
+    original = path.read_bytes()
+    clf = _fed(n_rounds=1, checkpoint_path=path)
+    with pytest.raises(ValueError, match=re.escape(str(path))):
+        clf.fit(X, y)
+    assert not marker.exists()  # no code ran
+    assert path.read_bytes() == original  # the file is left alone
+    assert not clf.__sklearn_is_fitted__()

@@ -19,21 +19,18 @@ import os
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
 
-import pickle  # noqa: E402
-
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
 pytest.importorskip("flwr")
 
-import skfedspd.federated as federated  # noqa: E402
-import skfedspd.flower.client as flower_client  # noqa: E402
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.flower import fit_federated, write_app  # noqa: E402
 from skfedspd.flower.loopback import LoopbackDeployment  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
-from skfedspd.flower.spec import estimator_from_spec, estimator_to_spec  # noqa: E402
+from skfedspd.persistence import load_estimator  # noqa: E402
+from skfedspd.spec import estimator_from_spec, estimator_to_spec  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
 
 N_CHANNELS = 6
@@ -46,21 +43,24 @@ def _estimator(**kwargs):
 
 
 def _fed(backend, estimator=None, **kwargs):
-    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0)
+    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
     params.update(kwargs)
     return FederatedSPDnetClassifier(estimator if estimator is not None else _estimator(), backend=backend, **params)
 
 
 def _without_time(history):
-    return [{k: v for k, v in record.items() if k != "wall_time"} for record in history]
+    """History records without wall times, failure reasons reduced to client and stage
+    (the reasons' wording differs between backends: an exception vs a ClientApp error)."""
+    return [{k: ([(f["client"], f["stage"]) for f in record[k]] if k == "failed_clients" else record[k])
+             for k in sorted(record) if k != "wall_time"} for record in history]  # saved files sort keys
 
 
 def assert_same_model(a, b):
     """Bit-identical global state, released model, history (but wall times) and metadata."""
-    assert a._global.keys() == b._global.keys()
-    for name in a._global:
-        assert a._global[name].dtype == b._global[name].dtype, name
-        np.testing.assert_array_equal(a._global[name], b._global[name], err_msg=name, strict=True)
+    ga, gb = a.engine_.global_params, b.engine_.global_params
+    assert ga.keys() == gb.keys()
+    for name in ga:
+        np.testing.assert_array_equal(ga[name], gb[name], err_msg=name, strict=True)
     released_a = a.global_estimator_.module_.get_parameters()
     released_b = b.global_estimator_.module_.get_parameters()
     for name in released_a:
@@ -69,7 +69,7 @@ def assert_same_model(a, b):
     assert a.best_round_ == b.best_round_
     np.testing.assert_array_equal(a.classes_, b.classes_)
     assert a.n_features_in_ == b.n_features_in_ and a.n_clients_ == b.n_clients_
-    assert a._local_states.keys() == b._local_states.keys()
+    assert a.engine_.local_states.keys() == b.engine_.local_states.keys()
 
 
 @pytest.fixture(scope="module")
@@ -86,6 +86,7 @@ def spd():
     dict(groups=True, clients_per_round=2),
     dict(groups=False, clients_per_round=1, aggregation="rlavg", weighting="uniform", partition="dirichlet"),
     dict(groups=False, clients_per_round=None, validation_fraction=0.0),
+    dict(groups=False, clients_per_round=2, estimator=_estimator(recenter_every=3, batch_size=16)),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd
@@ -96,7 +97,7 @@ def test_simulation_bit_identical_to_local(spd, config):
     assert_same_model(local, flower)
     assert flower.client_source_ == local.client_source_ and flower.client_groups_ == local.client_groups_
     np.testing.assert_array_equal(flower.predict_proba(X), local.predict_proba(X))
-    m = flower._n_selected(flower.n_clients_)
+    m = flower.engine_.n_select
     assert all(len(r["clients"]) == m and r["clients"] == sorted(r["clients"]) for r in flower.history_)
 
 
@@ -118,33 +119,37 @@ def test_simulation_fedbn_local_arrays_eegnet():
     estimator = EEGNetClassifier(F1=2, D=1, F2=2, p1=2, p2=2, batch_size=8, lr=1e-2, fs=32.0)
     local = _fed("local", estimator, n_rounds=2, clients_per_round=2).fit(X, y, groups=groups)
     flower = _fed("flower", estimator, n_rounds=2, clients_per_round=2).fit(X, y, groups=groups)
-    assert local._local_states  # BatchNorm statistics stayed per client
+    assert local.engine_.local_states  # BatchNorm statistics stayed per client
     assert_same_model(local, flower)
-    for cid in local._local_states:
-        for name, value in local._local_states[cid].items():
-            np.testing.assert_array_equal(value, flower._local_states[cid][name], strict=True)
+    for cid, state in local.engine_.local_states.items():
+        for name, value in state.items():
+            np.testing.assert_array_equal(value, flower.engine_.local_states[cid][name], strict=True)
 
 
-def _failing(module, monkeypatch, failing_seeds):
-    original = module.local_update
+def _failing(monkeypatch, failing_seeds):
+    """The one local-training routine, failing for the given local-training seeds (both
+    backends call it)."""
+    original = SPDnetClassifier.local_update
 
-    def wrapper(*args, **kwargs):
+    def wrapper(self, *args, **kwargs):
         if kwargs["seed"] in failing_seeds:
             raise OSError("simulated site failure")
-        return original(*args, **kwargs)
+        return original(self, *args, **kwargs)
 
-    monkeypatch.setattr(module, "local_update", wrapper)
+    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
 
 
 def test_simulation_client_failure_matches_local(spd, monkeypatch):
     X, y = spd
     seed = int(np.random.RandomState(0).randint(0, 2**31 - 1))  # what random_state=0 draws
     failing = {derive_seed(seed, 10, 1, 1)}  # client 1 in round 1
-    _failing(federated, monkeypatch, failing)
-    _failing(flower_client, monkeypatch, failing)
+    _failing(monkeypatch, failing)
     local = _fed("local", on_client_error="skip").fit(X, y)
     flower = _fed("flower", on_client_error="skip").fit(X, y)
-    assert local.history_[1]["failed_clients"] == [1] and local.history_[1]["clients"] == [0, 2]
+    assert [f["client"] for f in local.history_[1]["failed_clients"]] == [1]
+    assert local.history_[1]["clients"] == [0, 2]
+    assert "OSError: simulated site failure" in local.history_[1]["failed_clients"][0]["reason"]
+    assert "simulated site failure" in flower.history_[1]["failed_clients"][0]["reason"]
     assert_same_model(local, flower)
     with pytest.raises(RuntimeError, match="client 1 failed in round 1"):
         _fed("flower").fit(X, y)
@@ -160,34 +165,38 @@ def test_simulation_warm_start_continues_like_local(spd):
     assert_same_model(local, flower)
 
 
+def _frozen(client_params, weights, previous, kinds):
+    """A rule that keeps the previous global model: every round scores the same."""
+    return {name: value.copy() for name, value in previous.items()}
+
+
 def test_simulation_early_stopping_sends_nothing_more(spd):
     X, y = spd
-    kwargs = dict(n_rounds=6, estimator=_estimator(patience=1, lr=0.0))
+    kwargs = dict(n_rounds=6, patience=1, aggregation=_frozen)  # a plateau from round 0
     local = _fed("local", **kwargs).fit(X, y)
     flower = _fed("flower", **kwargs).fit(X, y)
-    assert len(local.history_) < 6
+    assert len(local.history_) == 2  # the best round, then `patience` rounds without improvement
     assert_same_model(local, flower)
 
 
 def test_simulation_input_errors_as_local(spd):
     X, y = spd
-    with pytest.raises(ValueError, match="backend must be"):
+    with pytest.raises(ValueError, match="'backend' parameter"):
         _fed("ray").fit(X, y)
     with pytest.raises(ValueError, match="groups has"):
         _fed("flower").fit(X, y, groups=np.arange(3))
     with pytest.raises(ValueError, match="number of classes"):
         _fed("flower").fit(X, np.zeros(len(y)))
     with pytest.raises(ValueError, match="checkpoint_path"):
-        _fed("flower", checkpoint_path="state.pkl").fit(X, y)
+        _fed("flower", checkpoint_path="state.ckpt").fit(X, y)
 
 
 def test_strategy_samples_exactly_m_nodes(spd):
     X, y = spd
     flower = _fed("flower", clients_per_round=1, n_rounds=2).fit(X, y)
     assert [len(r["clients"]) for r in flower.history_] == [1, 1]
-    strategy = SPDnetStrategy(flower, nodes=[11, 12, 13], n_train=[1, 1, 1], n_val=[1, 1, 1], setup_json="{}",
-                              batch_size=8, kinds={})
-    assert strategy.n_select == strategy.min_train_nodes == 1  # not FedAvg's default of 2
+    strategy = SPDnetStrategy(flower.engine_, nodes=[11, 12, 13], setup_json="{}", local_epochs=1)
+    assert strategy.engine.n_select == strategy.min_train_nodes == 1  # not FedAvg's default of 2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -249,7 +258,7 @@ def test_deployment_loopback_equals_local(tmp_path, spd):
         pids = [p.pid for p in deployment.processes.values()]
         assert len(pids) == 3 and deployment.address.startswith("127.0.0.1:")
         try:
-            remote = fit_federated(_fed("local", **config), deployment.address, 2, tmp_path / "model.pkl",
+            remote = fit_federated(_fed("local", **config), deployment.address, 2, tmp_path / "model.skfedspd",
                                    insecure=True, round_timeout=120, connect_timeout=120, timeout=240,
                                    quiet=True, log_path=tmp_path / "run.log")
         except Exception:
@@ -260,8 +269,29 @@ def test_deployment_loopback_equals_local(tmp_path, spd):
 
     assert_same_model(local, remote)
     assert remote.client_source_ == "flower:client-id"
-    with open(tmp_path / "model.pkl", "rb") as f:  # what the server wrote
-        np.testing.assert_array_equal(pickle.load(f).predict_proba(X), local.predict_proba(X))
+    written = load_estimator(tmp_path / "model.skfedspd")  # what the server wrote (no pickle)
+    np.testing.assert_array_equal(written.predict_proba(X), local.predict_proba(X))
     server_side = (tmp_path / "run.log").read_text() + deployment.log("superlink")
     assert "SPDnetStrategy" in server_side and "model written to" in server_side
     assert "site0.npz" not in server_side and "site1.npz" not in server_side  # paths stay on the sites
+
+
+@pytest.mark.parametrize("labels", [np.array([10.0, 20.0, 30.0]), np.array([True, False]), np.array(["a", "b", "c"])])
+def test_simulation_accepts_float_bool_and_string_labels(spd, labels):
+    X, codes = spd
+    y = labels[codes % len(labels)]
+    local = _fed("local", n_rounds=1).fit(X, y)
+    flower = _fed("flower", n_rounds=1).fit(X, y)
+    assert_same_model(local, flower)
+    assert flower.classes_.tolist() == sorted(set(labels.tolist()))
+
+
+def test_serve_checks_the_parameters_before_contacting_any_site():
+    """The ServerApp gets the estimator as a JSON spec, not through ``fit``: ``serve``
+    validates it before waiting for any site (no grid needed to fail)."""
+    from skfedspd.flower.server import serve
+
+    with pytest.raises(ValueError, match="n_rounds"):
+        serve(_fed("local", n_rounds=0), grid=None, n_sites=2)
+    with pytest.raises(ValueError, match="lr"):
+        serve(_fed("local", estimator=_estimator(lr=-1.0)), grid=None, n_sites=2)

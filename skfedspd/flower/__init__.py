@@ -5,7 +5,8 @@
 - :func:`fit_federated`: a run on a real SuperLink with one SuperNode per site
   (``docs/deployment.md``); :mod:`.app` holds the deployed ServerApp and ClientApp;
 - :class:`SPDnetStrategy` / :func:`make_client_app`: the glue (a Strategy whose aggregation
-  is :mod:`skfedspd.aggregation`, a ClientApp running :func:`skfedspd.federated.local_update`).
+  is :mod:`skfedspd.aggregation`, a ClientApp running the local estimator's ``local_update``); the server state is
+  :class:`skfedspd.engine.FederatedEngine`'s.
 """
 
 from .client import load_site_from_node_config, make_client_app

@@ -1,7 +1,7 @@
 """``python -m skfedspd.flower``: write the Flower App, or run FedSPDnet on a deployment.
 
     python -m skfedspd.flower write-app DIR
-    python -m skfedspd.flower fit --superlink HOST:PORT --n-sites N --output model.pkl \\
+    python -m skfedspd.flower fit --superlink HOST:PORT --n-sites N --output model.skfedspd \\
         [--root-certificates ca.crt | --insecure] [--params '{"n_rounds": 50, "estimator__lr": 0.01}']
 """
 

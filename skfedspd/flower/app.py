@@ -8,20 +8,19 @@ installation stays off).
 Run configuration (``flwr run --run-config``):
 
 - ``estimator``: the :class:`~skfedspd.FederatedSPDnetClassifier` as a JSON spec
-  (:func:`skfedspd.flower.spec.estimator_to_spec`);
-- ``output``: where the server writes the fitted estimator (a pickle, on the server);
+  (:func:`skfedspd.spec.estimator_to_spec`);
+- ``output``: where the server writes the fitted estimator
+  (:func:`skfedspd.persistence.save_estimator`: a data-only file, no pickle);
 - ``n-sites``: SuperNodes to wait for (their ``client-id`` must be ``0..n-sites-1``);
 - ``round-timeout``, ``connect-timeout``: seconds.
 """
 
-import os
-import pickle
-
 from flwr.serverapp import ServerApp
 from flwr.supercore import log
 
+from .. import spec as _spec
 from ..federated import FederatedSPDnetClassifier
-from . import spec as _spec
+from ..persistence import save_estimator
 from .client import load_site_from_node_config, make_client_app
 from .server import serve
 
@@ -40,11 +39,10 @@ def _main(grid, context):
     output = str(config["output"])
     if not output:
         raise ValueError("run config 'output' (where to write the fitted model) is empty")
-    serve(fed, grid, n_sites=int(config["n-sites"]), timeout=float(config["round-timeout"]),
-          connect_timeout=float(config["connect-timeout"]))
-    tmp = f"{output}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:
-        pickle.dump(fed, f)
-    os.replace(tmp, output)
+    result = serve(fed, grid, n_sites=int(config["n-sites"]), timeout=float(config["round-timeout"]),
+                   connect_timeout=float(config["connect-timeout"]))
+    fed.set_result(result)
+    save_estimator(fed, output)
+    best = fed.history_[fed.best_round_]
     log(20, "FedSPDnet: %d rounds, best round %d (val macro-F1 %.4f); model written to %s",
-        len(fed.history_), fed.best_round_, fed._schedule.best_score[0], output)
+        len(fed.history_), fed.best_round_, best["val_f1"], output)

@@ -7,7 +7,6 @@ the SuperLink, streams the server's log, and loads the model that the ServerApp 
 """
 
 import os
-import pickle
 import shutil
 import subprocess
 import sys
@@ -16,7 +15,8 @@ from pathlib import Path
 
 import tomli_w
 
-from . import spec as _spec
+from .. import spec as _spec
+from ..persistence import load_estimator
 
 __all__ = ["write_app", "fit_federated", "flower_env"]
 
@@ -164,5 +164,4 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     if proc.returncode != 0 or not output.exists():
         tail = "".join(lines[-40:])
         raise RuntimeError(f"the Flower run did not produce {output} (flwr run exit code {proc.returncode}):\n{tail}")
-    with open(output, "rb") as f:
-        return pickle.load(f)
+    return load_estimator(output)

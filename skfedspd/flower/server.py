@@ -1,13 +1,15 @@
 """The FedSPDnet server on Flower: set-up messages, then :class:`SPDnetStrategy`.
 
-The server logic is the estimator's own (:class:`~skfedspd.FederatedSPDnetClassifier`:
-seeded client selection, the failure policy, the aggregation rules of
-:mod:`skfedspd.aggregation`, the pooled validation score, the plateau schedule, the
-history); this module only moves it onto Flower messages, so that the same
-``random_state`` gives the same model bit for bit on ``backend="local"``, in the
-in-process Flower simulation and in a real deployment.
+The server logic is :class:`skfedspd.engine.FederatedEngine`'s (seeded client selection,
+reply validation, the failure policy, the aggregation rules of :mod:`skfedspd.aggregation`,
+the pooled validation score, the plateau schedule, the history); this module only moves it
+onto Flower messages and turns each reply into an engine reply (or into the reason it is
+malformed), so that the same ``random_state`` gives the same model bit for bit on
+``backend="local"``, in the in-process Flower simulation and in a real deployment.
 """
 
+import copy
+import numbers
 import time
 
 import numpy as np
@@ -16,10 +18,10 @@ from flwr.serverapp.strategy import FedAvg
 from flwr.supercore import log
 from sklearn.base import clone
 
-from ..aggregation import get_aggregation
+from .. import spec as _spec
 from ..classifier import SPDnetClassifier
-from ..federated import _pool_scores
-from . import spec as _spec
+from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, pool_input_statistic
+from ..training import draw_seed
 from .client import from_array_record, to_array_record
 
 __all__ = ["SPDnetStrategy", "serve", "connect_sites"]
@@ -27,137 +29,132 @@ __all__ = ["SPDnetStrategy", "serve", "connect_sites"]
 _INFO, _WARNING = 20, 30
 
 
-class SPDnetStrategy(FedAvg):
-    """FedSPDnet as a Flower strategy.
+class MalformedReply(ValueError):
+    """A site's reply that cannot be read as the message it answers (a failed client)."""
 
-    - ``configure_train``: round ``t``'s participants are the estimator's seeded draw of
-      exactly ``M`` client ids (``clients_per_round``), sent to the nodes of those client
-      ids (Flower's node ids are random; ``nodes[cid]`` maps them), each with its
-      learning rate and local-training seed;
-    - ``aggregate_train``: replies sorted by client id (missing or failed ones become that
-      client's error), then the estimator's ``_aggregate_train``, i.e. the failure policy,
-      sample-count weights and the rule of :mod:`skfedspd.aggregation`;
+
+class SPDnetStrategy(FedAvg):
+    """FedSPDnet as a Flower strategy: Flower messages in and out of a
+    :class:`~skfedspd.engine.FederatedEngine`.
+
+    - ``configure_train``: round ``t``'s participants are the engine's seeded draw of
+      exactly ``M`` client ids, sent to the nodes of those client ids (Flower's node ids
+      are random; ``nodes[cid]`` maps them), each with its learning rate and seed;
+    - ``aggregate_train``: replies in client-id order (missing, failed or malformed ones
+      become that client's error) → :meth:`FederatedEngine.aggregate` (checks, failure
+      policy, aggregation);
     - ``configure_evaluate`` / ``aggregate_evaluate``: the new global model on every
-      client's validation part, pooled by validation size; the plateau schedule steps and
-      the round's record joins ``history_``.
+      client's validation part → :meth:`FederatedEngine.finish_round` (checks, pooled
+      score, schedule, history).
 
     After early stopping the remaining rounds send nothing.
+
+    Parameters
+    ----------
+    engine : FederatedEngine
+    nodes : list of int
+        Flower node id of each client id.
+    setup_json : str
+        The run's set-up, sent with every message.
+    local_epochs : int
     """
 
-    def __init__(self, fed, *, nodes, n_train, n_val, setup_json, batch_size, kinds, first_round=0):
+    def __init__(self, engine, *, nodes, setup_json, local_epochs):
         n_clients = len(nodes)
-        self.n_select = fed._n_selected(n_clients)
-        super().__init__(fraction_train=self.n_select / n_clients, fraction_evaluate=1.0,
-                         min_train_nodes=self.n_select, min_evaluate_nodes=n_clients,
+        super().__init__(fraction_train=engine.n_select / n_clients, fraction_evaluate=1.0,
+                         min_train_nodes=engine.n_select, min_evaluate_nodes=n_clients,
                          min_available_nodes=n_clients, weighted_by_key="num-examples")
-        self.fed = fed
+        self.engine = engine
         self.nodes = list(nodes)
         self.client_of = {node: cid for cid, node in enumerate(self.nodes)}
-        self.n_train, self.n_val = list(n_train), list(n_val)
         self.setup_json = setup_json
-        self.batch_size = batch_size
-        self.kinds = kinds
-        self.aggregate = get_aggregation(fed.aggregation)
-        self.first_round = first_round
+        self.local_epochs = int(local_epochs)
+        self.first_round = engine.next_round
         self._round = None
 
     def summary(self):
         log(_INFO, "\t├──> FedSPDnet: %d clients, %d per round, aggregation %r, weighting %r",
-            len(self.nodes), self.n_select, self.fed.aggregation, self.fed.weighting)
+            len(self.nodes), self.engine.n_select, self.engine.rule_name, self.engine.weighting)
 
     # ------------------------------------------------------------------ helpers
-    def _config(self, cid, **extra):
-        return ConfigRecord({"client-id": int(cid), "setup": self.setup_json, **extra})
+    def _message(self, cid, message_type, **config):
+        content = RecordDict({"arrays": to_array_record(self.engine.global_params),
+                              "local": to_array_record(self.engine.local_state(cid)),
+                              "config": ConfigRecord({"client-id": int(cid), "setup": self.setup_json, **config})})
+        return Message(content=content, message_type=message_type, dst_node_id=self.nodes[cid])
 
-    def _local(self, cid):
-        return to_array_record(self.fed._local_states.get(int(cid), {}))
-
-    def _replies_by_client(self, replies, key):
-        """``{client id: reply}``; replies from unknown nodes or with a wrong id are errors."""
-        out = {}
+    def _replies(self, replies, clients, parse):
+        """One entry per client id of ``clients``: ``parse(message)``, or the error that
+        stands for a missing, failed or malformed reply."""
+        by_client = {}
         for message in replies:
             cid = self.client_of.get(message.metadata.src_node_id)
             if cid is None:
                 raise RuntimeError(f"reply from unknown node {message.metadata.src_node_id}")
-            if not message.has_error() and int(message.content[key]["client-id"]) != cid:
-                raise RuntimeError(f"node {message.metadata.src_node_id} of client {cid} answered as "
-                                   f"client {message.content[key]['client-id']}")
-            out[cid] = message
+            by_client[cid] = message
+        out = []
+        for cid in clients:
+            message = by_client.get(cid)
+            if message is None:
+                out.append(TimeoutError(f"no reply from the node of client {cid} in time"))
+            elif message.has_error():
+                out.append(RuntimeError(f"ClientApp error: {message.error.reason}"))
+            else:
+                try:
+                    metrics = message.content["metrics"]
+                    if metrics["client-id"] != cid:
+                        raise MalformedReply(f"node {self.nodes[cid]} of client {cid} answered as client "
+                                             f"{metrics['client-id']!r}")
+                    out.append(parse(message, metrics))
+                except MalformedReply as error:
+                    out.append(error)
+                except Exception as error:  # noqa: BLE001 - any unreadable reply is that client's failure
+                    out.append(MalformedReply(f"malformed reply: {type(error).__name__}: {error}"))
         return out
 
     # ------------------------------------------------------------------ train
     def configure_train(self, server_round, arrays, config, grid):
-        fed = self.fed
-        if fed._schedule.should_stop:
+        engine = self.engine
+        if engine.should_stop:
             self._round = None
             return []
         t = self.first_round + server_round - 1
-        start = time.perf_counter()
-        selected, seeds = fed._select_clients(t, len(self.nodes), self.n_select)
-        self._round = {"t": t, "selected": selected, "start": start}
-        messages = []
-        for cid, seed in zip(selected, seeds):
-            cfg = self._config(cid, **{"server-round": server_round, "round": t, "lr": float(fed._schedule.lr),
-                                       "local-epochs": int(fed.local_epochs), "batch-size": int(self.batch_size),
-                                       "seed": int(seed)})
-            content = RecordDict({"arrays": arrays, "local": self._local(cid), "config": cfg})
-            messages.append(Message(content=content, message_type=MessageType.TRAIN,
-                                    dst_node_id=self.nodes[cid]))
-        log(_INFO, "configure_train: round %d, clients %s", t, selected.tolist())
-        return messages
+        selected, seeds = engine.select(t)
+        self._round = {"t": t, "selected": selected, "start": time.perf_counter()}
+        log(_INFO, "configure_train: round %d, clients %s", t, selected)
+        return [self._message(cid, MessageType.TRAIN, **{"server-round": server_round, "round": t,
+                                                           "lr": float(engine.lr), "local-epochs": self.local_epochs,
+                                                           "seed": int(seed)})
+                for cid, seed in zip(selected, seeds)]
 
     def aggregate_train(self, server_round, replies):
         if self._round is None:
             return None, None
-        t, selected = self._round["t"], self._round["selected"]
-        by_client = self._replies_by_client(list(replies), "metrics")
-        results = []
-        for cid in selected:  # sorted client ids
-            message = by_client.get(int(cid))
-            if message is None:
-                results.append(TimeoutError(f"no reply from the node of client {cid} in time"))
-            elif message.has_error():
-                results.append(RuntimeError(f"ClientApp error: {message.error.reason}"))
-            else:
-                metrics = message.content["metrics"]
-                results.append((from_array_record(message.content["arrays"]), float(metrics["train-loss"]),
-                                int(metrics["skipped-batches"])))
-        record = self.fed._aggregate_train(t, selected, results, self.n_train, self.kinds, self.aggregate)
+        replies = self._replies(list(replies), self._round["selected"], lambda message, metrics: TrainReply(
+            from_array_record(message.content["arrays"]), metrics["train-loss"], metrics["skipped-batches"],
+            metrics["num-examples"]))
+        record = self.engine.aggregate(self._round["t"], self._round["selected"], replies)
+        for failure in record["failed_clients"]:
+            log(_WARNING, "client %d left out of round %d: %s", failure["client"], record["round"], failure["reason"])
         self._round["record"] = record
         metrics = MetricRecord({"train-loss": record["train_loss"], "n-clients": len(record["clients"]),
                                 "n-failed": len(record["failed_clients"])})
-        return to_array_record(self.fed._global), metrics
+        return to_array_record(self.engine.global_params), metrics
 
     # ------------------------------------------------------------------ evaluate
     def configure_evaluate(self, server_round, arrays, config, grid):
         if self._round is None:
             return []
-        return [Message(content=RecordDict({"arrays": arrays, "local": self._local(cid),
-                                            "config": self._config(cid, **{"server-round": server_round})}),
-                        message_type=MessageType.EVALUATE, dst_node_id=node)
-                for cid, node in enumerate(self.nodes) if self.n_val[cid] > 0]
+        return [self._message(cid, MessageType.EVALUATE, **{"server-round": server_round})
+                for cid in self.engine.evaluated_clients()]
 
     def aggregate_evaluate(self, server_round, replies):
         if self._round is None:
             return None
-        fed, t, record = self.fed, self._round["t"], self._round["record"]
-        by_client = self._replies_by_client(list(replies), "metrics")
-        scores = []
-        for cid in range(len(self.nodes)):
-            if self.n_val[cid] == 0:
-                continue
-            message = by_client.get(cid)
-            if message is None or message.has_error():
-                reason = "no reply in time" if message is None else message.error.reason
-                if fed.on_client_error == "raise":
-                    raise RuntimeError(f"client {cid} failed to evaluate in round {t}: {reason}")
-                log(_WARNING, "client %d left out of round %d's validation: %s", cid, t, reason)
-                continue
-            metrics = message.content["metrics"]
-            scores.append((int(metrics["num-examples"]), float(metrics["val-loss"]), float(metrics["val-f1"])))
-        record = fed._finish_round(record, *_pool_scores(scores))
-        record["wall_time"] = time.perf_counter() - self._round["start"]
-        fed.history_.append(record)
+        replies = self._replies(list(replies), self.engine.evaluated_clients(), lambda message, metrics: EvalReply(
+            metrics["val-loss"], metrics["val-f1"], metrics["num-examples"]))
+        record = self.engine.finish_round(self._round["record"], replies,
+                                          wall_time=time.perf_counter() - self._round["start"])
         self._round = None
         return MetricRecord({"val-loss": record["val_loss"], "val-f1": record["val_f1"], "lr": record["lr"]})
 
@@ -190,6 +187,66 @@ def _query(grid, node_ids, action, configs, key, timeout):
     return {node: message.content[key] for node, message in replies.items()}
 
 
+def _count(value, minimum):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def _label_kind(label):
+    """"str", "bool" or "number" (a finite int or float); None for anything else."""
+    if isinstance(label, (str, bool)):
+        return type(label).__name__
+    if isinstance(label, numbers.Real) and np.isfinite(label):
+        return "number"
+    return None
+
+
+def _read_setup(infos, nodes):
+    """The sites' set-up declarations, checked: ``(node of each client id, shape, labels of
+    each client, n_train, n_val, input statistics)``. Any bad declaration raises a
+    ValueError naming the client (set-up failures end the run whatever the failure
+    policy: the federation's membership and data shape must be settled first)."""
+    client_node = {}
+    for node, info in infos.items():
+        cid = info.get("client-id") if hasattr(info, "get") else None
+        if not _count(cid, 0):
+            raise ValueError(f"node {node} declared an invalid client id {cid!r}")
+        if cid in client_node:
+            raise ValueError(f"client id {cid} is configured on two nodes ({client_node[cid]}, {node})")
+        client_node[cid] = node
+    if sorted(client_node) != list(range(len(nodes))):
+        raise ValueError(f"the sites' client ids must be 0..{len(nodes) - 1}, got {sorted(client_node)}")
+    node_of = [client_node[cid] for cid in range(len(nodes))]
+    shapes, labels, n_train, n_val, stats = set(), [], [], [], []
+    for cid, node in enumerate(node_of):
+        info = infos[node]
+        try:
+            shape = tuple(info["shape"])
+            declared = _spec.loads(str(info["labels"]))
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"client {cid} sent a malformed set-up reply: {error!r}") from None
+        if not shape or not all(_count(s, 1) for s in shape):
+            raise ValueError(f"client {cid} declared an invalid sample shape {list(shape)}")
+        kinds = {_label_kind(label) for label in declared} if isinstance(declared, list) else {None}
+        if not declared or None in kinds or len(set(declared)) != len(declared):
+            raise ValueError(f"client {cid} declared invalid labels {declared!r} (a non-empty list of "
+                             "distinct strings, booleans or finite numbers)")
+        if not _count(info.get("num-examples"), 1) or not _count(info.get("n-val"), 0):
+            raise ValueError(f"client {cid} declared invalid sample counts (num-examples "
+                             f"{info.get('num-examples')!r}, n-val {info.get('n-val')!r})")
+        shapes.add(shape)
+        labels.append(declared)
+        n_train.append(int(info["num-examples"]))
+        n_val.append(int(info["n-val"]))
+        stats.append(info.get("input-statistic"))
+    if len(shapes) != 1:
+        raise ValueError(f"the sites' samples differ in shape: {sorted(shapes)}")
+    kinds = {cid: {_label_kind(label) for label in site} for cid, site in enumerate(labels)}
+    if len(set().union(*kinds.values())) != 1:
+        raise ValueError(f"the sites declare labels of different types: {kinds} (a label must mean the same "
+                         "class at every site)")
+    return node_of, shapes.pop(), labels, n_train, n_val, stats
+
+
 def _probe(shape):
     """A one-sample input of the sites' shape that the estimator's validation accepts
     (identity matrices), to set the server's shape attributes without any site data."""
@@ -198,11 +255,12 @@ def _probe(shape):
 
 def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600.0, connect_timeout=600.0,
           client_source=None, client_groups=None):
-    """Fit ``fed`` (a :class:`~skfedspd.FederatedSPDnetClassifier`) through a Flower Grid.
+    """Fit a :class:`~skfedspd.FederatedSPDnetClassifier`'s configuration through a Flower Grid.
 
     The ServerApp body of both the in-process simulation and a deployment. The client ids
     are the sites' (``client-id`` of each node's configuration, or the simulation's
-    ``partition-id``); they must be ``0..n_sites-1``.
+    ``partition-id``); they must be ``0..n_sites-1``. ``fed`` is read, never changed
+    (its fitted state when ``warm_start`` continues a fit).
 
     Parameters
     ----------
@@ -216,68 +274,52 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     client_source, client_groups
         What ``client_source_`` / ``client_groups_`` record (the simulation's partition);
         None: ``"flower:client-id"`` and no groups.
+
+    Returns
+    -------
+    FederatedResult
+        For ``fed.set_result``.
     """
-    fed._check_params()
+    fed.check_params()
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
     resume = fed.warm_start and fed.__sklearn_is_fitted__()
-    if resume and not hasattr(fed, "_flower_statistic"):
-        raise ValueError("warm_start continues a Flower fit only from a Flower fit")
-    est = fed.global_estimator_ if resume else clone(fed.estimator if fed.estimator is not None else SPDnetClassifier())
-    est._check_common_params()
+    est = copy.deepcopy(fed.global_estimator_) if resume else clone(
+        fed.estimator if fed.estimator is not None else SPDnetClassifier())
     nodes = connect_sites(grid, n_sites, connect_timeout)
-    seed = fed._seed_ if resume else (fed._draw_seed() if seed is None else int(seed))
+    seed = fed.engine_.seed if resume else (draw_seed(fed.random_state) if seed is None else int(seed))
 
     # 1. set-up: who is who, the sites' labels, shapes, split sizes and input statistics
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
              "classes": None, "seed": seed, "validation_fraction": fed.validation_fraction,
              "input_statistic": None, "ready": False}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
-    client_node = {}
-    for node, info in infos.items():
-        cid = int(info["client-id"])
-        if cid in client_node:
-            raise ValueError(f"client id {cid} is configured on two nodes ({client_node[cid]}, {node})")
-        client_node[cid] = node
-    if sorted(client_node) != list(range(len(nodes))):
-        raise ValueError(f"the sites' client ids must be 0..{len(nodes) - 1}, got {sorted(client_node)}")
-    node_of = [client_node[cid] for cid in range(len(nodes))]
-    shapes = {tuple(infos[node]["shape"]) for node in node_of}
-    if len(shapes) != 1:
-        raise ValueError(f"the sites' samples differ in shape: {sorted(shapes)}")
-    labels = np.unique(np.concatenate([np.asarray(_spec.loads(infos[node]["labels"])) for node in node_of]))
+    node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes)
+    declared = np.unique(np.concatenate([np.asarray(site) for site in labels]))
+    known = est.classes_ if resume else None
+    for cid, site in enumerate(labels):
+        unknown = [] if known is None else sorted(set(site) - set(np.asarray(known).tolist()))
+        if unknown:
+            raise ValueError(f"client {cid} declared labels {unknown} that are not in classes {known.tolist()}")
+    est.check_inputs(_probe(shape), reset=not resume)
     if resume:
-        unseen = np.setdiff1d(labels, fed.classes_)
-        if len(unseen):
-            raise ValueError(f"y contains labels not in classes: {unseen.tolist()}")
+        statistic = fed.engine_.input_statistic
     else:
-        est._validate_X(_probe(shapes.pop()), reset=True)
-        est.classes_ = labels
-        est._require_two_classes()
-    n_train = [int(infos[node]["num-examples"]) for node in node_of]
-    n_val = [int(infos[node]["n-val"]) for node in node_of]
-    if not resume:
-        stats = [infos[node].get("input-statistic") for node in node_of]
-        stats = [None if s is None else float(s) for s in stats]
-        fed._init_state(est, seed, stats, n_train)
-        fed._flower_statistic = None if stats[0] is None else float(np.average(stats, weights=n_train))
+        est.set_classes(declared)
+        statistic = pool_input_statistic(stats, n_train)
+        est.set_input_statistic(statistic)
+        est.init_module(seed)
+    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
+                                            input_statistic=statistic)
+    if resume:
+        engine.load_state_dict(*fed.engine_.state_dict())
     # 2. from here on every message carries the complete set-up
-    setup.update(classes=est.classes_.tolist(), input_statistic=fed._flower_statistic, ready=True)
-
-    fed.classes_ = est.classes_
-    fed.n_features_in_ = est.n_features_in_
-    fed.n_clients_ = len(node_of)
-    fed.global_estimator_ = est
-    if client_source is not None:
-        fed.client_source_, fed.client_groups_ = client_source, list(client_groups)
-    else:
-        fed.client_source_, fed.client_groups_ = "flower:client-id", [None] * len(node_of)
+    setup.update(classes=est.classes_.tolist(), input_statistic=statistic, ready=True)
 
     # 3. the rounds
-    strategy = SPDnetStrategy(fed, nodes=node_of, n_train=n_train, n_val=n_val, setup_json=_spec.dumps(setup),
-                              batch_size=est.batch_size, kinds=est.module_.parameter_kinds(),
-                              first_round=len(fed.history_))
-    strategy.start(grid, to_array_record(fed._global), num_rounds=fed.n_rounds, timeout=timeout)
-    est.module_.set_parameters(fed._schedule.best_state)
-    fed.best_round_ = fed._schedule.best_step
-    return fed
+    strategy = SPDnetStrategy(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs)
+    strategy.start(grid, to_array_record(engine.global_params), num_rounds=fed.n_rounds, timeout=timeout)
+    est.set_parameters(engine.best_params)
+    if client_source is None:
+        client_source, client_groups = "flower:client-id", [None] * len(node_of)
+    return FederatedResult(est, engine, client_source, list(client_groups))

@@ -1,0 +1,515 @@
+"""The federated engine: FedSPDnet's server, one class for every backend.
+
+:class:`FederatedEngine` owns the state of a federated run and every decision the server
+takes in it: the global parameters, the clients' ``"local"`` arrays (FedBN: BatchNorm
+statistics, returned to their own client only, never given to the aggregation rule), the
+seeded choice of each round's clients, the plateau schedule counted in rounds (learning
+rate, early stopping, best global model), the history, the failure policy and the
+validation of every reply before it reaches the aggregate. A backend only moves messages:
+
+- ``"local"`` (:class:`~skfedspd.FederatedSPDnetClassifier`): clients simulated in this
+  process, their replies built from the estimator's ``local_update``;
+- ``"flower"`` (:class:`skfedspd.flower.SPDnetStrategy`): replies are Flower messages from
+  sites that are not trusted.
+
+Both call, each round, :meth:`FederatedEngine.select`, then :meth:`~FederatedEngine.aggregate`
+with the train replies, then :meth:`~FederatedEngine.finish_round` with the validation
+replies, so the same seed gives the same model bit for bit on every backend.
+
+Reply validation (:meth:`FederatedEngine.check_train_reply`,
+:meth:`~FederatedEngine.check_eval_reply`): array names exactly the model's, shapes,
+dtypes, finite values, Stiefel arrays orthonormal (``‖WᵀW − I‖_F ≤ tol·√k``, ``tol`` 1e-6
+in float64, 1e-3 in float32), an update no larger than ``max_update_norm·(1 + ‖θ‖)`` per
+array (``θ`` the broadcast), sample counts between 1 and the client's count declared at
+set-up, a finite non-negative loss (NaN only when every batch was skipped), an int number
+of skipped batches ≥ 0, a validation macro-F1 in [0, 1]. A reply that fails is a failed
+client: under ``on_client_error="raise"`` the round raises (the engine's state untouched);
+under ``"skip"`` it is left out and ``{"client", "stage", "reason"}`` joins the round's
+``failed_clients``. The output of the aggregation rule is checked the same way
+(:func:`check_aggregate`), and a bad one raises naming the rule.
+"""
+
+import copy
+import numbers
+import warnings
+from dataclasses import dataclass
+
+import numpy as np
+from .aggregation import client_weights, get_aggregation
+from .stiefel import orthonormality_error
+from .training import PlateauSchedule, derive_seed
+
+__all__ = [
+    "FederatedEngine",
+    "TrainReply",
+    "EvalReply",
+    "FederatedResult",
+    "FitTask",
+    "check_aggregate",
+    "n_selected",
+    "pool_input_statistic",
+    "rule_name",
+    "stiefel_tolerance",
+]
+
+STATE_VERSION = 1
+_SCHEDULE_CONFIG = ("patience", "lr_patience", "lr_factor", "min_lr")
+_STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
+
+
+@dataclass
+class TrainReply:
+    """One client's answer to a train message: ``params`` (``{name: ndarray}``, every name
+    of the model, ``"local"`` ones included), ``loss`` (mean training loss), ``n_skipped``
+    (batches with a non-finite loss or gradient) and ``n_examples`` (training samples)."""
+
+    params: dict
+    loss: float
+    n_skipped: int
+    n_examples: int
+
+
+@dataclass
+class EvalReply:
+    """One client's validation of the global model: ``loss``, macro-``f1``, ``n_examples``."""
+
+    loss: float
+    f1: float
+    n_examples: int
+
+
+@dataclass
+class FitTask:
+    """A validated federated fit, handed to a backend: the local ``estimator`` (classes and
+    input shape set; fitted when resuming), the inputs ``X`` (validated), the labels ``y``
+    and their integer ``codes``, each client's sample ``indices``, the run's ``seed``, the
+    engine to continue (``resume``, None for a fresh fit), ``client_source`` and
+    ``client_groups`` (see :class:`FederatedResult`)."""
+
+    estimator: object
+    X: np.ndarray
+    y: np.ndarray
+    codes: np.ndarray
+    indices: list
+    seed: int
+    resume: object
+    client_source: str
+    client_groups: list
+
+
+@dataclass
+class FederatedResult:
+    """What a backend hands back to :class:`~skfedspd.FederatedSPDnetClassifier`: the
+    released local estimator (best global model loaded), the engine, and where the clients
+    came from (``client_source``: ``"groups"``, ``"partition:<name>"`` or
+    ``"flower:client-id"``; ``client_groups``: the groups of each client or None)."""
+
+    estimator: object
+    engine: "FederatedEngine"
+    client_source: str
+    client_groups: list
+
+
+def rule_name(aggregation):
+    """A stable name for an aggregation rule: the name itself, or ``module.qualname`` of a
+    callable (of its class for a callable instance), never its memory address."""
+    if isinstance(aggregation, str):
+        return aggregation
+    target = aggregation if hasattr(aggregation, "__qualname__") else type(aggregation)
+    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
+
+
+def n_selected(clients_per_round, n_clients):
+    """Clients per round: None → all; int → exactly that many; float in (0, 1] →
+    ``max(1, floor(fraction · n_clients))``."""
+    m = clients_per_round
+    if m is None:
+        return n_clients
+    if isinstance(m, bool):
+        raise ValueError(f"clients_per_round must be None, an int or a float in (0, 1], got {m!r}")
+    if isinstance(m, numbers.Integral):
+        if not 1 <= m <= n_clients:
+            raise ValueError(f"clients_per_round={m} must be between 1 and the {n_clients} clients")
+        return int(m)
+    if isinstance(m, numbers.Real) and 0 < m <= 1:
+        return max(1, int(np.floor(m * n_clients)))
+    raise ValueError(f"clients_per_round must be None, an int or a float in (0, 1], got {m!r}")
+
+
+def stiefel_tolerance(dtype, n_columns):
+    """Largest accepted ``‖WᵀW − I‖_F`` for a Stiefel array of this dtype and width."""
+    return _STIEFEL_TOL.get(np.dtype(dtype), 1e-3) * np.sqrt(n_columns)
+
+
+def pool_input_statistic(statistics, n_train):
+    """Training-size-weighted mean of the clients' input statistics (None if the model
+    has none). Raises ValueError naming a client whose statistic is missing or not finite."""
+    if all(s is None for s in statistics):
+        return None
+    for cid, s in enumerate(statistics):
+        if not _is_real(s) or not np.isfinite(s):
+            raise ValueError(f"client {cid} declared an invalid input statistic {s!r} (a finite number is needed)")
+    return float(np.average(np.asarray(statistics, dtype=np.float64), weights=n_train))
+
+
+def _is_real(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _is_count(value):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _check_arrays(arrays, template, *, what):
+    """Reason why ``arrays`` do not match ``template`` (``{name: (shape, dtype or None)}``):
+    names, types, shapes, dtypes (when given), finiteness. None when they match."""
+    if not isinstance(arrays, dict):
+        return f"{what} are a {type(arrays).__name__}, not a dict of arrays"
+    missing = [n for n in template if n not in arrays]
+    extra = sorted(str(n) for n in arrays if n not in template)
+    if missing:
+        return f"{what} lack {missing}"
+    if extra:
+        return f"{what} have unexpected names {extra}"
+    for name, (shape, dtype) in template.items():
+        value = arrays[name]
+        if not isinstance(value, np.ndarray):
+            return f"{what}[{name!r}] is a {type(value).__name__}, not an ndarray"
+        if value.shape != tuple(shape):
+            return f"{what}[{name!r}] has shape {value.shape}, expected {tuple(shape)}"
+        if dtype is not None and value.dtype != dtype:
+            return f"{what}[{name!r}] has dtype {value.dtype}, expected {np.dtype(dtype)}"
+        if dtype is None and value.dtype.kind != "f":
+            return f"{what}[{name!r}] has dtype {value.dtype}, expected a floating dtype"
+        if not np.isfinite(value).all():
+            return f"{what}[{name!r}] has {int((~np.isfinite(value)).sum())} non-finite values"
+    return None
+
+
+def _check_stiefel(arrays, kinds, what):
+    for name, kind in kinds.items():
+        if kind == "stiefel":
+            W = arrays[name]
+            error, tol = orthonormality_error(W), stiefel_tolerance(W.dtype, W.shape[-1])
+            if not error <= tol:
+                return f"{what}[{name!r}] is not orthonormal: ‖WᵀW − I‖ = {error:.3g} > {tol:.3g}"
+    return None
+
+
+def check_aggregate(name, output, template, kinds):
+    """Raise ValueError (naming the rule) if an aggregation rule's output is not a valid
+    global model: the non-local names exactly, their shapes, finite floating arrays,
+    orthonormal Stiefel arrays."""
+    expected = {n: (template[n][0], None) for n, kind in kinds.items() if kind != "local"}
+    reason = _check_arrays(output, expected, what="its arrays") or _check_stiefel(
+        output, {n: k for n, k in kinds.items() if n in expected}, "its arrays")
+    if reason:
+        raise ValueError(f"aggregation rule {name!r} returned an invalid global model: {reason}")
+
+
+def _pool_scores(scores):
+    """Validation ``(loss, macro-F1)`` of the global model: the clients' ``(n_val, loss,
+    f1)`` averaged with weights ``n_val`` (NaN when no client has validation data)."""
+    if not scores:
+        return float("nan"), float("nan")
+    n, loss, f1 = map(np.asarray, zip(*scores))
+    return float(np.average(loss, weights=n)), float(np.average(f1, weights=n))
+
+
+def _describe(error):
+    return f"{type(error).__name__}: {error}"
+
+
+class FederatedEngine:
+    """The state and the server steps of a federated run (see the module docstring).
+
+    Parameters
+    ----------
+    initial_params : dict of str to ndarray
+        The initial global model (``estimator.get_parameters()``), every name of
+        ``kinds``. Their shapes and dtypes are what replies must have.
+    kinds : dict of str to {"stiefel", "euclidean", "local"}
+    n_train, n_val : sequence of int
+        Training and validation samples of each client, as declared at set-up (client ids
+        are the positions). A reply may not claim more.
+    seed : int
+        The run's seed (client sampling, local-training seeds).
+    lr : float
+        Initial learning rate of the clients' optimizers.
+    clients_per_round, aggregation, weighting, on_client_error, max_update_norm
+        As for :class:`~skfedspd.FederatedSPDnetClassifier`.
+    patience, lr_patience, lr_factor
+        The plateau schedule, in rounds.
+    input_statistic : float or None
+        The pooled input statistic the clients were set up with (kept for resuming).
+
+    Attributes
+    ----------
+    global_params : dict
+        The current global model (``"local"`` names: training-size-weighted mean of the
+        clients' arrays, for the released model).
+    local_states : dict of int to dict
+        Each client's ``"local"`` arrays.
+    history : list of dict
+        One JSON-able record per finished round.
+    """
+
+    @classmethod
+    def from_estimator(cls, fed, estimator, *, n_train, n_val, seed, input_statistic):
+        """The engine of a :class:`~skfedspd.FederatedSPDnetClassifier` ``fed`` (its round-level
+        parameters) for the initialised local ``estimator`` (its model and learning rate)."""
+        return cls(estimator.get_parameters(), estimator.parameter_kinds(), n_train=n_train, n_val=n_val,
+                   seed=seed, lr=estimator.lr, clients_per_round=fed.clients_per_round,
+                   aggregation=fed.aggregation, weighting=fed.weighting, patience=fed.patience,
+                   lr_patience=fed.lr_patience, lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
+                   max_update_norm=fed.max_update_norm, input_statistic=input_statistic)
+
+    def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
+                 aggregation="projavg", weighting="n_samples", patience=None, lr_patience=20, lr_factor=0.5,
+                 on_client_error="raise", max_update_norm=1e3, input_statistic=None):
+        self.kinds = dict(kinds)
+        self.template = {n: (tuple(np.shape(initial_params[n])), np.asarray(initial_params[n]).dtype)
+                         for n in self.kinds}
+        self.n_train = [int(n) for n in n_train]
+        self.n_val = [int(n) for n in n_val]
+        if len(self.n_val) != len(self.n_train):
+            raise ValueError(f"{len(self.n_train)} training sizes but {len(self.n_val)} validation sizes")
+        self.n_select = n_selected(clients_per_round, len(self.n_train))
+        self.seed = int(seed)
+        self.aggregation = aggregation
+        self.rule = get_aggregation(aggregation)
+        self.rule_name = rule_name(aggregation)
+        self.weighting = weighting
+        client_weights([1.0], weighting)
+        if on_client_error not in ("raise", "skip"):
+            raise ValueError(f"on_client_error must be 'raise' or 'skip', got {on_client_error!r}")
+        self.on_client_error = on_client_error
+        self.max_update_norm = max_update_norm
+        self.input_statistic = input_statistic
+        self.schedule = PlateauSchedule(lr, patience=patience, lr_patience=lr_patience, lr_factor=lr_factor)
+        self.global_params = {n: np.array(initial_params[n], copy=True) for n in self.kinds}
+        self.schedule.best_state = copy.deepcopy(self.global_params)
+        self.local_states = {}
+        self.history = []
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def n_clients(self):
+        return len(self.n_train)
+
+    @property
+    def lr(self):
+        """Learning rate of this round's local training."""
+        return self.schedule.lr
+
+    @property
+    def should_stop(self):
+        """Early stopping (``patience`` rounds without improvement)."""
+        return self.schedule.should_stop
+
+    @property
+    def best_params(self):
+        """The global model of the best round (highest validation macro-F1)."""
+        return self.schedule.best_state
+
+    @property
+    def best_round(self):
+        return self.schedule.best_step
+
+    @property
+    def next_round(self):
+        return len(self.history)
+
+    # ------------------------------------------------------------------ one round
+    def select(self, t):
+        """Round ``t``'s participants (sorted client ids) and their local-training seeds."""
+        rng = np.random.default_rng(derive_seed(self.seed, 9, t))
+        selected = np.sort(rng.choice(self.n_clients, size=self.n_select, replace=False))
+        return [int(i) for i in selected], [derive_seed(self.seed, 10, t, int(i)) for i in selected]
+
+    def local_state(self, cid):
+        """Client ``cid``'s ``"local"`` arrays (empty before its first round)."""
+        return self.local_states.get(int(cid), {})
+
+    def evaluation_params(self, cid):
+        """What client ``cid`` validates: the global model with its own ``"local"`` arrays
+        (the pooled ones while it has none)."""
+        return {**self.global_params, **self.local_state(cid)}
+
+    def check_train_reply(self, cid, reply):
+        """Why client ``cid``'s train reply is unacceptable, or None (see module docstring)."""
+        if not isinstance(reply, TrainReply):
+            return f"not a train reply ({type(reply).__name__})"
+        if not _is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_train[cid]:
+            return (f"num-examples {reply.n_examples!r} is not an int between 1 and the {self.n_train[cid]} "
+                    "training samples declared at set-up")
+        if not _is_count(reply.n_skipped) or reply.n_skipped < 0:
+            return f"skipped-batches {reply.n_skipped!r} is not an int >= 0"
+        loss = reply.loss
+        if not (_is_real(loss) and ((np.isfinite(loss) and loss >= 0) or (np.isnan(loss) and reply.n_skipped > 0))):
+            return f"train-loss {reply.loss!r} is not a finite number >= 0 (NaN only if batches were skipped)"
+        reason = _check_arrays(reply.params, self.template, what="arrays") or _check_stiefel(
+            reply.params, self.kinds, "arrays")
+        if reason or self.max_update_norm is None:
+            return reason
+        for name, kind in self.kinds.items():
+            if kind != "local":
+                g = self.global_params[name]
+                step, bound = np.linalg.norm(reply.params[name] - g), self.max_update_norm * (1 + np.linalg.norm(g))
+                if not step <= bound:
+                    return f"arrays[{name!r}] moved by {step:.3g} > max_update_norm·(1 + ‖broadcast‖) = {bound:.3g}"
+        return None
+
+    def check_eval_reply(self, cid, reply):
+        """Why client ``cid``'s validation reply is unacceptable, or None."""
+        if not isinstance(reply, EvalReply):
+            return f"not a validation reply ({type(reply).__name__})"
+        if not _is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_val[cid]:
+            return (f"num-examples {reply.n_examples!r} is not an int between 1 and the {self.n_val[cid]} "
+                    "validation samples declared at set-up")
+        if not _is_real(reply.loss) or not (np.isfinite(reply.loss) and reply.loss >= 0):
+            return f"val-loss {reply.loss!r} is not a finite number >= 0"
+        if not _is_real(reply.f1) or not 0 <= reply.f1 <= 1:
+            return f"val-f1 {reply.f1!r} is not in [0, 1]"
+        return None
+
+    def _sort_replies(self, t, stage, selected, replies, check):
+        """``(accepted [(cid, reply)], failed [records])`` after the failure policy."""
+        accepted, failed = [], []
+        for cid, reply in zip(selected, replies):
+            reason = _describe(reply) if isinstance(reply, BaseException) else check(cid, reply)
+            if reason is None:
+                accepted.append((int(cid), reply))
+            else:
+                failed.append({"client": int(cid), "stage": stage, "reason": reason})
+        if failed and (self.on_client_error == "raise" or not accepted):
+            first = failed[0]
+            verb = "failed" if stage == "train" else "failed to evaluate"
+            everyone = " (every client failed)" if not accepted else ""
+            error = RuntimeError(f"client {first['client']} {verb} in round {t}{everyone}: {first['reason']}")
+            cause = replies[list(selected).index(first["client"])]
+            raise error from (cause if isinstance(cause, BaseException) else None)
+        for record in failed:
+            warnings.warn(f"round {t}: client {record['client']} left out ({record['stage']}): {record['reason']}",
+                          RuntimeWarning, stacklevel=3)
+        return accepted, failed
+
+    def aggregate(self, t, selected, replies):
+        """Server step after local training: check each reply, apply the failure policy,
+        aggregate the accepted ones (in client-id order), keep their ``"local"`` arrays.
+
+        ``replies[k]`` is client ``selected[k]``'s :class:`TrainReply` or the exception it
+        raised. The engine changes only if the round succeeds. Returns the round's record
+        (its validation entries are filled by :meth:`finish_round`).
+        """
+        accepted, failed = self._sort_replies(t, "train", selected, replies, self.check_train_reply)
+        n_samples = [int(r.n_examples) for _, r in accepted]
+        weights = client_weights(n_samples, self.weighting)
+        previous = {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}
+        new_global = self.rule([r.params for _, r in accepted], weights, previous, self.kinds)
+        check_aggregate(self.rule_name, new_global, self.template, self.kinds)
+        new_global = {n: new_global[n] for n in previous}
+        local_names = [n for n, kind in self.kinds.items() if kind == "local"]
+        if local_names:
+            for cid, reply in accepted:
+                self.local_states[cid] = {n: reply.params[n] for n in local_names}
+            for name in local_names:
+                new_global[name] = self._pooled_local(name)
+        self.global_params = new_global
+        losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
+        return {
+            "round": int(t),
+            "clients": [cid for cid, _ in accepted],
+            "n_samples": n_samples,
+            "failed_clients": failed,
+            "train_loss": float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan"),
+            "val_loss": None,
+            "val_f1": None,
+            "orthonormality": {n: orthonormality_error(new_global[n]) for n, k in self.kinds.items() if k == "stiefel"},
+            "lr": float(self.schedule.lr),
+            "skipped_batches": int(sum(r.n_skipped for _, r in accepted)),
+        }
+
+    def evaluated_clients(self):
+        """Clients holding validation data (the ones :meth:`finish_round` expects)."""
+        return [cid for cid in range(self.n_clients) if self.n_val[cid] > 0]
+
+    def finish_round(self, record, replies, wall_time=None):
+        """Server step after the validation of the new global model: check the replies
+        (one per :meth:`evaluated_clients`, an :class:`EvalReply` or an exception), pool
+        the scores by validation size, step the schedule, append the record."""
+        t = record["round"]
+        clients = self.evaluated_clients()
+        if len(replies) != len(clients):
+            raise ValueError(f"{len(replies)} validation replies for the {len(clients)} clients with validation data")
+        accepted, failed = self._sort_replies(t, "evaluate", clients, replies, self.check_eval_reply)
+        val_loss, val_f1 = _pool_scores([(r.n_examples, r.loss, r.f1) for _, r in accepted])
+        self.schedule.step(val_f1, val_loss, self.global_params)
+        record = dict(record, val_loss=val_loss, val_f1=val_f1,
+                      failed_clients=record["failed_clients"] + failed)
+        record["wall_time"] = wall_time
+        self.history.append(record)
+        return record
+
+    def _pooled_local(self, name):
+        """Training-size-weighted mean of a client-local array, for the released model."""
+        owners = sorted(self.local_states)
+        weights = np.array([self.n_train[i] for i in owners], dtype=np.float64)
+        return sum(w * self.local_states[i][name] for w, i in zip(weights / weights.sum(), owners))
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self):
+        """``(arrays, meta)``: the run's state as named arrays and a JSON-able dict (for
+        :func:`skfedspd.persistence.save_bundle`). Configuration is not part of it."""
+        arrays = {f"global/{n}": v for n, v in self.global_params.items()}
+        for cid, state in self.local_states.items():
+            arrays.update({f"local/{cid}/{n}": v for n, v in state.items()})
+        schedule = self.schedule.state_dict()
+        best = schedule.pop("best_state", None)
+        if best is not None:
+            arrays.update({f"best/{n}": v for n, v in best.items()})
+        meta = {"version": STATE_VERSION, "kinds": self.kinds, "n_train": self.n_train, "n_val": self.n_val,
+                "seed": self.seed, "input_statistic": self.input_statistic, "schedule": schedule,
+                "history": copy.deepcopy(self.history), "has_best": best is not None}
+        return arrays, meta
+
+    def load_state_dict(self, arrays, meta):
+        """Inverse of :meth:`state_dict`; every name and shape is checked against this
+        engine's model first (ValueError saying what differs), then the state replaced."""
+        if not isinstance(meta, dict) or meta.get("version") != STATE_VERSION:
+            raise ValueError(f"engine state version {meta.get('version') if isinstance(meta, dict) else None!r}, "
+                             f"expected {STATE_VERSION}")
+        if meta.get("kinds") != self.kinds:
+            raise ValueError(f"engine state of another model (parameter kinds {meta.get('kinds')!r}, "
+                             f"expected {self.kinds!r})")
+        shapes = {n: (shape, None) for n, (shape, _) in self.template.items()}
+        arrays = {n: np.array(v, copy=True) for n, v in arrays.items()}
+        global_params = {n[len("global/"):]: v for n, v in arrays.items() if n.startswith("global/")}
+        best = {n[len("best/"):]: v for n, v in arrays.items() if n.startswith("best/")}
+        local_states = {}
+        for key, value in arrays.items():
+            if key.startswith("local/"):
+                _, cid, name = key.split("/", 2)
+                if not cid.isdigit() or int(cid) >= self.n_clients or self.kinds.get(name) != "local":
+                    raise ValueError(f"engine state has an unexpected array {key!r}")
+                local_states.setdefault(int(cid), {})[name] = value
+        local_template = {n: s for n, s in shapes.items() if self.kinds[n] == "local"}
+        reason = _check_arrays(global_params, shapes, what="global arrays") or (
+            _check_arrays(best, shapes, what="best arrays") if meta.get("has_best") else None)
+        for cid, state in local_states.items():
+            reason = reason or _check_arrays(state, local_template, what=f"client {cid}'s local arrays")
+        if reason:
+            raise ValueError(f"engine state does not fit the model: {reason}")
+        unknown = set(arrays) - {f"global/{n}" for n in global_params} - {f"best/{n}" for n in best} - {
+            f"local/{c}/{n}" for c, s in local_states.items() for n in s}
+        if unknown:
+            raise ValueError(f"engine state has unexpected arrays {sorted(unknown)}")
+        # The schedule's progress from the state, its configuration (patience...) this engine's.
+        config = {k: v for k, v in self.schedule.state_dict().items() if k in _SCHEDULE_CONFIG}
+        schedule = dict(meta["schedule"], **config, best_state=best if meta.get("has_best") else None)
+        self.schedule.load_state_dict(schedule)
+        self.global_params = global_params
+        self.local_states = local_states
+        self.history = copy.deepcopy(meta["history"])
+        self.seed = int(meta["seed"])
+        self.input_statistic = meta["input_statistic"]

@@ -1,0 +1,345 @@
+"""Tests for ``skfedspd.engine``: the federated engine on its own (no training).
+
+A toy model with one Stiefel array, one Euclidean array and one client-local array, three
+clients, replies built by hand: every check of a reply, the failure policy, the
+aggregation-rule check, the schedule in rounds, the state round trip. Milliseconds each.
+"""
+
+import json
+import re
+
+import numpy as np
+import pytest
+
+from skfedspd.aggregation import projavg
+from skfedspd.engine import (
+    EvalReply,
+    FederatedEngine,
+    TrainReply,
+    check_aggregate,
+    n_selected,
+    pool_input_statistic,
+    rule_name,
+    stiefel_tolerance,
+)
+from skfedspd.stiefel import random_stiefel
+
+KINDS = {"W": "stiefel", "b": "euclidean", "bn": "local"}
+
+
+def _initial(dtype=np.float64):
+    return {"W": random_stiefel(5, 2, 0).astype(dtype), "b": np.zeros(3, dtype), "bn": np.ones(2, dtype)}
+
+
+def _engine(**kwargs):
+    params = dict(n_train=[10, 20, 30], n_val=[2, 0, 3], seed=0, lr=0.1, on_client_error="skip")
+    params.update(kwargs)
+    return FederatedEngine(_initial(params.pop("dtype", np.float64)), KINDS, **params)
+
+
+def _honest(engine, cid, shift=0.01):
+    """A plausible reply of client ``cid``: a small step from the broadcast."""
+    g = engine.global_params
+    rng = np.random.default_rng(cid)
+    W = g["W"] + shift * rng.standard_normal(g["W"].shape)
+    u, _, vt = np.linalg.svd(W, full_matrices=False)
+    params = {"W": (u @ vt).astype(engine.template["W"][1]), "b": (g["b"] + shift * (cid + 1)).astype(g["b"].dtype),
+              "bn": np.full(2, float(cid), dtype=engine.template["bn"][1])}
+    return TrainReply(params, 0.5, 0, engine.n_train[cid])
+
+
+def _tampered(engine, cid, change):
+    reply = _honest(engine, cid)
+    change(reply)
+    return reply
+
+
+def _set(name, value):
+    def change(reply):
+        reply.params[name] = value(reply.params[name]) if callable(value) else value
+    return change
+
+
+def _attr(name, value):
+    def change(reply):
+        setattr(reply, name, value)
+    return change
+
+
+def _drop(name):
+    def change(reply):
+        del reply.params[name]
+    return change
+
+
+BAD_TRAIN_REPLIES = {
+    "nan": (_set("b", lambda b: np.where(np.arange(3) == 0, np.nan, b)), r"arrays\['b'\] has 1 non-finite"),
+    "inf": (_set("W", lambda W: np.full_like(W, np.inf)), r"arrays\['W'\] has 10 non-finite"),
+    "nan_local": (_set("bn", lambda a: a * np.nan), r"arrays\['bn'\] has 2 non-finite"),
+    "wrong_shape": (_set("W", np.zeros((7, 4))), r"arrays\['W'\] has shape \(7, 4\), expected \(5, 2\)"),
+    "broadcastable_shape": (_set("b", np.zeros((3, 1))), r"shape \(3, 1\), expected \(3,\)"),
+    "missing_name": (_drop("b"), r"arrays lack \['b'\]"),
+    "extra_name": (_set("head.extra", np.zeros(2)), r"unexpected names \['head.extra'\]"),
+    "not_an_array": (_set("b", [0.0, 0.0, 0.0]), r"arrays\['b'\] is a list"),
+    "wrong_dtype": (_set("b", lambda b: b.astype(np.float32)), r"dtype float32, expected float64"),
+    "integer_dtype": (_set("b", lambda b: b.astype(np.int64)), r"dtype int64, expected float64"),
+    "not_orthonormal": (_set("W", lambda W: 1.01 * W), r"arrays\['W'\] is not orthonormal"),
+    "huge_norm": (_set("b", lambda b: b + 1e7), r"arrays\['b'\] moved by .* > max_update_norm"),
+    "inflated_count": (_attr("n_examples", 10**9), r"num-examples 1000000000 is not an int between 1 and the 20"),
+    "zero_count": (_attr("n_examples", 0), r"num-examples 0"),
+    "float_count": (_attr("n_examples", 20.0), r"num-examples 20.0"),
+    "bool_count": (_attr("n_examples", True), r"num-examples True"),
+    "negative_loss": (_attr("loss", -1.0), r"train-loss -1.0"),
+    "inf_loss": (_attr("loss", np.inf), r"train-loss inf"),
+    "nan_loss_without_skips": (_attr("loss", np.nan), r"train-loss nan"),
+    "string_loss": (_attr("loss", "0.5"), r"train-loss '0.5'"),
+    "negative_skips": (_attr("n_skipped", -1), r"skipped-batches -1"),
+    "params_not_a_dict": (_attr("params", [1, 2]), r"arrays are a list"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_TRAIN_REPLIES))
+def test_bad_train_reply_is_a_failed_client_and_never_aggregated(case):
+    change, reason = BAD_TRAIN_REPLIES[case]
+    honest_only, engine = _engine(), _engine()
+    replies = [_honest(engine, 0), _tampered(engine, 1, change), _honest(engine, 2)]
+    assert engine.check_train_reply(1, replies[1]) is not None
+    with pytest.warns(RuntimeWarning, match="client 1 left out"):
+        record = engine.aggregate(0, [0, 1, 2], replies)
+    expected = honest_only.aggregate(0, [0, 2], [_honest(honest_only, 0), _honest(honest_only, 2)])
+    for name, value in honest_only.global_params.items():  # the aggregate of the honest clients only
+        np.testing.assert_array_equal(engine.global_params[name], value, strict=True)
+    assert record["clients"] == expected["clients"] == [0, 2]
+    assert len(record["failed_clients"]) == 1
+    failure = record["failed_clients"][0]
+    assert failure["client"] == 1 and failure["stage"] == "train"
+    assert re.search(reason, failure["reason"]), failure["reason"]
+    assert 1 not in engine.local_states
+    json.dumps(record)  # JSON-able, reasons included
+
+
+@pytest.mark.parametrize("case", ["nan", "wrong_shape", "inflated_count", "not_orthonormal"])
+def test_bad_train_reply_raises_and_leaves_the_engine_untouched(case):
+    change, reason = BAD_TRAIN_REPLIES[case]
+    engine = _engine(on_client_error="raise")
+    before = {n: v.copy() for n, v in engine.global_params.items()}
+    replies = [_honest(engine, 0), _tampered(engine, 1, change), _honest(engine, 2)]
+    with pytest.raises(RuntimeError, match=rf"client 1 failed in round 0: .*{reason}"):
+        engine.aggregate(0, [0, 1, 2], replies)
+    for name, value in before.items():
+        np.testing.assert_array_equal(engine.global_params[name], value, strict=True)
+    assert engine.local_states == {} and engine.history == []
+
+
+def test_honest_replies_pass_in_float32():
+    engine = _engine(dtype=np.float32)
+    replies = [_honest(engine, cid) for cid in range(3)]
+    assert [engine.check_train_reply(cid, r) for cid, r in enumerate(replies)] == [None] * 3
+    record = engine.aggregate(0, [0, 1, 2], replies)
+    assert record["failed_clients"] == [] and record["clients"] == [0, 1, 2]
+
+
+def test_nan_loss_accepted_when_every_batch_was_skipped():
+    engine = _engine()
+    reply = _honest(engine, 0)
+    reply.loss, reply.n_skipped = float("nan"), 3
+    assert engine.check_train_reply(0, reply) is None
+
+
+def test_exception_is_a_failed_client_with_its_reason():
+    engine = _engine()
+    with pytest.warns(RuntimeWarning):
+        record = engine.aggregate(0, [0, 1, 2], [_honest(engine, 0), OSError("disk"), _honest(engine, 2)])
+    assert record["failed_clients"] == [{"client": 1, "stage": "train", "reason": "OSError: disk"}]
+
+
+def test_every_client_failing_raises_even_when_skipping():
+    engine = _engine()
+    with pytest.raises(RuntimeError, match="every client failed"):
+        engine.aggregate(0, [0, 1, 2], [OSError("a"), _tampered(engine, 1, _drop("b")), OSError("c")])
+    assert engine.history == []
+
+
+def test_max_update_norm_none_disables_the_bound():
+    engine = _engine(max_update_norm=None)
+    reply = _tampered(engine, 1, _set("b", lambda b: b + 1e7))
+    assert engine.check_train_reply(1, reply) is None
+
+
+def test_stiefel_tolerance_by_dtype():
+    assert stiefel_tolerance(np.float64, 4) == pytest.approx(2e-6)
+    assert stiefel_tolerance(np.float32, 4) == pytest.approx(2e-3)
+
+
+BAD_EVAL_REPLIES = {
+    "f1_huge": (EvalReply(0.5, 1e9, 2), r"val-f1 1000000000.0 is not in \[0, 1\]"),
+    "f1_negative": (EvalReply(0.5, -0.1, 2), r"val-f1 -0.1"),
+    "f1_nan": (EvalReply(0.5, float("nan"), 2), r"val-f1 nan"),
+    "loss_negative": (EvalReply(-1.0, 0.5, 2), r"val-loss -1.0"),
+    "loss_nan": (EvalReply(float("nan"), 0.5, 2), r"val-loss nan"),
+    "count_inflated": (EvalReply(0.5, 0.5, 10**6), r"num-examples 1000000 is not an int between 1 and the 3"),
+    "count_zero": (EvalReply(0.5, 0.5, 0), r"num-examples 0"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_EVAL_REPLIES))
+def test_bad_eval_reply_is_left_out_of_the_score(case):
+    bad, reason = BAD_EVAL_REPLIES[case]
+    engine = _engine()
+    record = engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    assert engine.evaluated_clients() == [0, 2]  # client 1 has no validation data
+    with pytest.warns(RuntimeWarning, match="client 2 left out .evaluate."):
+        record = engine.finish_round(record, [EvalReply(0.7, 0.25, 2), bad], wall_time=0.0)
+    assert record["val_f1"] == 0.25 and record["val_loss"] == 0.7  # client 0's score alone
+    assert record["failed_clients"][0]["stage"] == "evaluate"
+    assert re.search(reason, record["failed_clients"][0]["reason"])
+    assert engine.best_round == 0 and engine.schedule.best_score[0] == 0.25
+    with pytest.raises(RuntimeError, match="client 2 failed to evaluate in round 1"):
+        strict = _engine(on_client_error="raise")
+        strict.finish_round(strict.aggregate(1, [0, 1, 2], [_honest(strict, c) for c in range(3)]),
+                            [EvalReply(0.7, 0.25, 2), bad])
+
+
+def test_callable_rule_output_checked_with_its_name():
+    def nan_rule(client_params, weights, previous, kinds):
+        return {n: v * np.nan for n, v in projavg(client_params, weights, previous, kinds).items()}
+
+    engine = _engine(aggregation=nan_rule)
+    before = {n: v.copy() for n, v in engine.global_params.items()}
+    with pytest.raises(ValueError, match=r"aggregation rule 'test_engine\..*nan_rule' returned an invalid global "
+                                         r"model: its arrays\['W'\] has 10 non-finite"):
+        engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    for name, value in before.items():
+        np.testing.assert_array_equal(engine.global_params[name], value)
+
+
+@pytest.mark.parametrize("output, reason", [
+    ({"W": np.zeros((5, 2)), "b": np.zeros(3)}, "not orthonormal"),
+    ({"W": random_stiefel(5, 2, 1)}, r"lack \['b'\]"),
+    ({"W": random_stiefel(5, 2, 1), "b": np.zeros(3), "bn": np.zeros(2)}, r"unexpected names \['bn'\]"),
+    ({"W": random_stiefel(5, 2, 1), "b": np.zeros((3, 1))}, "shape"),
+    ({"W": random_stiefel(5, 2, 1), "b": np.zeros(3, dtype=int)}, "floating dtype"),
+    (None, "a NoneType, not a dict"),
+])
+def test_check_aggregate(output, reason):
+    template = {n: (v.shape, v.dtype) for n, v in _initial().items()}
+    with pytest.raises(ValueError, match=f"aggregation rule 'mine' returned an invalid global model: .*{reason}"):
+        check_aggregate("mine", output, template, KINDS)
+
+
+class CallableRule:
+    def __call__(self, *args):
+        return projavg(*args)
+
+
+def test_rule_name_is_stable():
+    assert rule_name("rlavg") == "rlavg"
+    assert rule_name(projavg) == "skfedspd.aggregation.projavg"
+    assert rule_name(CallableRule()) == "test_engine.CallableRule"
+    assert "0x" not in rule_name(lambda *a: None)
+
+
+def test_local_arrays_stay_per_client_and_are_pooled_for_the_release():
+    seen = []
+
+    def rule(client_params, weights, previous, kinds):
+        seen.append((set(previous), [set(p) for p in client_params]))
+        return projavg(client_params, weights, previous, kinds)
+
+    engine = _engine(aggregation=rule)
+    engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    assert seen[0][0] == {"W", "b"}  # the rule never gets a previous "local" array
+    assert {c: s["bn"].tolist() for c, s in engine.local_states.items()} == {0: [0, 0], 1: [1, 1], 2: [2, 2]}
+    np.testing.assert_allclose(engine.global_params["bn"], (0 * 10 + 1 * 20 + 2 * 30) / 60)
+    assert engine.evaluation_params(2)["bn"].tolist() == [2, 2]
+
+
+def test_select_is_seeded_and_sorted():
+    a, b = _engine(clients_per_round=2), _engine(clients_per_round=2)
+    assert [a.select(t) for t in range(5)] == [b.select(t) for t in range(5)]
+    assert all(s == sorted(s) and len(s) == 2 for s, _ in (a.select(t) for t in range(5)))
+    assert len({tuple(a.select(t)[0]) for t in range(10)}) > 1
+
+
+@pytest.mark.parametrize("m, expected", [(None, 5), (2, 2), (0.5, 2), (1.0, 5), (0.01, 1)])
+def test_n_selected(m, expected):
+    assert n_selected(m, 5) == expected
+
+
+@pytest.mark.parametrize("m", [0, 6, True, 1.5, 0.0, "half"])
+def test_n_selected_rejects(m):
+    with pytest.raises(ValueError, match="clients_per_round"):
+        n_selected(m, 5)
+
+
+def test_pool_input_statistic():
+    assert pool_input_statistic([None, None], [1, 2]) is None
+    assert pool_input_statistic([1.0, 4.0], [1, 2]) == pytest.approx(3.0)
+    for bad in (float("nan"), float("inf"), None, "1.0", True):
+        with pytest.raises(ValueError, match=f"client 1 declared an invalid input statistic {bad!r}"):
+            pool_input_statistic([1.0, bad], [1, 2])
+
+
+def test_schedule_in_rounds_and_early_stopping():
+    engine = _engine(patience=2, lr_patience=0, lr_factor=0.5)
+    scores = [0.5, 0.4, 0.4]
+    for t, f1 in enumerate(scores):
+        record = engine.aggregate(t, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+        engine.finish_round(record, [EvalReply(0.5, f1, 2), EvalReply(0.5, f1, 3)])
+    assert [r["lr"] for r in engine.history] == [0.1, 0.1, 0.05]
+    assert engine.best_round == 0 and engine.should_stop
+
+
+def test_state_round_trip_is_exact_and_json_able():
+    engine = _engine(clients_per_round=2)
+    for t in range(3):
+        selected, _ = engine.select(t)
+        record = engine.aggregate(t, selected, [_honest(engine, c) for c in selected])
+        engine.finish_round(record, [EvalReply(0.5, 0.1 * t, 2), EvalReply(0.4, 0.2, 3)], wall_time=1.0)
+    arrays, meta = engine.state_dict()
+    meta = json.loads(json.dumps(meta))
+    restored = _engine(clients_per_round=2)
+    restored.load_state_dict(arrays, meta)
+    for t in range(3, 5):  # continues exactly like the original
+        for e in (engine, restored):
+            selected, _ = e.select(t)
+            record = e.aggregate(t, selected, [_honest(e, c) for c in selected])
+            e.finish_round(record, [EvalReply(0.5, 0.3, 2), EvalReply(0.4, 0.2, 3)], wall_time=1.0)
+    assert repr(restored.history) == repr(engine.history)
+    for name in engine.global_params:
+        np.testing.assert_array_equal(restored.global_params[name], engine.global_params[name], strict=True)
+    assert restored.local_states.keys() == engine.local_states.keys()
+    assert restored.best_round == engine.best_round and restored.lr == engine.lr
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda a, m: a.update({"global/W": np.zeros((7, 4))}), "global arrays.*shape"),
+    (lambda a, m: a.pop("global/b"), r"global arrays lack \['b'\]"),
+    (lambda a, m: a.update({"local/9/bn": np.zeros(2)}), "unexpected array 'local/9/bn'"),
+    (lambda a, m: a.update({"other": np.zeros(2)}), "unexpected arrays"),
+    (lambda a, m: m.update(kinds={"W": "euclidean"}), "another model"),
+    (lambda a, m: m.update(version=99), "version 99"),
+])
+def test_load_state_dict_rejects_a_state_of_another_model(tamper, message):
+    engine = _engine()
+    engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    arrays, meta = engine.state_dict()
+    tamper(arrays, meta)
+    fresh = _engine()
+    before = fresh.state_dict()
+    with pytest.raises(ValueError, match=message):
+        fresh.load_state_dict(arrays, meta)
+    assert repr(fresh.state_dict()[1]) == repr(before[1])
+
+
+def test_loaded_state_keeps_this_engines_schedule_configuration():
+    """A warm start after set_params(patience=..., lr_patience=...) continues the progress
+    (learning rate, counters, best model) under the new configuration."""
+    engine = _engine(patience=None, lr_patience=0, lr_factor=0.5)
+    for t, f1 in enumerate([0.5, 0.4]):
+        record = engine.aggregate(t, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+        engine.finish_round(record, [EvalReply(0.5, f1, 2), EvalReply(0.5, f1, 3)])
+    restored = _engine(patience=1, lr_patience=7, lr_factor=0.25)
+    restored.load_state_dict(*engine.state_dict())
+    assert (restored.schedule.patience, restored.schedule.lr_patience, restored.schedule.lr_factor) == (1, 7, 0.25)
+    assert restored.lr == engine.lr == 0.05 and restored.best_round == 0 and restored.should_stop
