@@ -1139,3 +1139,28 @@ def test_crafted_checkpoint_file_is_refused_and_runs_nothing(content, tmp_path, 
     assert not marker.exists()  # no code ran
     assert path.read_bytes() == original  # the file is left alone
     assert not clf.__sklearn_is_fitted__()
+
+
+def test_local_backend_checks_replies_like_flower(monkeypatch):
+    """A local client whose update returns a NaN array is a failed client too (same engine
+    checks): the run equals the one in which that client raised."""
+    X, y = _data(n=60)
+    original = SPDnetClassifier.local_update
+    bad_seed = {}
+
+    def poisoned(self, *args, **kwargs):
+        params, loss, skipped = original(self, *args, **kwargs)
+        if kwargs["seed"] == bad_seed.setdefault("seed", kwargs["seed"]):  # the first client of round 0
+            params = {**params, "head.bias": np.full_like(params["head.bias"], np.nan)}
+        return params, loss, skipped
+
+    monkeypatch.setattr(SPDnetClassifier, "local_update", poisoned)
+    with pytest.warns(RuntimeWarning, match="client 0 left out"):
+        poisoned_fit = _fed(n_rounds=2, on_client_error="skip").fit(X, y)
+    failure = poisoned_fit.history_[0]["failed_clients"][0]
+    assert failure["client"] == 0 and "arrays['head.bias'] has 3 non-finite values" in failure["reason"]
+    monkeypatch.undo()
+    _counting_local_update(monkeypatch, fail=lambda call: call == 0)
+    failed_fit = _fed(n_rounds=2, on_client_error="skip").fit(X, y)
+    np.testing.assert_array_equal(poisoned_fit.decision_function(X), failed_fit.decision_function(X))
+    assert np.isfinite(poisoned_fit.predict_proba(X)).all()
