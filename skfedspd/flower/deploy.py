@@ -92,13 +92,12 @@ class _RoundProgress:
     def __init__(self, n_rounds, disable):
         self.bar = tqdm(total=n_rounds, desc="FedSPDnet on Flower", unit="round", disable=disable,
                         file=sys.stderr, dynamic_ncols=True)
-        self.best = float("-inf")
+        self.scores = []
 
     def feed(self, line):
         if "Aggregated MetricRecord" in line and (match := _VAL_F1.search(line)):
-            score = float(match.group(1))
-            self.best = max(self.best, score)
-            self.bar.set_postfix(val_f1=f"{score:.4f}", best=f"{self.best:.4f}", refresh=False)
+            self.scores.append(float(match.group(1)))
+            self.bar.set_postfix(val_f1=f"{self.scores[-1]:.4f}", best=f"{max(self.scores):.4f}", refresh=False)
             self.bar.update(1)
 
     def close(self):

@@ -6,6 +6,7 @@ before going multi-machine. Plain HTTP (``--insecure``) because everything stays
 loopback interface; real sites use TLS (see the guide).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -42,7 +43,8 @@ def _group_alive(pgid):
 class LoopbackDeployment:
     """Context manager: a SuperLink and ``len(site_paths)`` SuperNodes on 127.0.0.1.
 
-    SuperNode ``i`` gets ``--node-config 'client-id=i data-path="site_paths[i]"'``.
+    SuperNode ``i`` gets ``--node-config 'client-id=i data-path="site_paths[i]"'`` (and
+    ``node_config``).
 
     With ``isolation="process"`` (default) the SuperLink and the SuperNodes run in Flower's
     process isolation mode, each with one long-lived app process of
@@ -60,6 +62,9 @@ class LoopbackDeployment:
     root : str or None
         Folder for the processes' Flower homes and logs (a new temporary one if None,
         removed at exit unless ``keep=True``).
+    node_config : dict or None
+        More ``--node-config`` entries for every SuperNode, e.g.
+        ``{"data-loader": "mypackage.io:load"}``.
     isolation : {"process", "subprocess"}
         How apps run (see above).
     max_poll : float
@@ -67,6 +72,9 @@ class LoopbackDeployment:
     superexec_poll : float
         ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` of Flower's SuperExecs (``"subprocess"``;
         Flower's default is 1 s).
+    torch_threads : int or None
+        ``OMP_NUM_THREADS`` of every process (the sites share this machine's cores; torch's
+        intra-op threads spin-wait on a busy machine). None: inherited.
     startup_timeout : float
         Seconds to wait for the SuperLink to be healthy.
     keep : bool
@@ -82,17 +90,19 @@ class LoopbackDeployment:
         group, stopped by PID at exit.
     """
 
-    def __init__(self, site_paths, root=None, *, isolation="process", max_poll=0.5, superexec_poll=0.1,
-                 startup_timeout=120.0, keep=False):
+    def __init__(self, site_paths, root=None, *, node_config=None, isolation="process", max_poll=0.5,
+                 superexec_poll=0.1, torch_threads=1, startup_timeout=120.0, keep=False):
         if isolation not in ("process", "subprocess"):
             raise ValueError(f"isolation must be 'process' or 'subprocess', got {isolation!r}")
         self.site_paths = [str(Path(p).absolute()) for p in site_paths]
+        self.node_config = dict(node_config or {})
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="skfedspd-loopback-") if root is None else root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.isolation = isolation
         self.max_poll = max_poll
         self.superexec_poll = superexec_poll
+        self.torch_threads = torch_threads
         self.startup_timeout = startup_timeout
         self.keep = keep
         self.processes = {}
@@ -105,6 +115,8 @@ class LoopbackDeployment:
         env = flower_env(home)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(self.superexec_poll)
+        if self.torch_threads is not None:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.torch_threads)
         return env
 
     def _start(self, name, command, home=None):
@@ -158,7 +170,8 @@ class LoopbackDeployment:
             name, runtime_port = f"supernode-{cid}", free_port()
             options = ["--insecure", "--superlink", self.address, "--isolation", self.isolation,
                        "--host", "127.0.0.1", "--port", str(runtime_port),
-                       "--node-config", f'client-id={cid} data-path="{path}"']
+                       "--node-config", " ".join(f"{key}={json.dumps(value)}" for key, value in
+                                                 {"client-id": cid, "data-path": path, **self.node_config}.items())]
             if not long_lived:
                 self._start(name, [self._bin("flower-supernode"), *options])
                 continue
