@@ -62,7 +62,7 @@ def main(argv=None):
 
     root = find_physionet_root()
     if root is None:
-        print("PhysionetMI files not found (../shared/data): nothing to run.")
+        print("PhysionetMI files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
         return 1
     configure_offline(root)
     protocol = physionet_protocol()

@@ -140,6 +140,10 @@ class LoopbackDeployment:
     def _runtime(self, *args):
         return [sys.executable, "-m", "skfedspd.flower.runtime", *args]
 
+    # Imported by the app processes at start, not in the first round (torch's first optimizer
+    # imports torch._dynamo: seconds).
+    PRELOAD = ("--preload", "skfedspd.flower.app", "torch._dynamo")
+
     def _healthy(self):
         try:
             with urllib.request.urlopen(f"http://{self.address}/health", timeout=1) as response:
@@ -164,8 +168,7 @@ class LoopbackDeployment:
         if long_lived:
             self._start("serverapp", self._runtime("serverapp", "--runtime-api-address", self.address, "--insecure",
                                                    "--max-poll", str(self.max_poll), "--parent-pid",
-                                                   str(superlink.pid), "--preload", "skfedspd.flower.app"),
-                        home="superlink")
+                                                   str(superlink.pid), *self.PRELOAD), home="superlink")
         for cid, path in enumerate(self.site_paths):
             name, runtime_port = f"supernode-{cid}", free_port()
             options = ["--insecure", "--superlink", self.address, "--isolation", self.isolation,
@@ -178,8 +181,7 @@ class LoopbackDeployment:
             supernode = self._start(name, self._runtime("supernode", "--max-poll", str(self.max_poll), *options))
             self._start(f"clientapp-{cid}", self._runtime(
                 "clientapp", "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure",
-                "--max-poll", str(self.max_poll), "--parent-pid", str(supernode.pid),
-                "--preload", "skfedspd.flower.app"), home=name)
+                "--max-poll", str(self.max_poll), "--parent-pid", str(supernode.pid), *self.PRELOAD), home=name)
         return self
 
     def stop(self, grace=10.0):
