@@ -36,6 +36,7 @@ from sklearn.metrics import f1_score  # noqa: E402
 from physionet_experiment import client_split, federated, load_or_skip, machine, physionet_protocol, spdnet  # noqa: E402
 from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance  # noqa: E402
 from skfedspd.federated import make_clients  # noqa: E402
+from skfedspd.training import torch_threads  # noqa: E402
 
 KEYS = ("full/spdnet-projavg", "full/spdnet-rlavg", "half/spdnet-projavg", "half/spdnet-rlavg")
 
@@ -50,6 +51,8 @@ def main(argv=None):
     parser.add_argument("--key", choices=KEYS, default=KEYS[0], help="Table I cell (setting/model)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch threads of the local fit and of each deployment process")
     parser.add_argument("--out", type=Path, default=None, help="folder for the sites' files, logs and the model "
                                                                "(default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
@@ -76,7 +79,8 @@ def main(argv=None):
           f"{args.key}, seed {args.seed}, {args.rounds} rounds", flush=True)
 
     start = time.perf_counter()
-    local = clone(fed).fit(X[train], y[train], groups=subjects[train])
+    with torch_threads(args.torch_threads):
+        local = clone(fed).fit(X[train], y[train], groups=subjects[train])
     local_s = time.perf_counter() - start
     print(f"local: {local_s:.1f} s", flush=True)
 
@@ -88,7 +92,7 @@ def main(argv=None):
         np.savez(path, X=X[train][idx], y=y[train][idx])
         paths.append(path)
     start = time.perf_counter()
-    with LoopbackDeployment(paths, root=out / "flower") as deployment:
+    with LoopbackDeployment(paths, root=out / "flower", torch_threads=args.torch_threads) as deployment:
         up_s = time.perf_counter() - start
         remote = fit_federated(clone(fed), deployment.address, len(paths), out / "model.pkl", insecure=True,
                                overwrite=True, round_timeout=600, connect_timeout=300)

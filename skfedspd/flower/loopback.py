@@ -51,7 +51,7 @@ class LoopbackDeployment:
     :mod:`skfedspd.flower.runtime` (``serverapp`` next to the SuperLink, ``clientapp`` next to
     each SuperNode) that runs every task of the run in-process, and the SuperNodes poll the
     SuperLink with a back-off (``python -m skfedspd.flower.runtime supernode``): a round costs
-    its computation plus a few tens of milliseconds per message. ``isolation="subprocess"``
+    its computation plus Flower's message transport. ``isolation="subprocess"``
     is Flower's default, for comparison: a new ``flwr-clientapp`` process (Python, torch,
     skfedspd imports) per message and Flower's 3 s polls.
 
