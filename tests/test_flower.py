@@ -4,11 +4,10 @@
   to ``backend="local"`` for the same ``random_state`` (groups or partitions, partial
   participation, both rules, both weightings, FedBN local arrays, client failures,
   warm start), a few seconds each;
-- deployment: a SuperLink and 2 SuperNodes as separate processes on 127.0.0.1 (free
-  ports, one Flower home each, stopped by PID), 2 rounds through ``fit_federated``, the
-  same model as the local backend. About 1.5 min on two CPU cores (a fresh ClientApp
-  process per message: Python + torch start-up, plus the SuperNode's 3 s poll); it runs in
-  CI, and alone with ``pytest -q tests/test_flower.py -k deployment``.
+- estimator specs and the written Flower App.
+
+The deployment on 127.0.0.1 (SuperLink + SuperNodes as processes) is tested in
+``tests/test_flower_deployment.py``.
 
 Telemetry and update checks are off (set here before flwr is imported); nothing leaves
 the loopback interface.
@@ -26,8 +25,7 @@ pytest.importorskip("flwr")
 
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
-from skfedspd.flower import fit_federated, write_app  # noqa: E402
-from skfedspd.flower.loopback import LoopbackDeployment  # noqa: E402
+from skfedspd.flower import write_app  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
 from skfedspd.persistence import load_estimator  # noqa: E402
 from skfedspd.spec import estimator_from_spec, estimator_to_spec  # noqa: E402
@@ -226,54 +224,6 @@ def test_written_app_is_a_valid_flower_app(tmp_path):
     components = config["tool"]["flwr"]["app"]["components"]
     assert components == {"serverapp": "skfedspd.flower.app:server_app",
                           "clientapp": "skfedspd.flower.app:client_app"}
-
-
-# ---------------------------------------------------------------------------------------------
-# Deployment: SuperLink + 2 SuperNodes on 127.0.0.1
-# ---------------------------------------------------------------------------------------------
-
-
-def _alive(pid):
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
-@pytest.mark.slow
-def test_deployment_loopback_equals_local(tmp_path, spd):
-    X, y = spd
-    groups = np.repeat([0, 1], 30)
-    paths = []
-    for g in (0, 1):
-        path = tmp_path / f"site{g}.npz"
-        np.savez(path, X=X[groups == g], y=y[groups == g])  # each site holds its own file
-        paths.append(path)
-    config = dict(n_rounds=2, n_clients=2)
-    local = _fed("local", **config).fit(X, y, groups=groups)
-
-    deployment = LoopbackDeployment(paths, root=tmp_path / "flower")
-    with deployment:
-        pids = [p.pid for p in deployment.processes.values()]
-        assert len(pids) == 3 and deployment.address.startswith("127.0.0.1:")
-        try:
-            remote = fit_federated(_fed("local", **config), deployment.address, 2, tmp_path / "model.skfedspd",
-                                   insecure=True, round_timeout=120, connect_timeout=120, timeout=240,
-                                   quiet=True, log_path=tmp_path / "run.log")
-        except Exception:
-            for name in deployment.processes:
-                print(f"---- {name}\n{deployment.log(name)[-3000:]}")
-            raise
-    assert not any(_alive(pid) for pid in pids)  # every process group stopped at exit
-
-    assert_same_model(local, remote)
-    assert remote.client_source_ == "flower:client-id"
-    written = load_estimator(tmp_path / "model.skfedspd")  # what the server wrote (no pickle)
-    np.testing.assert_array_equal(written.predict_proba(X), local.predict_proba(X))
-    server_side = (tmp_path / "run.log").read_text() + deployment.log("superlink")
-    assert "SPDnetStrategy" in server_side and "model written to" in server_side
-    assert "site0.npz" not in server_side and "site1.npz" not in server_side  # paths stay on the sites
 
 
 @pytest.mark.parametrize("labels", [np.array([10.0, 20.0, 30.0]), np.array([True, False]), np.array(["a", "b", "c"])])

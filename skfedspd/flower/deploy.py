@@ -3,17 +3,21 @@
 The sites run SuperNodes that hold their data (``docs/deployment.md``); the researcher
 calls :func:`fit_federated`, which writes the Flower App (:func:`write_app`: a
 ``pyproject.toml`` naming :mod:`skfedspd.flower.app`), submits it with ``flwr run`` to
-the SuperLink, streams the server's log, and loads the model that the ServerApp wrote.
+the SuperLink, writes the server's streamed log to a file while a progress bar shows the
+rounds, and loads the model that the ServerApp wrote.
 """
 
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 import tomli_w
+from tqdm.auto import tqdm
 
 from .. import spec as _spec
 from ..persistence import load_estimator
@@ -76,6 +80,39 @@ def write_app(directory):
     return directory
 
 
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_VAL_F1 = re.compile(r"'val-f1': ([-+0-9.eE]+|nan)")
+
+
+class _RoundProgress:
+    """A progress bar over the rounds of a streamed server log: one step per round whose
+    pooled validation macro-F1 the strategy reports (``'val-f1'`` in Flower's aggregated
+    evaluate metrics)."""
+
+    def __init__(self, n_rounds, disable):
+        self.bar = tqdm(total=n_rounds, desc="FedSPDnet on Flower", unit="round", disable=disable,
+                        file=sys.stderr, dynamic_ncols=True)
+        self.scores = []
+
+    def feed(self, line):
+        if "Aggregated MetricRecord" in line and (match := _VAL_F1.search(line)):
+            self.scores.append(float(match.group(1)))
+            self.bar.set_postfix(val_f1=f"{self.scores[-1]:.4f}", best=f"{max(self.scores):.4f}", refresh=False)
+            self.bar.update(1)
+
+    def close(self):
+        self.bar.close()
+
+
+def _default_log_path(output):
+    """Next to the model where that folder is on this machine, else a temporary file."""
+    if output.parent.is_dir():
+        return output.with_name(output.name + ".log")
+    fd, path = tempfile.mkstemp(prefix="skfedspd-flower-", suffix=".log")
+    os.close(fd)
+    return Path(path)
+
+
 def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root_certificates=None,
                   round_timeout=3600.0, connect_timeout=600.0, timeout=None, overwrite=False,
                   log_path=None, quiet=False):
@@ -100,13 +137,17 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     round_timeout, connect_timeout : float
         Seconds to wait for one round's replies / for the sites to connect.
     timeout : float or None
-        Wall-clock limit of the whole run (``flwr run``).
+        Wall-clock limit of the whole run (``flwr run`` is stopped, then an error).
     overwrite : bool
         Replace an existing ``output`` (otherwise an error).
     log_path : str or None
-        Also write the streamed server log there.
+        Where to write the run's log (``flwr run`` and the server's log, streamed).
+        None: ``<output>.log`` when the folder of ``output`` exists on this machine, else
+        a new temporary file; its path is in the error of a failed run.
     quiet : bool
-        Do not echo the streamed server log.
+        No progress bar. Otherwise a bar on standard error advances per round and shows
+        the global model's pooled validation macro-F1 (``val_f1``) and the best so far;
+        nothing else reaches the console.
 
     Returns
     -------
@@ -124,6 +165,7 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         if not overwrite:
             raise FileExistsError(f"{output} exists (overwrite=True replaces it)")
         output.unlink()
+    log_path = Path(log_path) if log_path is not None else _default_log_path(output)
     run_config = {"estimator": _spec.dumps(_spec.estimator_to_spec(estimator)), "output": str(output),
                   "n-sites": int(n_sites), "round-timeout": float(round_timeout),
                   "connect-timeout": float(connect_timeout)}
@@ -144,24 +186,36 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         command = [_flwr_executable(), "run", str(app), CONNECTION, "--run-config", str(overrides), "--stream"]
         proc = subprocess.Popen(command, env=flower_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, cwd=tmp)
-        lines = []
-        log_file = open(log_path, "w") if log_path else None
+        tail = []
+        progress = _RoundProgress(estimator.n_rounds, disable=quiet)
+        expired = threading.Event()
+
+        def expire():
+            expired.set()
+            proc.kill()
+
+        watchdog = threading.Timer(timeout, expire) if timeout is not None else None
         try:
-            for line in proc.stdout:
-                lines.append(line)
-                if log_file:
+            if watchdog:
+                watchdog.start()
+            with open(log_path, "w") as log_file:
+                for line in proc.stdout:
+                    line = _ANSI.sub("", line)
                     log_file.write(line)
-                if not quiet:
-                    sys.stdout.write(line)
-            proc.wait(timeout=timeout)
+                    tail = (tail + [line])[-40:]
+                    progress.feed(line)
+            proc.wait()
         except BaseException:
             proc.kill()
             proc.wait()
             raise
         finally:
-            if log_file:
-                log_file.close()
+            progress.close()
+            if watchdog:
+                watchdog.cancel()
+    if expired.is_set():
+        raise TimeoutError(f"the Flower run took more than timeout={timeout} s (log: {log_path})")
     if proc.returncode != 0 or not output.exists():
-        tail = "".join(lines[-40:])
-        raise RuntimeError(f"the Flower run did not produce {output} (flwr run exit code {proc.returncode}):\n{tail}")
+        raise RuntimeError(f"the Flower run did not produce {output} (flwr run exit code {proc.returncode}; "
+                           f"log: {log_path}):\n{''.join(tail)}")
     return load_estimator(output)

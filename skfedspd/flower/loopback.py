@@ -6,6 +6,7 @@ before going multi-machine. Plain HTTP (``--insecure``) because everything stays
 loopback interface; real sites use TLS (see the guide).
 """
 
+import json
 import os
 import shutil
 import signal
@@ -42,7 +43,17 @@ def _group_alive(pgid):
 class LoopbackDeployment:
     """Context manager: a SuperLink and ``len(site_paths)`` SuperNodes on 127.0.0.1.
 
-    SuperNode ``i`` gets ``--node-config 'client-id=i data-path="site_paths[i]"'``.
+    SuperNode ``i`` gets ``--node-config 'client-id=i data-path="site_paths[i]"'`` (and
+    ``node_config``).
+
+    With ``isolation="process"`` (default) the SuperLink and the SuperNodes run in Flower's
+    process isolation mode, each with one long-lived app process of
+    :mod:`skfedspd.flower.runtime` (``serverapp`` next to the SuperLink, ``clientapp`` next to
+    each SuperNode) that runs every task of the run in-process, and the SuperNodes poll the
+    SuperLink with a back-off (``python -m skfedspd.flower.runtime supernode``): a round costs
+    its computation plus Flower's message transport. ``isolation="subprocess"``
+    is Flower's default, for comparison: a new ``flwr-clientapp`` process (Python, torch,
+    skfedspd imports) per message and Flower's 3 s polls.
 
     Parameters
     ----------
@@ -51,37 +62,71 @@ class LoopbackDeployment:
     root : str or None
         Folder for the processes' Flower homes and logs (a new temporary one if None,
         removed at exit unless ``keep=True``).
+    node_config : dict or None
+        More ``--node-config`` entries for every SuperNode, e.g.
+        ``{"data-loader": "mypackage.io:load"}``.
+    isolation : {"process", "subprocess"}
+        How apps run (see above).
+    max_poll : float
+        Longest idle poll of the SuperNodes and app processes, seconds (``"process"``).
     superexec_poll : float
-        ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` of the SuperNodes' and SuperLink's SuperExec
-        (Flower's default is 1 s; a shorter poll starts each ClientApp sooner).
+        ``FLWR_SUPEREXEC_TASK_POLL_INTERVAL`` of Flower's SuperExecs (``"subprocess"``;
+        Flower's default is 1 s).
+    torch_threads : int or None
+        ``OMP_NUM_THREADS`` of every process (the sites share this machine's cores; torch's
+        intra-op threads spin-wait on a busy machine). None: inherited.
+    startup_timeout : float
+        Seconds to wait for the SuperLink to be healthy.
+    keep : bool
+        Keep the temporary ``root`` (logs) after exit.
+
+    Attributes
+    ----------
+    address : str
+        The SuperLink's ``host:port`` once started.
+    processes : dict
+        ``{name: subprocess.Popen}`` of every process started (``superlink``,
+        ``serverapp``, ``supernode-i``, ``clientapp-i``), each the leader of its own process
+        group, stopped by PID at exit.
     """
 
-    def __init__(self, site_paths, root=None, superexec_poll=0.1, startup_timeout=120.0, keep=False):
+    def __init__(self, site_paths, root=None, *, node_config=None, isolation="process", max_poll=0.5,
+                 superexec_poll=0.1, torch_threads=1, startup_timeout=120.0, keep=False):
+        if isolation not in ("process", "subprocess"):
+            raise ValueError(f"isolation must be 'process' or 'subprocess', got {isolation!r}")
         self.site_paths = [str(Path(p).absolute()) for p in site_paths]
+        self.node_config = dict(node_config or {})
         self._own_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="skfedspd-loopback-") if root is None else root)
         self.root.mkdir(parents=True, exist_ok=True)
+        self.isolation = isolation
+        self.max_poll = max_poll
         self.superexec_poll = superexec_poll
+        self.torch_threads = torch_threads
         self.startup_timeout = startup_timeout
         self.keep = keep
         self.processes = {}
         self.address = None
 
     # ------------------------------------------------------------------ processes
-    def _env(self, name):
-        home = self.root / name / "flwr-home"
+    def _env(self, home):
+        home = self.root / home / "flwr-home"
         home.mkdir(parents=True, exist_ok=True)
         env = flower_env(home)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
         env["FLWR_SUPEREXEC_TASK_POLL_INTERVAL"] = str(self.superexec_poll)
+        if self.torch_threads is not None:
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.torch_threads)
         return env
 
-    def _start(self, name, command):
+    def _start(self, name, command, home=None):
+        """Start ``command`` logging to ``<root>/<name>.log``; ``home``: whose Flower home
+        (an app process shares its SuperNode's or SuperLink's)."""
         log = open(self.root / f"{name}.log", "w")
         try:
             # A session of its own: the process and the SuperExec / app processes it starts
             # form one process group, signalled through this PID at exit.
-            proc = subprocess.Popen(command, env=self._env(name), stdout=log, stderr=subprocess.STDOUT,
+            proc = subprocess.Popen(command, env=self._env(home or name), stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL, cwd=self.root, start_new_session=True)
         finally:
             log.close()
@@ -91,6 +136,13 @@ class LoopbackDeployment:
     def _bin(self, name):
         local = Path(sys.executable).with_name(name)
         return str(local) if local.exists() else name
+
+    def _runtime(self, *args):
+        return [sys.executable, "-m", "skfedspd.flower.runtime", *args]
+
+    # Imported by the app processes at start, not in the first round (torch's first optimizer
+    # imports torch._dynamo: seconds).
+    PRELOAD = ("--preload", "skfedspd.flower.app", "torch._dynamo")
 
     def _healthy(self):
         try:
@@ -103,7 +155,7 @@ class LoopbackDeployment:
         port = free_port()
         self.address = f"127.0.0.1:{port}"
         superlink = self._start("superlink", [
-            self._bin("flower-superlink"), "--insecure", "--isolation", "subprocess",
+            self._bin("flower-superlink"), "--insecure", "--isolation", self.isolation,
             "--disable-runtime-dependency-installation", "--host", "127.0.0.1", "--port", str(port)])
         deadline = time.monotonic() + self.startup_timeout
         while not self._healthy():
@@ -112,11 +164,24 @@ class LoopbackDeployment:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"flower-superlink not healthy after {self.startup_timeout:.0f} s")
             time.sleep(0.2)
+        long_lived = self.isolation == "process"
+        if long_lived:
+            self._start("serverapp", self._runtime("serverapp", "--runtime-api-address", self.address, "--insecure",
+                                                   "--max-poll", str(self.max_poll), "--parent-pid",
+                                                   str(superlink.pid), *self.PRELOAD), home="superlink")
         for cid, path in enumerate(self.site_paths):
-            self._start(f"supernode-{cid}", [
-                self._bin("flower-supernode"), "--insecure", "--superlink", self.address,
-                "--host", "127.0.0.1", "--port", str(free_port()),
-                "--node-config", f'client-id={cid} data-path="{path}"'])
+            name, runtime_port = f"supernode-{cid}", free_port()
+            options = ["--insecure", "--superlink", self.address, "--isolation", self.isolation,
+                       "--host", "127.0.0.1", "--port", str(runtime_port),
+                       "--node-config", " ".join(f"{key}={json.dumps(value)}" for key, value in
+                                                 {"client-id": cid, "data-path": path, **self.node_config}.items())]
+            if not long_lived:
+                self._start(name, [self._bin("flower-supernode"), *options])
+                continue
+            supernode = self._start(name, self._runtime("supernode", "--max-poll", str(self.max_poll), *options))
+            self._start(f"clientapp-{cid}", self._runtime(
+                "clientapp", "--runtime-api-address", f"127.0.0.1:{runtime_port}", "--insecure",
+                "--max-poll", str(self.max_poll), "--parent-pid", str(supernode.pid), *self.PRELOAD), home=name)
         return self
 
     def stop(self, grace=10.0):

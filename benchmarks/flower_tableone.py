@@ -1,0 +1,128 @@
+"""The PhysionetMI Table I protocol through a Flower deployment on this machine, against the
+local backend: same clients, same ``random_state``, the same model bit for bit?
+
+One cell of Table I (default: FedSPDnet ProjAvg, full participation, seed 0, 150 rounds of
+2 local epochs, 8 clients of 2 subjects, ``benchmarks/physionet_experiment.py``'s protocol
+on the offline PhysionetMI subset) is fitted twice:
+
+* ``local``: ``FederatedSPDnetClassifier(backend="local").fit(X, y, groups=subjects)``;
+* ``loopback``: one ``.npz`` per client (the local backend's clients, in its order), a
+  :class:`~skfedspd.flower.loopback.LoopbackDeployment` (SuperLink + 8 SuperNodes, each with
+  its long-lived ClientApp process, on 127.0.0.1), :func:`~skfedspd.flower.fit_federated`.
+
+It prints both wall times (the deployment's with and without starting its processes), the
+per-round times, the largest absolute difference of the global parameters, whether the
+histories (validation macro-F1 per round, ...) are identical, and both test macro-F1.
+
+    FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 python benchmarks/flower_tableone.py
+    python benchmarks/flower_tableone.py --key half/spdnet-rlavg --seed 1 --rounds 30
+"""
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+
+import numpy as np  # noqa: E402
+from sklearn.base import clone  # noqa: E402
+from sklearn.metrics import f1_score  # noqa: E402
+
+from physionet_experiment import client_split, federated, load_or_skip, machine, physionet_protocol, spdnet  # noqa: E402
+from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance  # noqa: E402
+from skfedspd.federated import make_clients  # noqa: E402
+from skfedspd.training import torch_threads  # noqa: E402
+
+KEYS = ("full/spdnet-projavg", "full/spdnet-rlavg", "half/spdnet-projavg", "half/spdnet-rlavg")
+
+
+def _history(fed):
+    return repr([{k: v for k, v in record.items() if k != "wall_time"} for record in fed.history_])
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    parser.add_argument("--key", choices=KEYS, default=KEYS[0], help="Table I cell (setting/model)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=150)
+    parser.add_argument("--torch-threads", type=int, default=1,
+                        help="torch threads of the local fit and of each deployment process")
+    parser.add_argument("--out", type=Path, default=None, help="folder for the sites' files, logs and the model "
+                                                               "(default: a temporary one)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
+    args = parser.parse_args(argv)
+    command = "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
+    print(f"command: {command}\nmachine: {machine()}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
+
+    from skfedspd.flower import fit_federated
+    from skfedspd.flower.loopback import LoopbackDeployment
+
+    root = find_physionet_root()
+    if root is None:
+        print("PhysionetMI files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        return 1
+    configure_offline(root)
+    protocol = physionet_protocol()
+    X_raw, y, subjects = load_or_skip(protocol)
+    X = sample_covariance(X_raw)
+    train, test = client_split(y, subjects, args.seed)
+    setting, model = args.key.split("/")
+    fed = federated(spdnet(protocol, args.seed, 1), model.split("-")[1], setting, args.rounds, args.seed)
+    clients, client_groups = make_clients(subjects[train], fed.groups_per_client)
+    print(f"{protocol.name}: {len(train)} training trials, {len(clients)} clients {client_groups}; "
+          f"{args.key}, seed {args.seed}, {args.rounds} rounds", flush=True)
+
+    start = time.perf_counter()
+    with torch_threads(args.torch_threads):
+        local = clone(fed).fit(X[train], y[train], groups=subjects[train])
+    local_s = time.perf_counter() - start
+    print(f"local: {local_s:.1f} s", flush=True)
+
+    out = Path(args.out or tempfile.mkdtemp(prefix="flower-tableone-"))
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for cid, idx in enumerate(clients):  # client i of the local backend = site i
+        path = out / f"site{cid}.npz"
+        np.savez(path, X=X[train][idx], y=y[train][idx])
+        paths.append(path)
+    start = time.perf_counter()
+    with LoopbackDeployment(paths, root=out / "flower", torch_threads=args.torch_threads) as deployment:
+        up_s = time.perf_counter() - start
+        remote = fit_federated(clone(fed), deployment.address, len(paths), out / "model.pkl", insecure=True,
+                               overwrite=True, round_timeout=600, connect_timeout=300)
+        fit_s = time.perf_counter() - start - up_s
+    total_s = time.perf_counter() - start
+
+    diff = max(float(np.max(np.abs(local._global[k] - remote._global[k]))) for k in local._global)
+    same_history = _history(local) == _history(remote)
+    f1 = {name: float(f1_score(y[test], est.predict(X[test]), average="macro")) for name, est in
+          (("local", local), ("loopback", remote))}
+    rounds = len(remote.history_)
+    walls = {name: [r["wall_time"] for r in est.history_] for name, est in (("local", local), ("loopback", remote))}
+    print(f"\n| {args.key}, seed {args.seed}, {rounds} rounds, 8 sites | local backend | loopback deployment |")
+    print("| --- | --- | --- |")
+    print(f"| fit | {local_s:.1f} s | {fit_s:.1f} s (+ {up_s:.1f} s starting the processes; {total_s:.1f} s "
+          "in all, stopping included) |")
+    print(f"| per round, median (min-max) | {np.median(walls['local']):.3f} s | {np.median(walls['loopback']):.3f} s "
+          f"({min(walls['loopback']):.3f}-{max(walls['loopback']):.3f}) |")
+    print(f"| test macro-F1 | {f1['local']:.4f} | {f1['loopback']:.4f} |")
+    print(f"\nmax |local - loopback| over the global parameters: {diff:.3g}; identical histories "
+          f"(val_f1 ... per round): {same_history}; best round {local.best_round_} / {remote.best_round_}; "
+          f"ratio loopback / local fit: {fit_s / local_s:.2f}; load average {os.getloadavg()[0]:.1f} at the end")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(dict(command=command, key=args.key, seed=args.seed, rounds=rounds,
+                                             local_s=local_s, loopback_fit_s=fit_s, loopback_up_s=up_s,
+                                             loopback_total_s=total_s, max_abs_diff=diff, same_history=same_history,
+                                             f1=f1, walls=walls), indent=1))
+    return 0 if diff == 0 and same_history else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
