@@ -92,6 +92,31 @@ def test_invalid_cells_are_refused(args, match):
         Cell(*args)
 
 
+def test_profiles():
+    quick, full = PROFILES["quick"], PROFILES["full"]
+    assert (full.seeds, full.rounds, full.eegnet_rounds, full.subjects) == (10, 150, 150, None)
+    # Quick: sized by convergence (more rounds than the paper's T), fewer seeds and subjects.
+    assert quick.rounds >= full.rounds and quick.eegnet_rounds >= full.eegnet_rounds
+    assert quick.offline_only and quick.unseen_folds == 0
+    assert set(quick.subjects) <= set(protocols.PHYSIONET_OFFLINE_SUBJECTS) and len(quick.subjects) % 2 == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        quick.rounds = 30
+
+
+def test_configuration_names_the_subjects_and_the_schedule():
+    cell = Cell("half", "spdnet", "projavg")
+    config = runner.configuration(protocols.physionet_protocol(subjects=[1, 2]), cell, 0, SMOKE)
+    assert config["subjects"] == [1, 2] and config["dataset"] == "PhysionetMI"
+    assert config["estimator__lr_patience"] == 40 and config["n_rounds"] == SMOKE.rounds
+    assert runner.configuration(protocols.physionet_protocol(), cell, 0, SMOKE) != config
+
+
+def test_longest_fits_first_within_a_seed():
+    ranked = sorted(CELLS, key=lambda c: -runner.cost(c))
+    assert [c.key for c in ranked[:2]] == ["full/eegnet", "half/eegnet"]
+    assert {c.key for c in ranked[-2:]} == {"centralized/ts-lr", "centralized/mdm"}
+
+
 def test_select_cells_by_key():
     from benchmarks.tableone.cells import select
 

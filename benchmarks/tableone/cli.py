@@ -21,18 +21,20 @@ log = logging.getLogger(__name__)
 DESCRIPTION = """FedSPDnet vs centralized SPDnet, federated EEGNet and pyRiemann: the paper's Table I.
 
 The protocol of the FedSPDnet paper (section IV, Table I, Figures 3-4) on PhysionetMI (the
-offline subset in ../shared/data: 16 subjects, 4 classes -> 8 clients of 2 subjects) and
-Weibo2014 (through MOABB's download in the full profile; the quick profile skips datasets
-that are not on disk), plus an unseen-subject table from MOABB's CrossSubjectEvaluation.
+offline copy in ../shared/data, 4 classes, clients of 2 subjects) and Weibo2014 (through
+MOABB's download in the full profile; the quick profile skips datasets that are not on
+disk), plus an unseen-subject table from MOABB's CrossSubjectEvaluation (full profile).
 
-    python -m benchmarks.tableone --jobs 2          # main job (make experiment), quick profile
-    python -m benchmarks.tableone --full --jobs 2   # the paper's budget (make experiment-full)
+    python -m benchmarks.tableone --jobs 2          # main job (make experiment): quick profile,
+                                                    # 8 subjects, 1 seed, 450 rounds (converged)
+    python -m benchmarks.tableone --full --jobs 2   # the paper's budget (make experiment-full):
+                                                    # 16 subjects, 10 seeds, 150 rounds
     python -m benchmarks.tableone --classes 2 --subjects 1 2 3 4   # left / right hand
 
 Every (dataset, cell, seed) result is stored as JSON under --out with the configuration it
 was fitted with; a re-run skips what is done (and refits what another configuration left),
 so a long run can be resumed or re-run per cell (--only). Library output goes to
-<out>/experiment.log.
+<out>/experiment.log; the console gets the table, the figure's path and the headline.
 """
 
 
@@ -46,7 +48,8 @@ def parse(argv, datasets):
     parser.add_argument("--classes", type=int, choices=(4, 2), default=4,
                         help="PhysionetMI: 4 classes, or 2 (left / right hand)")
     parser.add_argument("--subjects", nargs="+", type=int, default=None,
-                        help="PhysionetMI subjects (default: the offline subset; others come from MOABB's download)")
+                        help="PhysionetMI subjects (default: the profile's; quick: 8 of the offline copy, "
+                             "full: its 16; others come from MOABB's download)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default results/experiment-<profile>)")
     parser.add_argument("--only", nargs="*", help="run only cells whose key starts/ends with these "
                                                   "(e.g. centralized eegnet)")
@@ -94,7 +97,7 @@ def main(argv=None, datasets=None):
         prepare_data_folders()
         if not custom:
             try:
-                datasets = protocols_module.protocols(args.classes, args.subjects)
+                datasets = protocols_module.protocols(args.classes, args.subjects or budget.subjects)
             except ValueError as error:
                 parser.error(str(error))
         start = time.perf_counter()

@@ -4,6 +4,7 @@ unseen-subject evaluation."""
 import json
 import logging
 import time
+from pathlib import Path
 
 import numpy as np
 from joblib import Parallel, delayed
@@ -54,8 +55,8 @@ def configuration(protocol, cell, seed, budget, params=None):
     plain = (bool, int, float, str, tuple, type(None))
     estimator = build(protocol, cell, seed, budget, params)
     config = {k: v for k, v in sorted(estimator.get_params(deep=True).items()) if isinstance(v, plain)}
-    config.update(estimator=type(estimator).__name__, dataset=protocol.name, test_fraction=TEST_FRACTION,
-                  n_times=protocol.n_times)
+    config.update(estimator=type(estimator).__name__, dataset=protocol.name, subjects=protocol.subjects,
+                  test_fraction=TEST_FRACTION, n_times=protocol.n_times)
     return json.loads(json.dumps(config))  # tuples as lists, as read back from the cache
 
 
@@ -88,6 +89,11 @@ def fit_cell(protocol, cell, data, seed, budget, n_threads=None, verbose=False, 
     }
 
 
+def cost(cell):
+    """Rough rank of a cell's fit time (EEGNet rounds cost about 7 SPDnet rounds)."""
+    return (7 if cell.model == "eegnet" else 1) * (cell.participation if cell.federated else 0.3 * cell.network)
+
+
 def record_path(out, cell, seed):
     return out / f"{cell.key.replace('/', '__')}__seed{seed}.json"
 
@@ -110,10 +116,13 @@ def run_table(protocol, data, budget, out, cells=CELLS, report_only=False, jobs=
     """
     n_seeds = max((budget.seeds_for(c) for c in cells), default=0)
     runs = [(c, seed) for seed in range(n_seeds) for c in cells if seed < budget.seeds_for(c)]
+    # Within a seed, the longest fits first (federated EEGNet, then federated SPDnet), so
+    # that parallel workers finish together.
+    order = sorted(runs, key=lambda run: (run[1], -cost(run[0])))
     configs = {(c, s): configuration(protocol, c, s, budget, params) for c, s in runs}
     cached = {run: read_record(record_path(out, *run), configs[run]) for run in runs}
     stale = [run for run in runs if cached[run] is None and record_path(out, *run).exists()]
-    todo = [] if report_only else [run for run in runs if cached[run] is None]
+    todo = [] if report_only else [run for run in order if cached[run] is None]
     if stale:
         log.info(f"{protocol.name}: {len(stale)} cached run(s) in {out} were fitted with another configuration"
                  + ("; left out of the report (--report-only)" if report_only else "; refitted"))
@@ -182,7 +191,6 @@ def load_or_skip(protocol, offline_only=False):
                  f"the full profile gets it through MOABB).")
         return None
     import mne
-    from pathlib import Path
 
     data_root = Path(mne.get_config("MNE_DATA") or Path.home() / "mne_data")
     before = set(data_root.iterdir()) if data_root.is_dir() else set()
