@@ -245,13 +245,15 @@ def test_jobs_give_the_same_records(fake_weibo, tmp_path):
 
 def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fake_weibo, tmp_path, capfd):
     out = tmp_path / "run"
-    code = cli.main(["--profile", "smoke", "--out", str(out), "--docs", str(tmp_path / "docs")],
+    code = cli.main(["--profile", "smoke", "--rounds", "3", "--out", str(out), "--docs", str(tmp_path / "docs")],
                     datasets={"FakeWeibo": fake_weibo})
     assert code == 0
     stdout, stderr = capfd.readouterr()
     lines = stdout.strip().splitlines()
-    assert lines[0] == f"command: python -m benchmarks.tableone --profile smoke --out {out} --docs {tmp_path / 'docs'}"
-    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 2 rounds: FedSPDnet ")
+    assert lines[0] == ("command: python -m benchmarks.tableone --profile smoke --rounds 3 --out "
+                        f"{out} --docs {tmp_path / 'docs'}")
+    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds: FedSPDnet ")
+    assert len(json.loads((out / "FakeWeibo" / "half__eegnet__seed0.json").read_text())["curve"]) == 3
     assert " vs centralized SPDnet " in lines[-1] and " vs TS+LR " in lines[-1] and " vs FedEEGNet " in lines[-1]
     figure = out / "FakeWeibo" / "FakeWeibo_val_f1.png"
     assert lines[-2] == f"Figure: {figure}" and figure.stat().st_size > 0

@@ -1,6 +1,7 @@
 """Command line of the Table I experiment: ``python -m benchmarks.tableone``."""
 
 import argparse
+import dataclasses
 import logging
 import os
 import sys
@@ -50,6 +51,9 @@ def parse(argv, datasets):
     parser.add_argument("--subjects", nargs="+", type=int, default=None,
                         help="PhysionetMI subjects (default: the profile's; quick: 8 of the offline copy, "
                              "full: its 16; others come from MOABB's download)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="override the profile's rounds (every model; centralized: rounds x 2 epochs)")
+    parser.add_argument("--seeds", type=int, default=None, help="override the profile's seeds (every model)")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default results/experiment-<profile>)")
     parser.add_argument("--only", nargs="*", help="run only cells whose key starts/ends with these "
                                                   "(e.g. centralized eegnet)")
@@ -60,8 +64,9 @@ def parse(argv, datasets):
     parser.add_argument("--docs", type=Path, default=None,
                         help="also write the report as <DOCS>/results-<profile>.md with its figures")
     args = parser.parse_args(argv)
-    if args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
+    for option in ("jobs", "rounds", "seeds"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            parser.error(f"--{option} must be at least 1, got {getattr(args, option)}")
     try:
         args.cells = select(args.only)
     except ValueError as error:
@@ -88,6 +93,10 @@ def main(argv=None, datasets=None):
     parser, args = parse(argv, datasets if custom else ("PhysionetMI", "Weibo2014"))
     profile = args.profile or ("full" if args.full else "quick")
     budget = PROFILES[profile]
+    if args.rounds:
+        budget = dataclasses.replace(budget, rounds=args.rounds, eegnet_rounds=args.rounds, unseen_rounds=args.rounds)
+    if args.seeds:
+        budget = dataclasses.replace(budget, seeds=args.seeds, eegnet_seeds=args.seeds)
     out = args.out or Path("results") / f"experiment-{profile}"
     log_file = out / "experiment.log"
     with console_and_log(log_file):
