@@ -22,10 +22,10 @@ test: setup
 	$(BIN)/python -m pytest -q -ra
 
 experiment: setup
-	$(BIN)/python benchmarks/physionet_experiment.py --jobs $(JOBS)
+	$(BIN)/python -m benchmarks.tableone --jobs $(JOBS)
 
 experiment-full: setup
-	$(BIN)/python benchmarks/physionet_experiment.py --full --jobs $(JOBS)
+	$(BIN)/python -m benchmarks.tableone --full --jobs $(JOBS)
 
 bench: setup
 	$(BIN)/python benchmarks/bench_spdnet_step.py

@@ -1,141 +1,301 @@
-"""Tests of the Table I experiment script (benchmarks/physionet_experiment.py), offline.
+"""Tests of the Table I experiment (``benchmarks.tableone``), offline.
 
 A MOABB FakeDataset shaped like Weibo2014 (7 classes, 200 Hz, 4 subjects → 2 clients) goes
 through the same path as Weibo2014 (``load_moabb``): the smoke budget fits every cell of
 the table, the unseen-subject table and the report; a second call is served from the
-JSON cache. An unreachable dataset gives one line and the rest goes on.
+JSON cache, a changed configuration is refitted. The entry point prints its own lines and
+the headline; library output goes to the log file.
 """
 
-import importlib.util
+import dataclasses
 import json
+import logging
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from skfedspd.datasets import WEIBO2014_EVENTS, load_moabb
+from benchmarks.tableone import CELLS, PROFILES, PROTOCOLS, Cell, Protocol, cli, protocols, report, runner
+from skfedspd.datasets import WEIBO2014_EVENTS, load_moabb, sample_covariance
 from skfedspd.eegnet import EEGNet
 
-BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+ROOT = Path(__file__).resolve().parents[1]
 CHANNELS = ("C3", "Cz", "C4", "FC3", "FC4", "CP3")
 N_TIMES = 400  # FakeDataset trials span [0, 3] s: 601 samples at 200 Hz
-
-
-@pytest.fixture(scope="module")
-def experiment():
-    pytest.importorskip("moabb")
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        spec = importlib.util.spec_from_file_location("physionet_experiment", BENCHMARKS / "physionet_experiment.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.remove(str(BENCHMARKS))
-    return module
+SMOKE = PROFILES["smoke"]
+LEGACY_KEYS = ["centralized/ts-lr", "centralized/mdm", "centralized/spdnet", "centralized/eegnet",
+               "full/spdnet-projavg", "full/spdnet-rlavg", "full/eegnet",
+               "half/spdnet-projavg", "half/spdnet-rlavg", "half/eegnet"]
 
 
 @pytest.fixture
-def fake_weibo(experiment, fake_moabb):
+def fake_weibo(fake_moabb):
     from moabb.paradigms import MotorImagery
 
     dataset = fake_moabb(event_list=WEIBO2014_EVENTS, n_subjects=4, n_sessions=1, n_runs=1, n_events=70,
                          duration=260, sfreq=200, channels=CHANNELS)
     paradigm = MotorImagery(n_classes=7, events=list(WEIBO2014_EVENTS), fmin=8, fmax=32)
-    return experiment.Protocol("FakeWeibo", hidden_dim=4, eps=1e-1, fs=200.0, n_times=N_TIMES,
-                               moabb=lambda: (dataset, paradigm),
-                               load=lambda: load_moabb(dataset, paradigm, n_times=N_TIMES)[:3])
+    return Protocol("FakeWeibo", hidden_dim=4, eps=1e-1, fs=200.0, n_times=N_TIMES,
+                    moabb=lambda: (dataset, paradigm),
+                    load=lambda: load_moabb(dataset, paradigm, n_times=N_TIMES)[:3], offline=lambda: True)
 
 
-def test_paper_protocols(experiment):
+def test_paper_protocols():
     """Per-dataset hyper-parameters of the paper (section IV)."""
-    physionet, weibo = experiment.PROTOCOLS["PhysionetMI"], experiment.PROTOCOLS["Weibo2014"]
+    physionet, weibo = PROTOCOLS["PhysionetMI"], PROTOCOLS["Weibo2014"]
     assert (physionet.hidden_dim, physionet.eps, physionet.fs, physionet.n_times) == (18, 1e-2, 160.0, 480)
     assert (weibo.hidden_dim, weibo.eps, weibo.fs, weibo.n_times) == (22, 1e-1, 200.0, 800)
     # EEGNet on these shapes has the paper's parameter counts.
     assert sum(p.numel() for p in EEGNet(64, 480, 4, physionet.fs).parameters()) == 3284
     assert sum(p.numel() for p in EEGNet(60, 800, 7, weibo.fs).parameters()) == 5303
-    spd = experiment.spdnet(weibo, 0, 10)
+    spd = protocols.spdnet(weibo, 0, 10)
     assert (spd.hidden_dims, spd.eps, spd.lr, spd.batch_size, spd.patience) == ((22,), 1e-1, 1e-3, 64, 75)
-    fed = experiment.federated(experiment.spdnet(weibo, 0, 1), "rlavg", "half", 150, 0)
-    assert (fed.n_rounds, fed.local_epochs, fed.clients_per_round, fed.patience) == (150, 2, 0.5, None)
-    assert (fed.lr_patience, fed.lr_factor) == (40, 0.5)  # 20 rounds of full participation, in rounds
-    full = experiment.federated(experiment.eegnet(weibo, 0, 1), "projavg", "full", 150, 0)
-    assert (full.clients_per_round, full.lr_patience, full.patience) == (None, 20, None)
 
 
-def test_smoke_run_on_weibo_shaped_data(experiment, fake_weibo, tmp_path, capsys):
-    budget = experiment.PROFILES["smoke"]
+@pytest.mark.parametrize("participation, lr_patience, clients_per_round", [(1.0, 20, None), (0.5, 40, 0.5)])
+@pytest.mark.parametrize("local", [protocols.spdnet, protocols.eegnet])
+def test_federated_schedule_is_set_in_one_place(local, participation, lr_patience, clients_per_round):
+    """All T rounds; LR patience in rounds of full participation (20 / fraction)."""
+    fed = protocols.federated(local(PROTOCOLS["Weibo2014"], 0, 1), "projavg", participation, 150, 0)
+    assert (fed.n_rounds, fed.local_epochs, fed.clients_per_round, fed.groups_per_client) == \
+        (150, 2, clients_per_round, 2)
+    schedule = protocols.federated_schedule(participation)
+    assert {k: fed.get_params()[k] for k in schedule} == schedule
+    assert (fed.patience, fed.lr_patience, fed.lr_factor) == (None, lr_patience, 0.5)  # in rounds
+
+
+def test_cells_are_frozen_dataclasses():
+    assert [c.key for c in CELLS] == LEGACY_KEYS  # cache file names unchanged
+    assert all(dataclasses.is_dataclass(c) and type(c).__dataclass_params__.frozen for c in CELLS)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        CELLS[0].model = "spdnet"
+    half = Cell("half", "spdnet", "rlavg")
+    assert (half.federated, half.participation, half.network, half.label) == \
+        (True, 0.5, True, "FedSPDnet RLAvg (half)")
+    assert Cell("full", "eegnet", "projavg").label == "FedEEGNet (full)"
+    assert len(set(CELLS)) == len(CELLS) and Cell("half", "spdnet", "rlavg") in CELLS  # hashable, by value
+
+
+@pytest.mark.parametrize("args, match", [
+    (("centralized", "spdnet", "projavg"), "only there"),
+    (("full", "spdnet"), "only there"),
+    (("full", "ts-lr", "projavg"), "centralized only"),
+    (("quarter", "spdnet", "projavg"), "unknown setting"),
+    (("full", "svm", "projavg"), "unknown model"),
+    (("full", "spdnet", "fedavg"), "unknown aggregation"),
+    (("half", "eegnet", "rlavg"), "FedAvg"),
+])
+def test_invalid_cells_are_refused(args, match):
+    with pytest.raises(ValueError, match=match):
+        Cell(*args)
+
+
+def test_profiles():
+    quick, full = PROFILES["quick"], PROFILES["full"]
+    assert (full.seeds, full.rounds, full.eegnet_rounds, full.subjects) == (10, 150, 150, None)
+    # Quick: sized by convergence (more rounds than the paper's T), fewer seeds and subjects.
+    assert quick.rounds >= full.rounds and quick.eegnet_rounds >= full.eegnet_rounds
+    assert quick.offline_only and quick.unseen_folds == 0
+    assert set(quick.subjects) <= set(protocols.PHYSIONET_OFFLINE_SUBJECTS) and len(quick.subjects) % 2 == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        quick.rounds = 30
+
+
+def test_configuration_names_the_subjects_and_the_schedule():
+    cell = Cell("half", "spdnet", "projavg")
+    config = runner.configuration(protocols.physionet_protocol(subjects=[1, 2]), cell, 0, SMOKE)
+    assert config["subjects"] == [1, 2] and config["dataset"] == "PhysionetMI"
+    assert config["lr_patience"] == 40 and config["n_rounds"] == SMOKE.rounds
+    assert runner.configuration(protocols.physionet_protocol(), cell, 0, SMOKE) != config
+
+
+def test_longest_fits_first_within_a_seed():
+    ranked = sorted(CELLS, key=lambda c: -runner.cost(c))
+    assert [c.key for c in ranked[:2]] == ["full/eegnet", "half/eegnet"]
+    assert {c.key for c in ranked[-2:]} == {"centralized/ts-lr", "centralized/mdm"}
+
+
+def test_select_cells_by_key():
+    from benchmarks.tableone.cells import select
+
+    assert select(None) == CELLS
+    assert [c.key for c in select(["centralized", "eegnet"])] == \
+        ["centralized/ts-lr", "centralized/mdm", "centralized/spdnet", "centralized/eegnet", "full/eegnet",
+         "half/eegnet"]
+    with pytest.raises(ValueError, match="no cell matches"):
+        select(["nothing"])
+
+
+def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="benchmarks.tableone")
     out = tmp_path / "FakeWeibo"
-    label, results, figure, unseen = experiment.run_protocol(fake_weibo, budget, out)
-    assert label == ("FakeWeibo", "FakeWeibo (4 subjects, 2 clients)")
-    assert list(results) == experiment.experiment_keys()
-    for key, records in results.items():
+    label, results, unseen = runner.run_protocol(fake_weibo, SMOKE, out)
+    assert label == "FakeWeibo (4 subjects, 2 clients)"
+    assert list(results) == list(CELLS)
+    for cell, records in results.items():
         (record,) = records
-        assert 0.0 <= record["f1"] <= 1.0 and 0.0 <= record["accuracy"] <= 1.0
-        model = key.split("/")[1]
-        if key.startswith(("full", "half")):  # federated: every round, no early stopping
-            assert len(record["curve"]) == (budget["eegnet_rounds"] if model == "eegnet" else budget["rounds"])
-        if model == "eegnet":
+        assert record["key"] == cell.key and 0.0 <= record["f1"] <= 1.0 and 0.0 <= record["accuracy"] <= 1.0
+        if cell.federated:  # every round, no early stopping
+            assert len(record["curve"]) == SMOKE.rounds_for(cell)
+        if cell.model == "eegnet":
             assert record["n_params"] == sum(p.numel() for p in EEGNet(len(CHANNELS), N_TIMES, 7, 200.0).parameters())
-        elif model.startswith("spdnet"):
+        elif cell.model == "spdnet":
             assert record["n_params"] == len(CHANNELS) * 4 + 10 * 7 + 7  # BiMap 6x4, head on vech (10)
-    assert figure.exists() and figure.stat().st_size > 0
     assert "FakeWeibo: pipeline (unseen subjects)" in unseen and "FedEEGNet (full)" in unseen
     assert "GroupKFold(2) over the 4 subjects" in unseen
+    assert list((out / "moabb").iterdir())  # MOABB's results store is under the output folder
 
     # Cached: a second call fits nothing and reads the same records.
-    capsys.readouterr()
+    caplog.clear()
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
-    _, again, _, _ = experiment.run_protocol(fake_weibo, budget, out)
+    _, again, _ = runner.run_protocol(fake_weibo, SMOKE, out)
     assert again == results
     assert {p: p.stat().st_mtime_ns for p in out.glob("*.json")} == stamps
-    assert "runs to fit" not in capsys.readouterr().out
+    assert "runs to fit" not in caplog.text
 
-    text = experiment.table_one({label: results}, budget)
+    tables = {("FakeWeibo", label): results}
+    text = report.table_one(tables, SMOKE)
     assert "| FakeWeibo (4 subjects, 2 clients) | # params |" in text
     assert text.count("| FakeWeibo | ") == 4  # Centr., Full, Half + the references row
-    assert "FedSPDnet Full / centralized SPDnet" in experiment.targets("FakeWeibo", results)
+    assert "FedSPDnet Full / centralized SPDnet" in report.targets("FakeWeibo", results)
+    assert "| FakeWeibo | FedSPDnet ProjAvg (full) | 2 |" in report.convergence(tables)
+    line = report.headline("FakeWeibo", results, "1 seed")
+    f1 = {c.key: f"{100 * np.mean([r['f1'] for r in rs]):.1f}" for c, rs in results.items()}
+    assert line == (f"FakeWeibo test macro-F1 (%), 1 seed: FedSPDnet {f1['full/spdnet-projavg']} (full participation, "
+                    f"ProjAvg) vs centralized SPDnet {f1['centralized/spdnet']} vs TS+LR {f1['centralized/ts-lr']} "
+                    f"vs FedEEGNet {f1['full/eegnet']}")
 
 
-def test_only_runs_the_requested_keys(experiment, fake_weibo, tmp_path):
-    _, results, _, unseen = experiment.run_protocol(fake_weibo, experiment.PROFILES["smoke"], tmp_path / "w",
-                                                    only=["centralized/mdm"])
-    assert list(results) == ["centralized/mdm"] and unseen is None
+def test_cache_of_another_configuration_is_refitted(fake_weibo, tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="benchmarks.tableone")
+    X, y, subjects = fake_weibo.load()
+    data = (sample_covariance(X), X, y, subjects)
+    cells = (Cell("full", "spdnet", "projavg"),)
+    (first,) = runner.run_table(fake_weibo, data, SMOKE, tmp_path, cells)[cells[0]]
+    assert first["config"]["n_rounds"] == 2 and first["config"]["estimator__lr_patience"] == 20
+    longer = dataclasses.replace(SMOKE, rounds=3)
+    caplog.clear()
+    assert runner.run_table(fake_weibo, data, longer, tmp_path, cells, report_only=True) == {}
+    assert "1 cached run(s)" in caplog.text and "left out of the report" in caplog.text
+    (refitted,) = runner.run_table(fake_weibo, data, longer, tmp_path, cells)[cells[0]]
+    assert len(refitted["curve"]) == 3 and "refitted" in caplog.text
+    # A record without a configuration (an older script) is stale too.
+    path = runner.record_path(tmp_path, cells[0], 0)
+    path.write_text(json.dumps({k: v for k, v in refitted.items() if k != "config"}))
+    assert runner.read_record(path, refitted["config"]) is None
+
+
+def test_only_runs_the_requested_cells(fake_weibo, tmp_path):
+    mdm = Cell("centralized", "mdm")
+    _, results, unseen = runner.run_protocol(fake_weibo, SMOKE, tmp_path / "w", cells=(mdm,))
+    assert list(results) == [mdm] and unseen is None
     assert [p.name for p in (tmp_path / "w").glob("*.json")] == ["centralized__mdm__seed0.json"]
     assert json.loads((tmp_path / "w" / "centralized__mdm__seed0.json").read_text())["key"] == "centralized/mdm"
 
 
-def test_unreachable_dataset_gives_one_line(experiment, tmp_path, capsys):
+def test_unreachable_dataset_gives_one_line(tmp_path, caplog):
     def unreachable():
         raise ConnectionError("no route to host")
 
-    protocol = experiment.Protocol("Remote", hidden_dim=2, eps=1e-1, fs=200.0, n_times=8,
-                                   moabb=unreachable, load=unreachable)
-    assert experiment.run_protocol(protocol, experiment.PROFILES["smoke"], tmp_path / "r") is None
-    lines = capsys.readouterr().out.strip().splitlines()
-    assert lines == ["Remote: files not reachable (ConnectionError: no route to host); skipped, the rest goes on."]
+    caplog.set_level(logging.INFO, logger="benchmarks.tableone")
+    protocol = Protocol("Remote", hidden_dim=2, eps=1e-1, fs=200.0, n_times=8, moabb=unreachable, load=unreachable)
+    assert runner.run_protocol(protocol, SMOKE, tmp_path / "r") is None
+    assert caplog.messages == ["Remote: files not reachable (ConnectionError: no route to host); skipped, "
+                               "the rest goes on."]
+    assert not (tmp_path / "r").exists()
 
 
-def test_jobs_give_the_same_records(experiment, fake_weibo, tmp_path):
+def test_offline_only_profile_skips_without_trying_to_download(tmp_path, caplog):
+    def download():
+        raise AssertionError("tried to download")
+
+    caplog.set_level(logging.INFO, logger="benchmarks.tableone")
+    protocol = Protocol("Remote", hidden_dim=2, eps=1e-1, fs=200.0, n_times=8, moabb=download, load=download,
+                        offline=lambda: False)
+    assert PROFILES["quick"].offline_only
+    assert runner.run_protocol(protocol, PROFILES["quick"], tmp_path / "r") is None
+    assert caplog.messages == ["Remote: not available offline; skipped (this profile never downloads; the full "
+                               "profile gets it through MOABB)."]
+
+
+def test_weibo_offline_check_reads_the_folder_without_creating_it(tmp_path, monkeypatch):
+    monkeypatch.setenv("MNE_DATASETS_WEIBO_PATH", str(tmp_path))
+    assert protocols.weibo_folder() == tmp_path / "MNE-weibo-2014"
+    assert not PROTOCOLS["Weibo2014"].offline() and not (tmp_path / "MNE-weibo-2014").exists()
+    (tmp_path / "MNE-weibo-2014").mkdir()
+    for s in range(1, 11):
+        (tmp_path / "MNE-weibo-2014" / f"subject_{s}.mat").touch()
+    assert PROTOCOLS["Weibo2014"].offline()
+
+
+def test_jobs_give_the_same_records(fake_weibo, tmp_path):
     """Parallel runs (one torch thread each) reproduce the serial records."""
     X, y, subjects = fake_weibo.load()
-    from skfedspd.datasets import sample_covariance
-
     data = (sample_covariance(X), X, y, subjects)
-    budget = experiment.PROFILES["smoke"]
-    only = ["full/spdnet-projavg", "half/spdnet-rlavg"]
-    serial = experiment.run_table(fake_weibo, data, budget, tmp_path / "serial", only)
-    parallel = experiment.run_table(fake_weibo, data, budget, tmp_path / "parallel", only, jobs=2)
-    for key in serial:
-        for a, b in zip(serial[key], parallel[key]):
-            assert (a["f1"], a["accuracy"]) == (b["f1"], b["accuracy"])
+    cells = (Cell("full", "spdnet", "projavg"), Cell("half", "spdnet", "rlavg"))
+    serial = runner.run_table(fake_weibo, data, SMOKE, tmp_path / "serial", cells)
+    parallel = runner.run_table(fake_weibo, data, SMOKE, tmp_path / "parallel", cells, jobs=2)
+    for cell in cells:
+        for a, b in zip(serial[cell], parallel[cell]):
+            assert (a["f1"], a["accuracy"], a["config"]) == (b["f1"], b["accuracy"], b["config"])
             np.testing.assert_array_equal(a["curve"], b["curve"])
 
 
-def test_physionet_two_class_on_a_subject_list(experiment, physionet_root):
-    protocol = experiment.physionet_protocol(n_classes=2, subjects=[2, 42])
+def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fake_weibo, tmp_path, capfd):
+    out = tmp_path / "run"
+    code = cli.main(["--profile", "smoke", "--rounds", "3", "--out", str(out), "--docs", str(tmp_path / "docs")],
+                    datasets={"FakeWeibo": fake_weibo})
+    assert code == 0
+    stdout, stderr = capfd.readouterr()
+    lines = stdout.strip().splitlines()
+    assert lines[0] == ("command: python -m benchmarks.tableone --profile smoke --rounds 3 --out "
+                        f"{out} --docs {tmp_path / 'docs'}")
+    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds: FedSPDnet ")
+    assert len(json.loads((out / "FakeWeibo" / "half__eegnet__seed0.json").read_text())["curve"]) == 3
+    assert " vs centralized SPDnet " in lines[-1] and " vs TS+LR " in lines[-1] and " vs FedEEGNet " in lines[-1]
+    figure = out / "FakeWeibo" / "FakeWeibo_val_f1.png"
+    assert lines[-2] == f"Figure: {figure}" and figure.stat().st_size > 0
+    for noise in ("Warning", "Used Annotations", "Setting up", "Filtering", "Not setting metadata",
+                  "Reading", "moabb"):
+        assert noise not in stdout, noise
+    assert "Warning" not in stderr
+    log_text = (out / "experiment.log").read_text()
+    assert "mne:" in log_text or "moabb" in log_text  # library lines went to the log
+    assert "FedSPDnet Full / centralized SPDnet" in (out / "report.md").read_text()
+    assert (tmp_path / "docs" / "results-smoke.md").exists() and (tmp_path / "docs" / "FakeWeibo_val_f1_smoke.png").exists()
+    # The entry point restored what it configured.
+    import mne
+
+    assert [type(h).__name__ for h in mne.utils.logger.handlers] == ["StreamHandler"]
+    assert logging.getLogger("benchmarks.tableone").handlers == []
+
+
+def test_import_has_no_side_effects(tmp_path):
+    """No environment variable, logging or warning set-up, and no folder, from importing
+    (compared with the state after importing the libraries it uses: scikit-learn sets
+    KMP_* variables)."""
+    probe = (
+        "import os, logging, warnings, json, joblib, sklearn, skfedspd, skfedspd.datasets\n"
+        "env, filters, show = dict(os.environ), list(warnings.filters), warnings.showwarning\n"
+        "import benchmarks.tableone, benchmarks.tableone.cli, benchmarks.physionet_ablation\n"
+        "loggers = {n: len(l.handlers) for n, l in logging.root.manager.loggerDict.items()\n"
+        "           if isinstance(l, logging.Logger) and n.startswith('benchmarks')}\n"
+        "print(json.dumps([dict(os.environ) == env, warnings.showwarning is show, loggers,\n"
+        "                  len(logging.root.handlers), os.listdir('.')]))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, capture_output=True, text=True, check=True,
+                          env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)})
+    same_env, same_show, loggers, root_handlers, files = json.loads(done.stdout)
+    assert same_env and same_show and root_handlers == 0 and files == []
+    assert set(loggers.values()) <= {0}
+
+
+def test_physionet_two_class_on_a_subject_list(physionet_root):
+    protocol = protocols.physionet_protocol(n_classes=2, subjects=[2, 42])
     assert protocol.name == "PhysionetMI-2class" and (protocol.hidden_dim, protocol.eps) == (18, 1e-2)
+    assert protocol.offline()
     X, y, subjects = protocol.load()
     assert X.shape == (90, 64, 480) and set(y) == {"left_hand", "right_hand"}
     assert sorted(set(subjects)) == [2, 42]
@@ -143,7 +303,7 @@ def test_physionet_two_class_on_a_subject_list(experiment, physionet_root):
     assert dataset.subject_list == [2, 42] and dataset.feet_runs == [] and paradigm.resample is None
 
 
-def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(experiment, monkeypatch):
+def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(monkeypatch):
     """Online: any subject list, through MOABB's download, resampled to 160 Hz; 88 excluded."""
     seen = {}
 
@@ -152,9 +312,11 @@ def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(experiment, monk
                     events=paradigm.events)
         return "X", "y", "subjects", "meta"
 
-    monkeypatch.setattr(experiment, "load_moabb", fake_load)
-    assert experiment.physionet_protocol(subjects=[1, 50, 109]).load() == ("X", "y", "subjects")
+    monkeypatch.setattr(protocols, "load_moabb", fake_load)
+    protocol = protocols.physionet_protocol(subjects=[1, 50, 109])
+    assert not protocol.offline()
+    assert protocol.load() == ("X", "y", "subjects")
     assert seen == dict(subjects=[1, 50, 109], resample=160.0, n_times=480,
                         events=["left_hand", "right_hand", "feet", "hands"])
     with pytest.raises(ValueError, match=r"\[88\] are excluded"):
-        experiment.physionet_protocol(subjects=[87, 88])
+        protocols.physionet_protocol(subjects=[87, 88])

@@ -1,0 +1,91 @@
+"""The cells of Table I: (setting, model, aggregation) as frozen dataclasses."""
+
+from dataclasses import dataclass
+
+#: Fraction of the clients that train in each round, per federated setting.
+PARTICIPATION = {"full": 1.0, "half": 0.5}
+MODELS = ("ts-lr", "mdm", "spdnet", "eegnet")
+AGGREGATIONS = ("projavg", "rlavg")
+NAMES = {"ts-lr": "TS+LR", "mdm": "MDM", "spdnet": "SPDnet", "eegnet": "EEGNet"}
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One cell of Table I.
+
+    Parameters
+    ----------
+    setting : {"centralized", "full", "half"}
+        Pooled training data, or federated with full / half participation.
+    model : {"ts-lr", "mdm", "spdnet", "eegnet"}
+        pyRiemann references (centralized only) or a network.
+    aggregation : {"projavg", "rlavg"} or None
+        Server rule of a federated cell (None when centralized). EEGNet's weights are
+        Euclidean: its ProjAvg is FedAvg.
+    """
+
+    setting: str
+    model: str
+    aggregation: str = None
+
+    def __post_init__(self):
+        if self.setting != "centralized" and self.setting not in PARTICIPATION:
+            raise ValueError(f"unknown setting {self.setting!r}; expected 'centralized', 'full' or 'half'")
+        if self.model not in MODELS:
+            raise ValueError(f"unknown model {self.model!r}; expected one of {MODELS}")
+        if self.federated and self.model not in ("spdnet", "eegnet"):
+            raise ValueError(f"{self.model!r} is centralized only")
+        if self.federated != (self.aggregation is not None):
+            raise ValueError(f"{self}: an aggregation rule goes with a federated setting, and only there")
+        if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
+            raise ValueError(f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}")
+        if self.model == "eegnet" and self.aggregation not in (None, "projavg"):
+            raise ValueError("federated EEGNet is aggregated by FedAvg (aggregation='projavg')")
+
+    @property
+    def federated(self):
+        return self.setting != "centralized"
+
+    @property
+    def participation(self):
+        """Fraction of the clients per round (federated cells)."""
+        return PARTICIPATION[self.setting]
+
+    @property
+    def network(self):
+        """SPDnet or EEGNet: trained in epochs / rounds, with a validation curve."""
+        return self.model in ("spdnet", "eegnet")
+
+    @property
+    def key(self):
+        """``setting/model[-aggregation]``: names the cached records (stable across versions)."""
+        suffix = f"-{self.aggregation}" if self.model == "spdnet" and self.federated else ""
+        return f"{self.setting}/{self.model}{suffix}"
+
+    @property
+    def label(self):
+        """Human name, e.g. ``FedSPDnet ProjAvg (half)`` or ``TS+LR``."""
+        if not self.federated:
+            return NAMES[self.model] + (" (centr.)" if self.network else "")
+        rule = "" if self.model == "eegnet" else f" {'ProjAvg' if self.aggregation == 'projavg' else 'RLAvg'}"
+        return f"Fed{NAMES[self.model]}{rule} ({self.setting})"
+
+
+CELLS = (
+    Cell("centralized", "ts-lr"),
+    Cell("centralized", "mdm"),
+    Cell("centralized", "spdnet"),
+    Cell("centralized", "eegnet"),
+    *(Cell(setting, model, aggregation) for setting in PARTICIPATION
+      for model, aggregation in (("spdnet", "projavg"), ("spdnet", "rlavg"), ("eegnet", "projavg"))),
+)
+
+
+def select(patterns, cells=CELLS):
+    """Cells whose key starts or ends with one of ``patterns`` (all when empty or None)."""
+    if not patterns:
+        return tuple(cells)
+    chosen = tuple(c for c in cells if any(c.key.startswith(p) or c.key.endswith(p) for p in patterns))
+    if not chosen:
+        raise ValueError(f"no cell matches {list(patterns)}; keys: {[c.key for c in cells]}")
+    return chosen

@@ -1,0 +1,167 @@
+"""Command line of the Table I experiment: ``python -m benchmarks.tableone``."""
+
+import argparse
+import dataclasses
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+
+from skfedspd.datasets import configure_offline, find_physionet_root
+
+from . import protocols as protocols_module
+from .cells import select
+from .console import console_and_log
+from .protocols import PROFILES, machine
+from .report import convergence, headline, plot_curves, table_one, targets
+from .runner import run_protocol
+
+log = logging.getLogger(__name__)
+
+DESCRIPTION = """FedSPDnet vs centralized SPDnet, federated EEGNet and pyRiemann: the paper's Table I.
+
+The protocol of the FedSPDnet paper (section IV, Table I, Figures 3-4) on PhysionetMI (the
+offline copy in ../shared/data, 4 classes, clients of 2 subjects) and Weibo2014 (through
+MOABB's download in the full profile; the quick profile skips datasets that are not on
+disk), plus an unseen-subject table from MOABB's CrossSubjectEvaluation (full profile).
+
+    python -m benchmarks.tableone --jobs 2          # main job (make experiment): quick profile,
+                                                    # 8 subjects, 1 seed, 450 rounds (converged)
+    python -m benchmarks.tableone --full --jobs 2   # the paper's budget (make experiment-full):
+                                                    # 16 subjects, 10 seeds, 150 rounds
+    python -m benchmarks.tableone --classes 2 --subjects 1 2 3 4   # left / right hand
+
+Every (dataset, cell, seed) result is stored as JSON under --out with the configuration it
+was fitted with; a re-run skips what is done (and refits what another configuration left),
+so a long run can be resumed or re-run per cell (--only). Library output goes to
+<out>/experiment.log; the console gets the table, the figure's path and the headline.
+"""
+
+
+def parse(argv, datasets):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tableone", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--full", action="store_true", help="the paper's budget (10 seeds, 150 rounds)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
+                        help="budget profile (default quick; --full means full; smoke checks the plumbing)")
+    parser.add_argument("--datasets", nargs="+", choices=sorted(datasets), default=sorted(datasets))
+    parser.add_argument("--classes", type=int, choices=(4, 2), default=4,
+                        help="PhysionetMI: 4 classes, or 2 (left / right hand)")
+    parser.add_argument("--subjects", nargs="+", type=int, default=None,
+                        help="PhysionetMI subjects (default: the profile's; quick: 8 of the offline copy, "
+                             "full: its 16; others come from MOABB's download)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="override the profile's rounds (every model; centralized: rounds x 2 epochs)")
+    parser.add_argument("--seeds", type=int, default=None, help="override the profile's seeds (every model)")
+    parser.add_argument("--out", type=Path, default=None, help="results folder (default results/experiment-<profile>)")
+    parser.add_argument("--only", nargs="*", help="run only cells whose key starts/ends with these "
+                                                  "(e.g. centralized eegnet)")
+    parser.add_argument("--jobs", type=int, default=1, help="runs fitted in parallel processes (default 1)")
+    parser.add_argument("--skip-unseen", action="store_true", help="skip the MOABB unseen-subject tables")
+    parser.add_argument("--report-only", action="store_true",
+                        help="train nothing: build the report from the results already in --out")
+    parser.add_argument("--docs", type=Path, default=None,
+                        help="also write the report as <DOCS>/results-<profile>.md with its figures")
+    args = parser.parse_args(argv)
+    for option in ("jobs", "rounds", "seeds"):
+        if getattr(args, option) is not None and getattr(args, option) < 1:
+            parser.error(f"--{option} must be at least 1, got {getattr(args, option)}")
+    try:
+        args.cells = select(args.only)
+    except ValueError as error:
+        parser.error(str(error))
+    return parser, args
+
+
+def prepare_data_folders():
+    """Offline PhysioNet copy for MNE/MOABB; downloads (Weibo2014) never go to a read-only
+    ``MNE_DATA`` but to ``~/mne_data``, MNE's default."""
+    os.environ.setdefault("MOABB_DOWNLOAD_PROVIDER", "upstream")
+    root = find_physionet_root()
+    if root is not None:
+        configure_offline(root)
+    mne_data = os.environ.get("MNE_DATA")
+    if mne_data and not os.access(mne_data, os.W_OK):
+        os.environ.setdefault("MNE_DATASETS_WEIBO_PATH", str(Path.home() / "mne_data"))
+
+
+def main(argv=None, datasets=None):
+    """Run the experiment; ``datasets`` (name -> Protocol) replaces the paper's (tests)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    custom = datasets is not None
+    parser, args = parse(argv, datasets if custom else ("PhysionetMI", "Weibo2014"))
+    profile = args.profile or ("full" if args.full else "quick")
+    budget = PROFILES[profile]
+    if args.rounds:
+        budget = dataclasses.replace(budget, rounds=args.rounds, eegnet_rounds=args.rounds, unseen_rounds=args.rounds)
+    if args.seeds:
+        budget = dataclasses.replace(budget, seeds=args.seeds, eegnet_seeds=args.seeds)
+    out = args.out or Path("results") / f"experiment-{profile}"
+    log_file = out / "experiment.log"
+    with console_and_log(log_file):
+        command = "python -m benchmarks.tableone " + " ".join(argv)
+        log.info(f"command: {command.strip()}\nmachine: {machine()}\nprofile: {profile} {budget}\n"
+                 f"library output: {log_file}")
+        prepare_data_folders()
+        if not custom:
+            try:
+                datasets = protocols_module.protocols(args.classes, args.subjects or budget.subjects)
+            except ValueError as error:
+                parser.error(str(error))
+        start = time.perf_counter()
+        done = {}
+        for name in args.datasets:
+            protocol = datasets[name]
+            parts = run_protocol(protocol, budget, out / protocol.name, args.cells, args.report_only,
+                                 args.skip_unseen, args.jobs, log_file=log_file)
+            if parts is not None:
+                done[protocol.name] = parts
+        if not done:
+            log.info("No dataset reachable: nothing to report.")
+            return 1
+        text, figures, lines = report(done, budget, profile, out, command, args, time.perf_counter() - start)
+        (out / "report.md").write_text(text + "\n")
+        if args.docs:
+            write_docs(args.docs, profile, text, figures)
+        log.info("\n" + text + "\n\n" + "\n".join(lines))
+    return 0
+
+
+def report(done, budget, profile, out, command, args, elapsed):
+    """The report (Markdown), the figures and the closing console lines (figure, headline)."""
+    tables = {(name, label): results for name, (label, results, _) in done.items()}
+    figures = {}
+    for name, (_, results, _) in done.items():
+        figures[name] = out / name / f"{name}_val_f1.png"
+        plot_curves(name, results, figures[name])
+    text = ["## Table I protocol", "", table_one(tables, budget), "", "Targets:",
+            "\n".join(targets(name, results) for (name, _), results in tables.items()), "",
+            "## Convergence", "", convergence(tables)]
+    for name, (_, _, unseen) in done.items():
+        if unseen:
+            text += ["", f"## Unseen subjects: {name}", "", unseen]
+    if budget.unseen_folds == 0:
+        text += ["", f"Unseen-subject table (MOABB CrossSubjectEvaluation): not in the {profile} profile "
+                     f"(`--full`)."]
+    runs = [r for results in tables.values() for records in results.values() for r in records]
+    fit_minutes = sum(r["fit_seconds"] for r in runs) / 60
+    timing = "report rebuilt from the cached runs" if args.report_only else f"this invocation {elapsed / 60:.1f} min"
+    text += ["", f"Command: `{command.strip()}` — {timing}; fit time summed over the {len(runs)} runs of Table I: "
+                 f"{fit_minutes:.1f} min; {machine()}."]
+    seeds = f"{budget.seeds} seed{'s' if budget.seeds > 1 else ''}" + (
+        f" ({budget.eegnet_seeds} for EEGNet)" if budget.eegnet_seeds != budget.seeds else "")
+    seeds += f", {budget.rounds} rounds"
+    lines = ["Figure" + ("s" if len(figures) > 1 else "") + ": " + ", ".join(str(f) for f in figures.values()),
+             "Headline: " + " | ".join(headline(name, results, seeds) for (name, _), results in tables.items())]
+    return "\n".join(text), figures, lines
+
+
+def write_docs(docs, profile, text, figures):
+    docs.mkdir(parents=True, exist_ok=True)
+    links = []
+    for name, figure in figures.items():
+        target = docs / f"{name}_val_f1_{profile}.png"
+        target.write_bytes(figure.read_bytes())
+        links.append(f"![{name} validation F1]({target.name})")
+    (docs / f"results-{profile}.md").write_text(text + "\n\n" + "\n\n".join(links) + "\n")

@@ -1,0 +1,146 @@
+"""The report of Table I: tables, targets, convergence, the headline and the figure."""
+
+import numpy as np
+
+from .cells import CELLS, Cell
+from .protocols import LOCAL_EPOCHS
+
+TS_LR = Cell("centralized", "ts-lr")
+MDM = Cell("centralized", "mdm")
+SPDNET = Cell("centralized", "spdnet")
+EEGNET = Cell("centralized", "eegnet")
+FED = {(s, a): Cell(s, "spdnet", a) for s in ("full", "half") for a in ("projavg", "rlavg")}
+FEDEEG = {s: Cell(s, "eegnet", "projavg") for s in ("full", "half")}
+#: Width of the window (in rounds) over which the convergence table measures the late gain.
+LATE_WINDOW = 20
+
+
+def fmt(records, field="f1"):
+    values = 100 * np.array([r[field] for r in records])
+    return f"{values.mean():.1f} ± {values.std():.1f}"
+
+
+def mean_f1(results, cell):
+    return 100 * np.mean([r["f1"] for r in results[cell]]) if cell in results else float("nan")
+
+
+def table_one(tables, budget):
+    """Table I: dataset x {Centr., Full, Half}, EEGNet and SPDnet (ProjAvg; RLAvg beside),
+    then the centralized references on the same splits."""
+    lines = ["| Dataset | Setting | EEGNet (FedAvg) | SPDnet (FedSPDnet, ProjAvg) | SPDnet (FedSPDnet, RLAvg) |",
+             "| --- | --- | --- | --- | --- |"]
+    for (name, label), results in tables.items():
+        def cell(c):
+            return fmt(results[c]) if c in results else "–"
+
+        def params(model):
+            return next((r["n_params"] for c, rs in results.items() if c.model == model for r in rs if r["n_params"]),
+                        "–")
+
+        lines.append(f"| {label} | # params | {params('eegnet')} | {params('spdnet')} | {params('spdnet')} |")
+        rows = (("Centr.", (EEGNET, SPDNET, SPDNET)),
+                ("Full", (FEDEEG["full"], FED["full", "projavg"], FED["full", "rlavg"])),
+                ("Half", (FEDEEG["half"], FED["half", "projavg"], FED["half", "rlavg"])))
+        for row, cells in rows:
+            scores = [mean_f1(results, c) for c in cells]
+            best = np.nanmax(scores) if not np.isnan(scores).all() else None
+            shown = [f"**{cell(c)}**" if v == best else cell(c) for c, v in zip(cells, scores)]
+            lines.append(f"| {name} | {row} | " + " | ".join(shown) + " |")
+    lines += ["", f"Test macro-F1 (%), mean ± std over seeds. SPDnet budget {budget.rounds} rounds x {LOCAL_EPOCHS} "
+                  f"epochs (centralized: <= {budget.rounds * LOCAL_EPOCHS} epochs, early stopping 75), EEGNet "
+                  f"{budget.eegnet_rounds} rounds x {LOCAL_EPOCHS} epochs; best per row in bold."]
+    for (name, _), results in tables.items():
+        lines += ["", f"{name} seeds per cell: " + ", ".join(f"{c.key} {len(v)}" for c, v in results.items())
+                  + ". Accuracy (%): " + "; ".join(f"{c.key} {fmt(v, 'accuracy')}" for c, v in results.items()) + "."]
+    lines += ["", "Centralized references on the same splits (test macro-F1 %):", "",
+              "| Dataset | TS + LR (pyRiemann) | MDM (pyRiemann) | SPDnet | EEGNet |", "| --- | --- | --- | --- | --- |"]
+    for (name, _), results in tables.items():
+        lines.append(f"| {name} | " + " | ".join(fmt(results[c]) if c in results else "–"
+                                                 for c in (TS_LR, MDM, SPDNET, EEGNET)) + " |")
+    return "\n".join(lines)
+
+
+def targets(name, results):
+    def m(cell):
+        return mean_f1(results, cell)
+
+    full, half = FED["full", "projavg"], FED["half", "projavg"]
+    return "\n".join([
+        f"- {name}: FedSPDnet Full / centralized SPDnet: {m(full) / m(SPDNET):.1%} (target >= 92 %)",
+        f"- {name}: FedSPDnet - FedEEGNet, Full: {m(full) - m(FEDEEG['full']):+.1f} points; "
+        f"Half: {m(half) - m(FEDEEG['half']):+.1f} points (target > 0 at equal budget)",
+        f"- {name}: Half - Full (ProjAvg): {m(half) - m(full):+.1f} points (target within 1.5)",
+        f"- {name}: ProjAvg - RLAvg: Full {m(full) - m(FED['full', 'rlavg']):+.1f}, "
+        f"Half {m(half) - m(FED['half', 'rlavg']):+.1f} points (target within 1)",
+    ])
+
+
+def late_gain(curve, window=LATE_WINDOW):
+    """Validation macro-F1 (points) of the last ``window`` rounds minus the ``window`` before:
+    about 0 once a run has converged."""
+    curve = 100 * np.asarray(curve, dtype=float)
+    if len(curve) < 2 * window:
+        return float("nan")
+    return float(curve[-window:].mean() - curve[-2 * window:-window].mean())
+
+
+def convergence(tables):
+    """Per network cell: rounds (epochs) run, where the kept model was, how much the
+    validation score still moved at the end, and learning-rate halvings."""
+    lines = ["| Dataset | cell | rounds (epochs) run | best-validation round | late gain (points) | "
+             "final val. macro-F1 | LR halvings |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (name, _), results in tables.items():
+        for cell, records in results.items():
+            if not cell.network:
+                continue
+            curves = [r["curve"] for r in records]
+            ran = ", ".join(sorted({str(len(c)) for c in curves}))
+            best = np.mean([int(np.argmax(c)) + 1 for c in curves])
+            gains = [late_gain(c) for c in curves]
+            final = np.mean([100 * np.mean(c[-LATE_WINDOW:]) for c in curves])
+            halvings = ", ".join(str(int(np.sum(np.diff(r["lr"]) < 0))) for r in records)
+            gain = "–" if np.isnan(gains).any() else f"{np.mean(gains):+.1f} ± {np.std(gains):.1f}"
+            lines.append(f"| {name} | {cell.label} | {ran} | {best:.0f} | {gain} | {final:.1f} | {halvings} |")
+    lines += ["", f"Late gain: mean validation macro-F1 of the last {LATE_WINDOW} rounds (epochs) minus the "
+                  f"{LATE_WINDOW} before, mean ± std over seeds; near 0 when converged. Centralized networks stop "
+                  f"early (75 epochs without improvement) when they have converged."]
+    return "\n".join(lines)
+
+
+def headline(name, results, seeds):
+    """One line: FedSPDnet vs centralized SPDnet vs TS+LR vs FedEEGNet (test macro-F1)."""
+    def m(cell):
+        return f"{mean_f1(results, cell):.1f}"
+
+    return (f"{name} test macro-F1 (%), {seeds}: FedSPDnet {m(FED['full', 'projavg'])} (full participation, "
+            f"ProjAvg) vs centralized SPDnet {m(SPDNET)} vs TS+LR {m(TS_LR)} vs FedEEGNet {m(FEDEEG['full'])}")
+
+
+def plot_curves(name, results, path):
+    """Validation macro-F1 against round, mean ± std over seeds (the paper's Figures 3-4)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    for ax, setting in zip(axes, ("full", "half")):
+        for cell in (c for c in CELLS if c.setting == setting):
+            records = results.get(cell)
+            if not records:
+                continue
+            length = min(len(r["curve"]) for r in records)
+            curves = 100 * np.array([r["curve"][:length] for r in records])
+            rounds = np.arange(1, length + 1)
+            ax.plot(rounds, curves.mean(0), label=f"{cell.label.split(' (')[0]} ({len(records)} seeds)")
+            ax.fill_between(rounds, curves.mean(0) - curves.std(0), curves.mean(0) + curves.std(0), alpha=0.25)
+        ax.set_title(f"{name}, {'100' if setting == 'full' else '50'} % participation")
+        ax.set_xlabel("communication round")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("validation macro-F1 (%)")
+    if axes[0].get_legend_handles_labels()[0]:
+        axes[0].legend()
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
