@@ -3,6 +3,7 @@
 from .classifier import SPDnetClassifier
 from .eegnet import EEGNetClassifier
 from .federated import FederatedSPDnetClassifier
+from .recenter import Recenter
 
 __version__ = "0.1.0"
-__all__ = ["SPDnetClassifier", "EEGNetClassifier", "FederatedSPDnetClassifier", "__version__"]
+__all__ = ["SPDnetClassifier", "EEGNetClassifier", "FederatedSPDnetClassifier", "Recenter", "__version__"]
