@@ -1,8 +1,11 @@
 """``Recenter``: unsupervised re-centring of SPD matrices to the identity (Zanini et al., 2018)."""
 
+import warnings
+
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from .classifier import check_spd_batch
@@ -13,18 +16,20 @@ __all__ = ["Recenter", "recenter_groups"]
 # Karcher iteration: stop when the Riemannian gradient norm of the mean's cost is this small
 # (the whitened mean is then the identity to about this distance).
 _TOL = 1e-12
-_MAX_ITER = 100
+_MAX_ITER = 200
 
 
-def _group_codes(groups, n_samples):
+def _group_labels(groups, n_samples):
+    """``(labels, codes)``: the distinct group labels and each matrix's index into them."""
     if groups is None:
-        return np.zeros(n_samples, dtype=np.intp)
+        return np.array([None]), np.zeros(n_samples, dtype=np.intp)
     groups = np.asarray(groups)
     if groups.ndim != 1 or len(groups) != n_samples:
         raise ValueError(
             f"groups must be a 1-D array with one entry per matrix ({n_samples}), got shape {groups.shape}"
         )
-    return np.unique(groups, return_inverse=True)[1].reshape(-1)
+    labels, codes = np.unique(groups, return_inverse=True)
+    return labels, codes.reshape(-1)
 
 
 def recenter_groups(X, groups=None):
@@ -44,14 +49,24 @@ def recenter_groups(X, groups=None):
     -------
     ndarray of shape (n_matrices, n, n)
     """
-    codes = _group_codes(groups, len(X))
+    labels, codes = _group_labels(groups, len(X))
     out = np.empty_like(X)
     with torch.no_grad():
         Xt = torch.as_tensor(X)
-        for g in range(codes.max() + 1):
+        for g, label in enumerate(labels):
             members = np.flatnonzero(codes == g)
             part = Xt[members]
-            _, M_inv_half = sqrtm_invsqrtm(karcher_mean(part, _MAX_ITER, tol=_TOL))
+            M, converged = karcher_mean(part, _MAX_ITER, tol=_TOL, return_converged=True)
+            if not converged:
+                warnings.warn(
+                    f"the Riemannian mean of {'the data' if label is None else f'group {label}'} "
+                    f"({len(members)} matrices) did not converge "
+                    f"to {_TOL:g} in {_MAX_ITER} Karcher steps: very dispersed matrices; the "
+                    "re-centred group's mean is not exactly the identity",
+                    ConvergenceWarning,
+                    stacklevel=3,
+                )
+            _, M_inv_half = sqrtm_invsqrtm(M)
             Y = M_inv_half @ part @ M_inv_half
             out[members] = (0.5 * (Y + Y.transpose(-1, -2))).numpy()
     return out
@@ -133,7 +148,7 @@ class Recenter(TransformerMixin, BaseEstimator):
         self
         """
         X = check_spd_batch(X)
-        _group_codes(groups, len(X))
+        _group_labels(groups, len(X))
         self.n_features_in_ = X.shape[1]
         return self
 

@@ -11,7 +11,7 @@ import sklearn
 from pyriemann.geometry.mean import mean_riemann
 from pyriemann.tangentspace import TangentSpace
 from sklearn.base import clone
-from sklearn.exceptions import NotFittedError
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
 from sklearn.linear_model import LogisticRegression
 from sklearn.model_selection import GridSearchCV, GroupKFold, cross_validate
 from sklearn.pipeline import make_pipeline
@@ -122,6 +122,17 @@ def test_single_matrix_maps_to_identity(spd_dataset):
     X, _ = spd_dataset(n_matrices=3, n_channels=4)
     rc = Recenter().fit(X)
     np.testing.assert_allclose(rc.transform(X[:1])[0], np.eye(4), atol=1e-12)
+
+
+def test_warns_when_the_mean_does_not_converge():
+    """Extremely dispersed matrices (log-eigenvalues of s.d. 6): a ConvergenceWarning naming
+    the group, not a silently imprecise re-centring."""
+    rng = np.random.default_rng(0)
+    Q = np.linalg.qr(rng.standard_normal((20, 6, 6)))[0]
+    X = (Q * np.exp(6 * rng.standard_normal((20, 1, 6)))) @ Q.transpose(0, 2, 1)
+    X = 0.5 * (X + X.transpose(0, 2, 1))
+    with pytest.warns(ConvergenceWarning, match="group subject-7 "):
+        Recenter().fit_transform(X, groups=["subject-7"] * 20)
 
 
 def test_recenter_groups_function_matches_estimator(spd_dataset):
