@@ -291,7 +291,7 @@ def bench_p3(args, X, y, results):
     probe = _federated(args, 1, 1, K, timed=False).fit(X, y)
     module = probe.global_estimator_.module_
     small = len(pickle.dumps((module, module.get_parameters())))
-    data_mib = probe.global_estimator_._to_tensor(X[: len(y) // K]).numpy().nbytes / 2**20
+    data_mib = probe.global_estimator_.to_tensor(X[: len(y) // K]).numpy().nbytes / 2**20
     # the ceiling workload: jobs as long as one client's local update
     one = _federated(args, 1, 1, K, timed=False)
     one.fit(X, y)

@@ -20,6 +20,7 @@ from .training import (
     evaluate,
     predict_logits,
     seeded_torch,
+    torch_threads,
     train_epochs,
     warn_skipped,
 )
@@ -54,18 +55,254 @@ def stratified_split(y, fraction, seed):
     return np.sort(train), np.sort(val)
 
 
+def _check_labels(y, n_samples):
+    """``y`` as a 1-D array of classification targets, of length ``n_samples`` if given."""
+    y = column_or_1d(np.asarray(y), warn=True)
+    if n_samples is not None and len(y) != n_samples:
+        raise ValueError(f"X has {n_samples} samples but y has {len(y)} labels")
+    check_classification_targets(y)
+    return y
+
+
+def _as_tensor(a):
+    """A tensor sharing a writable numpy array's memory, or a copy of a read-only one (joblib
+    memory-maps): torch has no read-only tensors. Tensors pass through."""
+    if not isinstance(a, np.ndarray):
+        return a
+    return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
+
+
 class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     """Base for torch classifiers trained by :func:`skfedspd.training.train_epochs`.
 
-    Subclasses implement ``_validate_X(X, reset)`` (returns a float64 array),
-    ``_input_statistic(X)`` / ``_set_input_statistic(value)`` (a scalar fitted on the
-    training inputs, additive over samples so that federated clients can combine it by a
-    weighted mean; None when there is none), ``_to_tensor(X)`` and ``_build_module(seed)``.
+    It implements the local-estimator protocol (``docs/protocol.md``): the public methods
+    that the federated meta-estimator, the engine and the Flower apps call, and nothing
+    else. Subclasses provide ``_check_array(X, reset)`` (a validated float64 array; with
+    ``reset`` it records ``n_features_in_``), :meth:`input_statistic`,
+    :meth:`set_input_statistic`, :meth:`to_tensor` and ``_build_module(seed)``.
     """
 
-    def _fit_input_transform(self, X):
-        self._set_input_statistic(self._input_statistic(X))
+    # ------------------------------------------------------------------ protocol: data
+    def check_inputs(self, X, *, reset):
+        """Validate the inputs ``X``; return them as a float64 array.
 
+        Parameters
+        ----------
+        X : array-like
+            Inputs in the estimator's format (see the subclass).
+        reset : bool
+            True at the start of a fit: the hyper-parameters are validated and
+            ``n_features_in_`` (and any other input-shape attribute) is set from ``X``.
+            False: ``X`` must match the shape seen at fit time.
+
+        Returns
+        -------
+        X : ndarray of float64
+
+        Raises
+        ------
+        ValueError
+            Naming the problem (and the first bad sample where there is one).
+        """
+        if reset:
+            self.check_params()
+        return self._check_array(X, reset)
+
+    def check_params(self):
+        """Validate the hyper-parameters.
+
+        Raises
+        ------
+        ValueError
+            Naming the parameter, its value and what is allowed.
+        """
+        self._check_common_params()
+
+    def set_classes(self, classes):
+        """Set ``classes_`` to the sorted unique labels of ``classes``.
+
+        Parameters
+        ----------
+        classes : array-like of shape (n_labels,)
+            Every label the model will know (any label type: int, str...).
+
+        Raises
+        ------
+        ValueError
+            If the labels are not classification targets or fewer than two classes remain.
+        """
+        classes = column_or_1d(np.asarray(classes), warn=False)
+        check_classification_targets(classes)
+        classes = np.unique(classes)
+        if len(classes) < 2:
+            raise ValueError(
+                f"The number of classes has to be greater than one; got {len(classes)} class "
+                f"({classes.tolist()})"
+            )
+        self.classes_ = classes
+
+    def encode_labels(self, y, n_samples=None):
+        """Integer codes of the labels ``y`` into ``classes_`` (set by :meth:`set_classes`).
+
+        Parameters
+        ----------
+        y : array-like of shape (n_samples,)
+        n_samples : int or None
+            When given, ``y`` must have this many labels.
+
+        Returns
+        -------
+        codes : ndarray of int64 of shape (n_samples,)
+            ``classes_[codes] == y``.
+
+        Raises
+        ------
+        ValueError
+            On a length mismatch, non-classification targets or labels not in ``classes_``.
+        """
+        y = _check_labels(y, n_samples)
+        unseen = np.setdiff1d(np.unique(y), self.classes_)
+        if len(unseen):
+            raise ValueError(f"y contains labels not in classes: {unseen.tolist()}")
+        return np.searchsorted(self.classes_, y).astype(np.int64)
+
+    def input_statistic(self, X):
+        """A scalar statistic of the training inputs, additive over samples, or None.
+
+        Federated clients each compute it on their training part; the server pools them by
+        a weighted mean (weights: training sizes), which is exactly the statistic of the
+        pooled data, and calls :meth:`set_input_statistic` with it.
+
+        Parameters
+        ----------
+        X : ndarray
+            Inputs validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        float or None
+            None when the estimator fits nothing on its inputs.
+        """
+        return None
+
+    def set_input_statistic(self, value):
+        """Fit the input transform from a (pooled) :meth:`input_statistic`.
+
+        Parameters
+        ----------
+        value : float or None
+        """
+
+    def to_tensor(self, X):
+        """Validated inputs → the tensor the module takes (transform, dtype, device).
+
+        Parameters
+        ----------
+        X : ndarray
+            Inputs validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        torch.Tensor
+        """
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ protocol: model
+    def init_module(self, seed):
+        """Build a fresh ``module_`` from ``n_features_in_`` and ``classes_`` only (no data).
+
+        The same ``seed`` gives the same weights on every machine; torch's global RNG is left
+        untouched. ``history_`` is reset.
+
+        Parameters
+        ----------
+        seed : int
+        """
+        with seeded_torch(derive_seed(seed, 0)):
+            self.module_ = self._build_module(derive_seed(seed, 1)).to(self.device)
+        self.history_ = []
+
+    def get_parameters(self):
+        """The module's exported state as named numpy copies.
+
+        Returns
+        -------
+        dict of str to ndarray
+            Keys and order of :meth:`parameter_kinds`.
+        """
+        return self.module_.get_parameters()
+
+    def set_parameters(self, arrays):
+        """Load named arrays (any subset of :meth:`parameter_kinds`) into the module.
+
+        Parameters
+        ----------
+        arrays : dict of str to ndarray
+
+        Raises
+        ------
+        KeyError
+            For a name the module does not export.
+        ValueError
+            For an array of the wrong shape.
+        """
+        self.module_.set_parameters(arrays)
+
+    def parameter_kinds(self):
+        """How the server treats each exported array.
+
+        Returns
+        -------
+        dict of str to str
+            ``"stiefel"`` (orthonormal columns, aggregated on the manifold),
+            ``"euclidean"`` (averaged) or ``"local"`` (kept on each client, FedBN-style).
+        """
+        return self.module_.parameter_kinds()
+
+    def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None):
+        """One client's work in a federated round: the one local-training routine.
+
+        Loads the broadcast ``global_params`` (then the client's own ``local_state``),
+        creates a fresh Adam optimizer with learning rate ``lr`` and runs ``n_epochs``
+        epochs of :func:`~skfedspd.training.train_epochs` (minibatches of ``batch_size``)
+        under ``seed``. Torch's global RNG and grad mode do not matter and are left as they
+        were.
+
+        Parameters
+        ----------
+        global_params : dict of str to ndarray
+        local_state : dict of str to ndarray or None
+            The client's ``"local"`` arrays from its previous round (None: none yet).
+        X, y : torch.Tensor or ndarray
+            The client's training inputs (from :meth:`to_tensor`) and integer codes (from
+            :meth:`encode_labels`).
+        lr : float
+        n_epochs : int
+        seed : int
+        n_threads : int or None
+            torch intra-op threads during the update (None: unchanged).
+
+        Returns
+        -------
+        params : dict of str to ndarray
+            :meth:`get_parameters` after training (``"local"`` arrays included).
+        mean_loss : float
+            Sample-weighted mean training loss (NaN if every batch was skipped).
+        n_skipped : int
+            Batches skipped for a non-finite loss or gradient.
+        """
+        X, y = _as_tensor(X), _as_tensor(y)
+        with torch_threads(n_threads), seeded_torch(seed):
+            self.set_parameters(global_params)
+            if local_state:
+                self.set_parameters(local_state)
+            generator = torch.Generator().manual_seed(seed)
+            optimizer = torch.optim.Adam(self.module_.parameters(), lr=lr)
+            loss, skipped = train_epochs(self.module_, optimizer, X, y, n_epochs=n_epochs,
+                                         batch_size=self.batch_size, generator=generator)
+            return self.get_parameters(), loss, skipped
+
+    # ------------------------------------------------------------------ parameters
     # Parameter names shared by every subclass's __init__ (numpydoc in the subclasses).
     def _check_common_params(self):
         for name in ("lr", "validation_fraction"):
@@ -85,42 +322,14 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     def torch_dtype_(self):
         return _DTYPES[self.dtype]
 
-    # ------------------------------------------------------------------ targets
-    def _encode_targets(self, y, n_samples, classes=None):
-        y = column_or_1d(np.asarray(y), warn=True)
-        if len(y) != n_samples:
-            raise ValueError(f"X has {n_samples} samples but y has {len(y)} labels")
-        check_classification_targets(y)
-        if classes is not None:
-            self.classes_ = np.unique(np.asarray(classes))
-            unseen = np.setdiff1d(np.unique(y), self.classes_)
-            if len(unseen):
-                raise ValueError(f"y contains labels not in classes: {unseen.tolist()}")
-        else:
-            self.classes_ = np.unique(y)
-        return np.searchsorted(self.classes_, y)
-
-    def _require_two_classes(self):
-        if len(self.classes_) < 2:
-            raise ValueError(
-                f"The number of classes has to be greater than one; got {len(self.classes_)} class "
-                f"({self.classes_.tolist()})"
-            )
-
     # ------------------------------------------------------------------ fitting
     def _seed(self):
         return int(check_random_state(self.random_state).randint(0, 2**31 - 1))
 
     def _initialize(self, X, seed):
         """Fit the input transform and build a fresh module."""
-        self._fit_input_transform(X)
-        self._init_module(seed)
-
-    def _init_module(self, seed):
-        """Build a fresh module under a seeded RNG; reset the history."""
-        with seeded_torch(derive_seed(seed, 0)):
-            self.module_ = self._build_module(derive_seed(seed, 1)).to(self.device)
-        self.history_ = []
+        self.set_input_statistic(self.input_statistic(X))
+        self.init_module(seed)
 
     def fit(self, X, y):
         """Train on ``(X, y)`` with a stratified validation split and early stopping.
@@ -136,16 +345,16 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        self._check_common_params()
-        X = self._validate_X(X, reset=True)
-        codes = self._encode_targets(y, len(X))
-        self._require_two_classes()
+        X = self.check_inputs(X, reset=True)
+        y = _check_labels(y, len(X))
+        self.set_classes(y)
+        codes = self.encode_labels(y)
         seed = self._seed()
         if not (self.warm_start and self.__sklearn_is_fitted__()):
             self._initialize(X, seed)
         train, val = stratified_split(codes, self.validation_fraction, seed)
-        Xt, yt = self._to_tensor(X[train]), torch.as_tensor(codes[train])
-        Xv, yv = self._to_tensor(X[val]), torch.as_tensor(codes[val])
+        Xt, yt = self.to_tensor(X[train]), torch.as_tensor(codes[train])
+        Xv, yv = self.to_tensor(X[val]), torch.as_tensor(codes[val])
         self._warn_about_input(Xt)
 
         schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
@@ -188,19 +397,19 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         ``classes`` (all labels that will ever be seen) is required on the first call.
         The Adam state persists across calls.
         """
-        self._check_common_params()
         first = not self.__sklearn_is_fitted__()
         if first and classes is None:
             raise ValueError("classes must be passed on the first call to partial_fit")
-        X = self._validate_X(X, reset=first)
+        if not first:
+            self.check_params()
+        X = self.check_inputs(X, reset=first)
         if first:
-            codes = self._encode_targets(y, len(X), classes=classes)
-            self._require_two_classes()
+            self.set_classes(classes)
+            codes = self.encode_labels(y, len(X))
             self._partial_seed = self._seed()
             self._initialize(X, self._partial_seed)
         else:
-            known = self.classes_
-            codes = self._encode_targets(y, len(X), classes=known)
+            codes = self.encode_labels(y, len(X))
         if not hasattr(self, "_partial_seed"):  # fitted by fit(): first partial_fit call
             self._partial_seed = self._seed()
         optimizer = getattr(self, "_partial_optimizer", None)
@@ -211,7 +420,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         call = len(self.history_)
         with seeded_torch(derive_seed(self._partial_seed, 4, call)):
             generator = torch.Generator().manual_seed(derive_seed(self._partial_seed, 5, call))
-            Xt, yt = self._to_tensor(X), torch.as_tensor(codes)
+            Xt, yt = self.to_tensor(X), torch.as_tensor(codes)
             if first:
                 self._warn_about_input(Xt)
             self._train_one_epoch(self._partial_optimizer, Xt, yt, generator, Xt[:0], yt[:0], self.lr)
@@ -223,8 +432,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def _logits(self, X):
         check_is_fitted(self)
-        X = self._validate_X(X, reset=False)
-        return predict_logits(self.module_, self._to_tensor(X)).cpu().numpy()
+        X = self.check_inputs(X, reset=False)
+        return predict_logits(self.module_, self.to_tensor(X)).cpu().numpy()
 
     def decision_function(self, X):
         """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, as

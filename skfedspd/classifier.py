@@ -162,7 +162,7 @@ class SPDnetClassifier(TorchClassifierBase):
             raise ValueError(f"hidden_dims must be positive integers, got {self.hidden_dims!r}")
         return dims
 
-    def _validate_X(self, X, reset):
+    def _check_array(self, X, reset):
         X = check_spd_batch(X, None if reset else self.n_features_in_)
         if reset:
             self.n_features_in_ = X.shape[1]
@@ -171,13 +171,13 @@ class SPDnetClassifier(TorchClassifierBase):
                 raise ValueError(f"hidden_dims {self._hidden_dims} must not increase from {self.n_features_in_} channels")
         return X
 
-    def _input_statistic(self, X):
+    def input_statistic(self, X):
         """Mean over matrices of ``log(trace(X)/n)``: additive, so federated clients combine
         it by a weighted mean into exactly the pooled value."""
         n = X.shape[-1]
         return float(np.mean(np.log(np.trace(X, axis1=1, axis2=2) / n)))
 
-    def _set_input_statistic(self, log_mean_trace):
+    def set_input_statistic(self, log_mean_trace):
         if self.scaling == "auto":
             self.scale_ = float(np.exp(-log_mean_trace))
         elif self.scaling == "trace" or self.scaling is None:
@@ -187,7 +187,7 @@ class SPDnetClassifier(TorchClassifierBase):
         else:
             raise ValueError(f"scaling must be 'auto', 'trace', a positive float or None, got {self.scaling!r}")
 
-    def _to_tensor(self, X):
+    def to_tensor(self, X):
         if self.scaling == "trace":
             X = X * (X.shape[-1] / np.trace(X, axis1=1, axis2=2))[:, None, None]
         else:

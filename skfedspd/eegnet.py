@@ -438,7 +438,7 @@ class EEGNetClassifier(TorchClassifierBase):
         self.verbose = verbose
         self.warm_start = warm_start
 
-    def _validate_X(self, X, reset):
+    def _check_array(self, X, reset):
         if self.standardize not in _STANDARDIZE_AXES:
             raise ValueError(f"standardize must be one of {sorted(_STANDARDIZE_AXES)}, got {self.standardize!r}")
         X = np.asarray(X)
@@ -460,13 +460,7 @@ class EEGNetClassifier(TorchClassifierBase):
             )
         return X
 
-    def _input_statistic(self, X):
-        return None
-
-    def _set_input_statistic(self, value):
-        """Per-trial z-scoring has nothing to fit."""
-
-    def _to_tensor(self, X):
+    def to_tensor(self, X):
         centred = X - X.mean(axis=-1, keepdims=True)
         std = centred.std(axis=_STANDARDIZE_AXES[self.standardize], keepdims=True)
         z = centred / np.where(std > 0, std, 1.0)

@@ -23,7 +23,7 @@ from .aggregation import client_weights, get_aggregation
 from .base import _progress, stratified_split
 from .classifier import SPDnetClassifier
 from .stiefel import orthonormality_error
-from .training import PlateauSchedule, derive_seed, predict_logits, seeded_torch, torch_threads, train_epochs
+from .training import PlateauSchedule, derive_seed, evaluate
 
 __all__ = ["FederatedSPDnetClassifier", "local_update", "make_clients"]
 
@@ -40,29 +40,10 @@ class Client:
     y_val: torch.Tensor
 
 
-def local_update(module, global_params, local_state, X, y, *, lr, n_epochs, batch_size, seed, n_threads=None):
-    """One client's work in a round: load the broadcast, train, return the new parameters.
-
-    The module's BiMap charts are re-centred at the broadcast weights (``set_parameters``),
-    a fresh Adam optimizer is created, and ``n_epochs`` epochs of
-    :func:`~skfedspd.training.train_epochs` run under a seeded RNG.
-
-    Returns
-    -------
-    params : dict
-        ``module.get_parameters()`` after training (``"local"`` arrays included).
-    mean_loss : float
-    n_skipped : int
-    """
-    with torch_threads(n_threads), seeded_torch(seed):
-        module.set_parameters(global_params)
-        if local_state:
-            module.set_parameters(local_state)
-        generator = torch.Generator().manual_seed(seed)
-        optimizer = torch.optim.Adam(module.parameters(), lr=lr)
-        loss, skipped = train_epochs(module, optimizer, X, y, n_epochs=n_epochs,
-                                     batch_size=batch_size, generator=generator)
-        return module.get_parameters(), loss, skipped
+def local_update(est, global_params, local_state, X, y, **kwargs):
+    """One client's work in a round: the local estimator's protocol method
+    :meth:`~skfedspd.base.TorchClassifierBase.local_update`."""
+    return est.local_update(global_params, local_state, X, y, **kwargs)
 
 
 def make_clients(groups, groups_per_client=1):
@@ -301,29 +282,29 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             return fit_simulation(self, X, y, groups)
         resume = self.warm_start and self.__sklearn_is_fitted__()
         est = self.global_estimator_ if resume else clone(self.estimator if self.estimator is not None else SPDnetClassifier())
-        est._check_common_params()
-        X = est._validate_X(X, reset=not resume)
-        codes = est._encode_targets(y, len(X), classes=self.classes_ if resume else None)
-        est._require_two_classes()
+        X = est.check_inputs(X, reset=not resume)
+        if not resume:
+            est.set_classes(y)
+        codes = est.encode_labels(y, len(X))
         seed = self._seed_ if resume else self._draw_seed()
         indices = self._client_indices(codes, groups, seed)
         splits = [stratified_split(codes[idx], self.validation_fraction, derive_seed(seed, 8, i))
                   for i, idx in enumerate(indices)]
 
         if not resume:
-            stats = [est._input_statistic(X[idx[tr]]) for idx, (tr, _) in zip(indices, splits)]
+            stats = [est.input_statistic(X[idx[tr]]) for idx, (tr, _) in zip(indices, splits)]
             self._init_state(est, seed, stats, [len(tr) for tr, _ in splits])
         self.classes_ = est.classes_
         self.n_features_in_ = est.n_features_in_
         self.n_clients_ = len(indices)
         clients = [
-            Client(i, self.client_groups_[i], est._to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
-                   est._to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]))
+            Client(i, self.client_groups_[i], est.to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
+                   est.to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]))
             for i, (idx, (tr, va)) in enumerate(zip(indices, splits))
         ]
         self.global_estimator_ = est
         self._run_rounds(est, clients, first_round=len(self.history_))
-        est.module_.set_parameters(self._schedule.best_state)
+        est.set_parameters(self._schedule.best_state)
         self.best_round_ = self._schedule.best_step
         return self
 
@@ -336,16 +317,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         """Fresh federated state: pooled input statistic (clients' statistics weighted by
         their training sizes), initial module, schedule, history. Shared by the backends."""
         if stats[0] is not None:
-            est._set_input_statistic(float(np.average(stats, weights=n_train)))
+            est.set_input_statistic(float(np.average(stats, weights=n_train)))
         else:
-            est._set_input_statistic(None)
-        est._init_module(seed)
+            est.set_input_statistic(None)
+        est.init_module(seed)
         self._seed_ = seed
         self.history_ = []
         self._local_states = {}
         self._schedule = PlateauSchedule(est.lr, patience=est.patience, lr_patience=est.lr_patience,
                                          lr_factor=est.lr_factor)
-        self._global = est.module_.get_parameters()
+        self._global = est.get_parameters()
         self._schedule.best_state = self._global
 
     def _select_clients(self, t, n_clients, n_select):
@@ -381,7 +362,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if fingerprint:
             self._load_checkpoint(fingerprint)
         aggregate = get_aggregation(self.aggregation)
-        kinds = est.module_.parameter_kinds()
+        kinds = est.parameter_kinds()
         n_select = self._n_selected(len(clients))
         parallel = self.n_jobs not in (None, 1)
         # What each client's job receives. In parallel, CPU tensors go as numpy arrays made
@@ -401,15 +382,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                 start = time.perf_counter()
                 selected, seeds = self._select_clients(t, len(clients), n_select)
                 tasks = [(self._local_states.get(int(i)), *data[i], seed) for i, seed in zip(selected, seeds)]
-                common = dict(lr=self._schedule.lr, n_epochs=self.local_epochs, batch_size=est.batch_size,
-                              n_threads=1 if parallel else None)
+                common = dict(lr=self._schedule.lr, n_epochs=self.local_epochs, n_threads=1 if parallel else None)
                 if parallel:  # one job per worker, each running its share of the clients in turn
                     chunks = np.array_split(np.arange(len(tasks)), min(len(tasks), effective_n_jobs(self.n_jobs)))
-                    replies = pool(delayed(_client_batch)(est.module_, self._global, [tasks[k] for k in chunk],
+                    replies = pool(delayed(_client_batch)(est, self._global, [tasks[k] for k in chunk],
                                                           **common) for chunk in chunks)
                     results = [reply for batch in replies for reply in batch]
                 else:
-                    results = _client_batch(est.module_, self._global, tasks, **common)
+                    results = _client_batch(est, self._global, tasks, **common)
                 record = self._aggregate_round(t, selected, results, clients, kinds, aggregate)
                 record["wall_time"] = time.perf_counter() - start
                 self.history_.append(record)
@@ -467,8 +447,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return record
 
     def _evaluate_global(self, clients, kinds):
-        module = self.global_estimator_.module_
-        module.set_parameters(self._global)
+        est = self.global_estimator_
+        est.set_parameters(self._global)
         # A client without local arrays yet (never selected) is validated with the pooled
         # ones of the global model, not with those of the client evaluated before it.
         pooled = {name: self._global[name] for name, kind in kinds.items() if kind == "local"}
@@ -477,13 +457,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             if len(c.y_val) == 0:
                 continue
             if c.cid in self._local_states:
-                module.set_parameters(self._local_states[c.cid])
+                est.set_parameters(self._local_states[c.cid])
             elif pooled:
-                module.set_parameters(pooled)
-            loss, f1 = _evaluate(module, c.X_val, c.y_val)
+                est.set_parameters(pooled)
+            loss, f1 = evaluate(est.module_, c.X_val, c.y_val)
             scores.append((len(c.y_val), loss, f1))
         if any(kind == "local" for kind in kinds.values()):
-            module.set_parameters(self._global)
+            est.set_parameters(self._global)
         return _pool_scores(scores)
 
     # ------------------------------------------------------------------ predict
@@ -514,58 +494,25 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
 
-def _client_batch(module, global_params, tasks, **kwargs):
+def _client_batch(est, global_params, tasks, **kwargs):
     """:func:`_safe_local_update` for several clients ``(local_state, X, y, seed)`` in turn.
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
     one module, gives the same replies as one job each, with fewer, larger parallel tasks.
     """
-    return [_safe_local_update(module, global_params, local_state, X, y, seed=seed, **kwargs)
+    return [_safe_local_update(est, global_params, local_state, X, y, seed=seed, **kwargs)
             for local_state, X, y, seed in tasks]
 
 
-def _safe_local_update(module, global_params, local_state, X, y, **kwargs):
+def _safe_local_update(est, global_params, local_state, X, y, **kwargs):
     """:func:`local_update`, returning the exception instead of raising (joblib-safe).
 
-    ``X`` and ``y`` may come as numpy arrays (the parallel path); they become tensors here.
+    ``X`` and ``y`` may come as numpy arrays (the parallel path).
     """
     try:
-        X, y = _as_tensor(X), _as_tensor(y)
-        return local_update(module, global_params, local_state, X, y, **kwargs)
+        return local_update(est, global_params, local_state, X, y, **kwargs)
     except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
         return error
-
-
-def _as_tensor(a):
-    """A tensor sharing a writable numpy array's memory, or a copy of a read-only one (the
-    joblib memmaps): torch has no read-only tensors."""
-    if not isinstance(a, np.ndarray):
-        return a
-    return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
-
-
-def _macro_f1(y_true, y_pred):
-    """``sklearn.metrics.f1_score(y_true, y_pred, average="macro")`` for integer codes.
-
-    The same arithmetic (labels present in either array, per label ``2·tp / (n_true + n_pred)``
-    in float64, then their mean) and so the same value to the last bit, without the input
-    validation that makes the sklearn call cost ~1 ms: it ran once per client per round.
-    """
-    labels, codes = np.unique(np.concatenate([y_true, y_pred]), return_inverse=True)
-    t, p = codes[: len(y_true)], codes[len(y_true) :]
-    n = len(labels)
-    tp = np.bincount(t[t == p], minlength=n).astype(np.float64)
-    denom = np.bincount(t, minlength=n).astype(np.float64) + np.bincount(p, minlength=n).astype(np.float64)
-    return float(np.mean(2.0 * tp / denom))
-
-
-def _evaluate(module, X, y):
-    """:func:`skfedspd.training.evaluate` (loss, macro-F1) with :func:`_macro_f1`."""
-    if len(y) == 0:
-        return float("nan"), float("nan")
-    logits = predict_logits(module, X)
-    loss = float(torch.nn.functional.cross_entropy(logits, y))
-    return loss, _macro_f1(y.cpu().numpy(), logits.argmax(1).cpu().numpy())
 
 
 def _pool_scores(scores):

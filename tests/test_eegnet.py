@@ -377,12 +377,12 @@ def test_standardize_keeps_or_erases_channel_power(eeg_timeseries, standardize, 
     power relative to the others."""
     X, _ = eeg_timeseries(n_trials=4)
     clf = EEGNetClassifier(standardize=standardize, dtype="float64")
-    z = clf._to_tensor(X).numpy()
-    np.testing.assert_allclose(clf._to_tensor(1e3 * X).numpy(), z, rtol=1e-12, atol=1e-12)
+    z = clf.to_tensor(X).numpy()
+    np.testing.assert_allclose(clf.to_tensor(1e3 * X).numpy(), z, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(z.mean(-1), 0.0, atol=1e-12)
     louder = X.copy()
     louder[:, 0] *= 10.0
-    z_louder = clf._to_tensor(louder).numpy()
+    z_louder = clf.to_tensor(louder).numpy()
     ratio = z_louder[:, 0].std(-1) / z_louder[:, 1].std(-1)
     expected = 10.0 * X[:, 0].std(-1) / X[:, 1].std(-1) if keeps_channel_power else np.ones(len(X))
     np.testing.assert_allclose(ratio, expected, rtol=1e-10)
@@ -391,7 +391,7 @@ def test_standardize_keeps_or_erases_channel_power(eeg_timeseries, standardize, 
 def test_standardize_trial_unit_variance(eeg_timeseries):
     X, _ = eeg_timeseries(n_trials=3)
     clf = EEGNetClassifier(dtype="float64")
-    np.testing.assert_allclose(clf._to_tensor(X).numpy().std(axis=(1, 2)), 1.0, rtol=1e-12)
+    np.testing.assert_allclose(clf.to_tensor(X).numpy().std(axis=(1, 2)), 1.0, rtol=1e-12)
 
 
 def test_bad_standardize_is_named(eeg_timeseries):

@@ -26,14 +26,13 @@ import pytest  # noqa: E402
 
 pytest.importorskip("flwr")
 
-import skfedspd.federated as federated  # noqa: E402
-import skfedspd.flower.client as flower_client  # noqa: E402
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
+from skfedspd.base import TorchClassifierBase  # noqa: E402
 from skfedspd.flower import fit_federated, write_app  # noqa: E402
 from skfedspd.flower.loopback import LoopbackDeployment  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
-from skfedspd.flower.spec import estimator_from_spec, estimator_to_spec  # noqa: E402
+from skfedspd.spec import estimator_from_spec, estimator_to_spec  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
 
 N_CHANNELS = 6
@@ -125,23 +124,23 @@ def test_simulation_fedbn_local_arrays_eegnet():
             np.testing.assert_array_equal(value, flower._local_states[cid][name], strict=True)
 
 
-def _failing(module, monkeypatch, failing_seeds):
-    original = module.local_update
+def _failing(monkeypatch, failing_seeds):
+    """Make the local estimator's ``local_update`` (both backends) fail for these seeds."""
+    original = TorchClassifierBase.local_update
 
     def wrapper(*args, **kwargs):
         if kwargs["seed"] in failing_seeds:
             raise OSError("simulated site failure")
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(module, "local_update", wrapper)
+    monkeypatch.setattr(TorchClassifierBase, "local_update", wrapper)
 
 
 def test_simulation_client_failure_matches_local(spd, monkeypatch):
     X, y = spd
     seed = int(np.random.RandomState(0).randint(0, 2**31 - 1))  # what random_state=0 draws
     failing = {derive_seed(seed, 10, 1, 1)}  # client 1 in round 1
-    _failing(federated, monkeypatch, failing)
-    _failing(flower_client, monkeypatch, failing)
+    _failing(monkeypatch, failing)
     local = _fed("local", on_client_error="skip").fit(X, y)
     flower = _fed("flower", on_client_error="skip").fit(X, y)
     assert local.history_[1]["failed_clients"] == [1] and local.history_[1]["clients"] == [0, 2]

@@ -8,7 +8,7 @@ installation stays off).
 Run configuration (``flwr run --run-config``):
 
 - ``estimator``: the :class:`~skfedspd.FederatedSPDnetClassifier` as a JSON spec
-  (:func:`skfedspd.flower.spec.estimator_to_spec`);
+  (:func:`skfedspd.spec.estimator_to_spec`);
 - ``output``: where the server writes the fitted estimator (a pickle, on the server);
 - ``n-sites``: SuperNodes to wait for (their ``client-id`` must be ``0..n-sites-1``);
 - ``round-timeout``, ``connect-timeout``: seconds.
@@ -21,7 +21,7 @@ from flwr.serverapp import ServerApp
 from flwr.supercore import log
 
 from ..federated import FederatedSPDnetClassifier
-from . import spec as _spec
+from .. import spec as _spec
 from .client import load_site_from_node_config, make_client_app
 from .server import serve
 

@@ -6,7 +6,7 @@ A site answers four messages; none of them carries its data out:
   split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
   id, the labels it holds, its sample shape, its training and validation sizes and its
   input statistic (one scalar, e.g. the mean log-trace that ``scaling="auto"`` pools);
-- ``train``: :func:`skfedspd.federated.local_update` from the broadcast global parameters,
+- ``train``: the local estimator's ``local_update`` from the broadcast global parameters,
   with the learning rate and seed of the round; replies the new parameters and loss;
 - ``evaluate``: the global model's loss and macro-F1 on the site's validation part.
 
@@ -26,9 +26,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, Re
 from flwr.clientapp import ClientApp
 
 from ..base import stratified_split
-from ..federated import _evaluate, local_update
+from .. import training
 from ..training import derive_seed
-from . import spec as _spec
+from .. import spec as _spec
 
 __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "from_array_record"]
 
@@ -47,7 +47,7 @@ class _PreparedSite:
 
     def __init__(self, cid, X, y, setup, estimator_factory):
         est = estimator_factory() if estimator_factory is not None else _spec.estimator_from_spec(setup["estimator"])
-        X = est._validate_X(X, reset=True)
+        X = est.check_inputs(X, reset=True)
         y = np.asarray(y)
         self.labels, local_codes = np.unique(y, return_inverse=True)
         # The split sees the labels only through their order and counts, so the site's own
@@ -56,15 +56,16 @@ class _PreparedSite:
                                                 derive_seed(setup["seed"], 8, cid))
         self.n_train, self.n_val = len(self.train), len(self.val)
         self.shape = [int(s) for s in X.shape[1:]]
-        self.statistic = est._input_statistic(X[self.train])
+        self.statistic = est.input_statistic(X[self.train])
         self.est = None
         if setup["ready"]:
-            codes = est._encode_targets(y, len(X), classes=np.asarray(setup["classes"]))
-            est._set_input_statistic(setup["input_statistic"])
-            est._init_module(setup["seed"])
+            est.set_classes(setup["classes"])
+            codes = est.encode_labels(y, len(X))
+            est.set_input_statistic(setup["input_statistic"])
+            est.init_module(setup["seed"])
             self.est = est
-            self.X_train, self.y_train = est._to_tensor(X[self.train]), torch.as_tensor(codes[self.train])
-            self.X_val, self.y_val = est._to_tensor(X[self.val]), torch.as_tensor(codes[self.val])
+            self.X_train, self.y_train = est.to_tensor(X[self.train]), torch.as_tensor(codes[self.train])
+            self.X_val, self.y_val = est.to_tensor(X[self.val]), torch.as_tensor(codes[self.val])
 
 
 def load_site_from_node_config(context):
@@ -136,10 +137,10 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         cid, prepared = site(context, config["setup"])
         check_client(message, cid)
         local = from_array_record(message.content["local"]) or None
-        params, loss, skipped = local_update(
-            prepared.est.module_, from_array_record(message.content["arrays"]), local,
+        params, loss, skipped = prepared.est.local_update(
+            from_array_record(message.content["arrays"]), local,
             prepared.X_train, prepared.y_train, lr=config["lr"], n_epochs=config["local-epochs"],
-            batch_size=config["batch-size"], seed=config["seed"])
+            seed=config["seed"])
         metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_train,
                                 "train-loss": float(loss), "skipped-batches": int(skipped)})
         return Message(RecordDict({"arrays": to_array_record(params), "metrics": metrics}), reply_to=message)
@@ -149,12 +150,12 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         config = message.content["config"]
         cid, prepared = site(context, config["setup"])
         check_client(message, cid)
-        module = prepared.est.module_
-        module.set_parameters(from_array_record(message.content["arrays"]))
+        est = prepared.est
+        est.set_parameters(from_array_record(message.content["arrays"]))
         local = from_array_record(message.content["local"])
         if local:
-            module.set_parameters(local)
-        loss, f1 = _evaluate(module, prepared.X_val, prepared.y_val)
+            est.set_parameters(local)
+        loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val)
         metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_val,
                                 "val-loss": float(loss), "val-f1": float(f1)})
         return Message(RecordDict({"metrics": metrics}), reply_to=message)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import tomli_w
 
-from . import spec as _spec
+from .. import spec as _spec
 
 __all__ = ["write_app", "fit_federated", "flower_env"]
 

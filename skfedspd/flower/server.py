@@ -19,7 +19,7 @@ from sklearn.base import clone
 from ..aggregation import get_aggregation
 from ..classifier import SPDnetClassifier
 from ..federated import _pool_scores
-from . import spec as _spec
+from .. import spec as _spec
 from .client import from_array_record, to_array_record
 
 __all__ = ["SPDnetStrategy", "serve", "connect_sites"]
@@ -224,7 +224,7 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     if resume and not hasattr(fed, "_flower_statistic"):
         raise ValueError("warm_start continues a Flower fit only from a Flower fit")
     est = fed.global_estimator_ if resume else clone(fed.estimator if fed.estimator is not None else SPDnetClassifier())
-    est._check_common_params()
+    est.check_params()
     nodes = connect_sites(grid, n_sites, connect_timeout)
     seed = fed._seed_ if resume else (fed._draw_seed() if seed is None else int(seed))
 
@@ -251,9 +251,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
         if len(unseen):
             raise ValueError(f"y contains labels not in classes: {unseen.tolist()}")
     else:
-        est._validate_X(_probe(shapes.pop()), reset=True)
-        est.classes_ = labels
-        est._require_two_classes()
+        est.check_inputs(_probe(shapes.pop()), reset=True)
+        est.set_classes(labels)
     n_train = [int(infos[node]["num-examples"]) for node in node_of]
     n_val = [int(infos[node]["n-val"]) for node in node_of]
     if not resume:
@@ -275,9 +274,9 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
 
     # 3. the rounds
     strategy = SPDnetStrategy(fed, nodes=node_of, n_train=n_train, n_val=n_val, setup_json=_spec.dumps(setup),
-                              batch_size=est.batch_size, kinds=est.module_.parameter_kinds(),
+                              batch_size=est.batch_size, kinds=est.parameter_kinds(),
                               first_round=len(fed.history_))
     strategy.start(grid, to_array_record(fed._global), num_rounds=fed.n_rounds, timeout=timeout)
-    est.module_.set_parameters(fed._schedule.best_state)
+    est.set_parameters(fed._schedule.best_state)
     fed.best_round_ = fed._schedule.best_step
     return fed

@@ -27,10 +27,9 @@ def fit_simulation(fed, X, y, groups=None):
     # The local backend's input checks, with its error messages, before any Flower machinery.
     est = clone(fed.global_estimator_ if resume else (fed.estimator if fed.estimator is not None
                                                       else SPDnetClassifier()))
-    est._check_common_params()
-    X = est._validate_X(X, reset=True)
-    codes = est._encode_targets(y, len(X), classes=fed.classes_ if resume else None)
-    est._require_two_classes()
+    X = est.check_inputs(X, reset=True)
+    est.set_classes(fed.classes_ if resume else y)
+    codes = est.encode_labels(y, len(X))
     if resume and X.shape[1] != fed.n_features_in_:
         raise ValueError(f"X has {X.shape[1]} channels, but the estimator was fitted on {fed.n_features_in_}")
     seed = fed._seed_ if resume else fed._draw_seed()

@@ -1,10 +1,13 @@
-"""Estimators as JSON: how a researcher's configuration reaches a ServerApp and the sites.
+"""Estimators as JSON: how a configuration reaches a ServerApp, the sites, and saved files.
 
 Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
 ``get_params(deep=False)``: JSON values, tuples (tagged), and nested estimators. A callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
+The allow-list names each class by module and is resolved when used, so this module imports
+no estimator module (no import cycle with the modules that use it).
 """
 
+import importlib
 import json
 
 import numpy as np
@@ -13,12 +16,15 @@ from sklearn.base import BaseEstimator
 __all__ = ["estimator_to_spec", "estimator_from_spec", "dumps", "loads"]
 
 
-def _classes():
-    from ..classifier import SPDnetClassifier
-    from ..eegnet import EEGNetClassifier
-    from ..federated import FederatedSPDnetClassifier
+_ALLOWED = {
+    "FederatedSPDnetClassifier": "skfedspd.federated",
+    "SPDnetClassifier": "skfedspd.classifier",
+    "EEGNetClassifier": "skfedspd.eegnet",
+}
 
-    return {cls.__name__: cls for cls in (FederatedSPDnetClassifier, SPDnetClassifier, EEGNetClassifier)}
+
+def _classes():
+    return {name: getattr(importlib.import_module(module), name) for name, module in _ALLOWED.items()}
 
 
 def _encode(value, where):
@@ -32,7 +38,7 @@ def _encode(value, where):
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
         return value
-    raise TypeError(f"{where}={value!r} cannot be sent to a Flower app: use JSON values "
+    raise TypeError(f"{where}={value!r} cannot be written as JSON: use JSON values "
                     "(an aggregation rule by name, an int random_state)")
 
 
@@ -53,7 +59,7 @@ def estimator_to_spec(estimator):
     classes = _classes()
     name = type(estimator).__name__
     if classes.get(name) is not type(estimator):
-        raise TypeError(f"{name} cannot be sent to a Flower app; allowed: {sorted(classes)}")
+        raise TypeError(f"{name} cannot be written as JSON; allowed: {sorted(classes)}")
     params = estimator.get_params(deep=False)
     return {"class": name, "params": {k: _encode(v, f"{name}.{k}") for k, v in params.items()}}
 

@@ -1,0 +1,48 @@
+"""Tests of :mod:`skfedspd.training`: the one evaluator, the seed helpers, the schedule."""
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import f1_score
+
+from skfedspd.training import evaluate, macro_f1
+
+
+@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("n_classes, n", [(2, 1), (2, 7), (3, 30), (5, 11), (7, 200)])
+def test_macro_f1_equals_sklearn_to_the_bit(seed, n_classes, n):
+    rng = np.random.default_rng(seed)
+    y_true = rng.integers(0, n_classes, n)
+    y_pred = rng.integers(0, n_classes, n)
+    assert macro_f1(y_true, y_pred) == f1_score(y_true, y_pred, average="macro")
+
+
+@pytest.mark.parametrize("y_true, y_pred", [([0, 0, 1], [0, 0, 1]), ([0, 0, 0], [1, 1, 1]),
+                                             ([2, 2], [0, 1]), ([0, 3, 3, 1], [3, 3, 3, 3])])
+def test_macro_f1_equals_sklearn_edge_cases(y_true, y_pred):
+    y_true, y_pred = np.array(y_true), np.array(y_pred)
+    assert macro_f1(y_true, y_pred) == f1_score(y_true, y_pred, average="macro", zero_division=0.0)
+
+
+class _Fixed(torch.nn.Module):
+    """Logits given per sample index (X holds the indices)."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = torch.as_tensor(logits, dtype=torch.float64)
+
+    def forward(self, X):
+        return self.logits[X]
+
+
+def test_evaluate_loss_and_f1():
+    logits = torch.tensor([[2.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 3.0], [1.0, 0.0, 0.0]], dtype=torch.float64)
+    y = torch.tensor([0, 1, 1, 0])
+    loss, f1 = evaluate(_Fixed(logits), torch.arange(4), y)
+    assert loss == pytest.approx(float(torch.nn.functional.cross_entropy(logits, y)), rel=1e-15)
+    assert f1 == f1_score(y.numpy(), logits.argmax(1).numpy(), average="macro")
+
+
+def test_evaluate_empty_is_nan():
+    loss, f1 = evaluate(_Fixed(np.zeros((0, 2))), torch.arange(0), torch.arange(0))
+    assert np.isnan(loss) and np.isnan(f1)
