@@ -345,6 +345,10 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        return self._fit(X, y)
+
+    def _fit(self, X, y, groups=None):
+        """:meth:`fit`, with the training samples' ``groups`` for :meth:`_module_input`."""
         X = self.check_inputs(X, reset=True)
         y = _check_labels(y, len(X))
         self.set_classes(y)
@@ -356,6 +360,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Xt, yt = self.to_tensor(X[train]), torch.as_tensor(codes[train])
         Xv, yv = self.to_tensor(X[val]), torch.as_tensor(codes[val])
         self._warn_about_input(Xt)
+        if groups is not None:
+            Xt, Xv = self._module_input(Xt, groups, train), self._module_input(Xv, groups, val)
 
         schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
                                    lr_patience=self.lr_patience, lr_factor=self.lr_factor)
@@ -456,6 +462,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ helpers
     def _warn_about_input(self, Xt):
         """Subclass hook: warn about inputs that will train badly."""
+
+    def _module_input(self, Xt, groups, rows):
+        """Subclass hook: the module's input for the tensor ``Xt`` of samples ``rows`` of a
+        fit whose samples have ``groups`` (default: ``Xt``, groups unused)."""
+        return Xt
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

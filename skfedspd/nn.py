@@ -36,6 +36,7 @@ __all__ = [
     "Vech",
     "SPDBatchNorm",
     "DomainSPDBatchNorm",
+    "DomainBatch",
     "SPDNet",
     "FederatedModule",
 ]
@@ -441,6 +442,32 @@ def domain_codes(domains, n_matrices):
     return np.unique(domains, return_inverse=True)[1].reshape(-1)
 
 
+class DomainBatch:
+    """A batch of matrices with one domain label per matrix, indexable like a tensor.
+
+    ``batch[idx]`` (any tensor index: a permutation, a slice) keeps each matrix with its
+    domain, and ``len(batch)`` is the number of matrices, so the loops that only index and
+    measure their inputs (:func:`skfedspd.training.train_epochs`, ``predict_logits``) carry
+    the domains of every minibatch to ``SPDNet(batchnorm="domain")`` unchanged.
+
+    Parameters
+    ----------
+    X : torch.Tensor of shape (n_matrices, n, n)
+    domains : array-like of shape (n_matrices,)
+        Domain labels of any hashable type (stored as integer codes).
+    """
+
+    def __init__(self, X, domains):
+        self.X = X
+        self.domains = torch.as_tensor(domain_codes(domains, len(X)))
+
+    def __len__(self):
+        return len(self.X)
+
+    def __getitem__(self, index):
+        return DomainBatch(self.X[index], self.domains[index])
+
+
 class DomainSPDBatchNorm(_SPDNormalization):
     """SPD batch normalization with domain-specific statistics (SPDDSMBN, Kobler et al., 2022).
 
@@ -634,8 +661,13 @@ class SPDNet(FederatedModule):
     def features(self, X, domains=None):
         """Tangent-space features ``vech(log(ReEig(...)))``, shape ``(batch, d_L(d_L+1)/2)``.
 
-        ``domains`` (one label per matrix) is used by ``batchnorm="domain"`` only.
+        ``domains`` (one label per matrix) is used by ``batchnorm="domain"`` only; ``X`` may
+        also be a :class:`DomainBatch` carrying them.
         """
+        if isinstance(X, DomainBatch):
+            if domains is not None:
+                raise ValueError("domains given twice: in the DomainBatch and as an argument")
+            X, domains = X.X, X.domains
         if domains is not None and self.batchnorm != "domain":
             raise ValueError(f"domains are used by batchnorm='domain' only (this network has batchnorm={self.batchnorm!r})")
         if self.batchnorm is not None:

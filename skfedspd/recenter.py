@@ -112,7 +112,9 @@ class Recenter(TransformerMixin, BaseEstimator):
     so under ``sklearn.set_config(enable_metadata_routing=True)`` ``Pipeline``,
     ``GridSearchCV`` and ``cross_validate(..., params={"groups": g})`` route it here
     (also to a ``GroupKFold`` splitter). Without routing pass it directly
-    (``fit_transform(X, groups=g)``, ``pipeline.fit(X, y, recenter__groups=g)``).
+    (``fit_transform(X, groups=g)``, ``pipeline.fit(X, y, recenter__groups=g)``). MOABB
+    routes the training subjects as ``subjects`` (CrossSubject, under routing): alias them,
+    ``Recenter().set_fit_request(groups="subjects").set_transform_request(groups="subjects")``.
 
     Attributes
     ----------

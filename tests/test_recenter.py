@@ -28,24 +28,6 @@ def _random_congruence(n, rng):
     return (Q * rng.uniform(0.3, 3.0, n)) @ np.linalg.qr(rng.standard_normal((n, n)))[0]
 
 
-def _domains(spd_dataset, n_groups=3, n_per_group=30, n_channels=6, seed=0, labels=None):
-    """``(X, y, groups)``: one class structure (centred at the identity) seen through a
-    different SPD congruence ``X ↦ S_g X S_g`` in every group — the domain shift
-    re-centring removes (Zanini et al.'s model of a subject or session)."""
-    rng = np.random.default_rng(seed)
-    X, y = spd_dataset(n_matrices=n_groups * n_per_group, n_channels=n_channels, n_classes=2, seed=seed,
-                       separation=2.0)
-    X = recenter_groups(X)
-    groups = np.repeat(np.arange(n_groups), n_per_group)
-    for g in range(n_groups):
-        B = rng.standard_normal((n_channels, n_channels))
-        S = _sqrtm(B @ B.T / n_channels + 0.2 * np.eye(n_channels), 0.5)
-        X[groups == g] = S @ X[groups == g] @ S
-    if labels is not None:
-        groups = np.asarray(labels)[groups]
-    return 0.5 * (X + X.transpose(0, 2, 1)), y, groups
-
-
 def _sqrtm(M, p):
     lam, U = np.linalg.eigh(M)
     return (U * lam**p) @ U.T
@@ -57,8 +39,8 @@ def _identity_error(X):
 
 @pytest.mark.parametrize("n_groups", [1, 2, 4])
 @pytest.mark.parametrize("n_channels", [2, 5, 8])
-def test_each_group_mean_is_identity(spd_dataset, n_groups, n_channels):
-    X, _, groups = _domains(spd_dataset, n_groups=n_groups, n_channels=n_channels)
+def test_each_group_mean_is_identity(spd_domains, n_groups, n_channels):
+    X, _, groups = spd_domains(n_groups=n_groups, n_channels=n_channels)
     Y = Recenter().fit_transform(X, groups=groups)
     assert Y.shape == X.shape
     np.testing.assert_array_equal(Y, Y.transpose(0, 2, 1))
@@ -77,26 +59,26 @@ def test_whitening_uses_the_riemannian_mean(spd_dataset):
     np.testing.assert_allclose(Recenter().fit_transform(X), W @ X @ W, rtol=1e-9, atol=1e-10)
 
 
-def test_no_groups_is_one_group(spd_dataset):
-    X, _, groups = _domains(spd_dataset, n_groups=3)
+def test_no_groups_is_one_group(spd_domains):
+    X, _, groups = spd_domains(n_groups=3)
     rc = Recenter().fit(X)
     np.testing.assert_array_equal(rc.transform(X), rc.transform(X, groups=np.zeros(len(X))))
     assert _identity_error(rc.transform(X)) < 1e-8
     assert not np.allclose(rc.transform(X), rc.transform(X, groups=groups))
 
 
-def test_group_labels_of_any_type_and_order(spd_dataset):
-    X, _, groups = _domains(spd_dataset, n_groups=3, labels=["s3", "s1", "s2"])
+def test_group_labels_of_any_type_and_order(spd_domains):
+    X, _, groups = spd_domains(n_groups=3, labels=["s3", "s1", "s2"])
     perm = np.random.default_rng(0).permutation(len(X))
     Y = Recenter().fit_transform(X, groups=groups)
     np.testing.assert_allclose(Recenter().fit_transform(X[perm], groups=groups[perm]), Y[perm], atol=1e-12)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
-def test_congruence_of_a_group_changes_output_by_one_rotation(spd_dataset, seed):
+def test_congruence_of_a_group_changes_output_by_one_rotation(spd_domains, seed):
     """X_g -> A X_g Aᵀ: outputs R Y_i Rᵀ with R = (A M Aᵀ)^{-1/2} A M^{1/2} orthogonal,
     so eigenvalues and all pairwise Riemannian distances are unchanged."""
-    X, _, groups = _domains(spd_dataset, n_groups=2, n_channels=5, seed=seed)
+    X, _, groups = spd_domains(n_groups=2, n_channels=5, seed=seed)
     rng = np.random.default_rng(100 + seed)
     A = _random_congruence(5, rng)
     moved = X.copy()
@@ -111,8 +93,8 @@ def test_congruence_of_a_group_changes_output_by_one_rotation(spd_dataset, seed)
     np.testing.assert_allclose(np.linalg.eigvalsh(Y_moved), np.linalg.eigvalsh(Y), rtol=1e-8)
 
 
-def test_scaling_a_group_changes_nothing(spd_dataset):
-    X, _, groups = _domains(spd_dataset, n_groups=2)
+def test_scaling_a_group_changes_nothing(spd_domains):
+    X, _, groups = spd_domains(n_groups=2)
     scaled = X * np.where(groups == 1, 1e-10, 1.0)[:, None, None]  # volts² vs µV²
     np.testing.assert_allclose(Recenter().fit_transform(scaled, groups=groups),
                                Recenter().fit_transform(X, groups=groups), rtol=1e-8, atol=1e-10)
@@ -135,8 +117,8 @@ def test_warns_when_the_mean_does_not_converge():
         Recenter().fit_transform(X, groups=["subject-7"] * 20)
 
 
-def test_recenter_groups_function_matches_estimator(spd_dataset):
-    X, _, groups = _domains(spd_dataset, n_groups=2)
+def test_recenter_groups_function_matches_estimator(spd_domains):
+    X, _, groups = spd_domains(n_groups=2)
     np.testing.assert_array_equal(recenter_groups(X, groups), Recenter().fit(X).transform(X, groups))
 
 
@@ -146,10 +128,10 @@ def test_recenter_groups_function_matches_estimator(spd_dataset):
 
 
 @pytest.mark.parametrize("seed", [4, 5, 6])
-def test_pipeline_with_tangent_space_and_lr(spd_dataset, seed):
+def test_pipeline_with_tangent_space_and_lr(spd_domains, seed):
     """Unseen domain: with Recenter the classes of a new congruence-shifted group are
     recognised; without it the domain shift costs the classifier."""
-    X, y, groups = _domains(spd_dataset, n_groups=5, n_per_group=40, n_channels=6, seed=seed)
+    X, y, groups = spd_domains(n_groups=5, n_per_group=40, n_channels=6, seed=seed)
     train, test = groups < 4, groups == 4
     pipe = make_pipeline(Recenter(), TangentSpace(metric="riemann"), LogisticRegression())
     pipe.fit(X[train], y[train], recenter__groups=groups[train])
@@ -159,8 +141,8 @@ def test_pipeline_with_tangent_space_and_lr(spd_dataset, seed):
     assert recentred > plain.score(X[test], y[test]) + 0.1
 
 
-def test_pipeline_with_spdnet(spd_dataset):
-    X, y, groups = _domains(spd_dataset, n_groups=3, n_per_group=30, n_channels=6, seed=5)
+def test_pipeline_with_spdnet(spd_domains):
+    X, y, groups = spd_domains(n_groups=3, n_per_group=30, n_channels=6, seed=5)
     pipe = make_pipeline(
         Recenter(), SPDnetClassifier(hidden_dims=(4,), max_epochs=20, lr=2e-2, validation_fraction=0, random_state=0)
     )
@@ -186,8 +168,8 @@ def _lr_coef(pipe):
 
 
 @pytest.mark.usefixtures("routing")
-def test_routing_through_pipeline_and_gridsearch(spd_dataset):
-    X, y, groups = _domains(spd_dataset, n_groups=4, n_per_group=20, seed=6)
+def test_routing_through_pipeline_and_gridsearch(spd_domains):
+    X, y, groups = spd_domains(n_groups=4, n_per_group=20, seed=6)
     pipe = make_pipeline(Recenter(), TangentSpace(), LogisticRegression())
     routed = clone(pipe).fit(X, y, groups=groups)
     with sklearn.config_context(enable_metadata_routing=False):
@@ -207,8 +189,8 @@ def test_routing_through_pipeline_and_gridsearch(spd_dataset):
 
 
 @pytest.mark.usefixtures("routing")
-def test_routing_through_cross_validate_with_group_kfold(spd_dataset):
-    X, y, groups = _domains(spd_dataset, n_groups=4, n_per_group=20, seed=7)
+def test_routing_through_cross_validate_with_group_kfold(spd_domains):
+    X, y, groups = spd_domains(n_groups=4, n_per_group=20, seed=7)
     pipe = make_pipeline(Recenter(), TangentSpace(), LogisticRegression())
     cv = GroupKFold(n_splits=4)
     result = cross_validate(pipe, X, y, cv=cv, params={"groups": groups}, return_estimator=True)
@@ -220,9 +202,9 @@ def test_routing_through_cross_validate_with_group_kfold(spd_dataset):
     assert result["test_score"].mean() >= 0.85
 
 
-def test_without_routing_groups_go_only_to_the_splitter(spd_dataset):
+def test_without_routing_groups_go_only_to_the_splitter(spd_domains):
     """Routing disabled: sklearn passes ``groups`` to the splitter only (Recenter sees none)."""
-    X, y, groups = _domains(spd_dataset, n_groups=3, n_per_group=20, seed=8)
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20, seed=8)
     pipe = make_pipeline(Recenter(), TangentSpace(), LogisticRegression())
     scores = cross_validate(pipe, X, y, cv=GroupKFold(n_splits=3), groups=groups)["test_score"]
     assert np.isfinite(scores).all()
@@ -260,8 +242,8 @@ def test_bad_inputs(spd_dataset):
         Recenter().transform(X)
 
 
-def test_clone_and_pickle(spd_dataset):
-    X, _, groups = _domains(spd_dataset, n_groups=2)
+def test_clone_and_pickle(spd_domains):
+    X, _, groups = spd_domains(n_groups=2)
     rc = Recenter().fit(X, groups=groups)
     assert clone(rc).get_params() == {}
     assert not hasattr(clone(rc), "n_features_in_")
