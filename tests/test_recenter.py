@@ -4,6 +4,7 @@ pyRiemann's TangentSpace and with SPDnetClassifier, metadata routing of ``groups
 Pipeline / GridSearchCV / cross_validate with GroupKFold, bad inputs, clone and pickle."""
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -115,6 +116,18 @@ def test_warns_when_the_mean_does_not_converge():
     X = 0.5 * (X + X.transpose(0, 2, 1))
     with pytest.warns(ConvergenceWarning, match="group subject-7 "):
         Recenter().fit_transform(X, groups=["subject-7"] * 20)
+
+
+@pytest.mark.slow
+def test_converges_without_warning_at_64_channels(spd_dataset):
+    """The stopping tolerance sits above the rounding floor of a 64-channel mean."""
+    X, _ = spd_dataset(n_matrices=40, n_channels=64, seed=9, scale=1e-10)  # volts²
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConvergenceWarning)
+        Y = Recenter().fit_transform(X)
+    # I is the Karcher mean iff mean_i log(Y_i) = 0 (the cost's Riemannian gradient at I)
+    lam, U = np.linalg.eigh(Y)
+    assert np.abs(((U * np.log(lam)[:, None, :]) @ U.transpose(0, 2, 1)).mean(0)).max() < 1e-9
 
 
 def test_recenter_groups_function_matches_estimator(spd_domains):
