@@ -5,18 +5,22 @@ built; fitting, the validation split, the schedule, prediction, and persistence 
 once, on top of :mod:`skfedspd.training`.
 """
 
-import numbers
+import copy
+from contextlib import contextmanager
+from numbers import Integral, Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.model_selection import train_test_split
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import check_is_fitted, check_random_state, column_or_1d
+from sklearn.utils.validation import check_is_fitted, column_or_1d
 
 from .training import (
     PlateauSchedule,
     derive_seed,
+    draw_seed,
     evaluate,
     predict_logits,
     seeded_torch,
@@ -109,14 +113,14 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return self._check_array(X, reset)
 
     def check_params(self):
-        """Validate the hyper-parameters.
+        """Validate the hyper-parameters (scikit-learn's ``_parameter_constraints``).
 
         Raises
         ------
-        ValueError
-            Naming the parameter, its value and what is allowed.
+        sklearn.utils._param_validation.InvalidParameterError
+            A ``ValueError`` naming the parameter, its value and what is allowed.
         """
-        self._check_common_params()
+        self._validate_params()
 
     def set_classes(self, classes):
         """Set ``classes_`` to the sorted unique labels of ``classes``.
@@ -221,6 +225,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         with seeded_torch(derive_seed(seed, 0)):
             self.module_ = self._build_module(derive_seed(seed, 1)).to(self.device)
         self.history_ = []
+        self._optimizer = None  # a new module starts a new training session
 
     def get_parameters(self):
         """The module's exported state as named numpy copies.
@@ -302,37 +307,196 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                                          batch_size=self.batch_size, generator=generator)
             return self.get_parameters(), loss, skipped
 
+    # ------------------------------------------------------------------ protocol: state
+    def fitted_state(self):
+        """Everything a fitted estimator learned, as arrays and JSON data (no pickle).
+
+        Returns
+        -------
+        arrays : dict of str to ndarray
+            The module's state (``"module.<name>"``: parameters and buffers), the Adam state
+            kept for :meth:`partial_fit` (``"optimizer.<param>.<name>"``) and the training
+            random streams (``"rng.torch"``, ``"rng.shuffle"``).
+        meta : dict
+            JSON data: ``classes`` (dtype and values, any label type), ``attributes`` (the
+            fitted attributes: ``n_features_in_``, ``history_``, ``best_epoch_``,
+            ``n_iter_``...) and the optimizer's hyper-parameters.
+
+        See Also
+        --------
+        restore_fitted_state, skfedspd.save_estimator
+        """
+        check_is_fitted(self)
+        arrays = {f"module.{k}": v.detach().cpu().numpy() for k, v in self.module_.state_dict().items()}
+        meta = {"classes": _labels_to_json(self.classes_),
+                "attributes": {name: getattr(self, name) for name in self._fitted_attributes() if hasattr(self, name)},
+                "optimizer": None}
+        if getattr(self, "_optimizer", None) is not None:
+            state = self._optimizer.state_dict()
+            for index, tensors in state["state"].items():
+                for name, value in tensors.items():
+                    arrays[f"optimizer.{index}.{name}"] = value.detach().cpu().numpy()
+            meta["optimizer"] = state["param_groups"]
+            arrays["rng.torch"] = self._rng_state["torch"].numpy()
+            arrays["rng.shuffle"] = self._rng_state["shuffle"].numpy()
+        return arrays, meta
+
+    def restore_fitted_state(self, arrays, meta):
+        """Become the fitted estimator that :meth:`fitted_state` described.
+
+        Called on an unfitted estimator with the same parameters (e.g. rebuilt from its JSON
+        spec). Predictions afterwards are bit-identical to the saved estimator's, and
+        :meth:`partial_fit` continues with the saved Adam state and random streams.
+
+        Parameters
+        ----------
+        arrays : dict of str to ndarray
+        meta : dict
+
+        Raises
+        ------
+        ValueError
+            If the state does not match the parameters (names, shapes, dtypes) or holds
+            unknown attributes; the estimator is then left unchanged.
+        """
+        with self._atomic():
+            self.check_params()
+            allowed = self._fitted_attributes()
+            attributes = dict(meta["attributes"])
+            unknown = sorted(set(attributes) - set(allowed))
+            if unknown:
+                raise ValueError(f"unknown fitted attributes {unknown}")
+            self.classes_ = _labels_from_json(meta["classes"])
+            for name, value in attributes.items():
+                setattr(self, name, value)
+            self.init_module(0)
+            for name, value in attributes.items():  # init_module reset the history
+                setattr(self, name, value)
+            prefixes = ("module.", "optimizer.", "rng.")
+            stray = sorted(k for k in arrays if not k.startswith(prefixes))
+            if stray:
+                raise ValueError(f"unknown arrays {stray}")
+            _load_module_state(self.module_, {k[7:]: v for k, v in arrays.items() if k.startswith("module.")})
+            if meta.get("optimizer") is not None:
+                self._restore_session(arrays, meta["optimizer"])
+
+    @staticmethod
+    def _fitted_attributes():
+        """Names of the JSON fitted attributes that :meth:`fitted_state` saves."""
+        return ("n_features_in_", "history_", "best_epoch_", "n_iter_")
+
     # ------------------------------------------------------------------ parameters
-    # Parameter names shared by every subclass's __init__ (numpydoc in the subclasses).
-    def _check_common_params(self):
-        for name in ("lr", "validation_fraction"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or not np.isfinite(value) or value < 0:
-                raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
-        if not 0 <= self.validation_fraction < 1:
-            raise ValueError(f"validation_fraction must be in [0, 1), got {self.validation_fraction!r}")
-        for name in ("batch_size", "max_epochs"):
-            value = getattr(self, name)
-            if not isinstance(value, numbers.Integral) or value < 1:
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+    _parameter_constraints: dict = {
+        "lr": [Interval(Real, 0, np.inf, closed="neither")],
+        "batch_size": [Interval(Integral, 1, None, closed="left")],
+        "max_epochs": [Interval(Integral, 1, None, closed="left")],
+        "validation_fraction": [Interval(Real, 0, 1, closed="left")],
+        "patience": [Interval(Integral, 0, None, closed="left"), None],
+        "lr_patience": [Interval(Integral, 0, None, closed="left")],
+        "lr_factor": [Interval(Real, 0, 1, closed="neither")],
+        "dtype": [StrOptions(set(_DTYPES))],
+        "device": [str, torch.device],
+        "random_state": ["random_state"],
+        "verbose": ["boolean"],
+        "warm_start": ["boolean"],
+    }
 
     @property
     def torch_dtype_(self):
         return _DTYPES[self.dtype]
 
     # ------------------------------------------------------------------ fitting
-    def _seed(self):
-        return int(check_random_state(self.random_state).randint(0, 2**31 - 1))
+    @contextmanager
+    def _atomic(self):
+        """Run a block that changes the estimator; if it raises, put every attribute back."""
+        saved = copy.deepcopy(self.__dict__)
+        try:
+            yield
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(saved)
+            raise
 
-    def _initialize(self, X, seed):
-        """Fit the input transform and build a fresh module."""
-        self.set_input_statistic(self.input_statistic(X))
-        self.init_module(seed)
+    def _start_session(self, seed):
+        """A fresh Adam optimizer and the random streams (torch's RNG for dropout, the
+        shuffling generator) of the epochs to come, seeded by ``seed``."""
+        self._optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.lr)
+        with seeded_torch(derive_seed(seed, 2)):
+            torch_state = torch.get_rng_state()
+        shuffle_state = torch.Generator().manual_seed(derive_seed(seed, 3)).get_state()
+        self._rng_state = {"torch": torch_state, "shuffle": shuffle_state}
 
+    def _restore_session(self, arrays, param_groups):
+        self._start_session(0)
+        fresh = self._optimizer.state_dict()
+        expected_keys = set(fresh["param_groups"][0])
+        if (len(param_groups) != len(fresh["param_groups"])
+                or any(set(g) != expected_keys or g["params"] != f["params"]
+                       for g, f in zip(param_groups, fresh["param_groups"]))):
+            raise ValueError("the optimizer state does not match the module's parameters")
+        params = list(self.module_.parameters())
+        state = {}
+        for key, value in arrays.items():
+            if key.startswith("optimizer."):
+                _, index, name = key.split(".", 2)
+                if not index.isdigit() or int(index) >= len(params):
+                    raise ValueError(f"optimizer state {key!r} names no parameter")
+                if name != "step" and value.shape != tuple(params[int(index)].shape):
+                    raise ValueError(f"optimizer state {key!r} has shape {value.shape}, expected "
+                                     f"{tuple(params[int(index)].shape)}")
+                state.setdefault(int(index), {})[name] = torch.from_numpy(value)
+        self._optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+        rng = {}
+        for name in ("torch", "shuffle"):
+            value = arrays.get(f"rng.{name}")
+            if value is None or value.dtype != np.uint8 or value.shape != tuple(self._rng_state[name].shape):
+                raise ValueError(f"rng.{name} is missing or is not a torch random state")
+            rng[name] = torch.from_numpy(value)
+        self._rng_state = rng
+
+    @contextmanager
+    def _session_rng(self):
+        """The session's random streams for one epoch: torch's RNG (dropout) set to the
+        session's state, the shuffling generator; both states saved afterwards. The
+        caller's torch RNG is left untouched."""
+        with torch.random.fork_rng(devices=[]):
+            torch.set_rng_state(self._rng_state["torch"])
+            generator = torch.Generator()
+            generator.set_state(self._rng_state["shuffle"])
+            yield generator
+            self._rng_state = {"torch": torch.get_rng_state(), "shuffle": generator.get_state()}
+
+    def _train(self, X_train, y_train, X_val, y_val, *, n_epochs, schedule):
+        """The one training loop (``fit``: ``max_epochs`` with the schedule; ``partial_fit``:
+        one epoch at ``lr``). Appends one record per epoch to ``history_``."""
+        epochs = _progress(range(n_epochs), self.verbose, type(self).__name__)
+        for _ in epochs:
+            lr = self.lr if schedule is None else schedule.lr
+            for group in self._optimizer.param_groups:
+                group["lr"] = lr
+            with self._session_rng() as generator:
+                loss, skipped = train_epochs(self.module_, self._optimizer, X_train, y_train, n_epochs=1,
+                                             batch_size=self.batch_size, generator=generator)
+            warn_skipped(skipped, f"epoch {len(self.history_)}")
+            val_loss, val_f1 = evaluate(self.module_, X_val, y_val)
+            self.history_.append({"epoch": len(self.history_), "train_loss": loss, "val_loss": val_loss,
+                                  "val_f1": val_f1, "lr": lr, "skipped_batches": skipped})
+            if self.verbose:
+                epochs.set_postfix(loss=f"{loss:.4f}", val_f1=f"{val_f1:.3f}")
+            if schedule is not None and len(y_val):
+                schedule.step(val_f1, val_loss, self.module_.state_dict())
+                if schedule.should_stop:
+                    break
+        self.n_iter_ = len(self.history_)
+
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y):
         """Train on ``(X, y)`` with a stratified validation split and early stopping.
+
+        A fresh Adam optimizer runs up to ``max_epochs`` epochs; the validation macro-F1
+        drives the learning-rate schedule and early stopping (``lr_patience``, ``patience``,
+        in epochs), and the best epoch's weights are kept. If ``fit`` raises, the estimator
+        is left exactly as it was.
 
         Parameters
         ----------
@@ -349,88 +513,89 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def _fit(self, X, y, groups=None):
         """:meth:`fit`, with the training samples' ``groups`` for :meth:`_module_input`."""
-        X = self.check_inputs(X, reset=True)
-        y = _check_labels(y, len(X))
-        self.set_classes(y)
-        codes = self.encode_labels(y)
-        seed = self._seed()
-        if not (self.warm_start and self.__sklearn_is_fitted__()):
-            self._initialize(X, seed)
-        train, val = stratified_split(codes, self.validation_fraction, seed)
-        Xt, yt = self.to_tensor(X[train]), torch.as_tensor(codes[train])
-        Xv, yv = self.to_tensor(X[val]), torch.as_tensor(codes[val])
-        self._warn_about_input(Xt)
-        if groups is not None:
-            Xt, Xv = self._module_input(Xt, groups, train), self._module_input(Xv, groups, val)
-
-        schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
-                                   lr_patience=self.lr_patience, lr_factor=self.lr_factor)
-        with seeded_torch(derive_seed(seed, 2)):
-            generator = torch.Generator().manual_seed(derive_seed(seed, 3))
-            optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.lr)
-            epochs = _progress(range(self.max_epochs), self.verbose, type(self).__name__)
-            for epoch in epochs:
-                for group in optimizer.param_groups:
-                    group["lr"] = schedule.lr
-                record = self._train_one_epoch(optimizer, Xt, yt, generator, Xv, yv, schedule.lr)
-                if len(val):
-                    schedule.step(record["val_f1"], record["val_loss"], self.module_.state_dict())
-                if self.verbose:
-                    epochs.set_postfix(loss=f"{record['train_loss']:.4f}", val_f1=f"{record['val_f1']:.3f}")
-                if schedule.should_stop:
-                    break
-        if schedule.best_state is not None:
-            self.module_.load_state_dict(schedule.best_state)
-            self.best_epoch_ = schedule.best_step
-        else:
-            self.best_epoch_ = len(self.history_) - 1
-        self.n_epochs_ = len(self.history_)
+        with self._atomic():
+            warm = self.warm_start and self.__sklearn_is_fitted__()
+            if warm:  # check_inputs(reset=True) runs check_params otherwise
+                self.check_params()
+            X = self.check_inputs(X, reset=not warm)
+            y = _check_labels(y, len(X))
+            if not warm:
+                self.set_classes(y)
+            codes = self.encode_labels(y)
+            seed = draw_seed(self.random_state)
+            if not warm:
+                self.set_input_statistic(self.input_statistic(X))
+                self.init_module(seed)
+            self._start_session(seed)
+            train, val = stratified_split(codes, self.validation_fraction, seed)
+            X_train = self.to_tensor(X[train])
+            self._warn_about_input(X_train)
+            schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
+                                       lr_patience=self.lr_patience, lr_factor=self.lr_factor)
+            first_epoch = len(self.history_)
+            X_val = self.to_tensor(X[val])
+            if groups is not None:
+                X_train, X_val = self._module_input(X_train, groups, train), self._module_input(X_val, groups, val)
+            self._train(X_train, torch.as_tensor(codes[train]), X_val,
+                        torch.as_tensor(codes[val]), n_epochs=self.max_epochs, schedule=schedule)
+            if schedule.best_state is not None:
+                self.module_.load_state_dict(schedule.best_state)
+                self.best_epoch_ = first_epoch + schedule.best_step
+            else:
+                self.best_epoch_ = len(self.history_) - 1
         return self
 
-    def _train_one_epoch(self, optimizer, Xt, yt, generator, Xv, yv, lr):
-        loss, skipped = train_epochs(self.module_, optimizer, Xt, yt, n_epochs=1,
-                                     batch_size=self.batch_size, generator=generator)
-        warn_skipped(skipped, f"epoch {len(self.history_)}")
-        val_loss, val_f1 = evaluate(self.module_, Xv, yv)
-        record = {"epoch": len(self.history_), "train_loss": loss, "val_loss": val_loss,
-                  "val_f1": val_f1, "lr": lr, "skipped_batches": skipped}
-        self.history_.append(record)
-        return record
-
+    @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, classes=None):
-        """One epoch over ``(X, y)`` (no validation split, no early stopping).
+        """One epoch over ``(X, y)`` at learning rate ``lr`` (no validation, no schedule).
 
-        ``classes`` (all labels that will ever be seen) is required on the first call.
-        The Adam state persists across calls.
+        The Adam state and the random streams carry over from the previous ``fit`` or
+        ``partial_fit`` call, so training continues where it stopped. If ``partial_fit``
+        raises, the estimator is left exactly as it was.
+
+        Parameters
+        ----------
+        X : array-like
+        y : array-like of shape (n_samples,)
+        classes : array-like, default=None
+            Every label that will ever be seen; required on the first call (when the
+            estimator is not fitted yet), and if given later it must be the same.
+
+        Returns
+        -------
+        self
         """
-        first = not self.__sklearn_is_fitted__()
-        if first and classes is None:
-            raise ValueError("classes must be passed on the first call to partial_fit")
-        if not first:
-            self.check_params()
-        X = self.check_inputs(X, reset=first)
-        if first:
-            self.set_classes(classes)
-            codes = self.encode_labels(y, len(X))
-            self._partial_seed = self._seed()
-            self._initialize(X, self._partial_seed)
-        else:
-            codes = self.encode_labels(y, len(X))
-        if not hasattr(self, "_partial_seed"):  # fitted by fit(): first partial_fit call
-            self._partial_seed = self._seed()
-        optimizer = getattr(self, "_partial_optimizer", None)
-        if optimizer is None or any(  # none yet, or one of a module replaced by fit()
-            a is not b for a, b in zip(optimizer.param_groups[0]["params"], self.module_.parameters())
-        ):
-            self._partial_optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.lr)
-        call = len(self.history_)
-        with seeded_torch(derive_seed(self._partial_seed, 4, call)):
-            generator = torch.Generator().manual_seed(derive_seed(self._partial_seed, 5, call))
-            Xt, yt = self.to_tensor(X), torch.as_tensor(codes)
+        with self._atomic():
+            first = not self.__sklearn_is_fitted__()
+            if first and classes is None:
+                raise ValueError("classes must be passed on the first call to partial_fit")
+            if not first and classes is not None and not np.array_equal(np.unique(classes), self.classes_):
+                raise ValueError(f"classes={np.unique(classes).tolist()} differs from the classes of the "
+                                 f"previous calls, {self.classes_.tolist()}")
+            if not first:
+                self.check_params()
+            X = self.check_inputs(X, reset=first)
             if first:
-                self._warn_about_input(Xt)
-            self._train_one_epoch(self._partial_optimizer, Xt, yt, generator, Xt[:0], yt[:0], self.lr)
+                self.set_classes(classes)
+            codes = self.encode_labels(y, len(X))
+            if first:
+                seed = draw_seed(self.random_state)
+                self.set_input_statistic(self.input_statistic(X))
+                self.init_module(seed)
+            if getattr(self, "_optimizer", None) is None:  # first call, or after init_module
+                self._start_session(draw_seed(self.random_state))
+            X_train = self.to_tensor(X)
+            if first:
+                self._warn_about_input(X_train)
+            y_train = torch.as_tensor(codes)
+            self._train(X_train, y_train, X_train[:0], y_train[:0], n_epochs=1, schedule=None)
+            self.best_epoch_ = len(self.history_) - 1
         return self
+
+    @property
+    def n_epochs_(self):
+        """Alias of ``n_iter_`` (epochs run), kept for compatibility."""
+        return self.n_iter_
 
     # ------------------------------------------------------------------ prediction
     def __sklearn_is_fitted__(self):
@@ -474,3 +639,39 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         tags.input_tags.three_d_array = True
         tags.non_deterministic = False
         return tags
+
+
+def _labels_to_json(classes):
+    """``classes_`` as JSON: its dtype and values (numbers, booleans or strings)."""
+    if classes.dtype.kind == "O" and not all(isinstance(c, (str, int, float, bool)) for c in classes.tolist()):
+        raise TypeError(f"classes of types {sorted({type(c).__name__ for c in classes})} cannot be saved; "
+                        "use numbers or strings as labels")
+    dtype = "object" if classes.dtype.kind == "O" else classes.dtype.str
+    return {"dtype": dtype, "values": classes.tolist()}
+
+
+def _labels_from_json(saved):
+    dtype = np.dtype(saved["dtype"])
+    if dtype.kind not in "biufUO":
+        raise ValueError(f"labels of dtype {saved['dtype']!r} are not supported")
+    values = saved["values"]
+    if not isinstance(values, list) or not all(isinstance(v, (str, int, float, bool)) for v in values):
+        raise ValueError("the saved labels are not a list of numbers or strings")
+    classes = np.empty(len(values), dtype=dtype) if dtype.kind == "O" else np.array(values, dtype=dtype)
+    if dtype.kind == "O":
+        classes[:] = values
+    return classes
+
+
+def _load_module_state(module, arrays):
+    """``module.load_state_dict`` from numpy arrays, requiring the same names, shapes and dtypes."""
+    expected = module.state_dict()
+    if set(arrays) != set(expected):
+        missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
+        raise ValueError(f"the module state does not match the parameters: missing {missing}, unexpected {extra}")
+    for name, value in arrays.items():
+        target = expected[name]
+        if value.shape != tuple(target.shape) or torch.from_numpy(value).dtype != target.dtype:
+            raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected "
+                             f"{target.dtype} {tuple(target.shape)}")
+    module.load_state_dict({name: torch.from_numpy(value) for name, value in arrays.items()}, strict=True)

@@ -1,11 +1,12 @@
 """``SPDnetClassifier``: scikit-learn estimator around :class:`skfedspd.nn.SPDNet`."""
 
-import numbers
 import warnings
+from numbers import Integral, Real
 
 import numpy as np
 import torch
-
+from sklearn.base import _fit_context
+from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .base import TorchClassifierBase
@@ -65,9 +66,10 @@ class SPDnetClassifier(TorchClassifierBase):
     Parameters
     ----------
     hidden_dims : int or tuple of int, default=(18,)
-        Output size of each BiMap (one BiRe block per entry).
+        Output size of each BiMap (one BiRe block per entry); positive and not increasing
+        from the number of channels.
     eps : float, default=1e-2
-        ReEig threshold (applied after input scaling).
+        ReEig threshold (applied after input scaling); finite and > 0.
     scaling : {"auto", "trace"}, float or None, default="auto"
         Input scaling. ``"auto"`` multiplies every matrix by one scalar fitted on the
         training data, the inverse geometric mean of ``trace(X)/n``, so that raw MOABB
@@ -75,17 +77,19 @@ class SPDnetClassifier(TorchClassifierBase):
         power differences between trials are kept. ``"trace"`` divides each matrix by its
         own ``trace/n``; a float multiplies by that constant; None leaves the input as is.
     lr : float, default=1e-3
-        Initial Adam learning rate.
+        Initial Adam learning rate (> 0); the learning rate of every ``partial_fit`` epoch.
     batch_size : int, default=64
     max_epochs : int, default=300
     validation_fraction : float, default=0.1
         Stratified hold-out used for early stopping and the LR schedule (0 disables both).
-    patience : int, default=75
-        Early stopping: epochs without improvement of the validation macro-F1 (ties broken
-        by the validation loss) before training stops; the best epoch's weights are restored.
-    lr_patience : int, default=20
-        ReduceLROnPlateau patience, in epochs, on the same validation score.
-    lr_factor : float, default=0.5
+    patience : int >= 0 or None, default=75
+        Early stopping in ``fit``: **epochs** without improvement of the validation
+        macro-F1 (ties broken by the validation loss) before training stops; the best
+        epoch's weights are restored. None: no early stopping. (The federated schedule
+        counts rounds and is set on :class:`~skfedspd.FederatedSPDnetClassifier`.)
+    lr_patience : int >= 0, default=20
+        ReduceLROnPlateau patience, in **epochs**, on the same validation score.
+    lr_factor : float in (0, 1), default=0.5
         ReduceLROnPlateau factor.
     recenter_every : int, default=1
         Re-centre the Stiefel charts every this many optimizer steps.
@@ -98,7 +102,7 @@ class SPDnetClassifier(TorchClassifierBase):
     verbose : bool, default=False
         Show a progress bar per epoch with the training loss and validation macro-F1.
     warm_start : bool, default=False
-        When True, ``fit`` continues from the current weights.
+        When True, ``fit`` continues from the current weights (with a fresh optimizer).
     batchnorm : {None, "spd", "domain"}, default=None
         SPD batch normalization after each BiMap (see :class:`skfedspd.nn.SPDNet`).
         ``"spd"``: Riemannian batch norm (Brooks et al., 2019), batch means in training, the
@@ -117,6 +121,9 @@ class SPDnetClassifier(TorchClassifierBase):
         In federation every client's data form one domain (its minibatches), and only the
         batch-norm biases are aggregated; ``"spd"`` running means stay on each client.
 
+    All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
+    ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
+
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
@@ -129,7 +136,11 @@ class SPDnetClassifier(TorchClassifierBase):
     history_ : list of dict
         One record per epoch: ``train_loss``, ``val_loss``, ``val_f1`` (macro), ``lr``,
         ``skipped_batches``.
-    best_epoch_, n_epochs_ : int
+    best_epoch_ : int
+        Index in ``history_`` of the epoch whose weights were kept.
+    n_iter_ : int
+        Epochs run on this model (``fit``, ``partial_fit`` and warm starts), as in
+        :class:`~sklearn.neural_network.MLPClassifier`; ``n_epochs_`` is an alias.
 
     Examples
     --------
@@ -180,6 +191,7 @@ class SPDnetClassifier(TorchClassifierBase):
     # Domains of batchnorm="domain": requested from metadata routing by default.
     __metadata_request__fit = {"groups": True}
 
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, groups=None):
         """Train on ``(X, y)`` with a stratified validation split and early stopping.
 
@@ -201,45 +213,87 @@ class SPDnetClassifier(TorchClassifierBase):
             return self._fit(X, y)
         return self._fit(X, y, domain_codes(groups, len(X)))
 
+    _parameter_constraints: dict = {
+        **TorchClassifierBase._parameter_constraints,
+        "hidden_dims": [Interval(Integral, 1, None, closed="left"), "array-like"],
+        "eps": [Interval(Real, 0, np.inf, closed="neither")],
+        "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
+        "recenter_every": [Interval(Integral, 1, None, closed="left")],
+        "batchnorm": [StrOptions({"spd", "domain"}), None],
+    }
+
     def check_params(self):
-        """Validate the hyper-parameters (ValueError naming the parameter and its value)."""
+        """Validate the hyper-parameters (see :meth:`TorchClassifierBase.check_params`);
+        ``hidden_dims`` must be a positive int or a non-empty sequence of positive ints."""
         super().check_params()
-        if self.batchnorm not in (None, "spd", "domain"):
-            raise ValueError(f"batchnorm must be None, 'spd' or 'domain', got {self.batchnorm!r}")
+        self._hidden_dims  # noqa: B018 - validates
 
     @property
     def _hidden_dims(self):
-        dims = (self.hidden_dims,) if isinstance(self.hidden_dims, numbers.Integral) else tuple(self.hidden_dims)
-        if not dims or any(int(d) < 1 for d in dims):
-            raise ValueError(f"hidden_dims must be positive integers, got {self.hidden_dims!r}")
+        dims = self.hidden_dims
+        dims = (dims,) if isinstance(dims, Integral) else tuple(dims)
+        if not dims or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, Integral) or d < 1 for d in dims):
+            raise ValueError(f"hidden_dims must be positive integers (an int or a tuple of ints), "
+                             f"got {self.hidden_dims!r}")
         return dims
 
     def _check_array(self, X, reset):
         X = check_spd_batch(X, None if reset else self.n_features_in_)
         if reset:
-            self.n_features_in_ = X.shape[1]
-            dims = (self.n_features_in_,) + self._hidden_dims
+            dims = (X.shape[1],) + self._hidden_dims
             if any(b > a for a, b in zip(dims, dims[1:])):
-                raise ValueError(f"hidden_dims {self._hidden_dims} must not increase from {self.n_features_in_} channels")
+                raise ValueError(f"hidden_dims {self._hidden_dims} must not increase from {X.shape[1]} channels")
+            self.n_features_in_ = X.shape[1]
         return X
 
     def input_statistic(self, X):
         """Mean over matrices of ``log(trace(X)/n)``: additive, so federated clients combine
-        it by a weighted mean into exactly the pooled value."""
+        it by a weighted mean into exactly the pooled value.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_matrices, n_channels, n_channels)
+            SPD matrices validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        float
+        """
         n = X.shape[-1]
         return float(np.mean(np.log(np.trace(X, axis1=1, axis2=2) / n)))
 
     def set_input_statistic(self, log_mean_trace):
+        """Set ``scale_``: ``exp(-log_mean_trace)`` for ``scaling="auto"``, the constant for a
+        float ``scaling``, 1.0 otherwise.
+
+        Parameters
+        ----------
+        log_mean_trace : float or None
+            The (pooled) :meth:`input_statistic`; only used by ``scaling="auto"``.
+        """
         if self.scaling == "auto":
             self.scale_ = float(np.exp(-log_mean_trace))
-        elif self.scaling == "trace" or self.scaling is None:
-            self.scale_ = 1.0
-        elif isinstance(self.scaling, numbers.Real) and self.scaling > 0:
+        elif isinstance(self.scaling, Real):
             self.scale_ = float(self.scaling)
-        else:
-            raise ValueError(f"scaling must be 'auto', 'trace', a positive float or None, got {self.scaling!r}")
+        else:  # "trace" (per matrix, in to_tensor) or None
+            self.scale_ = 1.0
+
+    @staticmethod
+    def _fitted_attributes():
+        return TorchClassifierBase._fitted_attributes() + ("scale_",)
 
     def to_tensor(self, X):
+        """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_matrices, n_channels, n_channels)
+            Validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        torch.Tensor
+        """
         if self.scaling == "trace":
             X = X * (X.shape[-1] / np.trace(X, axis1=1, axis2=2))[:, None, None]
         else:

@@ -70,10 +70,12 @@ Federated learning: :meth:`EEGNet.parameter_kinds` maps every key of ``state_dic
 """
 
 from collections import OrderedDict
+from numbers import Integral, Real
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from sklearn.utils._param_validation import Interval, StrOptions
 from torch import nn
 
 from .base import TorchClassifierBase
@@ -410,7 +412,8 @@ class EEGNetClassifier(TorchClassifierBase):
 
     Attributes
     ----------
-    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_epochs_
+    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_
+        As in :class:`~skfedspd.SPDnetClassifier`.
     """
 
     def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,
@@ -438,9 +441,15 @@ class EEGNetClassifier(TorchClassifierBase):
         self.verbose = verbose
         self.warm_start = warm_start
 
+    _parameter_constraints: dict = {
+        **TorchClassifierBase._parameter_constraints,
+        "fs": [Interval(Real, 0, np.inf, closed="neither")],
+        **{name: [Interval(Integral, 1, None, closed="left")] for name in ("F1", "D", "F2", "p1", "p2")},
+        "dropout": [Interval(Real, 0, 1, closed="left")],
+        "standardize": [StrOptions(set(_STANDARDIZE_AXES))],
+    }
+
     def _check_array(self, X, reset):
-        if self.standardize not in _STANDARDIZE_AXES:
-            raise ValueError(f"standardize must be one of {sorted(_STANDARDIZE_AXES)}, got {self.standardize!r}")
         X = np.asarray(X)
         if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
             raise ValueError(f"X must be a real numeric array, got dtype {X.dtype}")
@@ -461,10 +470,25 @@ class EEGNetClassifier(TorchClassifierBase):
         return X
 
     def to_tensor(self, X):
+        """Trials z-scored (``standardize``) as a tensor of ``dtype`` on ``device``.
+
+        Parameters
+        ----------
+        X : ndarray of shape (n_trials, n_channels, n_times)
+            Validated by :meth:`check_inputs`.
+
+        Returns
+        -------
+        torch.Tensor
+        """
         centred = X - X.mean(axis=-1, keepdims=True)
         std = centred.std(axis=_STANDARDIZE_AXES[self.standardize], keepdims=True)
         z = centred / np.where(std > 0, std, 1.0)
         return torch.as_tensor(z, dtype=self.torch_dtype_, device=self.device)
+
+    @staticmethod
+    def _fitted_attributes():
+        return TorchClassifierBase._fitted_attributes() + ("n_times_",)
 
     def _build_module(self, seed):
         return EEGNet(self.n_features_in_, self.n_times_, len(self.classes_), self.fs, F1=self.F1, D=self.D,

@@ -67,7 +67,7 @@ def estimator_to_spec(estimator):
 def estimator_from_spec(spec):
     """Rebuild an unfitted estimator from :func:`estimator_to_spec`'s output."""
     classes = _classes()
-    if not isinstance(spec, dict) or spec.get("class") not in classes:
+    if not isinstance(spec, dict) or spec.get("class") not in classes or not isinstance(spec.get("params"), dict):
         raise ValueError(f"not an estimator spec of {sorted(classes)}: {spec!r}")
     return classes[spec["class"]](**{k: _decode(v) for k, v in spec["params"].items()})
 

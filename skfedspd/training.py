@@ -12,13 +12,20 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+from sklearn.utils.validation import check_random_state
 
-__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "torch_threads"]
+__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads"]
 
 
 def derive_seed(*entropy):
     """A 63-bit seed from integers (random_state, round, client id...), stable across runs."""
     return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
+
+
+def draw_seed(random_state):
+    """The int seed of one fit, drawn from ``random_state`` (None, int or RandomState) as
+    scikit-learn estimators draw: an int gives the same seed at every call."""
+    return int(check_random_state(random_state).randint(0, 2**31 - 1))
 
 
 @contextmanager
@@ -188,6 +195,41 @@ class PlateauSchedule:
                 self._since_lr = 0
         self.n_steps += 1
         return improved
+
+    _FIELDS = ("lr", "patience", "lr_patience", "lr_factor", "min_lr", "best_step", "n_steps", "_since_best",
+               "_since_lr")
+
+    def state_dict(self):
+        """The schedule's state: JSON data, plus ``"best_state"`` (the stored state, as given
+        to :meth:`step`: e.g. a dict of numpy arrays, or None).
+
+        Returns
+        -------
+        dict
+            Keys ``lr``, ``patience``, ``lr_patience``, ``lr_factor``, ``min_lr``,
+            ``best_score`` (``[f1, loss]``, possibly infinite), ``best_step``, ``n_steps``,
+            ``since_best``, ``since_lr`` and ``best_state``.
+        """
+        state = {name.lstrip("_"): getattr(self, name) for name in self._FIELDS}
+        state["best_score"] = [float(v) for v in self.best_score]
+        state["best_state"] = self.best_state
+        return state
+
+    def load_state_dict(self, state):
+        """Restore what :meth:`state_dict` returned (``best_state`` is used as given).
+
+        Raises
+        ------
+        ValueError
+            If a key is missing or unknown.
+        """
+        expected = {name.lstrip("_") for name in self._FIELDS} | {"best_score", "best_state"}
+        if set(state) != expected:
+            raise ValueError(f"schedule state has keys {sorted(state)}, expected {sorted(expected)}")
+        for name in self._FIELDS:
+            setattr(self, name, state[name.lstrip("_")])
+        self.best_score = tuple(float(v) for v in state["best_score"])
+        self.best_state = state["best_state"]
 
     @property
     def should_stop(self):

@@ -396,7 +396,7 @@ def test_standardize_trial_unit_variance(eeg_timeseries):
 
 def test_bad_standardize_is_named(eeg_timeseries):
     X, y = eeg_timeseries(n_trials=12)
-    with pytest.raises(ValueError, match="standardize must be one of"):
+    with pytest.raises(ValueError, match=r"The .standardize. parameter of EEGNetClassifier must be a str among"):
         small_classifier(standardize="global").fit(X, y)
 
 
@@ -437,3 +437,128 @@ def test_paper_parameter_count_through_classifier():
     clf = EEGNetClassifier(max_epochs=1, random_state=0).fit(X, y)
     assert sum(p.numel() for p in clf.module_.parameters()) == 3284
     assert (clf.n_features_in_, clf.n_times_) == (64, 480)
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameter validation, atomic fits, grad mode, one training loop (EEGNetClassifier)
+# ---------------------------------------------------------------------------------------------
+
+import copy  # noqa: E402
+
+TINY = dict(F1=2, D=1, F2=2, p1=2, p2=2, fs=32.0, batch_size=8, lr=1e-2, random_state=0)
+
+
+def tiny_classifier(**kwargs):
+    return EEGNetClassifier(**{**TINY, "max_epochs": 2, **kwargs})
+
+
+@pytest.fixture(scope="module")
+def tiny_data():
+    from conftest import make_eeg_timeseries
+
+    return make_eeg_timeseries(n_trials=24, n_channels=4, n_times=32, n_classes=2, seed=0)
+
+
+EEG_BAD_PARAMS = [
+    (dict(fs=0.0), r"The 'fs' parameter of EEGNetClassifier must be a float in the range \(0.0, inf\)"),
+    (dict(fs=np.nan), "'fs' parameter"),
+    (dict(F1=0), r"'F1' parameter .* range \[1, inf\)"),
+    (dict(D=1.5), "'D' parameter"),
+    (dict(F2=-2), "'F2' parameter"),
+    (dict(p1=0), "'p1' parameter"),
+    (dict(p2=None), "'p2' parameter"),
+    (dict(dropout=1.0), r"'dropout' parameter .* range \[0.0, 1.0\)"),
+    (dict(dropout=-0.1), "'dropout' parameter"),
+    (dict(standardize="global"), "'standardize' parameter"),
+    (dict(lr=0.0), "'lr' parameter"),
+    (dict(patience=-1), "'patience' parameter"),
+    (dict(lr_patience=-3), "'lr_patience' parameter"),
+    (dict(lr_factor=1.5), "'lr_factor' parameter"),
+    (dict(dtype="half"), "'dtype' parameter"),
+    (dict(p1=64, p2=64), "too short for pooling"),
+]
+
+
+def _state(clf):
+    def plain(value):
+        if isinstance(value, (torch.nn.Module, torch.optim.Optimizer)):
+            value = value.state_dict()
+        if isinstance(value, torch.Tensor):
+            return value.detach().numpy().copy()
+        if isinstance(value, dict):
+            return {k: plain(v) for k, v in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(plain(v) for v in value)
+        return copy.deepcopy(value)
+
+    return {k: plain(v) for k, v in vars(clf).items()}
+
+
+@pytest.mark.parametrize("params, match", EEG_BAD_PARAMS, ids=[str(p[0]) for p in EEG_BAD_PARAMS])
+@pytest.mark.parametrize("fitted", [False, True])
+def test_bad_parameters_named_and_atomic(tiny_data, params, match, fitted):
+    X, y = tiny_data
+    clf = tiny_classifier()
+    if fitted:
+        clf.fit(X, y)
+    clf.set_params(**params)
+    before = _state(clf)
+    with pytest.raises(ValueError, match=match):
+        clf.fit(X, y)
+    after = _state(clf)
+    assert sorted(after) == sorted(before)
+    np.testing.assert_equal(after, before)
+
+
+EEG_BAD_INPUTS = [
+    ("nan", lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 40, np.nan, X), y), r"NaN or infinity \(first at trial 0\)"),
+    ("inf", lambda X, y: (np.where(np.arange(X.size).reshape(X.shape) == 300, np.inf, X), y), "NaN or infinity"),
+    ("2d", lambda X, y: (X[:, :, 0], y), r"3-D array \(n_trials, n_channels, n_times\), got shape \(24, 4\)"),
+    ("strings", lambda X, y: (X.astype(str), y), "real numeric array"),
+    ("y_short", lambda X, y: (X, y[:-2]), "X has 24 samples but y has 22 labels"),
+    ("one_class", lambda X, y: (X, np.zeros_like(y)), "greater than one"),
+    ("other_shape", lambda X, y: (X[:, :3], y), r"trials of shape \(3, 32\), but the estimator was fitted on \(4, 32\)"),
+]
+
+
+@pytest.mark.parametrize("what, corrupt, match", EEG_BAD_INPUTS, ids=[c[0] for c in EEG_BAD_INPUTS])
+@pytest.mark.parametrize("method", ["fit", "partial_fit"])
+def test_bad_inputs_named_and_atomic(tiny_data, what, corrupt, match, method):
+    X, y = tiny_data
+    clf = tiny_classifier().fit(X, y)
+    reference = clf.decision_function(X)
+    before = _state(clf)
+    Xb, yb = corrupt(X, y)
+    if what == "other_shape" and method == "fit":
+        clf.set_params(warm_start=True)
+        before = _state(clf)
+    if what == "one_class" and method == "partial_fit":
+        pytest.skip("a partial_fit batch may hold one class")
+    with pytest.raises(ValueError, match=match):
+        getattr(clf, method)(Xb, yb)
+    np.testing.assert_equal(_state(clf), before)
+    np.testing.assert_array_equal(clf.decision_function(X), reference)
+
+
+def test_fit_equals_partial_fits_with_dropout(tiny_data):
+    """Dropout's random stream carries over between partial_fit calls exactly as between
+    the epochs of fit."""
+    X, y = tiny_data
+    fitted = tiny_classifier(validation_fraction=0.0, max_epochs=3).fit(X, y)
+    partial = tiny_classifier(validation_fraction=0.0)
+    for _ in range(3):
+        partial.partial_fit(X, y, classes=np.unique(y))
+    np.testing.assert_array_equal(partial.decision_function(X), fitted.decision_function(X))
+    assert partial.n_iter_ == fitted.n_iter_ == 3
+
+
+def test_fit_independent_of_global_grad_mode(tiny_data):
+    X, y = tiny_data
+    reference = tiny_classifier().fit(X, y).decision_function(X)
+    previous = torch.is_grad_enabled()
+    torch.set_grad_enabled(False)
+    try:
+        got = tiny_classifier().fit(X, y).decision_function(X)
+    finally:
+        torch.set_grad_enabled(previous)
+    np.testing.assert_array_equal(got, reference)

@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from skfedspd.training import evaluate, macro_f1
+from skfedspd.training import PlateauSchedule, draw_seed, evaluate, macro_f1
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -46,3 +46,44 @@ def test_evaluate_loss_and_f1():
 def test_evaluate_empty_is_nan():
     loss, f1 = evaluate(_Fixed(np.zeros((0, 2))), torch.arange(0), torch.arange(0))
     assert np.isnan(loss) and np.isnan(f1)
+
+
+def _drive(schedule, scores, start=0):
+    out = []
+    for step, (f1, loss) in enumerate(scores[start:], start):
+        improved = schedule.step(f1, loss, {"w": np.full(2, float(step))})
+        out.append((improved, schedule.lr, schedule.should_stop, schedule.best_step))
+    return out
+
+
+def test_plateau_schedule_state_round_trip_through_json():
+    import json
+
+    rng = np.random.default_rng(0)
+    scores = [(float(f), float(l)) for f, l in zip(rng.choice([0.3, 0.5, 0.6], 30), rng.random(30))]
+    scores[4] = (float("nan"), float("nan"))
+    reference = PlateauSchedule(1e-2, patience=8, lr_patience=2, lr_factor=0.5, min_lr=1e-4)
+    expected = _drive(reference, scores)
+    first = PlateauSchedule(1e-2, patience=8, lr_patience=2, lr_factor=0.5, min_lr=1e-4)
+    head = _drive(first, scores[:12])
+    state = first.state_dict()
+    best = state.pop("best_state")
+    state = json.loads(json.dumps(state))  # JSON data (infinities allowed)
+    resumed = PlateauSchedule(1.0)
+    resumed.load_state_dict({**state, "best_state": best})
+    assert head + _drive(resumed, scores, start=12) == expected
+    np.testing.assert_array_equal(resumed.best_state["w"], reference.best_state["w"])
+    assert resumed.best_score == reference.best_score
+
+
+def test_plateau_schedule_rejects_other_keys():
+    with pytest.raises(ValueError, match="schedule state has keys"):
+        PlateauSchedule(1.0).load_state_dict({"lr": 1.0})
+
+
+@pytest.mark.parametrize("random_state", [0, 7, 2**31])
+def test_draw_seed_as_sklearn_draws(random_state):
+    expected = int(np.random.RandomState(random_state).randint(0, 2**31 - 1))
+    assert draw_seed(random_state) == draw_seed(random_state) == expected
+    rs = np.random.RandomState(random_state)
+    assert draw_seed(rs) == expected and draw_seed(rs) != expected  # a RandomState advances

@@ -1,0 +1,213 @@
+"""Saving and loading without pickle: data-only files for models and federated state.
+
+Format: one `safetensors <https://github.com/huggingface/safetensors>`_ file per bundle. It
+was chosen over ``.npz`` + JSON because a safetensors file *is* a JSON header followed by
+raw little-endian array bytes, parsed by a maintained, fuzzed library that never executes
+anything from the file, that validates the header (offsets, sizes, dtypes) before handing out
+an array, and that reports a truncated file as such; an ``.npz`` is a zip whose members are
+each parsed by ``np.load`` (``allow_pickle=False`` helps, but the zip directory, the member
+order and the JSON member would be ours to validate). Non-array state (labels of any type,
+the history, the estimator's parameters) lives in the header as JSON, so a bundle can be
+inspected with any JSON tool.
+
+The header's ``__metadata__`` holds ``format`` (``"skfedspd"``), ``format_version``,
+``kind`` (what the file holds: ``"estimator"``, ``"checkpoint"``...), ``fingerprint`` (the
+configuration it was written for, or empty) and ``meta`` (JSON). :func:`load_bundle` reads and
+checks all of them before it reads any array. Every error names the path and the problem.
+"""
+
+import json
+import os
+import tempfile
+
+import numpy as np
+from safetensors import SafetensorError, safe_open
+from safetensors.numpy import save as _safetensors_bytes
+
+from . import spec
+
+__all__ = ["save_bundle", "load_bundle", "save_estimator", "load_estimator", "FORMAT_VERSION"]
+
+FORMAT_VERSION = 1
+_FORMAT = "skfedspd"
+_ESTIMATOR_KIND = "estimator"
+
+
+def _to_json(meta, path):
+    def default(value):
+        if isinstance(value, np.generic):
+            return value.item()
+        if isinstance(value, np.ndarray):
+            return value.tolist()
+        raise TypeError(f"cannot write {path}: {type(value).__name__} {value!r} is not JSON data")
+
+    return json.dumps(meta, default=default, allow_nan=True, sort_keys=True)
+
+
+def save_bundle(path, arrays, meta, *, kind, fingerprint=None):
+    """Write named arrays and JSON metadata to ``path`` (atomically).
+
+    Parameters
+    ----------
+    path : str or path-like
+    arrays : dict of str to ndarray
+        Numeric or boolean arrays of any shape (strings go in ``meta``).
+    meta : dict
+        JSON data (numpy scalars and arrays are converted; NaN and infinity allowed).
+    kind : str
+        What the file holds; :func:`load_bundle` must be asked for the same kind.
+    fingerprint : str or None
+        The configuration the state belongs to; :func:`load_bundle` given another one refuses
+        the file.
+
+    Raises
+    ------
+    TypeError
+        If an array has a dtype safetensors cannot store (e.g. strings) or ``meta`` is not
+        JSON data; nothing is written.
+    """
+    path = os.fspath(path)
+    tensors = {}
+    for name, value in arrays.items():
+        value = np.asarray(value, order="C")  # keeps 0-d arrays 0-d
+        if value.dtype.kind not in "biuf":
+            raise TypeError(f"cannot write {path}: array {name!r} has dtype {value.dtype}; only numeric "
+                            "and boolean arrays are stored (put labels and strings in meta)")
+        tensors[str(name)] = value
+    header = {"format": _FORMAT, "format_version": str(FORMAT_VERSION), "kind": str(kind),
+              "fingerprint": "" if fingerprint is None else str(fingerprint), "meta": _to_json(meta, path)}
+    data = _safetensors_bytes(tensors, metadata=header)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _read_header(path, f, kind, fingerprint):
+    header = f.metadata() or {}
+    if header.get("format") != _FORMAT:
+        raise ValueError(f"{path} is not a skfedspd file (a safetensors file without the skfedspd header)")
+    version = header.get("format_version")
+    if version != str(FORMAT_VERSION):
+        raise ValueError(f"{path} was written in skfedspd file format version {version!r}; this version of "
+                         f"skfedspd reads version {FORMAT_VERSION!r}")
+    if header.get("kind") != kind:
+        raise ValueError(f"{path} holds a {header.get('kind')!r}, not a {kind!r}")
+    saved = header.get("fingerprint") or None
+    if fingerprint is not None and saved != fingerprint:
+        raise ValueError(f"{path} was written for another configuration (fingerprint {saved!r}, expected "
+                         f"{fingerprint!r})")
+    try:
+        return json.loads(header.get("meta", ""))
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path} is corrupted: its metadata is not JSON ({error})") from None
+
+
+def load_bundle(path, *, kind, fingerprint=None):
+    """Read a file written by :func:`save_bundle`, checking its header first.
+
+    Parameters
+    ----------
+    path : str or path-like
+    kind : str
+        The kind the file must hold.
+    fingerprint : str or None
+        When given, the file must have been written with this fingerprint.
+
+    Returns
+    -------
+    arrays : dict of str to ndarray
+    meta : dict
+
+    Raises
+    ------
+    FileNotFoundError
+        If ``path`` does not exist.
+    ValueError
+        Naming ``path`` and the problem: empty, truncated or corrupted, not a skfedspd file,
+        another format version, another kind, another configuration (fingerprint). The
+        format version, kind and fingerprint are checked before any array is read; nothing in
+        the file is ever executed or unpickled.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path} does not exist")
+    if os.path.getsize(path) == 0:
+        raise ValueError(f"{path} is empty (not a skfedspd file)")
+    try:
+        with safe_open(path, framework="numpy") as f:
+            meta = _read_header(path, f, kind, fingerprint)
+            arrays = {name: np.array(f.get_tensor(name)) for name in f.keys()}
+    except SafetensorError as error:
+        message = str(error)
+        if "incomplete metadata" in message or "invalid header length" in message:
+            raise ValueError(f"{path} is truncated or corrupted: its size does not match its header "
+                             f"({message})") from None
+        raise ValueError(f"{path} is not a skfedspd file ({message})") from None
+    return arrays, meta
+
+
+def save_estimator(estimator, path):
+    """Save an estimator of this package, fitted or not, without pickle.
+
+    The parameters are written as the JSON spec of :mod:`skfedspd.spec` (only this package's
+    estimators; a callable ``aggregation`` or a ``RandomState`` cannot be saved), the fitted
+    state as ``estimator.fitted_state()``.
+
+    Parameters
+    ----------
+    estimator : SPDnetClassifier, EEGNetClassifier or FederatedSPDnetClassifier
+    path : str or path-like
+
+    Examples
+    --------
+    >>> from skfedspd import SPDnetClassifier, load_estimator, save_estimator
+    >>> clf = SPDnetClassifier(max_epochs=5).fit(X, y)  # doctest: +SKIP
+    >>> save_estimator(clf, "model.safetensors")  # doctest: +SKIP
+    >>> load_estimator("model.safetensors").predict(X)  # doctest: +SKIP
+    """
+    meta = {"estimator": spec.estimator_to_spec(estimator), "fitted": False}
+    arrays = {}
+    if estimator.__sklearn_is_fitted__():
+        arrays, meta["state"] = estimator.fitted_state()
+        meta["fitted"] = True
+    save_bundle(path, arrays, meta, kind=_ESTIMATOR_KIND)
+
+
+def load_estimator(path):
+    """Load an estimator written by :func:`save_estimator`.
+
+    Parameters
+    ----------
+    path : str or path-like
+
+    Returns
+    -------
+    estimator
+        Predicts bit-identically to the saved one.
+
+    Raises
+    ------
+    FileNotFoundError, ValueError
+        As :func:`load_bundle`, and when the saved state does not fit the estimator's
+        parameters (message naming the path).
+    """
+    path = os.fspath(path)
+    arrays, meta = load_bundle(path, kind=_ESTIMATOR_KIND)
+    try:
+        estimator = spec.estimator_from_spec(meta["estimator"])
+        if meta["fitted"]:
+            estimator.restore_fitted_state(arrays, meta["state"])
+        elif arrays:
+            raise ValueError(f"an unfitted estimator with arrays {sorted(arrays)}")
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"{path} holds an invalid estimator state: {error}") from None
+    return estimator
