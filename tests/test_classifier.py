@@ -1370,12 +1370,18 @@ def test_moabb_style_subjects_alias(spd_domains):
 
 
 @pytest.mark.parametrize("batchnorm", ["spd", "domain"])
-def test_batchnorm_clone_and_pickle(data, batchnorm):
+def test_batchnorm_clone_pickle_and_saved_file(data, batchnorm, tmp_path):
+    from skfedspd import load_estimator, save_estimator
+
     X, y = data
     clf = make_clf(batchnorm=batchnorm).fit(X, y)
     assert clone(clf).get_params()["batchnorm"] == batchnorm
     restored = pickle.loads(pickle.dumps(clf))
     np.testing.assert_array_equal(restored.decision_function(X), clf.decision_function(X))
+    save_estimator(clf, tmp_path / "model")
+    loaded = load_estimator(tmp_path / "model")
+    assert loaded.batchnorm == batchnorm
+    np.testing.assert_array_equal(loaded.decision_function(X), clf.decision_function(X))
 
 
 @pytest.mark.parametrize("batchnorm", ["spd", "domain"])
