@@ -4,12 +4,14 @@ from .classifier import SPDnetClassifier
 from .eegnet import EEGNetClassifier
 from .federated import FederatedSPDnetClassifier
 from .persistence import load_estimator, save_estimator
+from .recenter import Recenter
 
 __version__ = "0.1.0"
 __all__ = [
     "SPDnetClassifier",
     "EEGNetClassifier",
     "FederatedSPDnetClassifier",
+    "Recenter",
     "save_estimator",
     "load_estimator",
     "__version__",

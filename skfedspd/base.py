@@ -509,6 +509,10 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         -------
         self
         """
+        return self._fit(X, y)
+
+    def _fit(self, X, y, groups=None):
+        """:meth:`fit`, with the training samples' ``groups`` for :meth:`_module_input`."""
         with self._atomic():
             warm = self.warm_start and self.__sklearn_is_fitted__()
             if warm:  # check_inputs(reset=True) runs check_params otherwise
@@ -529,7 +533,10 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
                                        lr_patience=self.lr_patience, lr_factor=self.lr_factor)
             first_epoch = len(self.history_)
-            self._train(X_train, torch.as_tensor(codes[train]), self.to_tensor(X[val]),
+            X_val = self.to_tensor(X[val])
+            if groups is not None:
+                X_train, X_val = self._module_input(X_train, groups, train), self._module_input(X_val, groups, val)
+            self._train(X_train, torch.as_tensor(codes[train]), X_val,
                         torch.as_tensor(codes[val]), n_epochs=self.max_epochs, schedule=schedule)
             if schedule.best_state is not None:
                 self.module_.load_state_dict(schedule.best_state)
@@ -620,6 +627,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ helpers
     def _warn_about_input(self, Xt):
         """Subclass hook: warn about inputs that will train badly."""
+
+    def _module_input(self, Xt, groups, rows):
+        """Subclass hook: the module's input for the tensor ``Xt`` of samples ``rows`` of a
+        fit whose samples have ``groups`` (default: ``Xt``, groups unused)."""
+        return Xt
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

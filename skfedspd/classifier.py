@@ -5,10 +5,13 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
+from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
+from sklearn.utils.validation import check_is_fitted
 
 from .base import TorchClassifierBase
-from .nn import SPDNet
+from .nn import DomainBatch, SPDNet, domain_codes
+from .training import predict_logits
 
 __all__ = ["SPDnetClassifier", "check_spd_batch"]
 
@@ -100,6 +103,23 @@ class SPDnetClassifier(TorchClassifierBase):
         Show a progress bar per epoch with the training loss and validation macro-F1.
     warm_start : bool, default=False
         When True, ``fit`` continues from the current weights (with a fresh optimizer).
+    batchnorm : {None, "spd", "domain"}, default=None
+        SPD batch normalization after each BiMap (see :class:`skfedspd.nn.SPDNet`).
+        ``"spd"``: Riemannian batch norm (Brooks et al., 2019), batch means in training, the
+        running mean at prediction. ``"domain"``: domain-specific statistics (SPDDSMBN,
+        Kobler et al., 2022): in training, the matrices of each domain of a minibatch
+        (``groups`` of :meth:`fit`; one domain without them) are normalized by their own
+        mean; at prediction, **the data being predicted form one domain** and are
+        re-centred by their own mean (unlabeled test-time adaptation). So ``predict(X)``
+        of a matrix depends on the other matrices of ``X``: predict one new subject or
+        session per call. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one
+        unseen subject (what the method is for; route ``subjects`` as ``groups`` with
+        ``set_fit_request(groups="subjects")``); under ``WithinSessionEvaluation`` the
+        held-out fold of a session is re-centred by its own mean (a handful of trials:
+        a noisy mean). In a Pipeline it behaves like :class:`skfedspd.Recenter` inside
+        the network. Same behaviour in ``decision_function`` and ``predict_proba``.
+        In federation every client's data form one domain (its minibatches), and only the
+        batch-norm biases are aggregated; ``"spd"`` running means stay on each client.
 
     All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
     ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
@@ -148,6 +168,7 @@ class SPDnetClassifier(TorchClassifierBase):
         random_state=None,
         verbose=False,
         warm_start=False,
+        batchnorm=None,
     ):
         self.hidden_dims = hidden_dims
         self.eps = eps
@@ -165,6 +186,32 @@ class SPDnetClassifier(TorchClassifierBase):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.batchnorm = batchnorm
+
+    # Domains of batchnorm="domain": requested from metadata routing by default.
+    __metadata_request__fit = {"groups": True}
+
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit(self, X, y, groups=None):
+        """Train on ``(X, y)`` with a stratified validation split and early stopping.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_matrices, n_channels, n_channels)
+            SPD matrices.
+        y : array-like of shape (n_matrices,)
+            Labels of any type (str, int...).
+        groups : array-like of shape (n_matrices,), default=None
+            Domain (subject, session) of each matrix, used by ``batchnorm="domain"`` (None:
+            one domain) and ignored otherwise. Requested from metadata routing by default.
+
+        Returns
+        -------
+        self
+        """
+        if self.batchnorm != "domain" or groups is None:
+            return self._fit(X, y)
+        return self._fit(X, y, domain_codes(groups, len(X)))
 
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
@@ -172,6 +219,7 @@ class SPDnetClassifier(TorchClassifierBase):
         "eps": [Interval(Real, 0, np.inf, closed="neither")],
         "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
         "recenter_every": [Interval(Integral, 1, None, closed="left")],
+        "batchnorm": [StrOptions({"spd", "domain"}), None],
     }
 
     def check_params(self):
@@ -255,8 +303,19 @@ class SPDnetClassifier(TorchClassifierBase):
     def _build_module(self, seed):
         return SPDNet(
             self.n_features_in_, self._hidden_dims, len(self.classes_), eps=self.eps,
-            recenter_every=self.recenter_every, seed=seed, dtype=self.torch_dtype_,
+            recenter_every=self.recenter_every, seed=seed, dtype=self.torch_dtype_, batchnorm=self.batchnorm,
         )
+
+    def _module_input(self, Xt, groups, rows):
+        return DomainBatch(Xt, groups[rows])
+
+    def _logits(self, X):
+        if self.batchnorm != "domain":
+            return super()._logits(X)
+        check_is_fitted(self)
+        Xt = self.to_tensor(self.check_inputs(X, reset=False))
+        # One domain: all of X in one call, re-centred by its own means.
+        return predict_logits(self.module_, Xt, batch_size=len(Xt)).cpu().numpy()
 
     def _warn_about_input(self, Xt):
         fractions = self.module_.eigenvalue_clamp_fraction(Xt[:256])

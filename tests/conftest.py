@@ -63,6 +63,34 @@ def spd_dataset():
     return make_spd_dataset
 
 
+def make_spd_domains(n_groups=3, n_per_group=30, n_channels=6, seed=0, labels=None):
+    """``(X, y, groups)``: one 2-class structure (centred at the identity) seen through a
+    different SPD congruence ``X ↦ S_g X S_g`` in every group — the domain shift that
+    re-centring removes (Zanini et al.'s model of a subject or session)."""
+    from skfedspd.recenter import recenter_groups
+
+    rng = np.random.default_rng(seed)
+    X, y = make_spd_dataset(n_matrices=n_groups * n_per_group, n_channels=n_channels, n_classes=2,
+                            seed=seed, separation=2.0)
+    X = recenter_groups(X)
+    groups = np.repeat(np.arange(n_groups), n_per_group)
+    for g in range(n_groups):
+        B = rng.standard_normal((n_channels, n_channels))
+        lam, U = np.linalg.eigh(B @ B.T / n_channels + 0.2 * np.eye(n_channels))
+        S = (U * np.sqrt(lam)) @ U.T
+        X[groups == g] = S @ X[groups == g] @ S
+    if labels is not None:
+        groups = np.asarray(labels)[groups]
+    return 0.5 * (X + X.transpose(0, 2, 1)), y, groups
+
+
+@pytest.fixture(scope="session")
+def spd_domains():
+    """Factory ``spd_domains(n_groups=3, n_per_group=30, n_channels=6, seed=0, labels=None)``
+    → ``(X, y, groups)``: 2-class SPD data, each group shifted by its own congruence."""
+    return make_spd_domains
+
+
 @pytest.fixture(scope="session")
 def eeg_timeseries():
     """Factory ``eeg_timeseries(n_trials=90, n_channels=8, n_times=128, n_classes=3, ...)``

@@ -37,6 +37,7 @@ import warnings
 import joblib
 import numpy as np
 import pytest
+import sklearn
 import torch
 from pyriemann.estimation import Covariances
 from sklearn.base import clone
@@ -48,6 +49,7 @@ from sklearn.utils import estimator_checks as ec
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedspd import SPDnetClassifier
+from skfedspd.nn import DomainBatch, SPDNet
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 
@@ -165,7 +167,7 @@ def test_get_params_set_params():
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
         "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
-        "random_state", "verbose", "warm_start",
+        "random_state", "verbose", "warm_start", "batchnorm",
     }
     assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
     assert clf.set_params(lr=0.5, hidden_dims=(6, 2)) is clf
@@ -1228,3 +1230,176 @@ def test_local_update_independent_of_global_grad_mode(data):
     assert got[1] == expected[1] and got[2] == expected[2]
     for name in expected[0]:
         np.testing.assert_array_equal(got[0][name], expected[0][name])
+
+
+# ---------------------------------------------------------------------------------------------
+# SPD batch normalization: batchnorm=None | "spd" | "domain", domains from fit(..., groups=)
+# ---------------------------------------------------------------------------------------------
+
+BN = dict(hidden_dims=(4,), max_epochs=30, lr=1e-2, batch_size=40, validation_fraction=0, random_state=0)
+
+
+def test_batchnorm_parameter_is_validated(data):
+    X, y = data
+    with pytest.raises(ValueError, match="batchnorm"):
+        make_clf(batchnorm="riemann").fit(X, y)
+
+
+@pytest.mark.parametrize("batchnorm", ["spd", "domain"])
+def test_batchnorm_kinds_through_the_protocol(data, batchnorm):
+    X, y = data
+    clf = make_clf(batchnorm=batchnorm).fit(X, y)
+    kinds = clf.parameter_kinds()
+    assert kinds["batchnorms.0.log_bias"] == "euclidean"
+    assert (kinds.get("batchnorms.0.running_mean") == "local") == (batchnorm == "spd")
+    assert set(clf.get_parameters()) == set(kinds)
+
+
+def test_domain_batchnorm_recognises_an_unseen_domain(spd_domains):
+    """Each group seen through its own congruence: with per-domain statistics (training
+    domains from groups, the test domain re-centred by its own mean) the new group is
+    classified; without batch norm the shift costs accuracy."""
+    X, y, groups = spd_domains(n_groups=5, n_per_group=40, n_channels=6, seed=1)
+    train, test = groups < 4, groups == 4
+    domain = SPDnetClassifier(batchnorm="domain", **BN).fit(X[train], y[train], groups=groups[train])
+    plain = SPDnetClassifier(**BN).fit(X[train], y[train])
+    assert domain.score(X[test], y[test]) >= 0.9
+    assert domain.score(X[test], y[test]) >= plain.score(X[test], y[test]) + 0.2
+
+
+def test_domain_batchnorm_trains_on_minibatch_domains(spd_domains, monkeypatch):
+    """fit(groups=...) hands every minibatch its matrices' domains."""
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20)
+    seen = []
+    forward = SPDNet.forward
+
+    def spy(self, X, domains=None):
+        if self.training:
+            seen.append(X.domains.clone() if isinstance(X, DomainBatch) else None)
+        return forward(self, X, domains)
+
+    monkeypatch.setattr(SPDNet, "forward", spy)
+    SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 1, "batch_size": 16}).fit(X, y, groups=groups + 10)
+    assert len(seen) == 4 and all(d is not None for d in seen)
+    assert sum(len(d) for d in seen) == len(X)
+    assert max(len(torch.unique(d)) for d in seen) == 3
+
+
+@pytest.mark.parametrize("batchnorm", [None, "spd"])
+def test_groups_are_ignored_without_domain_batchnorm(spd_domains, batchnorm):
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20)
+    a = SPDnetClassifier(batchnorm=batchnorm, **{**BN, "max_epochs": 3}).fit(X, y, groups=groups)
+    b = SPDnetClassifier(batchnorm=batchnorm, **{**BN, "max_epochs": 3}).fit(X, y)
+    for name, value in a.get_parameters().items():
+        np.testing.assert_array_equal(value, b.get_parameters()[name])
+
+
+def test_domain_batchnorm_predicts_the_data_as_one_domain(spd_domains):
+    """predict/decision_function re-centre all of X by its own means (one call of the
+    module on X, whatever its size); predicting parts separately re-centres each part."""
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20)
+    clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 5}).fit(X, y, groups=groups)
+    clf.module_.eval()
+    with torch.no_grad():
+        whole = clf.module_(clf.to_tensor(X)).numpy()
+    scores = clf.decision_function(X)
+    np.testing.assert_allclose(scores, whole[:, 1] - whole[:, 0], rtol=1e-12, atol=1e-12)
+    parts = np.concatenate([clf.decision_function(X[:30]), clf.decision_function(X[30:])])
+    assert not np.allclose(parts, scores)
+    spd = SPDnetClassifier(batchnorm="spd", **{**BN, "max_epochs": 5}).fit(X, y)
+    parts = np.concatenate([spd.decision_function(X[:30]), spd.decision_function(X[30:])])
+    np.testing.assert_allclose(parts, spd.decision_function(X), rtol=1e-12, atol=1e-12)
+
+
+def test_domain_batchnorm_prediction_is_one_call_beyond_predict_chunks(data):
+    X, y = data
+    clf = make_clf(batchnorm="domain", max_epochs=1).fit(X, y)
+    big = np.concatenate([X] * (1100 // len(X) + 1))
+    clf.module_.eval()
+    with torch.no_grad():
+        whole = clf.module_(clf.to_tensor(big)).numpy()
+    np.testing.assert_allclose(clf.predict_proba(big).argmax(1), whole.argmax(1))
+
+
+def test_groups_of_the_wrong_length(data):
+    X, y = data
+    with pytest.raises(ValueError, match="one label per matrix"):
+        make_clf(batchnorm="domain").fit(X, y, groups=np.zeros(len(X) - 1))
+
+
+@pytest.fixture
+def routing():
+    with sklearn.config_context(enable_metadata_routing=True):
+        yield
+
+
+@pytest.mark.usefixtures("routing")
+def test_groups_routed_through_pipeline_and_cross_validate(spd_domains):
+    from sklearn.model_selection import GroupKFold, cross_validate
+
+    from skfedspd import Recenter
+
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20)
+    clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3})
+    assert clf.get_metadata_routing().fit.requests == {"groups": True}
+    result = cross_validate(make_pipeline(Recenter(), clf), X, y, cv=GroupKFold(n_splits=3),
+                            params={"groups": groups}, return_estimator=True)
+    _, first_test = next(GroupKFold(n_splits=3).split(X, y, groups))
+    train = ~np.isin(np.arange(len(X)), first_test)
+    with sklearn.config_context(enable_metadata_routing=False):
+        manual = make_pipeline(Recenter(), clone(clf)).fit(
+            X[train], y[train], recenter__groups=groups[train], spdnetclassifier__groups=groups[train])
+    for name, value in result["estimator"][0][-1].get_parameters().items():
+        np.testing.assert_allclose(value, manual[-1].get_parameters()[name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.usefixtures("routing")
+def test_moabb_style_subjects_alias(spd_domains):
+    """MOABB routes ``subjects`` (not ``groups``): alias the request."""
+    from skfedspd import Recenter
+
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20)
+    clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3}).set_fit_request(groups="subjects")
+    recenter = Recenter().set_fit_request(groups="subjects").set_transform_request(groups="subjects")
+    pipe = make_pipeline(recenter, clf).fit(X, y, subjects=groups)
+    with sklearn.config_context(enable_metadata_routing=False):
+        direct = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3}).fit(
+            Recenter().fit_transform(X, groups=groups), y, groups=groups)
+    for name, value in pipe[-1].get_parameters().items():
+        np.testing.assert_allclose(value, direct.get_parameters()[name], rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("batchnorm", ["spd", "domain"])
+def test_batchnorm_clone_pickle_and_saved_file(data, batchnorm, tmp_path):
+    from skfedspd import load_estimator, save_estimator
+
+    X, y = data
+    clf = make_clf(batchnorm=batchnorm).fit(X, y)
+    assert clone(clf).get_params()["batchnorm"] == batchnorm
+    restored = pickle.loads(pickle.dumps(clf))
+    np.testing.assert_array_equal(restored.decision_function(X), clf.decision_function(X))
+    save_estimator(clf, tmp_path / "model")
+    loaded = load_estimator(tmp_path / "model")
+    assert loaded.batchnorm == batchnorm
+    np.testing.assert_array_equal(loaded.decision_function(X), clf.decision_function(X))
+
+
+@pytest.mark.parametrize("batchnorm", ["spd", "domain"])
+def test_batchnorm_local_update_protocol(data, batchnorm):
+    """A federated round's local training moves the shared bias; "spd" running means come
+    back as "local" arrays (kept by the client), "domain" has no statistics to return."""
+    X, y = data
+    clf = make_clf(batchnorm=batchnorm)
+    X = clf.check_inputs(X, reset=True)
+    clf.set_classes(y)
+    clf.set_input_statistic(clf.input_statistic(X))
+    clf.init_module(seed=0)
+    start = clf.get_parameters()
+    params, loss, skipped = clf.local_update(start, None, clf.to_tensor(X), clf.encode_labels(y),
+                                             lr=1e-2, n_epochs=1, seed=1)
+    assert np.isfinite(loss) and skipped == 0
+    assert not np.allclose(params["batchnorms.0.log_bias"], start["batchnorms.0.log_bias"])
+    local = [name for name, kind in clf.parameter_kinds().items() if kind == "local"]
+    assert local == (["batchnorms.0.running_mean"] if batchnorm == "spd" else [])
+    for name in local:
+        assert not np.allclose(params[name], start[name])

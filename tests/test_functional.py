@@ -12,14 +12,21 @@ import numpy as np
 import pytest
 import scipy.linalg
 import torch
+from pyriemann.datasets import make_matrices
+from pyriemann.geometry.geodesic import geodesic_riemann
+from pyriemann.geometry.mean import mean_logeuclid, mean_riemann
 from pyriemann.utils.base import logm as pyr_logm
 
 from skfedspd.functional import (
     _loewner,
+    expm_sym,
+    karcher_mean,
     logeig,
     reeig,
     reeig_logeig,
+    spd_geodesic,
     spectral_function,
+    sqrtm_invsqrtm,
     unvech,
     vech,
 )
@@ -544,3 +551,115 @@ def test_vech_is_differentiable():
     assert torch.autograd.gradcheck(lambda A: vech(0.5 * (A + A.mT)), (X,))
     v = _t(np.random.default_rng(6).standard_normal(10)).requires_grad_(True)
     assert torch.autograd.gradcheck(unvech, (v,))
+
+
+# ---------------------------------------------------------------------------------------------
+# Square roots, geodesic and the affine-invariant (Karcher) mean used by SPD batch norm
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cname", SPD_CASES)
+def test_sqrtm_invsqrtm_values(cname):
+    X = _t(SPD_CASES[cname])
+    root, inv_root = sqrtm_invsqrtm(X)
+    np.testing.assert_allclose(root.numpy(), scipy.linalg.sqrtm(SPD_CASES[cname]).real, atol=1e-12)
+    np.testing.assert_allclose((inv_root @ X @ inv_root).numpy(), np.eye(len(X)), atol=1e-12)
+
+
+@pytest.mark.parametrize("cname", SPD_CASES)
+@pytest.mark.parametrize("output", ["sqrt", "invsqrt", "both"])
+def test_sqrtm_invsqrtm_gradcheck(cname, output):
+    """One eigh, two outputs: the joint backward, at distinct and repeated eigenvalues."""
+    X = _t(SPD_CASES[cname]).requires_grad_(True)
+    pick = {"sqrt": lambda r, i: r, "invsqrt": lambda r, i: i, "both": lambda r, i: r @ i.T + 0.3 * i}[output]
+    assert torch.autograd.gradcheck(_sym_wrap(lambda A: pick(*sqrtm_invsqrtm(A))), (X,))
+
+
+@pytest.mark.parametrize("cname", SPD_CASES)
+def test_expm_sym_gradcheck_and_value(cname):
+    S = _t(pyr_logm(SPD_CASES[cname]))
+    np.testing.assert_allclose(expm_sym(S).numpy(), SPD_CASES[cname], atol=1e-12)
+    assert torch.autograd.gradcheck(_sym_wrap(expm_sym), (S.clone().requires_grad_(True),))
+
+
+@pytest.mark.parametrize("t", [0.0, 0.1, 0.5, 1.0])
+def test_spd_geodesic_matches_pyriemann(t):
+    A, B = make_matrices(2, 4, "spd", 0)
+    np.testing.assert_allclose(spd_geodesic(_t(A), _t(B), t).numpy(), geodesic_riemann(A, B, t), atol=1e-12)
+
+
+def _spd_set(m, n, seed):
+    return make_matrices(m, n, "spd", seed)
+
+
+@pytest.mark.parametrize("m, n, seed", [(2, 3, 0), (10, 4, 1), (40, 8, 2), (7, 1, 3)])
+def test_karcher_mean_matches_pyriemann(m, n, seed):
+    X = _spd_set(m, n, seed)
+    expected = mean_riemann(X, tol=1e-14, maxiter=500)
+    M = karcher_mean(_t(X), 100, tol=1e-13).numpy()
+    np.testing.assert_allclose(M, expected, rtol=1e-11, atol=1e-12 * np.abs(expected).max())
+    np.testing.assert_allclose(karcher_mean(_t(X), 0).numpy(), mean_logeuclid(X), atol=1e-12 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_karcher_steps_converge_fast_from_the_log_euclidean_mean(seed):
+    """The figures quoted by SPDBatchNorm: each fixed-point step divides the error by >= 20."""
+    X = _spd_set(30, 6, seed)
+    expected = mean_riemann(X, tol=1e-14, maxiter=500)
+    errors = [np.abs(karcher_mean(_t(X), k).numpy() - expected).max() / np.abs(expected).max() for k in range(4)]
+    assert errors[0] < 5e-3
+    for before, after in zip(errors, errors[1:]):
+        assert after < before / 20
+
+
+def test_karcher_mean_congruence_equivariant():
+    X = _spd_set(12, 5, 4)
+    A = np.random.default_rng(5).standard_normal((5, 5))
+    M = karcher_mean(_t(X), 100, tol=1e-13).numpy()
+    moved = karcher_mean(_t(A @ X @ A.T), 100, tol=1e-13).numpy()
+    np.testing.assert_allclose(moved, A @ M @ A.T, rtol=1e-10, atol=1e-11 * np.abs(moved).max())
+
+
+def _inverse_pair(seed):
+    """``{A, A⁻¹}``: its Karcher and log-Euclidean means are exactly ``I`` (all eigenvalues tied)."""
+    A = _rotated([0.5, 1.3, 2.0, 3.7], seed=seed)
+    return np.stack([A, np.linalg.inv(A)])
+
+
+REPEATED_MEAN_BATCHES = {
+    "inverse_pair": _inverse_pair(1),
+    "identities": np.stack([np.eye(4)] * 3),
+    "scaled_identity_and_rotated": np.stack([2.5 * np.eye(4), SPD_CASES["two_equal_rotated"]]),
+    "random": _spd_set(5, 4, 6),
+}
+
+
+@pytest.mark.parametrize("n_iter", [0, 1, 3])
+@pytest.mark.parametrize("bname", REPEATED_MEAN_BATCHES)
+def test_karcher_mean_gradcheck(bname, n_iter):
+    """float64 gradcheck of the computed mean (log-Euclidean start + fixed steps), including
+    batches whose mean or whose matrices have repeated eigenvalues."""
+    X = _t(REPEATED_MEAN_BATCHES[bname]).requires_grad_(True)
+    M = karcher_mean(X.detach(), n_iter)
+    assert torch.isfinite(M).all()
+    if bname == "inverse_pair":
+        np.testing.assert_allclose(M.numpy(), np.eye(4), atol=1e-12)
+    assert torch.autograd.gradcheck(_sym_wrap(lambda A: karcher_mean(A, n_iter)), (X,))
+
+
+@pytest.mark.parametrize("bname", ["inverse_pair", "random", "scaled_identity_and_rotated"])
+def test_karcher_mean_gradient_matches_pyriemann_finite_differences(bname):
+    """Independent oracle: central differences of pyRiemann's mean_riemann along a random
+    symmetric direction vs our backward through converged fixed-point steps."""
+    X = REPEATED_MEAN_BATCHES[bname]
+    E = _rand_sym(X.shape[-1], 8, batch=(len(X),))
+    C = _rand_sym(X.shape[-1], 9)
+    Xt = _t(X).requires_grad_(True)
+    (karcher_mean(Xt, 40) * _t(C)).sum().backward()
+    h = 1e-5
+
+    def oracle(A):
+        return float((mean_riemann(A, tol=1e-15, maxiter=1000) * C).sum())
+
+    fd = (oracle(X + h * E) - oracle(X - h * E)) / (2 * h)
+    assert float((Xt.grad * _t(E)).sum()) == pytest.approx(fd, rel=1e-6, abs=1e-8)

@@ -14,7 +14,7 @@ import torch
 from torch.func import functional_call
 
 import skfedspd.nn as nn_module
-from skfedspd.nn import BiMap, SPDNet, congruence
+from skfedspd.nn import BiMap, DomainSPDBatchNorm, SPDBatchNorm, SPDNet, congruence
 from skfedspd.stiefel import orthonormality_error, random_stiefel, tangent_project
 from skfedspd.training import train_epochs
 
@@ -537,6 +537,9 @@ def test_spdnet_seed_reproducible_and_head_uses_caller_rng():
     (dict(hidden_dims=()), "hidden_dims"),
     (dict(hidden_dims=(4, 6)), "out_dim=6 > in_dim=4"),
     (dict(hidden_dims=(10,)), "out_dim=10 > in_dim=8"),
+    (dict(batchnorm="riemann"), "batchnorm must be None, 'spd' or 'domain'"),
+    (dict(batchnorm="spd", bn_momentum=0.0), "momentum"),
+    (dict(batchnorm="domain", karcher_steps=-1), "karcher_steps"),
 ])
 def test_spdnet_rejects_bad_arguments(kwargs, match):
     args = dict(n_channels=8, hidden_dims=(4,), n_classes=3)
@@ -716,3 +719,283 @@ def test_eigenvalue_clamp_fraction_one_per_block(spd_batch, hidden_dims):
     assert len(fractions) == len(hidden_dims)
     assert all(f == 0.0 for f in fractions)  # well-conditioned input: nothing clamped
     assert all(torch.count_nonzero(b.V) == 0 for b in net.bimaps)  # no side effect
+
+
+# ---------------------------------------------------------------------------------------------
+# SPD batch normalization (Brooks et al. 2019; domain-specific: Kobler et al. 2022)
+# ---------------------------------------------------------------------------------------------
+
+from pyriemann.geometry.geodesic import geodesic_riemann  # noqa: E402
+from pyriemann.geometry.mean import mean_riemann  # noqa: E402
+
+
+def _np_power(M, p):
+    lam, U = np.linalg.eigh(M)
+    return (U * lam**p) @ U.T
+
+
+def _np_expm_sym(S):
+    lam, U = np.linalg.eigh(0.5 * (S + S.T))
+    return (U * np.exp(lam)) @ U.T
+
+
+def _oracle_normalize(X, log_bias, M=None):
+    """Independent numpy/pyRiemann version of the layer: B^{1/2} M^{-1/2} X M^{-1/2} B^{1/2},
+    M = pyRiemann's mean_riemann (converged) unless given."""
+    M = mean_riemann(X, tol=1e-14, maxiter=1000) if M is None else M
+    C = _np_expm_sym(0.5 * log_bias) @ _np_power(M, -0.5)
+    return C @ X @ C.T
+
+
+def _set_log_bias(bn, seed, scale=0.3):
+    with torch.no_grad():
+        bn.log_bias.copy_(torch.as_tensor(scale * _gauss_np(tuple(bn.log_bias.shape), seed)))
+
+
+def _repeated_batch(n):
+    """Identity matrices and an inverse pair: batch mean exactly I (all eigenvalues tied)."""
+    A = _np_power(np.cov(np.random.default_rng(40).standard_normal((n, 3 * n))), 1.0)
+    return torch.as_tensor(np.stack([A, np.linalg.inv(A), np.eye(n), np.eye(n)]))
+
+
+@pytest.mark.parametrize("layer", [SPDBatchNorm, DomainSPDBatchNorm])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_batchnorm_output_mean_is_the_bias(spd_batch, layer, with_bias):
+    """Training mode: the batch is congruence-normalized to mean B (I before training)."""
+    bn = layer(5, karcher_steps=30)
+    if with_bias:
+        _set_log_bias(bn, 41)
+    X = spd_batch(12, 5, seed=42)
+    Y = bn(X).detach().numpy()
+    B = bn.bias().detach().numpy()
+    np.testing.assert_allclose(mean_riemann(Y, tol=1e-14, maxiter=1000), B, atol=1e-10)
+    np.testing.assert_allclose(Y, _oracle_normalize(X.numpy(), bn.log_bias.detach().numpy()), atol=1e-10)
+    assert (np.linalg.eigvalsh(Y) > 0).all()
+
+
+@pytest.mark.parametrize("momentum", [0.1, 0.5, 1.0])
+def test_batchnorm_running_mean_moves_along_the_geodesic(spd_batch, momentum):
+    bn = SPDBatchNorm(4, momentum=momentum, karcher_steps=30)
+    X1, X2 = spd_batch(6, 4, seed=43), 3.0 * spd_batch(6, 4, seed=44)
+    expected = np.eye(4)
+    for X in (X1, X2):
+        bn(X)
+        expected = geodesic_riemann(expected, mean_riemann(X.numpy(), tol=1e-14, maxiter=1000), momentum)
+        np.testing.assert_allclose(bn.running_mean.numpy(), expected, atol=1e-10)
+
+
+def test_batchnorm_eval_uses_running_mean_and_has_no_side_effect(spd_batch):
+    bn = SPDBatchNorm(4, momentum=0.3)
+    _set_log_bias(bn, 45)
+    bn(spd_batch(8, 4, seed=46))
+    bn.eval()
+    running = bn.running_mean.clone()
+    X = spd_batch(5, 4, seed=47)
+    Y = bn(X).detach().numpy()
+    torch.testing.assert_close(bn.running_mean, running, rtol=0, atol=0)
+    np.testing.assert_allclose(
+        Y, _oracle_normalize(X.numpy(), bn.log_bias.detach().numpy(), running.numpy()), atol=1e-12
+    )
+    # one matrix at evaluation: normalized by the running mean, not mapped to B
+    np.testing.assert_allclose(bn(X[:1]).detach().numpy(), Y[:1], atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", [SPDBatchNorm, DomainSPDBatchNorm])
+@pytest.mark.parametrize("karcher_steps", [0, 1, 2])
+@pytest.mark.parametrize("batch", ["random", "repeated"])
+def test_batchnorm_gradcheck(spd_batch, layer, karcher_steps, batch):
+    """float64 gradcheck wrt the input batch and the bias, training mode (batch statistics),
+    including a batch whose mean has all eigenvalues tied (= I) and identity members."""
+    bn = layer(4, karcher_steps=karcher_steps)
+    X0 = (spd_batch(4, 4, seed=48) if batch == "random" else _repeated_batch(4)).requires_grad_(True)
+    L0 = torch.tensor(0.2 * _gauss_np((4, 4), 49), requires_grad=True)
+
+    def f(L, X):
+        return functional_call(bn, {"log_bias": L}, (0.5 * (X + X.mT),))
+
+    assert torch.autograd.gradcheck(f, (L0, X0), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+def test_batchnorm_eval_gradcheck(spd_batch):
+    bn = SPDBatchNorm(4)
+    bn(spd_batch(6, 4, seed=50))
+    bn.eval()
+    X0 = spd_batch(3, 4, seed=51).requires_grad_(True)
+    L0 = torch.tensor(0.2 * _gauss_np((4, 4), 52), requires_grad=True)
+
+    def f(L, X):
+        return functional_call(bn, {"log_bias": L}, (0.5 * (X + X.mT),))
+
+    assert torch.autograd.gradcheck(f, (L0, X0), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batch", ["random", "repeated"])
+def test_batchnorm_gradient_matches_pyriemann_oracle_finite_differences(spd_batch, batch):
+    """Whole layer (converged Karcher steps) vs central differences of the numpy/pyRiemann
+    oracle along random symmetric directions in the input and the bias."""
+    bn = SPDBatchNorm(4, karcher_steps=40)
+    _set_log_bias(bn, 53)
+    X = spd_batch(5, 4, seed=54) if batch == "random" else _repeated_batch(4)
+    X = X.clone().requires_grad_(True)
+    C = _sym_weights(4, 55).numpy()
+    (bn(X) * torch.as_tensor(C)).sum().backward()
+    rng = np.random.default_rng(56)
+    E = rng.standard_normal(tuple(X.shape))
+    E = 0.5 * (E + E.transpose(0, 2, 1))
+    F = rng.standard_normal((4, 4))
+    F = 0.5 * (F + F.T)
+    L = bn.log_bias.detach().numpy()
+    Xn = X.detach().numpy()
+    h = 1e-5
+
+    def oracle(t):
+        return float((_oracle_normalize(Xn + t * E, L + t * F) * C).sum())
+
+    fd = (oracle(h) - oracle(-h)) / (2 * h)
+    analytic = float((X.grad.numpy() * E).sum() + (bn.log_bias.grad.numpy() * F).sum())
+    assert analytic == pytest.approx(fd, rel=1e-6, abs=1e-8)
+
+
+def test_domain_batchnorm_normalizes_each_domain_by_its_own_mean(spd_batch):
+    bn = DomainSPDBatchNorm(4, karcher_steps=30)
+    _set_log_bias(bn, 57)
+    X = spd_batch(12, 4, seed=58)
+    domains = np.array(["b", "a", "c"] * 4)
+    Y = bn(X, domains).detach().numpy()
+    L = bn.log_bias.detach().numpy()
+    for d in np.unique(domains):
+        np.testing.assert_allclose(Y[domains == d], _oracle_normalize(X.numpy()[domains == d], L), atol=1e-10)
+    # one domain = no domains; evaluation = training (nothing stored); torch labels accepted
+    torch.testing.assert_close(bn(X, np.zeros(12)), bn(X))
+    bn.eval()
+    codes = torch.as_tensor(np.unique(domains, return_inverse=True)[1])
+    np.testing.assert_array_equal(bn(X, codes).detach().numpy(), Y)
+    assert list(dict(bn.named_buffers())) == []
+
+
+def test_domain_batchnorm_rejects_bad_domains(spd_batch):
+    bn = DomainSPDBatchNorm(3)
+    with pytest.raises(ValueError, match="one label per matrix"):
+        bn(spd_batch(4, 3), np.zeros(3))
+    with pytest.raises(ValueError, match="one label per matrix"):
+        bn(spd_batch(4, 3), np.zeros((4, 1)))
+
+
+def test_domain_batchnorm_removes_a_domain_congruence(spd_batch):
+    """A congruence of one domain changes that domain's output by one rotation only."""
+    bn = DomainSPDBatchNorm(4, karcher_steps=30)
+    X = spd_batch(10, 4, seed=59)
+    domains = np.arange(10) % 2
+    A = torch.as_tensor(_gauss_np((4, 4), 60))
+    moved = X.clone()
+    moved[domains == 1] = A @ X[domains == 1] @ A.T
+    Y, Y_moved = bn(X, domains).detach(), bn(moved, domains).detach()
+    torch.testing.assert_close(Y_moved[domains == 0], Y[domains == 0])
+    torch.testing.assert_close(torch.linalg.eigvalsh(Y_moved), torch.linalg.eigvalsh(Y), rtol=1e-8, atol=1e-10)
+
+
+BN_KINDS = ["spd", "domain"]
+
+
+def _bn_net(batchnorm, hidden_dims=(6, 4), **kwargs):
+    return _make_net(8, hidden_dims, 3, eps=1e-2, seed=0, batchnorm=batchnorm, **kwargs)
+
+
+def test_spdnet_without_batchnorm_is_unchanged(spd_batch):
+    """batchnorm=None: same module (no extra state, same kinds) and the fused fast path."""
+    X = spd_batch(4, 8)
+    plain, explicit = _make_net(8, (6, 4), 3, seed=0), _bn_net(None)
+    assert list(plain.state_dict()) == list(explicit.state_dict())
+    assert list(plain.parameter_kinds()) == ["bimaps.0.weight", "bimaps.1.weight", "head.weight", "head.bias"]
+    torch.testing.assert_close(plain(X), explicit(X), rtol=0, atol=0)
+    assert type(explicit.features(X).grad_fn).__name__ == "_CentredBiMapSpectralVechBackward"
+    with pytest.raises(ValueError, match="batchnorm='domain' only"):
+        explicit(X, domains=np.zeros(4))
+
+
+@pytest.mark.parametrize("batchnorm", BN_KINDS)
+def test_spdnet_batchnorm_parameter_kinds(batchnorm):
+    net = _bn_net(batchnorm)
+    kinds = net.parameter_kinds()
+    expected = {"bimaps.0.weight": "stiefel", "bimaps.1.weight": "stiefel", "head.weight": "euclidean",
+                "head.bias": "euclidean", "batchnorms.0.log_bias": "euclidean", "batchnorms.1.log_bias": "euclidean"}
+    if batchnorm == "spd":
+        expected.update({"batchnorms.0.running_mean": "local", "batchnorms.1.running_mean": "local"})
+    assert dict(kinds) == expected
+    params = net.get_parameters()
+    assert list(params) == list(kinds)
+    assert params["batchnorms.0.log_bias"].shape == (6, 6)
+    # every trainable tensor and every buffer except the BiMap charts is exported
+    exported = {n for n in kinds if not n.startswith("bimaps.")}
+    state = {n for n in net.state_dict() if not n.startswith("bimaps.")}
+    assert exported == state
+
+
+@pytest.mark.parametrize("batchnorm", BN_KINDS)
+def test_spdnet_batchnorm_get_set_parameters_round_trip(spd_dataset, batchnorm):
+    X, y = _torch_data(spd_dataset, n_channels=8)
+    net = _bn_net(batchnorm)
+    kwargs = {"domains": np.arange(len(y)) % 3} if batchnorm == "domain" else {}
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(net(X, **kwargs), y).backward()
+        opt.step()
+        net.after_step_()
+    params = net.get_parameters()
+    assert np.abs(params["batchnorms.0.log_bias"]).max() > 0
+    if batchnorm == "spd":
+        assert not np.allclose(params["batchnorms.0.running_mean"], np.eye(6))
+    other = _bn_net(batchnorm)
+    other.set_parameters(params)
+    net.eval(), other.eval()
+    torch.testing.assert_close(other(X, **kwargs), net(X, **kwargs), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("batchnorm", BN_KINDS)
+@pytest.mark.parametrize("hidden_dims", [(4,), (6, 3)])
+def test_spdnet_batchnorm_gradcheck(spd_batch, batchnorm, hidden_dims):
+    """Finite differences through BiMap → BN → ReEig → ... → LogEig → head: wrt the last
+    BiMap's V, the first BN bias and the input (two domains for batchnorm='domain')."""
+    net = _bn_net(batchnorm, hidden_dims=hidden_dims)
+    X0 = spd_batch(4, 8, seed=61).requires_grad_(True)
+    V0 = torch.zeros_like(net.bimaps[-1].V, requires_grad=True)
+    L0 = torch.tensor(0.2 * _gauss_np((hidden_dims[0],) * 2, 62), requires_grad=True)
+    names = (f"bimaps.{len(hidden_dims) - 1}.V", "batchnorms.0.log_bias")
+    domains = np.array([0, 1, 0, 1]) if batchnorm == "domain" else None
+
+    def f(V, L, X):
+        return functional_call(net, dict(zip(names, (V, L))), (0.5 * (X + X.mT), domains), strict=False)
+
+    assert torch.autograd.gradcheck(f, (V0, L0, X0), eps=1e-6, atol=1e-7, rtol=1e-6)
+
+
+@pytest.mark.parametrize("batchnorm", BN_KINDS)
+def test_spdnet_batchnorm_trains(spd_dataset, batchnorm):
+    X, y = _torch_data(spd_dataset, n_channels=8)
+    net = _bn_net(batchnorm)
+    losses = _full_batch_training(net, torch.optim.Adam(net.parameters(), lr=1e-2), X, y, 60)
+    assert np.isfinite(losses).all()
+    assert losses[-10:].mean() < 0.8 * losses[:10].mean()
+    assert max(orthonormality_error(b.weight.detach()) for b in net.bimaps) <= 1e-10
+
+
+def test_spdnet_batchnorm_float32_and_pickle(spd_batch):
+    net = _bn_net("spd", dtype=torch.float32)
+    X = spd_batch(6, 8, dtype=torch.float32)
+    net(X)
+    net.eval()
+    out = net(X)
+    assert out.dtype == torch.float32 and torch.isfinite(out).all()
+    restored = pickle.loads(pickle.dumps(net))
+    torch.testing.assert_close(restored(X), out, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("batchnorm", BN_KINDS)
+def test_eigenvalue_clamp_fraction_with_batchnorm_has_no_side_effect(spd_batch, batchnorm):
+    net = _bn_net(batchnorm)
+    before = copy.deepcopy(net.state_dict())
+    fractions = net.eigenvalue_clamp_fraction(spd_batch(6, 8))
+    assert len(fractions) == 2 and all(0 <= f <= 1 for f in fractions)
+    for name, value in net.state_dict().items():
+        torch.testing.assert_close(value, before[name], rtol=0, atol=0)
