@@ -2,7 +2,7 @@
 local backend: same clients, same ``random_state``, the same model bit for bit?
 
 One cell of Table I (default: FedSPDnet ProjAvg, full participation, seed 0, 150 rounds of
-2 local epochs, 8 clients of 2 subjects, ``benchmarks/physionet_experiment.py``'s protocol
+2 local epochs, 8 clients of 2 subjects, ``benchmarks.tableone``'s protocol
 on the offline PhysionetMI subset) is fitted twice:
 
 * ``local``: ``FederatedSPDnetClassifier(backend="local").fit(X, y, groups=subjects)``;
@@ -14,8 +14,8 @@ It prints both wall times (the deployment's with and without starting its proces
 per-round times, the largest absolute difference of the global parameters, whether the
 histories (validation macro-F1 per round, ...) are identical, and both test macro-F1.
 
-    FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 python benchmarks/flower_tableone.py
-    python benchmarks/flower_tableone.py --key half/spdnet-rlavg --seed 1 --rounds 30
+    FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 python -m benchmarks.flower_tableone
+    python -m benchmarks.flower_tableone --key half/spdnet-rlavg --seed 1 --rounds 30
 """
 
 import argparse
@@ -33,7 +33,8 @@ import numpy as np  # noqa: E402
 from sklearn.base import clone  # noqa: E402
 from sklearn.metrics import f1_score  # noqa: E402
 
-from physionet_experiment import client_split, federated, load_or_skip, machine, physionet_protocol, spdnet  # noqa: E402
+from benchmarks.tableone.protocols import federated, machine, physionet_protocol, spdnet  # noqa: E402
+from benchmarks.tableone.runner import client_split, load_or_skip  # noqa: E402
 from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance  # noqa: E402
 from skfedspd.federated import make_clients  # noqa: E402
 from skfedspd.training import torch_threads  # noqa: E402
@@ -57,7 +58,7 @@ def main(argv=None):
                                                                "(default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
     args = parser.parse_args(argv)
-    command = "python " + " ".join([sys.argv[0]] + (argv if argv is not None else sys.argv[1:]))
+    command = " ".join(["python -m benchmarks.flower_tableone", *(argv if argv is not None else sys.argv[1:])])
     print(f"command: {command}\nmachine: {machine()}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
 
     from skfedspd.flower import fit_federated
@@ -94,12 +95,13 @@ def main(argv=None):
     start = time.perf_counter()
     with LoopbackDeployment(paths, root=out / "flower", torch_threads=args.torch_threads) as deployment:
         up_s = time.perf_counter() - start
-        remote = fit_federated(clone(fed), deployment.address, len(paths), out / "model.pkl", insecure=True,
+        remote = fit_federated(clone(fed), deployment.address, len(paths), out / "model.skfedspd", insecure=True,
                                overwrite=True, round_timeout=600, connect_timeout=300)
         fit_s = time.perf_counter() - start - up_s
     total_s = time.perf_counter() - start
 
-    diff = max(float(np.max(np.abs(local._global[k] - remote._global[k]))) for k in local._global)
+    local_params, remote_params = local.engine_.global_params, remote.engine_.global_params
+    diff = max(float(np.max(np.abs(local_params[k] - remote_params[k]))) for k in local_params)
     same_history = _history(local) == _history(remote)
     f1 = {name: float(f1_score(y[test], est.predict(X[test]), average="macro")) for name, est in
           (("local", local), ("loopback", remote))}
