@@ -320,3 +320,11 @@ def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(monkeypatch):
                         events=["left_hand", "right_hand", "feet", "hands"])
     with pytest.raises(ValueError, match=r"\[88\] are excluded"):
         protocols.physionet_protocol(subjects=[87, 88])
+
+
+def test_report_only_without_results_says_so(fake_weibo, tmp_path, capsys):
+    out = tmp_path / "empty"
+    assert cli.main(["--profile", "smoke", "--report-only", "--out", str(out)], datasets={"FakeWeibo": fake_weibo}) == 1
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert lines[-2:] == [f"FakeWeibo: no results in {out / 'FakeWeibo'}; nothing to report for it.", "Nothing to report."]
+    assert not (out / "FakeWeibo").exists()

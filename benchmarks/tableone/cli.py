@@ -115,10 +115,12 @@ def main(argv=None, datasets=None):
             protocol = datasets[name]
             parts = run_protocol(protocol, budget, out / protocol.name, args.cells, args.report_only,
                                  args.skip_unseen, args.jobs, log_file=log_file)
-            if parts is not None:
+            if parts is not None and parts[1]:
                 done[protocol.name] = parts
+            elif parts is not None:
+                log.info(f"{protocol.name}: no results in {out / protocol.name}; nothing to report for it.")
         if not done:
-            log.info("No dataset reachable: nothing to report.")
+            log.info("Nothing to report.")
             return 1
         text, figures, lines = report(done, budget, profile, out, command, args, time.perf_counter() - start)
         (out / "report.md").write_text(text + "\n")

@@ -103,7 +103,8 @@ def convergence(tables):
             lines.append(f"| {name} | {cell.label} | {ran} | {best:.0f} | {gain} | {final:.1f} | {halvings} |")
     lines += ["", f"Late gain: mean validation macro-F1 of the last {LATE_WINDOW} rounds (epochs) minus the "
                   f"{LATE_WINDOW} before, mean ± std over seeds; near 0 when converged. Centralized networks stop "
-                  f"early (75 epochs without improvement) when they have converged."]
+                  f"after 75 epochs without a better validation score (the paper's rule): a positive late gain "
+                  f"there means they stopped while still improving."]
     return "\n".join(lines)
 
 
