@@ -14,6 +14,7 @@ import tempfile
 from pathlib import Path
 
 import tomli_w
+from sklearn.base import clone
 
 from .. import spec as _spec
 from ..persistence import load_estimator
@@ -78,7 +79,7 @@ def write_app(directory):
 
 def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root_certificates=None,
                   round_timeout=3600.0, connect_timeout=600.0, timeout=None, overwrite=False,
-                  log_path=None, quiet=False):
+                  log_path=None, quiet=False, secure_aggregation=None):
     """Train ``estimator`` on the sites of a running Flower deployment.
 
     Parameters
@@ -107,6 +108,10 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         Also write the streamed server log there.
     quiet : bool
         Do not echo the streamed server log.
+    secure_aggregation : bool or None
+        Run the rounds under Flower's SecAgg+ (the server sees only sums; see
+        ``docs/privacy.md``); None: the estimator's own ``secure_aggregation``. It travels
+        in the run configuration with the estimator's spec.
 
     Returns
     -------
@@ -119,6 +124,8 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
     if insecure and root_certificates:
         raise ValueError("pass either insecure=True or root_certificates, not both")
+    if secure_aggregation is not None:
+        estimator = clone(estimator).set_params(secure_aggregation=bool(secure_aggregation))
     output = Path(output).absolute()
     if output.exists():
         if not overwrite:
