@@ -88,12 +88,13 @@ def secure_mod(message, context, call_next):
 
 
 def _scaled(value, bound, what):
+    """``value / bound``; ValueError if a value is not finite or leaves ``±bound`` (the
+    message names no value: a ClientApp error's text reaches the server in clear)."""
     value = np.asarray(value, dtype=np.float64)
     if not np.isfinite(value).all():
         raise ValueError(f"{what} is not finite: it cannot enter the secure sum")
-    peak = float(np.max(np.abs(value))) if value.size else 0.0
-    if peak > bound:
-        raise ValueError(f"{what} reaches {peak:.4g}, outside the secure-aggregation range ±{bound:g}")
+    if value.size and np.max(np.abs(value)) > bound:
+        raise ValueError(f"{what} leaves the secure-aggregation range ±{bound:g}")
     return value / bound
 
 
@@ -102,7 +103,7 @@ def train_vector(layout, params, loss, n_skipped, n_examples):
     docstring). ``layout`` is the server's (``config["secure"]``, decoded)."""
     n_max = layout["n-max"]
     if not 1 <= n_examples <= n_max:
-        raise ValueError(f"num-examples {n_examples} outside [1, {n_max}]")
+        raise ValueError(f"num-examples outside [1, {n_max}]")
     r = n_examples / n_max if layout["weighting"] == "n_samples" else 1.0
     arrays = [r * _scaled(params[name], bound, f"array {name!r}") for name, bound in layout["arrays"]]
     nan_loss = not np.isfinite(loss)
@@ -115,7 +116,7 @@ def eval_vector(layout, loss, f1, n_examples):
     """What a site puts into the validation secure sum."""
     n_max = layout["n-max"]
     if not 1 <= n_examples <= n_max:
-        raise ValueError(f"num-examples {n_examples} outside [1, {n_max}]")
+        raise ValueError(f"num-examples outside [1, {n_max}]")
     m = n_examples / n_max
     return [np.asarray([m, m * _scaled(loss, LOSS_RANGE, "val-loss"), m * _scaled(f1, 1.0, "val-f1")])]
 
