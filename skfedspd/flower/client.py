@@ -15,6 +15,11 @@ A site answers four messages; none of them carries its data out:
 
 The server checks every reply before it is used (:mod:`skfedspd.engine`).
 
+Under secure aggregation (:mod:`skfedspd.flower.secure`) the train and validation replies
+go out only as masked vectors of Flower's SecAgg+ (its ``secaggplus_mod`` handles the
+protocol's train messages; a train message whose ``secure`` layout says ``"evaluate"``
+carries the validation): the server sees only their sums.
+
 Every message carries the run's set-up (a JSON string), so a site keeps no state between
 messages: the SuperNode may start a new ClientApp process for each one, and a restarted
 SuperNode rejoins without losing anything. Client-local arrays (BatchNorm statistics of
