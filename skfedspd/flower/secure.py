@@ -263,6 +263,10 @@ class SecureSPDnetStrategy(SPDnetStrategy):
         self.bounds = [(name, 1.0 if kind == "stiefel" else EUCLIDEAN_RANGE)
                        for name, kind in engine.kinds.items() if kind != "local"]
 
+    def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, **kwargs):
+        self.secure_sum.timeout = timeout  # each protocol stage waits as long as a plain round
+        return super().start(grid, initial_arrays, num_rounds=num_rounds, timeout=timeout, **kwargs)
+
     def summary(self):
         super().summary()
         log(_INFO, "\t├──> secure aggregation: SecAgg+, %d-bit quantization, threshold %.2f of the sites",
