@@ -49,6 +49,7 @@ __all__ = [
     "rlavg_from_sum",
     "karcher",
     "AGGREGATIONS",
+    "SUM_RULES",
     "get_aggregation",
 ]
 
@@ -195,6 +196,8 @@ def karcher(client_params, weights, previous, kinds, tol=1e-11, max_iter=200, re
 
 
 AGGREGATIONS = {"projavg": projavg, "rlavg": rlavg, "karcher": karcher}
+#: The rules that are functions of the weighted sum only (usable under secure aggregation).
+SUM_RULES = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
 
 
 def get_aggregation(aggregation):

@@ -405,29 +405,80 @@ class FederatedEngine:
         accepted, failed = self._sort_replies(t, "train", selected, replies, self.check_train_reply)
         n_samples = [int(r.n_examples) for _, r in accepted]
         weights = client_weights(n_samples, self.weighting)
-        previous = {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}
-        new_global = self.rule([r.params for _, r in accepted], weights, previous, self.kinds)
-        check_aggregate(self.rule_name, new_global, self.template, self.kinds)
-        new_global = {n: new_global[n] for n in previous}
+        new_global = self.rule([r.params for _, r in accepted], weights, self._previous(), self.kinds)
         local_names = [n for n, kind in self.kinds.items() if kind == "local"]
-        if local_names:
-            for cid, reply in accepted:
-                self.local_states[cid] = {n: reply.params[n] for n in local_names}
-            for name in local_names:
+        local_states = {cid: {n: reply.params[n] for n in local_names} for cid, reply in accepted} if local_names else {}
+        losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
+        train_loss = float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan")
+        return self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
+                            int(sum(r.n_skipped for _, r in accepted)), local_states)
+
+    def aggregate_from_sum(self, t, selected, clients, reasons, *, summed, weight, n_examples, loss, n_nan_loss,
+                           n_skipped):
+        """:meth:`aggregate` when the server sees only sums (secure aggregation).
+
+        ``clients``: the selected clients whose replies the sum covers (the others dropped
+        out, ``reasons[cid]`` saying why when known; they are failed clients under the
+        failure policy). The sums over ``clients``: ``summed`` (``{name: Σ_i r_i θ_i}``,
+        non-local names), ``weight`` (``Σ_i r_i``, ``r_i`` the client's unnormalised
+        weight), ``n_examples``, ``loss`` (``Σ_i r_i loss_i``), ``n_nan_loss`` (clients with a
+        NaN loss), ``n_skipped``. The rule must be a function of the weighted sum
+        (:data:`~skfedspd.aggregation.SUM_RULES`). The totals are checked (finite arrays of
+        the model's shapes, a positive weight, a total count between one per client and
+        the clients' declared total, orthonormal Stiefel arrays after the rule); a bad
+        total cannot be traced to a client, so the round raises whatever the policy.
+        ``n_samples`` of the record is the total only (a one-element list).
+        """
+        from .aggregation import SUM_RULES
+
+        if self.rule_name not in SUM_RULES:
+            raise ValueError(f"aggregation {self.rule_name!r} is not a function of the weighted sum")
+        clients = sorted(int(c) for c in clients)
+        replies = [None if cid in clients else RuntimeError(
+            "dropped out of the secure aggregation" + (f" ({reasons[cid]})" if cid in reasons else ""))
+            for cid in selected]
+        _, failed = self._sort_replies(t, "train", selected, replies, lambda cid, reply: None)
+        template = {n: (shape, None) for n, (shape, _) in self.template.items() if self.kinds[n] != "local"}
+        n_total, declared = int(np.rint(n_examples)), sum(self.n_train[c] for c in clients)
+        reason = _check_arrays(summed, template, what="summed arrays")
+        if reason is None and not (np.isfinite(weight) and weight > 0):
+            reason = f"the summed weight {weight!r} is not positive"
+        if reason is None and not len(clients) <= n_total <= declared:
+            reason = (f"num-examples total {n_examples:.6g} is not between {len(clients)} and the {declared} "
+                      "training samples these clients declared at set-up")
+        if reason is None and not (np.isfinite(loss) and np.isfinite(n_skipped) and np.rint(n_skipped) >= 0):
+            reason = f"train-loss sum {loss!r} or skipped-batches total {n_skipped!r} is invalid"
+        if reason:
+            raise RuntimeError(f"round {t}: the secure sum of clients {clients} is invalid: {reason}")
+        mean = {n: np.asarray(v, dtype=np.float64) / weight for n, v in summed.items()}
+        new_global = SUM_RULES[self.rule_name](mean, self._previous(), self.kinds)
+        train_loss = float("nan") if np.rint(n_nan_loss) > 0 else max(0.0, float(loss / weight))
+        return self._commit(t, new_global, clients, [n_total], failed, train_loss, int(np.rint(n_skipped)))
+
+    def _previous(self):
+        return {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}
+
+    def _commit(self, t, new_global, clients, n_samples, failed, train_loss, skipped, local_states=None):
+        """Check the rule's output; only then make it the global model (with the clients'
+        new ``"local"`` arrays); return the round's record."""
+        check_aggregate(self.rule_name, new_global, self.template, self.kinds)
+        self.local_states.update(local_states or {})
+        new_global = {n: new_global[n] for n in self._previous()}
+        for name, kind in self.kinds.items():
+            if kind == "local":
                 new_global[name] = self._pooled_local(name)
         self.global_params = new_global
-        losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
         return {
             "round": int(t),
-            "clients": [cid for cid, _ in accepted],
+            "clients": clients,
             "n_samples": n_samples,
             "failed_clients": failed,
-            "train_loss": float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan"),
+            "train_loss": train_loss,
             "val_loss": None,
             "val_f1": None,
             "orthonormality": {n: orthonormality_error(new_global[n]) for n, k in self.kinds.items() if k == "stiefel"},
             "lr": float(self.schedule.lr),
-            "skipped_batches": int(sum(r.n_skipped for _, r in accepted)),
+            "skipped_batches": skipped,
         }
 
     def evaluated_clients(self):
@@ -444,6 +495,33 @@ class FederatedEngine:
             raise ValueError(f"{len(replies)} validation replies for the {len(clients)} clients with validation data")
         accepted, failed = self._sort_replies(t, "evaluate", clients, replies, self.check_eval_reply)
         val_loss, val_f1 = _pool_scores([(r.n_examples, r.loss, r.f1) for _, r in accepted])
+        return self._close_round(record, failed, val_loss, val_f1, wall_time)
+
+    def finish_round_from_sum(self, record, clients, reasons, *, n_examples, loss, f1, wall_time=None):
+        """:meth:`finish_round` from validation totals (secure aggregation): ``clients``
+        (those the sums cover; the other :meth:`evaluated_clients` dropped out, as failed
+        clients), their total validation size ``n_examples`` and pooled (size-weighted)
+        ``loss`` and ``f1``. Checked: a total count between one per client and their
+        declared total, a finite loss ≥ 0 and a macro-F1 in [0, 1] (up to the 1e-6 of the
+        quantization); a bad total raises whatever the policy."""
+        t = record["round"]
+        expected, clients = self.evaluated_clients(), sorted(int(c) for c in clients)
+        replies = [None if cid in clients else RuntimeError(
+            "dropped out of the secure aggregation" + (f" ({reasons[cid]})" if cid in reasons else ""))
+            for cid in expected]
+        _, failed = self._sort_replies(t, "evaluate", expected, replies, lambda cid, reply: None)
+        n_total, declared = int(np.rint(n_examples)), sum(self.n_val[c] for c in clients)
+        reason = None
+        if not len(clients) <= n_total <= declared:
+            reason = (f"num-examples total {n_examples:.6g} is not between {len(clients)} and the {declared} "
+                      "validation samples these clients declared at set-up")
+        elif not (np.isfinite(loss) and loss >= -1e-6 and np.isfinite(f1) and -1e-6 <= f1 <= 1 + 1e-6):
+            reason = f"pooled val-loss {loss!r} or val-f1 {f1!r} out of range"
+        if reason:
+            raise RuntimeError(f"round {t}: the secure validation sum of clients {clients} is invalid: {reason}")
+        return self._close_round(record, failed, max(0.0, float(loss)), float(np.clip(f1, 0, 1)), wall_time)
+
+    def _close_round(self, record, failed, val_loss, val_f1, wall_time):
         self.schedule.step(val_f1, val_loss, self.global_params)
         record = dict(record, val_loss=val_loss, val_f1=val_f1,
                       failed_clients=record["failed_clients"] + failed)

@@ -171,6 +171,15 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         extra); the same ``random_state`` gives a bit-identical model on both backends
         (``n_jobs`` and ``checkpoint_path`` are local-only). Real multi-site deployments
         use :func:`skfedspd.flower.fit_federated` (``docs/deployment.md``).
+    secure_aggregation : bool, default=False
+        Flower only (``backend="flower"`` or :func:`~skfedspd.flower.fit_federated`):
+        every round's train and validation replies reach the server only as sums, by
+        Flower's SecAgg+ protocol (:mod:`skfedspd.flower.secure`); ProjAvg / RLAvg are
+        computed from the summed weighted arrays and match the plain run to ~1e-7. Needs
+        ``aggregation`` "projavg" or "rlavg", a model without client-local arrays (SPDnet),
+        at least 3 clients per round; tolerates ``M − round(2M/3)`` dropouts per round.
+        ``history_`` then holds totals only (``n_samples``: the one-element total).
+        Threat model and what leaves a site: ``docs/privacy.md``.
 
     Attributes
     ----------
@@ -246,6 +255,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "warm_start": ["boolean"],
         "checkpoint_path": [None, str, os.PathLike],
         "backend": [StrOptions(set(BACKENDS))],
+        "secure_aggregation": ["boolean"],
     }
 
     def __init__(
@@ -272,6 +282,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         warm_start=False,
         checkpoint_path=None,
         backend="local",
+        secure_aggregation=False,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -295,6 +306,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.warm_start = warm_start
         self.checkpoint_path = checkpoint_path
         self.backend = backend
+        self.secure_aggregation = secure_aggregation
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -319,6 +331,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self
             Fitted; if ``fit`` raises, the estimator is left exactly as it was.
         """
+        if self.secure_aggregation and self.backend == "local":
+            raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
+                             "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
         task = self._prepare(X, y, groups, subjects)
         module, _, function = BACKENDS[self.backend].partition(":")
         try:

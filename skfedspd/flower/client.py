@@ -15,6 +15,11 @@ A site answers four messages; none of them carries its data out:
 
 The server checks every reply before it is used (:mod:`skfedspd.engine`).
 
+Under secure aggregation (:mod:`skfedspd.flower.secure`) the train and validation replies
+go out only as masked vectors of Flower's SecAgg+ (its ``secaggplus_mod`` handles the
+protocol's train messages; a train message whose ``secure`` layout says ``"evaluate"``
+carries the validation): the server sees only their sums.
+
 Every message carries the run's set-up (a JSON string), so a site keeps no state between
 messages: the SuperNode may start a new ClientApp process for each one, and a restarted
 SuperNode rejoins without losing anything. Client-local arrays (BatchNorm statistics of
@@ -23,6 +28,7 @@ returns them to that client only.
 """
 
 import importlib
+import json
 import threading
 
 import numpy as np
@@ -108,7 +114,9 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         Returns the unfitted local estimator; None: rebuilt from the set-up's JSON spec
         (deployment). The in-process simulation passes a ``clone`` of the server's.
     """
-    app = ClientApp()
+    from . import secure  # imports this module
+
+    app = ClientApp(mods=[secure.secure_mod])
     cache = {}
     lock = threading.Lock()
 
@@ -139,20 +147,26 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     @app.train()
     def train(message, context):
         config = message.content["config"]
+        layout = json.loads(config["secure"]) if "secure" in config else None
+        if layout is not None and layout["stage"] == "evaluate":  # SecAgg+ runs on train messages only
+            _, loss, f1, n_val = validate(message, context)
+            return Message(secure.site_reply(secure.eval_vector(layout, loss, f1, n_val)), reply_to=message)
         cid, prepared = site(context, config["setup"])
         check_client(message, cid)
         local = from_array_record(message.content["local"]) or None
         params, loss, skipped = prepared.est.local_update(
             from_array_record(message.content["arrays"]), local, prepared.X_train, prepared.y_train,
             lr=config["lr"], n_epochs=config["local-epochs"], seed=config["seed"])
+        if layout is not None:
+            vector = secure.train_vector(layout, params, float(loss), int(skipped), prepared.n_train)
+            return Message(secure.site_reply(vector), reply_to=message)
         metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_train,
                                 "train-loss": float(loss), "skipped-batches": int(skipped)})
         return Message(RecordDict({"arrays": to_array_record(params), "metrics": metrics}), reply_to=message)
 
-    @app.evaluate()
-    def evaluate(message, context):
-        config = message.content["config"]
-        cid, prepared = site(context, config["setup"])
+    def validate(message, context):
+        """``(client id, loss, macro-F1, n_val)`` of the broadcast model on the site's validation part."""
+        cid, prepared = site(context, message.content["config"]["setup"])
         check_client(message, cid)
         est = prepared.est
         est.set_parameters(from_array_record(message.content["arrays"]))
@@ -160,8 +174,12 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         if local:
             est.set_parameters(local)
         loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val)
-        metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_val,
-                                "val-loss": float(loss), "val-f1": float(f1)})
+        return cid, float(loss), float(f1), prepared.n_val
+
+    @app.evaluate()
+    def evaluate(message, context):
+        cid, loss, f1, n_val = validate(message, context)
+        metrics = MetricRecord({"client-id": cid, "num-examples": n_val, "val-loss": loss, "val-f1": f1})
         return Message(RecordDict({"metrics": metrics}), reply_to=message)
 
     return app

@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 
 import tomli_w
+from sklearn.base import clone
 from tqdm.auto import tqdm
 
 from .. import spec as _spec
@@ -115,7 +116,7 @@ def _default_log_path(output):
 
 def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root_certificates=None,
                   round_timeout=3600.0, connect_timeout=600.0, timeout=None, overwrite=False,
-                  log_path=None, quiet=False):
+                  log_path=None, quiet=False, secure_aggregation=None):
     """Train ``estimator`` on the sites of a running Flower deployment.
 
     Parameters
@@ -148,6 +149,10 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         No progress bar. Otherwise a bar on standard error advances per round and shows
         the global model's pooled validation macro-F1 (``val_f1``) and the best so far;
         nothing else reaches the console.
+    secure_aggregation : bool or None
+        Run the rounds under Flower's SecAgg+ (the server sees only sums; see
+        ``docs/privacy.md``); None: the estimator's own ``secure_aggregation``. It travels
+        in the run configuration with the estimator's spec.
 
     Returns
     -------
@@ -160,6 +165,8 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
     if insecure and root_certificates:
         raise ValueError("pass either insecure=True or root_certificates, not both")
+    if secure_aggregation is not None:
+        estimator = clone(estimator).set_params(secure_aggregation=bool(secure_aggregation))
     output = Path(output).absolute()
     if output.exists():
         if not overwrite:

@@ -133,7 +133,9 @@ class SPDnetStrategy(FedAvg):
         replies = self._replies(list(replies), self._round["selected"], lambda message, metrics: TrainReply(
             from_array_record(message.content["arrays"]), metrics["train-loss"], metrics["skipped-batches"],
             metrics["num-examples"]))
-        record = self.engine.aggregate(self._round["t"], self._round["selected"], replies)
+        return self._after_train(self.engine.aggregate(self._round["t"], self._round["selected"], replies))
+
+    def _after_train(self, record):
         for failure in record["failed_clients"]:
             log(_WARNING, "client %d left out of round %d: %s", failure["client"], record["round"], failure["reason"])
         self._round["record"] = record
@@ -153,8 +155,13 @@ class SPDnetStrategy(FedAvg):
             return None
         replies = self._replies(list(replies), self.engine.evaluated_clients(), lambda message, metrics: EvalReply(
             metrics["val-loss"], metrics["val-f1"], metrics["num-examples"]))
-        record = self.engine.finish_round(self._round["record"], replies,
-                                          wall_time=time.perf_counter() - self._round["start"])
+        return self._after_evaluate(self.engine.finish_round(self._round["record"], replies,
+                                                             wall_time=self._elapsed()))
+
+    def _elapsed(self):
+        return time.perf_counter() - self._round["start"]
+
+    def _after_evaluate(self, record):
         self._round = None
         return MetricRecord({"val-loss": record["val_loss"], "val-f1": record["val_f1"], "lr": record["lr"]})
 
@@ -317,7 +324,10 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     setup.update(classes=est.classes_.tolist(), input_statistic=statistic, ready=True)
 
     # 3. the rounds
-    strategy = SPDnetStrategy(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs)
+    strategy_class = SPDnetStrategy
+    if fed.secure_aggregation:
+        from .secure import SecureSPDnetStrategy as strategy_class  # imports this module
+    strategy = strategy_class(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs)
     strategy.start(grid, to_array_record(engine.global_params), num_rounds=fed.n_rounds, timeout=timeout)
     est.set_parameters(engine.best_params)
     if client_source is None:

@@ -14,6 +14,7 @@ The helpers reach into ``flwr.server.superlink.fleet.vce`` and the in-memory Lin
 which are not public API: the ``flower`` extra pins ``flwr>=1.42,<1.43``.
 """
 
+import copy
 import logging
 import os
 import queue
@@ -66,7 +67,9 @@ class InProcessBackend(Backend):
     def process_message(self, message, context):
         if self._app is None:
             raise RuntimeError("InProcessBackend.build() was not called")
-        return self._app(message=message, context=context), context
+        # A node gets its own copy, as over a wire (or Ray): Flower's server workflows may
+        # send one content object to several nodes, and SecAgg+'s client mod edits it.
+        return self._app(message=copy.deepcopy(message), context=context), context
 
     def terminate(self):
         self._app = None
