@@ -98,6 +98,9 @@ def test_profiles():
     # Quick: sized by convergence (more rounds than the paper's T), fewer seeds and subjects.
     assert quick.rounds >= full.rounds and quick.eegnet_rounds >= full.eegnet_rounds
     assert quick.offline_only and quick.unseen_folds == 0
+    # Cheap centralized cells get more seeds: one early stop on a small validation part is not representative.
+    assert quick.seeds_for(Cell("centralized", "spdnet")) == 3 and quick.seeds_for(Cell("centralized", "ts-lr")) == 3
+    assert quick.seeds_for(Cell("full", "spdnet", "projavg")) == 1 and quick.seeds_for(Cell("centralized", "eegnet")) == 1
     assert set(quick.subjects) <= set(protocols.PHYSIONET_OFFLINE_SUBJECTS) and len(quick.subjects) % 2 == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         quick.rounds = 30

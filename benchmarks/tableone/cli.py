@@ -96,7 +96,7 @@ def main(argv=None, datasets=None):
     if args.rounds:
         budget = dataclasses.replace(budget, rounds=args.rounds, eegnet_rounds=args.rounds, unseen_rounds=args.rounds)
     if args.seeds:
-        budget = dataclasses.replace(budget, seeds=args.seeds, eegnet_seeds=args.seeds)
+        budget = dataclasses.replace(budget, seeds=args.seeds, eegnet_seeds=args.seeds, centralized_seeds=None)
     out = args.out or Path("results") / f"experiment-{profile}"
     log_file = out / "experiment.log"
     with console_and_log(log_file):
@@ -152,7 +152,9 @@ def report(done, budget, profile, out, command, args, elapsed):
     text += ["", f"Command: `{command.strip()}` — {timing}; fit time summed over the {len(runs)} runs of Table I: "
                  f"{fit_minutes:.1f} min; {machine()}."]
     seeds = f"{budget.seeds} seed{'s' if budget.seeds > 1 else ''}" + (
-        f" ({budget.eegnet_seeds} for EEGNet)" if budget.eegnet_seeds != budget.seeds else "")
+        f" ({budget.eegnet_seeds} for EEGNet)" if budget.eegnet_seeds != budget.seeds else "") + (
+        f" ({budget.centralized_seeds} for centralized SPDnet, TS+LR, MDM)"
+        if budget.centralized_seeds not in (None, budget.seeds) else "")
     seeds += f", {budget.rounds} rounds"
     lines = ["Figure" + ("s" if len(figures) > 1 else "") + ": " + ", ".join(str(f) for f in figures.values()),
              "Headline: " + " | ".join(headline(name, results, seeds) for (name, _), results in tables.items())]

@@ -55,6 +55,9 @@ class Budget:
     the unseen-subject table. ``offline_only`` skips a dataset whose files are not on
     disk (one line) instead of letting MOABB download it. ``subjects``: the PhysionetMI
     subjects of the profile (None: the 16 of the offline copy; ``--subjects`` overrides).
+    ``centralized_seeds``: seeds of the centralized SPDnet and pyRiemann cells when they
+    differ from ``seeds`` (cheap cells whose early stopping on a small validation part
+    makes one seed unrepresentative).
     """
 
     seeds: int
@@ -66,9 +69,14 @@ class Budget:
     unseen_eegnet: bool
     offline_only: bool
     subjects: tuple = None
+    centralized_seeds: int = None
 
     def seeds_for(self, cell):
-        return self.eegnet_seeds if cell.model == "eegnet" else self.seeds
+        if cell.model == "eegnet":
+            return self.eegnet_seeds
+        if not cell.federated and self.centralized_seeds is not None:
+            return self.centralized_seeds
+        return self.seeds
 
     def rounds_for(self, cell):
         return self.eegnet_rounds if cell.model == "eegnet" else self.rounds
@@ -84,7 +92,7 @@ PROFILES = {
     # T = 150 and flattens near round 425; docs/results.md), on half the subjects and one
     # seed so that it fits in 10 min on 2 cores. Offline datasets only.
     "quick": Budget(seeds=1, rounds=450, eegnet_seeds=1, eegnet_rounds=450, unseen_folds=0, unseen_rounds=450,
-                    unseen_eegnet=False, offline_only=True, subjects=QUICK_SUBJECTS),
+                    unseen_eegnet=False, offline_only=True, subjects=QUICK_SUBJECTS, centralized_seeds=3),
     # The paper's budget: T = 150 rounds, 10 seeds, the 16 offline subjects.
     "full": Budget(seeds=10, rounds=150, eegnet_seeds=10, eegnet_rounds=150, unseen_folds=8, unseen_rounds=150,
                    unseen_eegnet=True, offline_only=False),
