@@ -102,7 +102,9 @@ def _spectral_vech_backward(grad, lam, U, f_lam, df):
     n = U.shape[-1]
     # Adjoint of F ↦ vech(F) on symmetric F: S_ii = g_ii, S_ij = S_ji = g_ij / √2.
     half = _vech_weights(n, grad.dtype, grad.device, True)
-    S = (grad * half).index_select(-1, _vech_gather(n, grad.device)).unflatten(-1, (n, n))
+    # reshape, not unflatten: unflatten has no vmap batching rule (per-sample gradients by a
+    # batched backward, skfedspd.privacy)
+    S = (grad * half).index_select(-1, _vech_gather(n, grad.device)).reshape(grad.shape[:-1] + (n, n))
     return _daleckii_krein(lam, U, f_lam, df, S)
 
 

@@ -1,0 +1,669 @@
+"""Sample-level differential privacy: DP-SGD on the Stiefel manifold and its accounting.
+
+The mechanism (DP-SGD of Abadi et al., 2016, with the Riemannian steps of DP-RFedProj /
+Han et al., 2024). At each step of :func:`dp_train_epochs`:
+
+1. **Poisson sampling**: every training sample joins the minibatch independently with
+   probability ``q`` (``sample_rate``), as the accountants assume.
+2. **Per-sample gradients** (:func:`per_sample_gradients`) of the per-sample cross-entropy.
+   For a Stiefel weight (a :class:`~skfedspd.nn.BiMap`, trained by tangent-space local
+   trivialization ``W = uf(W_ref + P_{W_ref}(V))``) the gradient is taken at the chart
+   centre ``V = 0``, where the gradient of ``V`` is ``P_W(∇_W ℓ)``: the Riemannian gradient
+   (embedded metric) in the tangent space at the current ``W``. Euclidean for the others.
+3. **Joint clipping** (:func:`clip_and_sum`): each sample's gradients (Riemannian and
+   Euclidean together, one Frobenius norm over all parameters) are scaled to norm at most
+   ``C`` (``clip_norm``), then summed: adding or removing one sample moves the sum by at
+   most ``C``.
+4. **Gaussian noise** (:func:`add_gaussian_noise`) ``N(0, (σC)² I)`` on every coordinate;
+   for a Stiefel weight the noisy sum is then projected onto the tangent space (the sum
+   already lies there, so this only projects the noise: post-processing).
+5. The result divided by the **expected** batch size ``q·n`` is the gradient of a
+   torch optimizer step, then ``module.after_step_()`` and the charts are re-centred: with
+   SGD, ``W ← R_W(−lr·g)`` (polar retraction), the Euclidean weights ``θ ← θ − lr·g``.
+   Any optimizer (Adam...) only post-processes the privatized gradient, so the guarantee
+   is the same: ``optimizer="adam"`` is allowed.
+
+Accounting: the composition of ``steps`` Poisson-subsampled Gaussian mechanisms
+(``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``), add/remove-one adjacency, by Google's
+``dp-accounting`` (RDP accountant by default, PLD on request): :func:`epsilon_spent`,
+:func:`calibrate_noise` and, for a federated run, :func:`plan_dp`.
+
+BatchNorm mixes the samples of a batch (its batch statistics and running averages depend
+on every sample), which breaks per-sample sensitivity: :func:`dp_train_epochs` runs every
+BatchNorm layer in evaluation mode (frozen running statistics, affine weights trained
+privately) and refuses BatchNorm layers without running statistics.
+"""
+
+import contextlib
+import logging
+import math
+import numbers
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from .nn import BiMap
+from .stiefel import tangent_project
+from .training import seeded_torch
+
+__all__ = [
+    "ACCOUNTANTS",
+    "stiefel_charts",
+    "per_sample_gradients",
+    "clip_and_sum",
+    "add_gaussian_noise",
+    "steps_per_epoch",
+    "dp_train_epochs",
+    "epsilon_spent",
+    "calibrate_noise",
+    "default_delta",
+    "plan_dp",
+]
+
+#: Accountants of ``dp-accounting`` by name: RDP (Mironov 2017; fast, an upper bound) and
+#: PLD (privacy loss distributions; tighter, slower).
+ACCOUNTANTS = {
+    "rdp": "dp_accounting.rdp.RdpAccountant",
+    "pld": "dp_accounting.pld.PLDAccountant",
+}
+
+# ---------------------------------------------------------------------------------------------
+# The mechanism
+# ---------------------------------------------------------------------------------------------
+
+
+def stiefel_charts(module):
+    """``{torch parameter name: W_ref}`` for the tangent coordinates ``V`` of every BiMap.
+
+    These parameters hold Riemannian gradients at ``W_ref`` (when ``V = 0``); their noise is
+    projected onto the tangent space at ``W_ref``.
+    """
+    return {f"{name}.V" if name else "V": sub.W_ref
+            for name, sub in module.named_modules() if isinstance(sub, BiMap)}
+
+
+def _at_chart_centres(module):
+    return all(not bool(sub.V.detach().any()) for sub in module.modules() if isinstance(sub, BiMap))
+
+
+def _recentre(module):
+    """Move every BiMap chart to the current weight (``V ← 0``) where ``V`` is not 0."""
+    for sub in module.modules():
+        if isinstance(sub, BiMap) and bool(sub.V.detach().any()):
+            sub.recenter_()
+
+
+# Samples per batched backward of method="batched": each of its c cotangents runs through
+# the whole chunk's graph (c² work in the BiMap and spectral backward), against c× fewer calls;
+# 8 was fastest for St(64, 18) at batch 64 (docs/privacy.md).
+_BACKWARD_CHUNK = 8
+
+
+def _check_method(module, method):
+    if method not in ("auto", "vmap", "batched", "loop"):
+        raise ValueError(f"method must be 'auto', 'vmap', 'batched' or 'loop', got {method!r}")
+    has_bimap = any(isinstance(sub, BiMap) for sub in module.modules())
+    if method == "auto":
+        return "batched" if has_bimap else "vmap"
+    if method == "vmap" and has_bimap:
+        raise ValueError("method='vmap' cannot differentiate the SPDnet layers (custom autograd "
+                         "Functions without vmap rules and with data-dependent branches): use 'batched' or 'loop'")
+    return method
+
+
+def _batchnorms(module):
+    return [sub for sub in module.modules() if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+def _loop_gradients(module, names, params, X, y):
+    """Per-sample gradients and losses, one forward/backward per sample (exact custom backward)."""
+    grads = [torch.empty((len(y),) + p.shape, dtype=p.dtype, device=p.device) for p in params]
+    losses = torch.empty(len(y), dtype=X.dtype, device=X.device)
+    with torch.enable_grad():
+        for i in range(len(y)):
+            loss = F.cross_entropy(module(X[i : i + 1]), y[i : i + 1])
+            sample = torch.autograd.grad(loss, params, allow_unused=True)
+            for g, gi in zip(grads, sample):
+                if gi is None:
+                    g[i].zero_()
+                else:
+                    g[i].copy_(gi)
+            losses[i] = loss.detach()
+    return dict(zip(names, grads)), losses
+
+
+def _batched_backward_gradients(module, names, params, X, y):
+    """Per-sample gradients and losses, one forward and one vmapped backward per chunk.
+
+    ``autograd.grad`` of the chunk's per-sample losses with the identity as batched
+    cotangents (``is_grads_batched``): row ``j`` is the gradient of sample ``j``'s loss.
+    Only the backward runs under vmap (the forward is the module's own, with its
+    data-dependent branches), exact for any module whose samples do not interact.
+    """
+    chunks, losses = [], []
+    with torch.enable_grad():
+        for start in range(0, len(y), _BACKWARD_CHUNK):
+            loss = F.cross_entropy(module(X[start : start + _BACKWARD_CHUNK]), y[start : start + _BACKWARD_CHUNK],
+                                   reduction="none")
+            eye = torch.eye(len(loss), dtype=loss.dtype, device=loss.device)
+            chunks.append(torch.autograd.grad(loss, params, grad_outputs=eye, is_grads_batched=True,
+                                              allow_unused=True, materialize_grads=True))
+            losses.append(loss.detach())
+    return {name: torch.cat(g) for name, g in zip(names, zip(*chunks))}, torch.cat(losses)
+
+
+def _vmap_gradients(module, names, params, X, y):
+    """Per-sample gradients and losses by ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``)."""
+    buffers = dict(module.named_buffers())
+
+    def sample_loss(weights, x, target):
+        logits = functional_call(module, (weights, buffers), (x.unsqueeze(0),))
+        loss = F.cross_entropy(logits, target.unsqueeze(0))
+        return loss, loss.detach()
+
+    weights = {name: p.detach() for name, p in zip(names, params)}
+    with torch.enable_grad():
+        grads, losses = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0),
+                             randomness="different")(weights, X, y)
+    return grads, losses
+
+
+def per_sample_gradients(module, X, y, *, method="auto"):
+    """Gradients of each sample's cross-entropy loss, Riemannian for the Stiefel weights.
+
+    Parameters
+    ----------
+    module : FederatedModule
+        Called as ``module(X_batch)`` → logits. Its BiMap charts must be centred
+        (``V = 0``: the gradient of ``V`` is then the Riemannian gradient
+        ``P_W(∇_W ℓ)`` at the current ``W``) and its BatchNorm layers in eval mode with
+        running statistics (batch statistics mix the samples); :func:`dp_train_epochs`
+        sees to both.
+    X : torch.Tensor of shape (batch, ...)
+    y : torch.Tensor of shape (batch,)
+        Integer class codes.
+    method : {"auto", "vmap", "batched", "loop"}, default="auto"
+        "vmap": ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``: one vectorized
+        pass; modules of standard torch layers such as EEGNet). "batched": one forward and
+        one vmapped backward per chunk of 8 samples (``autograd.grad(..., is_grads_batched=True)``;
+        any module whose backward vmaps, including SPDnet, whose custom autograd Functions
+        cannot run under ``torch.func`` transforms). "loop": one forward/backward per sample
+        (any module; the reference). "auto": "batched" for modules containing a BiMap,
+        "vmap" otherwise.
+
+    Returns
+    -------
+    grads : dict of str to torch.Tensor
+        ``{parameter name: tensor of shape (batch, *parameter.shape)}`` for every trainable
+        parameter of ``module`` (``named_parameters()``; buffers never get gradients). The
+        gradients of BiMap tangent coordinates are projected onto the tangent space at
+        ``W_ref`` (a no-op up to rounding at the chart centre, explicit here).
+    losses : torch.Tensor of shape (batch,)
+        The per-sample losses.
+
+    Examples
+    --------
+    >>> grads, losses = per_sample_gradients(module, X[:8], y[:8])  # doctest: +SKIP
+    >>> grads["head.weight"].shape  # doctest: +SKIP
+    torch.Size([8, 3, 10])
+    """
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+    method = _check_method(module, method)
+    mixing = [type(sub).__name__ for sub in _batchnorms(module) if sub.training or not sub.track_running_stats]
+    if mixing:
+        raise ValueError(f"{mixing} normalise with batch statistics, which mix the samples of a batch: put them "
+                         "in eval mode with running statistics (dp_train_epochs freezes them)")
+    if not _at_chart_centres(module):
+        raise ValueError("BiMap charts are not centred (V != 0): call module.recenter_() first, "
+                         "otherwise the gradient of V is not the Riemannian gradient at W")
+    names, params = zip(*[(name, p) for name, p in module.named_parameters() if p.requires_grad])
+    if len(y) == 0:
+        grads = {name: torch.zeros((0,) + p.shape, dtype=p.dtype, device=p.device) for name, p in zip(names, params)}
+        return grads, torch.zeros(0, dtype=X.dtype, device=X.device)
+    compute = {"vmap": _vmap_gradients, "batched": _batched_backward_gradients, "loop": _loop_gradients}[method]
+    grads, losses = compute(module, list(names), list(params), X, y)
+    for name, W in stiefel_charts(module).items():
+        grads[name] = tangent_project(W.detach(), grads[name])
+    return grads, losses
+
+
+def clip_and_sum(grads, clip_norm):
+    """Clip each sample's gradients jointly to norm ``clip_norm`` and sum over the samples.
+
+    The norm of sample ``i`` is ``sqrt(Σ_params ‖g_i‖_F²)`` (the Riemannian gradients of the
+    Stiefel weights measured in the embedded metric, the Frobenius norm of the ambient
+    matrices); each sample is scaled by ``min(1, C / norm_i)``. A sample whose gradient is
+    not finite contributes zero (a per-sample decision: the sensitivity stays ``C``).
+
+    Parameters
+    ----------
+    grads : dict of str to torch.Tensor
+        Per-sample gradients, each of shape ``(batch, *shape)``.
+    clip_norm : float
+        ``C > 0``.
+
+    Returns
+    -------
+    summed : dict of str to torch.Tensor
+        ``Σ_i min(1, C / norm_i) g_i`` per parameter (shape ``shape``).
+    norms : torch.Tensor of shape (batch,)
+        The joint norms before clipping (``inf``/``nan`` for non-finite samples).
+    """
+    _check_positive("clip_norm", clip_norm)
+    flat = [g.flatten(1) for g in grads.values()]
+    norms = torch.cat(flat, dim=1).norm(dim=1) if flat else torch.zeros(0)
+    finite = torch.isfinite(norms)
+    # C / max(norm, C) = min(1, C / norm), and 1 at norm 0; non-finite samples get 0
+    factor = torch.where(finite, clip_norm / torch.clamp(norms, min=clip_norm), 0.0)
+    summed = {}
+    for name, g in grads.items():
+        scaled = torch.where(finite.view((-1,) + (1,) * (g.dim() - 1)), g, 0.0) * factor.view((-1,) + (1,) * (g.dim() - 1))
+        summed[name] = scaled.sum(0)
+    return summed, norms
+
+
+def add_gaussian_noise(summed, *, std, charts, generator):
+    """``summed + N(0, std² I)`` per parameter; Stiefel sums projected to the tangent space.
+
+    Parameters
+    ----------
+    summed : dict of str to torch.Tensor
+        Clipped sums (:func:`clip_and_sum`).
+    std : float
+        Noise standard deviation ``σ·C`` (0: no noise).
+    charts : dict of str to torch.Tensor
+        :func:`stiefel_charts` of the module: for these parameters the noisy sum is
+        projected onto the tangent space at ``W_ref`` (the sum already lies there, so only
+        the noise is projected).
+    generator : torch.Generator
+        A CPU generator, the source of the noise (drawn on the CPU and moved to the
+        parameters' device: the same draws whatever the device).
+
+    Returns
+    -------
+    dict of str to torch.Tensor
+    """
+    noisy = {}
+    for name, s in summed.items():
+        noise = torch.randn(s.shape, generator=generator, dtype=s.dtype).to(s.device)
+        value = s + std * noise
+        if name in charts:
+            value = tangent_project(charts[name].detach(), value)
+        noisy[name] = value
+    return noisy
+
+
+def steps_per_epoch(sample_rate):
+    """Poisson-sampled steps in one epoch: ``ceil(1 / q)`` (``ceil(n / b)`` for ``q = b / n``),
+    so that the expected number of samples drawn per epoch is at least ``n``."""
+    if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    return max(1, math.ceil(round(1.0 / sample_rate, 9)))
+
+
+@contextlib.contextmanager
+def _frozen_batchnorm(module):
+    """``module.train()`` with every BatchNorm layer in eval mode (frozen running statistics);
+    the previous modes are restored on exit."""
+    modes = {sub: sub.training for sub in module.modules()}
+    norms = _batchnorms(module)
+    unfrozen = [type(sub).__name__ for sub in norms if not sub.track_running_stats]
+    if unfrozen:
+        raise ValueError(f"{unfrozen} without running statistics normalise with batch statistics, which "
+                         "mix the samples of a batch: per-sample differential privacy does not hold")
+    module.train()
+    for sub in norms:
+        sub.eval()
+    try:
+        yield
+    finally:
+        for sub, mode in modes.items():
+            sub.training = mode
+
+
+def _make_optimizer(optimizer, module, lr):
+    if isinstance(optimizer, torch.optim.Optimizer):
+        if lr is not None:
+            raise ValueError("pass lr=None with an optimizer instance (it has its own learning rate)")
+        return optimizer
+    _check_positive("lr", lr)
+    if optimizer == "sgd":
+        return torch.optim.SGD(module.parameters(), lr=lr)
+    if optimizer == "adam":
+        return torch.optim.Adam(module.parameters(), lr=lr)
+    raise ValueError(f"optimizer must be 'sgd', 'adam' or a torch.optim.Optimizer, got {optimizer!r}")
+
+
+def _check_positive(name, value, allow_zero=False):
+    ok = isinstance(value, numbers.Real) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        raise ValueError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
+
+
+def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_multiplier, lr, generator,
+                    optimizer="sgd", method="auto"):
+    """Train ``module`` by DP-SGD (Riemannian for the Stiefel weights) for ``n_epochs`` epochs.
+
+    Each of the ``n_epochs · steps_per_epoch(sample_rate)`` steps draws a Poisson minibatch
+    (rate ``q``), computes per-sample gradients (Riemannian for the BiMap weights), clips them
+    jointly to ``clip_norm``, sums them, adds ``N(0, (σC)²)`` noise (projected to the tangent
+    space for the Stiefel weights), divides by the expected batch size ``q·n`` and applies
+    one optimizer step, ``module.after_step_()`` and a re-centring of the BiMap charts (the
+    polar retraction). The run spends ``epsilon_spent(noise_multiplier, delta, sample_rate,
+    n_epochs · steps_per_epoch(sample_rate))``. See the module docstring.
+
+    Parameters
+    ----------
+    module : FederatedModule
+        SPDNet, EEGNet or any module ``X_batch → logits``. BatchNorm layers run frozen
+        (eval mode) and are not updated; other layers in training mode (dropout on).
+    X : torch.Tensor of shape (n, ...)
+    y : torch.Tensor of shape (n,)
+        Integer class codes.
+    n_epochs : int
+    sample_rate : float
+        Poisson sampling rate ``q`` in (0, 1] (expected batch size ``q·n``).
+    clip_norm : float
+        ``C``: bound on each sample's joint gradient norm.
+    noise_multiplier : float
+        ``σ ≥ 0`` (noise standard deviation ``σ·C``; 0 = clipping only, no privacy).
+    lr : float or None
+        Learning rate of a fresh ``optimizer`` ("sgd"/"adam"); None with an instance.
+    generator : torch.Generator
+        A CPU generator. Drives the Poisson sampling, the noise and (through a seed drawn
+        from it) dropout: the run is a deterministic function of the generator's state.
+    optimizer : {"sgd", "adam"} or torch.optim.Optimizer, default="sgd"
+        Post-processing of the privatized gradient: any optimizer keeps the guarantee.
+        "sgd" is the textbook Riemannian DP-SGD (retraction of ``−lr·g``).
+    method : {"auto", "vmap", "batched", "loop"}, default="auto"
+        How per-sample gradients are computed (:func:`per_sample_gradients`).
+
+    Returns
+    -------
+    mean_loss : float
+        Mean per-sample training loss over the drawn samples (a local diagnostic: it is a
+        function of the raw data, not covered by the guarantee; NaN if no sample was drawn).
+    n_dropped : int
+        Samples whose gradient was not finite and contributed zero.
+
+    Examples
+    --------
+    >>> gen = torch.Generator().manual_seed(0)
+    >>> loss, dropped = dp_train_epochs(module, X, y, n_epochs=2, sample_rate=0.1, clip_norm=1.0,
+    ...                                 noise_multiplier=1.1, lr=0.05, generator=gen)  # doctest: +SKIP
+    """
+    if len(X) != len(y):
+        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
+    if not (isinstance(n_epochs, numbers.Integral) and n_epochs >= 0):
+        raise ValueError(f"n_epochs must be a non-negative integer, got {n_epochs!r}")
+    n_steps = n_epochs * steps_per_epoch(sample_rate)
+    _check_positive("clip_norm", clip_norm)
+    _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    if not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
+    if generator.device.type != "cpu":
+        raise ValueError(f"generator must be a CPU generator (draws are moved to the module's device), "
+                         f"got one on {generator.device}")
+    method = _check_method(module, method)
+    opt = _make_optimizer(optimizer, module, lr)
+    charts = stiefel_charts(module)
+    n = len(y)
+    expected_batch = sample_rate * n
+    total, count, dropped = 0.0, 0, 0
+    dropout_seed = int(torch.randint(2**62, (1,), generator=generator))
+    with _frozen_batchnorm(module), seeded_torch(dropout_seed):
+        _recentre(module)
+        for _ in range(n_steps):
+            drawn = torch.rand(n, generator=generator) < sample_rate
+            idx = drawn.nonzero().squeeze(1).to(X.device)
+            grads, losses = per_sample_gradients(module, X[idx], y[idx], method=method)
+            summed, norms = clip_and_sum(grads, clip_norm)
+            noisy = add_gaussian_noise(summed, std=noise_multiplier * clip_norm, charts=charts,
+                                       generator=generator)
+            opt.zero_grad(set_to_none=True)
+            for name, p in module.named_parameters():
+                if name in noisy:
+                    p.grad = noisy[name] / expected_batch
+            opt.step()
+            module.after_step_()
+            _recentre(module)
+            finite = torch.isfinite(norms) & torch.isfinite(losses)
+            dropped += int((~torch.isfinite(norms)).sum())
+            total += float(losses[finite].sum())
+            count += int(finite.sum())
+    return (total / count if count else float("nan")), dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Accounting (dp-accounting)
+# ---------------------------------------------------------------------------------------------
+
+
+def _dp_accounting():
+    try:
+        import dp_accounting
+    except ImportError as err:  # pragma: no cover - depends on the environment
+        raise ImportError("privacy accounting needs Google's dp-accounting: "
+                          "pip install 'skfedspd[privacy]'") from err
+    return dp_accounting
+
+
+def _accountant(name):
+    if name not in ACCOUNTANTS:
+        raise ValueError(f"accountant must be one of {sorted(ACCOUNTANTS)}, got {name!r}")
+    dpa = _dp_accounting()
+    return dpa.rdp.RdpAccountant() if name == "rdp" else dpa.pld.PLDAccountant()
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+    """The RDP accountant logs a warning for each fractional order it skips (its result is
+    still a valid bound): keep the console clean while it runs."""
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
+def _check_accounting_args(delta, sample_rate, steps):
+    if not (isinstance(delta, numbers.Real) and 0 < delta < 1):
+        raise ValueError(f"delta must be in (0, 1), got {delta!r}")
+    if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
+        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
+    if not (isinstance(steps, numbers.Integral) and steps >= 0):
+        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+
+
+def _event(noise_multiplier, sample_rate, steps):
+    dpa = _dp_accounting()
+    step = dpa.PoissonSampledDpEvent(float(sample_rate), dpa.GaussianDpEvent(float(noise_multiplier)))
+    return dpa.SelfComposedDpEvent(step, int(steps))
+
+
+def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rdp"):
+    """ε of ``steps`` Poisson-subsampled Gaussian mechanisms at ``δ`` (add/remove-one adjacency).
+
+    Parameters
+    ----------
+    noise_multiplier : float
+        ``σ ≥ 0`` (0: no privacy, ε = inf).
+    delta : float
+        In (0, 1).
+    sample_rate : float
+        Poisson sampling rate ``q`` in (0, 1].
+    steps : int
+        Number of DP-SGD steps (0: ε = 0).
+    accountant : {"rdp", "pld"}, default="rdp"
+        ``dp_accounting.rdp.RdpAccountant`` or ``dp_accounting.pld.PLDAccountant``.
+
+    Returns
+    -------
+    float
+    """
+    _check_accounting_args(delta, sample_rate, steps)
+    _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    if steps == 0:
+        return 0.0
+    if noise_multiplier == 0:
+        return math.inf
+    with _quiet_absl():
+        return float(_accountant(accountant).compose(_event(noise_multiplier, sample_rate, steps)).get_epsilon(delta))
+
+
+def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rdp", tol=1e-4):
+    """Smallest noise multiplier ``σ`` (within ``tol``) whose ``steps`` steps spend at most ``ε``.
+
+    ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` (Brent's method on the
+    accountant's own ε, with its guarantee that the returned ``σ`` meets the target).
+
+    Parameters
+    ----------
+    target_epsilon : float
+        ``ε > 0``; ``inf`` returns 0 (no noise).
+    delta : float
+    sample_rate : float
+    steps : int
+    accountant : {"rdp", "pld"}, default="rdp"
+    tol : float, default=1e-4
+        Absolute tolerance on ``σ``.
+
+    Returns
+    -------
+    float
+        ``σ`` with ``epsilon_spent(σ, delta, sample_rate, steps) <= target_epsilon``.
+    """
+    _check_accounting_args(delta, sample_rate, steps)
+    if not (isinstance(target_epsilon, numbers.Real) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be positive (inf for no noise), got {target_epsilon!r}")
+    if math.isinf(target_epsilon) or steps == 0:
+        return 0.0
+    _accountant(accountant)  # validate the name before the search
+    mc = _dp_accounting().mechanism_calibration
+    with _quiet_absl():
+        sigma = mc.calibrate_dp_mechanism(
+            lambda: _accountant(accountant),
+            lambda s: _event(s, sample_rate, steps),
+            float(target_epsilon), float(delta),
+            bracket_interval=mc.LowerEndpointAndGuess(1e-3, 1.0), tol=tol,
+        )
+    return float(sigma)
+
+
+def default_delta(n_train_per_site):
+    """``min(1e-5, 1 / (10 · n_min))``: well below ``1 / n`` for the smallest site."""
+    return min(1e-5, 0.1 / min(int(n) for n in n_train_per_site))
+
+
+def _rounds_per_site(participation, n_rounds, n_sites):
+    """Rounds each site trains in, and how the count was obtained."""
+    if isinstance(participation, numbers.Real):
+        if not 0 < participation <= 1:
+            raise ValueError(f"participation must be in (0, 1] or a per-site sequence of round counts, got {participation!r}")
+        # Sites are drawn afresh every round: any one may be drawn in all of them.
+        bound = "all rounds" if participation == 1 else "worst case: a site may be drawn in every round"
+        return [n_rounds] * n_sites, bound
+    counts = [int(c) for c in participation]
+    if len(counts) != n_sites or any(c < 0 or c > n_rounds or c != r for c, r in zip(counts, participation)):
+        raise ValueError(f"participation as a sequence needs one integer in [0, n_rounds={n_rounds}] per "
+                         f"site ({n_sites} sites), got {list(participation)!r}")
+    return counts, "exact: per-site counts of the seeded (data-independent) schedule"
+
+
+def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation, target_epsilon,
+            delta=None, *, per_site_noise=True, accountant="rdp"):
+    """Noise multipliers so that every site's whole federated run meets ``(ε, δ)``.
+
+    Site ``i`` (``n_i`` training samples) trains with Poisson rate ``q_i = min(1, b / n_i)``,
+    ``steps_per_epoch(q_i) · local_epochs`` DP-SGD steps per round it takes part in; its
+    budget is the composition over all its rounds (adaptive composition: the broadcast
+    models it starts from are post-processing of earlier releases and of other sites'
+    data). The guarantee is per site, on its training samples (sample-level DP).
+
+    Parameters
+    ----------
+    n_train_per_site : sequence of int
+        Training-set size of each site (the data DP-SGD runs on; validation data is not
+        covered and must not leave the site, see docs/privacy.md).
+    batch_size : int
+        Expected batch size ``b`` (``q_i = b / n_i``).
+    local_epochs, n_rounds : int
+    participation : float or sequence of int
+        Fraction of sites drawn per round — the bound is then the worst case, every round
+        (the current schedule draws sites afresh each round, so no site has a smaller cap)
+        — or the exact number of rounds each site is drawn in by the seeded schedule (valid
+        because the schedule does not depend on the data; early stopping only lowers it).
+    target_epsilon : float
+        ``ε > 0``; ``inf`` gives ``σ = 0`` (clipping only).
+    delta : float or None
+        None: :func:`default_delta` (``min(1e-5, 1 / (10 n_min))``). Must be below
+        ``1 / n_min``.
+    per_site_noise : bool, default=True
+        True: each site gets its own ``σ_i`` meeting the target exactly (smaller sites,
+        with a larger ``q``, need more noise). False: one ``σ``, the largest of those, for
+        every site (each then spends at most ``ε``).
+    accountant : {"rdp", "pld"}, default="rdp"
+
+    Returns
+    -------
+    dict
+        JSON-able report: ``mechanism``, ``adjacency``, ``accountant`` (name, class and
+        dp-accounting version), ``target_epsilon``, ``delta``, ``rounds_bound``,
+        ``batch_size``, ``local_epochs``, ``n_rounds``, ``participation``,
+        ``per_site_noise`` and ``sites``: one dict per site with ``n_train``,
+        ``sample_rate``, ``steps_per_epoch``, ``rounds``, ``steps``, ``noise_multiplier``
+        and ``epsilon`` (spent, by the accountant, ``<= target_epsilon``).
+
+    Examples
+    --------
+    >>> plan = plan_dp([120, 90, 200], batch_size=16, local_epochs=2, n_rounds=50,
+    ...                participation=1.0, target_epsilon=8.0)  # doctest: +SKIP
+    >>> [site["noise_multiplier"] for site in plan["sites"]]  # doctest: +SKIP
+    """
+    sizes = [int(n) for n in n_train_per_site]
+    if not sizes or any(n < 1 or n != m for n, m in zip(sizes, n_train_per_site)):
+        raise ValueError(f"n_train_per_site must be positive integers, got {list(n_train_per_site)!r}")
+    for name, value in (("batch_size", batch_size), ("local_epochs", local_epochs), ("n_rounds", n_rounds)):
+        if not (isinstance(value, numbers.Integral) and value >= 1):
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+    if delta is None:
+        delta = default_delta(sizes)
+    if not delta < 1 / min(sizes):
+        raise ValueError(f"delta={delta} must be below 1 / (smallest site's training size {min(sizes)})")
+    rounds, bound = _rounds_per_site(participation, n_rounds, len(sizes))
+    sites = []
+    for n, r in zip(sizes, rounds):
+        q = min(1.0, batch_size / n)
+        per_epoch = steps_per_epoch(q)
+        steps = r * local_epochs * per_epoch
+        sites.append(dict(n_train=n, sample_rate=q, steps_per_epoch=per_epoch, rounds=r, steps=steps))
+    calibrated = {}
+    for site in sites:
+        key = (site["sample_rate"], site["steps"])
+        if key not in calibrated:
+            calibrated[key] = calibrate_noise(target_epsilon, delta, sample_rate=key[0], steps=key[1],
+                                              accountant=accountant)
+        site["noise_multiplier"] = calibrated[key]
+    if not per_site_noise:
+        sigma = max(site["noise_multiplier"] for site in sites)
+        for site in sites:
+            site["noise_multiplier"] = sigma
+    for site in sites:
+        site["epsilon"] = epsilon_spent(site["noise_multiplier"], delta, site["sample_rate"], site["steps"],
+                                        accountant=accountant)
+    from importlib.metadata import version
+
+    return dict(
+        mechanism="DP-SGD: Poisson-subsampled Gaussian mechanism, per-sample joint clipping "
+                  "(Riemannian gradients of the Stiefel weights, Euclidean of the others)",
+        adjacency="add/remove one training sample of a site (sample-level DP, per site)",
+        accountant=dict(name=accountant, cls=ACCOUNTANTS[accountant], version=version("dp-accounting")),
+        target_epsilon=float(target_epsilon), delta=float(delta), rounds_bound=bound,
+        batch_size=int(batch_size), local_epochs=int(local_epochs), n_rounds=int(n_rounds),
+        participation=float(participation) if isinstance(participation, numbers.Real) else list(rounds),
+        per_site_noise=bool(per_site_noise), sites=sites,
+    )

@@ -1,0 +1,459 @@
+"""Tests for ``skfedspd.privacy``: Riemannian DP-SGD building blocks and their accounting.
+
+Oracles: the accountant's own ε (``dp_accounting`` called directly), single-sample losses
+differentiated one by one through plain autograd (``Wᵀ X W`` on a leaf ``W``, no BiMap
+chart node), orthonormality, and a plain full-batch gradient step.
+"""
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import skfedspd.privacy as privacy
+from skfedspd.eegnet import EEGNet
+from skfedspd.functional import reeig, reeig_logeig_vech
+from skfedspd.nn import SPDNet
+from skfedspd.privacy import (
+    add_gaussian_noise,
+    calibrate_noise,
+    clip_and_sum,
+    default_delta,
+    dp_train_epochs,
+    epsilon_spent,
+    per_sample_gradients,
+    plan_dp,
+    stiefel_charts,
+    steps_per_epoch,
+)
+from skfedspd.stiefel import orthonormality_error, tangent_project
+from skfedspd.training import evaluate, train_epochs
+
+pytestmark = pytest.mark.usefixtures("torch_single_thread")
+
+
+def _spd_data(spd_dataset, n=40, n_channels=6, seed=0):
+    X, y = spd_dataset(n_matrices=n, n_channels=n_channels, n_classes=2, seed=seed)
+    return torch.as_tensor(X), torch.as_tensor(y)
+
+
+def _spdnet(n_channels=6, hidden=(4,), seed=0, dtype=torch.float64):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SPDNet(n_channels, hidden, 2, eps=1e-2, seed=seed, dtype=dtype)
+
+
+def _eegnet(dropout=0.0, seed=0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return EEGNet(4, 64, 2, fs=64.0, F1=2, D=2, F2=4, p1=2, p2=4, dropout=dropout).double()
+
+
+def _eeg_data(n=12, seed=0):
+    rng = np.random.default_rng(seed)
+    return torch.as_tensor(rng.standard_normal((n, 4, 64))), torch.as_tensor(np.arange(n) % 2)
+
+
+@pytest.fixture
+def accounting():
+    pytest.importorskip("dp_accounting")
+
+
+def _joint_norm(tensors):
+    return float(torch.sqrt(sum((t**2).sum() for t in tensors.values())))
+
+
+# ---------------------------------------------------------------------------------------------
+# (e) per-sample gradients against single-sample losses, one by one
+# ---------------------------------------------------------------------------------------------
+
+
+def _oracle_spdnet_grads(module, x, t):
+    """Gradients of one sample's loss through plain autograd on leaf Stiefel weights ``W``;
+    Riemannian gradient ``P_W(∇_W ℓ)``, Euclidean for the head."""
+    Ws = [b.W_ref.detach().clone().requires_grad_() for b in module.bimaps]
+    head = {k: v.detach().clone().requires_grad_() for k, v in module.head.named_parameters()}
+    for W in Ws[:-1]:
+        x = reeig(W.T @ x @ W, module.eps)
+    feats = reeig_logeig_vech(Ws[-1].T @ x @ Ws[-1], module.eps)
+    loss = F.cross_entropy(F.linear(feats, head["weight"], head["bias"]), t)
+    gW = torch.autograd.grad(loss, Ws + [head["weight"], head["bias"]])
+    out = {f"bimaps.{i}.V": tangent_project(W.detach(), g) for i, (W, g) in enumerate(zip(Ws, gW))}
+    out["head.weight"], out["head.bias"] = gW[-2], gW[-1]
+    return out
+
+
+@pytest.mark.parametrize("method", ["auto", "batched", "loop"])
+@pytest.mark.parametrize("hidden", [(4,), (5, 3)])
+def test_per_sample_gradients_spdnet_match_single_sample_oracle(spd_dataset, hidden, method):
+    X, y = _spd_data(spd_dataset, n=11)  # more than one chunk of the batched backward
+    module = _spdnet(hidden=hidden)
+    grads, losses = per_sample_gradients(module, X, y, method=method)
+    assert set(grads) == {name for name, _ in module.named_parameters()}
+    for i in range(len(y)):
+        oracle = _oracle_spdnet_grads(module, X[i : i + 1], y[i : i + 1])
+        for name, g in oracle.items():
+            torch.testing.assert_close(grads[name][i], g, rtol=0, atol=1e-10)
+        with torch.no_grad():
+            single = float(F.cross_entropy(module(X[i : i + 1]), y[i : i + 1]))
+        assert float(losses[i]) == pytest.approx(single, abs=1e-12)
+    for name, W in stiefel_charts(module).items():  # tangent: Wᵀg skew-symmetric
+        WtG = W.T @ grads[name]
+        assert float((WtG + WtG.transpose(-1, -2)).abs().max()) < 1e-12
+
+
+@pytest.mark.parametrize("method", ["auto", "vmap", "batched", "loop"])
+def test_per_sample_gradients_eegnet_match_single_sample_backward(method):
+    X, y = _eeg_data()
+    module = _eegnet()
+    module.eval()  # BatchNorm with running statistics (as dp_train_epochs freezes it)
+    grads, _ = per_sample_gradients(module, X, y, method=method)
+    for i in range(len(y)):
+        module.zero_grad()
+        F.cross_entropy(module(X[i : i + 1]), y[i : i + 1]).backward()
+        for name, p in module.named_parameters():
+            torch.testing.assert_close(grads[name][i], p.grad, rtol=0, atol=1e-10)
+
+
+def test_per_sample_gradients_errors(spd_dataset):
+    X, y = _spd_data(spd_dataset, n=4)
+    module = _spdnet()
+    with pytest.raises(ValueError, match="method='vmap' cannot"):
+        per_sample_gradients(module, X, y, method="vmap")
+    with pytest.raises(ValueError, match="method must be"):
+        per_sample_gradients(module, X, y, method="jac")
+    with pytest.raises(ValueError, match="4 samples but y has 3"):
+        per_sample_gradients(module, X, y[:3])
+    with torch.no_grad():
+        module.bimaps[0].V.fill_(1e-3)
+    with pytest.raises(ValueError, match="not centred"):
+        per_sample_gradients(module, X, y)
+
+
+def test_per_sample_gradients_refuse_batchnorm_in_training_mode():
+    X, y = _eeg_data(n=4)
+    with pytest.raises(ValueError, match="mix the samples"):
+        per_sample_gradients(_eegnet(), X, y)  # a fresh module is in training mode
+
+
+def test_per_sample_gradients_empty_batch(spd_dataset):
+    X, y = _spd_data(spd_dataset, n=4)
+    grads, losses = per_sample_gradients(_spdnet(), X[:0], y[:0])
+    assert losses.shape == (0,) and grads["head.weight"].shape == (0, 2, 10)
+
+
+# ---------------------------------------------------------------------------------------------
+# (c) clipping bounds each sample's contribution
+# ---------------------------------------------------------------------------------------------
+
+
+def _summed_update(module, X, y, clip_norm):
+    grads, _ = per_sample_gradients(module, X, y)
+    summed, norms = clip_and_sum(grads, clip_norm)
+    noisy = add_gaussian_noise(summed, std=0.0, charts=stiefel_charts(module), generator=torch.Generator())
+    return noisy, norms
+
+
+@pytest.mark.parametrize("clip_norm", [0.05, 1.0])
+def test_poisoned_sample_moves_update_by_at_most_clip(spd_dataset, clip_norm):
+    X, y = _spd_data(spd_dataset, n=10)
+    module = _spdnet()
+    poisoned_x, poisoned_y = 1e6 * X[:1], 1 - y[:1]
+    base, _ = _summed_update(module, X, y, clip_norm)
+    added, norms = _summed_update(module, torch.cat([X, poisoned_x]), torch.cat([y, poisoned_y]), clip_norm)
+    replaced, _ = _summed_update(module, torch.cat([poisoned_x, X[1:]]), torch.cat([poisoned_y, y[1:]]), clip_norm)
+    assert float(norms[-1]) > 10 * clip_norm  # the poisoned gradient is large: clipping acts
+    bound = clip_norm * (1 + 1e-12)
+    # add/remove adjacency (the accountant's): the sum moves by at most C
+    assert _joint_norm({k: added[k] - base[k] for k in base}) <= bound
+    # replace-one: remove (≤ C) then add (≤ C)
+    assert _joint_norm({k: replaced[k] - base[k] for k in base}) <= 2 * bound
+    # without clipping the poisoned sample would have moved it by its full gradient norm
+    unclipped, _ = clip_and_sum(per_sample_gradients(module, poisoned_x, poisoned_y)[0], 1e30)
+    assert _joint_norm(unclipped) > 10 * clip_norm
+
+
+def test_clip_and_sum_exact_and_non_finite_samples():
+    g = {"a": torch.tensor([[3.0, 0.0], [0.3, 0.0], [math.nan, 1.0], [0.0, 0.0]], dtype=torch.float64),
+         "b": torch.tensor([[4.0], [0.4], [0.0], [0.0]], dtype=torch.float64)}
+    summed, norms = clip_and_sum(g, 1.0)
+    torch.testing.assert_close(norms[[0, 1, 3]], torch.tensor([5.0, 0.5, 0.0], dtype=torch.float64))
+    assert math.isnan(float(norms[2]))
+    # sample 0 scaled to norm 1, sample 1 untouched, sample 2 (NaN) dropped, sample 3 zero
+    torch.testing.assert_close(summed["a"], torch.tensor([0.6 + 0.3, 0.0], dtype=torch.float64))
+    torch.testing.assert_close(summed["b"], torch.tensor([0.8 + 0.4], dtype=torch.float64))
+    with pytest.raises(ValueError, match="clip_norm"):
+        clip_and_sum(g, 0.0)
+
+
+def test_noise_is_projected_on_the_tangent_space_and_has_the_right_scale():
+    module = _spdnet(n_channels=30, hidden=(20,))
+    charts = stiefel_charts(module)
+    zeros = {name: torch.zeros_like(p) for name, p in module.named_parameters()}
+    noisy = add_gaussian_noise(zeros, std=2.0, charts=charts, generator=torch.Generator().manual_seed(0))
+    W, xi = charts["bimaps.0.V"], noisy["bimaps.0.V"]
+    torch.testing.assert_close(tangent_project(W, xi), xi, rtol=0, atol=1e-13)
+    # tangent space of St(30, 20): 30·20 − 20·21/2 = 390 dimensions, each with variance 4
+    assert float((xi**2).sum()) / 390 == pytest.approx(4.0, rel=0.15)
+    assert float(noisy["head.weight"].std()) == pytest.approx(2.0, rel=0.3)
+
+
+# ---------------------------------------------------------------------------------------------
+# dp_train_epochs: the wiring, the manifold, determinism, BatchNorm
+# ---------------------------------------------------------------------------------------------
+
+
+def test_full_batch_without_noise_is_a_plain_riemannian_sgd_step(spd_dataset):
+    """q = 1, σ = 0, C huge: one step equals SGD on the mean loss + retraction."""
+    X, y = _spd_data(spd_dataset, n=12)
+    dp_module, plain = _spdnet(), _spdnet()
+    dp_train_epochs(dp_module, X, y, n_epochs=1, sample_rate=1.0, clip_norm=1e30, noise_multiplier=0.0,
+                    lr=0.3, generator=torch.Generator().manual_seed(0))
+    train_epochs(plain, torch.optim.SGD(plain.parameters(), lr=0.3), X, y, n_epochs=1, batch_size=len(y),
+                 generator=torch.Generator().manual_seed(0))
+    for name, value in plain.get_parameters().items():
+        np.testing.assert_allclose(dp_module.get_parameters()[name], value, rtol=0, atol=1e-12)
+
+
+def test_update_divides_by_the_expected_batch_size(spd_dataset, monkeypatch):
+    """Poisson batches: the noisy sum is divided by q·n (data-independent), not by the drawn size."""
+    X, y = _spd_data(spd_dataset, n=21)  # q·n = 10.5: never a drawn batch size
+    sums = []
+    real = privacy.per_sample_gradients
+
+    def recording(module, Xb, yb, **kwargs):
+        grads, losses = real(module, Xb, yb, **kwargs)
+        sums.append(grads["head.bias"].sum(0))
+        return grads, losses
+
+    monkeypatch.setattr(privacy, "per_sample_gradients", recording)
+    module = _spdnet()
+    bias0 = module.head.bias.detach().clone()
+    dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.5, clip_norm=1e30, noise_multiplier=0.0, lr=0.3,
+                    generator=torch.Generator().manual_seed(0))
+    assert len(sums) == 2
+    torch.testing.assert_close(module.head.bias.detach(), bias0 - 0.3 * (sums[0] + sums[1]) / 10.5,
+                               rtol=0, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+def test_weights_stay_on_stiefel(spd_dataset, dtype, tol, optimizer):
+    X, y = _spd_data(spd_dataset, n=20)
+    module = _spdnet(hidden=(5, 3), dtype=dtype)
+    before = module.get_parameters()
+    dp_train_epochs(module, X.to(dtype), y, n_epochs=2, sample_rate=0.25, clip_norm=1.0, noise_multiplier=3.0,
+                    lr=0.5, generator=torch.Generator().manual_seed(0), optimizer=optimizer)
+    after = module.get_parameters()
+    for bimap in module.bimaps:
+        assert orthonormality_error(bimap.W_ref) < tol
+        assert not bool(bimap.V.any())  # charts centred after every step
+    assert all(np.abs(after[k] - before[k]).max() > 1e-3 for k in before)  # it did move
+
+
+def test_poisson_sampling_rate(spd_dataset, monkeypatch):
+    X, y = _spd_data(spd_dataset, n=200)
+    sizes = []
+    real = privacy.per_sample_gradients
+
+    def recording(module, Xb, yb, **kwargs):
+        sizes.append(len(yb))
+        return real(module, Xb[:0], yb[:0], **kwargs)  # skip the work, keep the shapes
+
+    monkeypatch.setattr(privacy, "per_sample_gradients", recording)
+    dp_train_epochs(_spdnet(), X, y, n_epochs=20, sample_rate=0.1, clip_norm=1.0, noise_multiplier=1.0,
+                    lr=0.1, generator=torch.Generator().manual_seed(0))
+    assert len(sizes) == 20 * steps_per_epoch(0.1) == 200
+    # Binomial(200, 0.1): mean 20, variance 18
+    assert np.mean(sizes) == pytest.approx(20, abs=1.5)
+    assert 10 < np.var(sizes) < 30
+
+
+def test_determinism_under_seeded_generator(spd_dataset):
+    X, y = _spd_data(spd_dataset, n=20)
+    kwargs = dict(n_epochs=1, sample_rate=0.3, clip_norm=1.0, noise_multiplier=1.0, lr=0.2)
+    runs = []
+    global_state = torch.random.get_rng_state()
+    for seed in (0, 0, 1):
+        module = _spdnet()
+        loss, _ = dp_train_epochs(module, X, y, generator=torch.Generator().manual_seed(seed), **kwargs)
+        runs.append((loss, module.get_parameters()))
+    assert torch.equal(torch.random.get_rng_state(), global_state)  # the global RNG untouched
+    assert runs[0][0] == runs[1][0]
+    for name in runs[0][1]:
+        np.testing.assert_array_equal(runs[0][1][name], runs[1][1][name])
+    assert any(not np.array_equal(runs[0][1][k], runs[2][1][k]) for k in runs[0][1])
+
+
+def test_eegnet_dropout_determinism_and_frozen_batchnorm():
+    X, y = _eeg_data(n=16)
+    runs = []
+    for _ in range(2):
+        module = _eegnet(dropout=0.5)
+        buffers = copy.deepcopy(dict(module.named_buffers()))
+        dp_train_epochs(module, X, y, n_epochs=2, sample_rate=0.5, clip_norm=1.0, noise_multiplier=0.5,
+                        lr=0.05, generator=torch.Generator().manual_seed(3), optimizer="adam")
+        for name, value in module.named_buffers():  # BatchNorm statistics never updated
+            assert torch.equal(value, buffers[name]), name
+        assert module.training and all(sub.training for sub in module.modules())  # modes restored
+        runs.append(module.get_parameters())
+    for name in runs[0]:
+        np.testing.assert_array_equal(runs[0][name], runs[1][name])
+
+
+@pytest.mark.parametrize("make", ["spdnet", "eegnet"])
+def test_dp_train_epochs_ignores_global_grad_mode(spd_dataset, make):
+    X, y = _spd_data(spd_dataset, n=8) if make == "spdnet" else _eeg_data(n=8)
+    module = _spdnet() if make == "spdnet" else _eegnet()
+    before = module.get_parameters()
+    with torch.no_grad():
+        dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.5, clip_norm=1.0, noise_multiplier=0.0,
+                        lr=0.1, generator=torch.Generator().manual_seed(0))
+    after = module.get_parameters()
+    assert any(np.abs(after[k] - before[k]).max() > 0 for k in before if "running" not in k)
+
+
+def test_batchnorm_without_running_statistics_is_refused():
+    module = _eegnet()
+    module.bn2 = torch.nn.BatchNorm2d(4, track_running_stats=False).double()
+    X, y = _eeg_data(n=4)
+    with pytest.raises(ValueError, match="batch statistics"):
+        dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.5, clip_norm=1.0, noise_multiplier=1.0,
+                        lr=0.1, generator=torch.Generator())
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(sample_rate=0.0), "sample_rate"), (dict(sample_rate=1.5), "sample_rate"),
+    (dict(clip_norm=-1.0), "clip_norm"), (dict(noise_multiplier=-0.1), "noise_multiplier"),
+    (dict(lr=0.0), "lr"), (dict(optimizer="rmsprop"), "optimizer"), (dict(n_epochs=-1), "n_epochs"),
+])
+def test_dp_train_epochs_bad_arguments(spd_dataset, kwargs, match):
+    X, y = _spd_data(spd_dataset, n=4)
+    args = {**dict(n_epochs=1, sample_rate=0.5, clip_norm=1.0, noise_multiplier=1.0, lr=0.1,
+                   generator=torch.Generator()), **kwargs}
+    with pytest.raises(ValueError, match=match):
+        dp_train_epochs(_spdnet(), X, y, **args)
+
+
+def test_dp_train_epochs_needs_a_torch_generator(spd_dataset):
+    X, y = _spd_data(spd_dataset, n=4)
+    with pytest.raises(TypeError, match="torch.Generator"):
+        dp_train_epochs(_spdnet(), X, y, n_epochs=1, sample_rate=0.5, clip_norm=1.0, noise_multiplier=1.0,
+                        lr=0.1, generator=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# (d) the noise is real
+# ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("accounting")
+def test_tiny_epsilon_destroys_accuracy_while_clipping_alone_learns(spd_dataset):
+    X, y = _spd_data(spd_dataset, n=120, seed=0)
+    (X_train, X_test), (y_train, y_test) = (X[:60], X[60:]), (y[:60], y[60:])
+    q, n_epochs, delta = 0.25, 8, 1e-3
+    steps = n_epochs * steps_per_epoch(q)
+    scores = {}
+    for epsilon in (math.inf, 0.05):
+        sigma = calibrate_noise(epsilon, delta, sample_rate=q, steps=steps)
+        module = _spdnet()
+        dp_train_epochs(module, X_train, y_train, n_epochs=n_epochs, sample_rate=q, clip_norm=1.0,
+                        noise_multiplier=sigma, lr=0.5, generator=torch.Generator().manual_seed(0))
+        scores[epsilon] = evaluate(module, X_test, y_test)[1]
+        if epsilon < math.inf:
+            assert sigma > 10 and epsilon_spent(sigma, delta, q, steps) <= epsilon
+    assert scores[math.inf] >= 0.9
+    assert scores[0.05] <= 0.7
+
+
+# ---------------------------------------------------------------------------------------------
+# (a) accounting: the budget holds by the accountant's own computation
+# ---------------------------------------------------------------------------------------------
+
+
+def _accountant_epsilon(sigma, q, steps, delta):
+    """ε straight from dp_accounting (independent of skfedspd.privacy's wrappers)."""
+    import dp_accounting
+
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(delta)
+
+
+@pytest.mark.usefixtures("accounting")
+@pytest.mark.parametrize("target", [1.0, 8.0])
+def test_calibrate_noise_meets_target_tightly(target):
+    q, steps, delta = 0.05, 400, 1e-5
+    sigma = calibrate_noise(target, delta, sample_rate=q, steps=steps)
+    assert _accountant_epsilon(sigma, q, steps, delta) <= target
+    assert _accountant_epsilon(sigma * 0.99, q, steps, delta) > target  # not wastefully large
+    assert epsilon_spent(sigma, delta, q, steps) == pytest.approx(_accountant_epsilon(sigma, q, steps, delta))
+
+
+@pytest.mark.usefixtures("accounting")
+def test_accounting_limits():
+    assert calibrate_noise(math.inf, 1e-5, sample_rate=0.1, steps=100) == 0.0
+    assert epsilon_spent(0.0, 1e-5, 0.1, 100) == math.inf
+    assert epsilon_spent(1.0, 1e-5, 0.1, 0) == 0.0
+    # PLD is tighter than RDP on the same mechanism
+    assert epsilon_spent(1.0, 1e-5, 0.1, 50, accountant="pld") < epsilon_spent(1.0, 1e-5, 0.1, 50)
+    for bad in (dict(delta=0.0), dict(delta=1.0), dict(sample_rate=0.0), dict(steps=-1), dict(steps=2.5)):
+        args = {**dict(delta=1e-5, sample_rate=0.1, steps=10), **bad}
+        with pytest.raises(ValueError):
+            epsilon_spent(1.0, args["delta"], args["sample_rate"], args["steps"])
+    with pytest.raises(ValueError, match="accountant"):
+        epsilon_spent(1.0, 1e-5, 0.1, 10, accountant="gdp")
+    with pytest.raises(ValueError, match="target_epsilon"):
+        calibrate_noise(0.0, 1e-5, sample_rate=0.1, steps=10)
+
+
+@pytest.mark.usefixtures("accounting")
+@pytest.mark.parametrize("participation, per_site_noise", [
+    (1.0, True), (0.5, False), ([40, 25, 0], True),
+])
+def test_plan_dp_budget_holds_for_every_site(participation, per_site_noise):
+    sizes, target = [150, 60, 300], 3.0
+    plan = plan_dp(sizes, 16, 2, 40, participation, target, per_site_noise=per_site_noise)
+    json.dumps(plan)  # JSON-able
+    assert plan["delta"] == default_delta(sizes) < 1 / min(sizes)
+    assert plan["accountant"]["name"] == "rdp"
+    expected_rounds = [40, 40, 40] if not isinstance(participation, list) else participation
+    for site, n, rounds in zip(plan["sites"], sizes, expected_rounds):
+        q = min(1.0, 16 / n)
+        assert site["n_train"] == n and site["sample_rate"] == q and site["rounds"] == rounds
+        assert site["steps"] == rounds * 2 * math.ceil(n / 16)
+        if site["steps"]:
+            assert _accountant_epsilon(site["noise_multiplier"], q, site["steps"], plan["delta"]) <= target
+        assert site["epsilon"] <= target
+    sigmas = [site["noise_multiplier"] for site in plan["sites"]]
+    if per_site_noise:
+        if participation == 1.0:
+            assert sigmas[1] > sigmas[0] > sigmas[2]  # the smallest site (largest q) needs most noise
+    else:
+        assert len(set(sigmas)) == 1
+    if isinstance(participation, list):
+        assert sigmas[2] == 0.0 and plan["sites"][2]["epsilon"] == 0.0  # never trains: no release
+        assert plan["rounds_bound"].startswith("exact")
+    else:
+        assert plan["rounds_bound"] in ("all rounds", "worst case: a site may be drawn in every round")
+
+
+@pytest.mark.usefixtures("accounting")
+def test_plan_dp_errors():
+    with pytest.raises(ValueError, match="delta"):
+        plan_dp([100, 50], 8, 1, 5, 1.0, 1.0, delta=0.05)
+    with pytest.raises(ValueError, match="participation"):
+        plan_dp([100, 50], 8, 1, 5, [5], 1.0)
+    with pytest.raises(ValueError, match="participation"):
+        plan_dp([100, 50], 8, 1, 5, [6, 1], 1.0)
+    with pytest.raises(ValueError, match="participation"):
+        plan_dp([100, 50], 8, 1, 5, 0.0, 1.0)
+    with pytest.raises(ValueError, match="n_train_per_site"):
+        plan_dp([100, 0], 8, 1, 5, 1.0, 1.0)
+    with pytest.raises(ValueError, match="batch_size"):
+        plan_dp([100, 50], 0, 1, 5, 1.0, 1.0)
