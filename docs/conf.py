@@ -173,7 +173,23 @@ def _add_page_title(app, docname, source):
         source[0] = f"# {title.replace('``', '`')}\n\n{text}"
 
 
+# -- the user guide: every docs/*.md page, these first, any new page after them ------------------
+_GUIDE_ORDER = ["design", "deployment", "privacy", "results", "results-full", "results-quick"]
+_NOT_GUIDE = {"changelog"}
+
+
+def _user_guide_pages():
+    pages = {p.stem for p in Path(__file__).parent.glob("*.md")} - _NOT_GUIDE
+    return [p for p in _GUIDE_ORDER if p in pages] + sorted(pages - set(_GUIDE_ORDER))
+
+
+def _fill_user_guide(app, docname, source):
+    if docname == "index":
+        source[0] = source[0].replace("@USER_GUIDE_PAGES@", "\n   ".join(_user_guide_pages()))
+
+
 def setup(app):
+    app.connect("source-read", _fill_user_guide)
     app.connect("missing-reference", _resolve_reexport)
     app.connect("source-read", _add_page_title)
     app.connect("autodoc-skip-member", _skip_member)

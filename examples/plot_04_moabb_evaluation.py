@@ -56,15 +56,16 @@ if root is not None:
     dataset = PhysionetMI(imagined=True)
     dataset.subject_list = [1, 2, 3]
     dataset.feet_runs = []  # left/right hand runs only: all present offline
-    n_hidden = 16
+    # the 21 channels over the sensorimotor cortex (of 64): faster, and where the signal is
+    channels = [f"{row}{col}" for row in ("FC", "C", "CP") for col in ("5", "3", "1", "z", "2", "4", "6")]
 else:
     print("PhysioNet EEG not found (set SKFEDSPD_DATA): using MOABB's FakeDataset (noise)")
     os.environ["MNE_DATA"] = workdir
     dataset = FakeDataset(event_list=["left_hand", "right_hand"], n_sessions=1, n_runs=1,
                           n_subjects=3, channels=("C3", "Cz", "C4", "FC3", "FC4", "CP3", "CP4", "Pz"),
                           n_events=40, duration=100, seed=0)
-    n_hidden = 6
-paradigm = LeftRightImagery(fmin=8, fmax=32)
+    channels = None
+paradigm = LeftRightImagery(fmin=8, fmax=32, channels=channels)
 print(dataset.code, "subjects", dataset.subject_list)
 
 # %%
@@ -72,13 +73,13 @@ print(dataset.code, "subjects", dataset.subject_list)
 # ---------
 # Covariances in the µV² of MOABB's default units are fine: ``scaling="auto"`` rescales them
 # by one scalar fitted on the training folds.
-spdnet = SPDnetClassifier(hidden_dims=(n_hidden,), lr=1e-2, max_epochs=60, patience=20, random_state=0)
+spdnet = SPDnetClassifier(hidden_dims=(6,), lr=1e-2, max_epochs=40, patience=20, random_state=0)
 pipelines = {
     "TS + LR": make_pipeline(Covariances("oas"), TangentSpace(), LogisticRegression(max_iter=1000)),
     "SPDnet": make_pipeline(Covariances("oas"), spdnet),
     "FedSPDnet": make_pipeline(
         Covariances("oas"),
-        FederatedSPDnetClassifier(spdnet, aggregation="projavg", n_rounds=20, n_clients=3, random_state=0),
+        FederatedSPDnetClassifier(spdnet, aggregation="projavg", n_rounds=15, n_clients=3, random_state=0),
     ),
 }
 
