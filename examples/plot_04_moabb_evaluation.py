@@ -14,7 +14,7 @@ cross-validation within each subject's session) compares
   ``"partition:stratified"``). With :class:`~moabb.evaluations.CrossSubjectEvaluation` and
   metadata routing, the training subjects become the clients.
 
-The data: the PhysioNet motor imagery dataset (left vs right hand imagery, 3 subjects) from
+The data: the PhysioNet motor imagery dataset (left vs right hand imagery, 2 subjects) from
 its offline copy when it is found (:func:`skfedspd.datasets.find_physionet_root`), otherwise
 MOABB's :class:`~moabb.datasets.fake.FakeDataset` (white noise: the scores are then at chance
 level, the example only shows the mechanics). MOABB's results store goes to a temporary
@@ -54,7 +54,7 @@ root = find_physionet_root()
 if root is not None:
     configure_offline(root)  # MNE/MOABB read the offline copy; no download is attempted
     dataset = PhysionetMI(imagined=True)
-    dataset.subject_list = [1, 2, 3]
+    dataset.subject_list = [1, 2]
     dataset.feet_runs = []  # left/right hand runs only: all present offline
     # the 21 channels over the sensorimotor cortex (of 64): faster, and where the signal is
     channels = [f"{row}{col}" for row in ("FC", "C", "CP") for col in ("5", "3", "1", "z", "2", "4", "6")]
@@ -62,7 +62,7 @@ else:
     print("PhysioNet EEG not found (set SKFEDSPD_DATA): using MOABB's FakeDataset (noise)")
     os.environ["MNE_DATA"] = workdir
     dataset = FakeDataset(event_list=["left_hand", "right_hand"], n_sessions=1, n_runs=1,
-                          n_subjects=3, channels=("C3", "Cz", "C4", "FC3", "FC4", "CP3", "CP4", "Pz"),
+                          n_subjects=2, channels=("C3", "Cz", "C4", "FC3", "FC4", "CP3", "CP4", "Pz"),
                           n_events=40, duration=100, seed=0)
     channels = None
 paradigm = LeftRightImagery(fmin=8, fmax=32, channels=channels)
@@ -73,13 +73,13 @@ print(dataset.code, "subjects", dataset.subject_list)
 # ---------
 # Covariances in the µV² of MOABB's default units are fine: ``scaling="auto"`` rescales them
 # by one scalar fitted on the training folds.
-spdnet = SPDnetClassifier(hidden_dims=(6,), lr=1e-2, max_epochs=40, patience=20, random_state=0)
+spdnet = SPDnetClassifier(hidden_dims=(6,), lr=1e-2, max_epochs=30, patience=20, random_state=0)
 pipelines = {
     "TS + LR": make_pipeline(Covariances("oas"), TangentSpace(), LogisticRegression(max_iter=1000)),
     "SPDnet": make_pipeline(Covariances("oas"), spdnet),
     "FedSPDnet": make_pipeline(
         Covariances("oas"),
-        FederatedSPDnetClassifier(spdnet, aggregation="projavg", n_rounds=15, n_clients=3, random_state=0),
+        FederatedSPDnetClassifier(spdnet, aggregation="projavg", n_rounds=10, n_clients=3, random_state=0),
     ),
 }
 

@@ -54,11 +54,11 @@ test = ~train
 # %%
 # Three models
 # ------------
-local_model = SPDnetClassifier(hidden_dims=(8,), lr=1e-2, lr_patience=10, patience=40)
+local_model = SPDnetClassifier(hidden_dims=(8,), lr=1e-2, lr_patience=10, patience=25)
 models = {
     "FedSPDnet (ProjAvg, 8 clients)": FederatedSPDnetClassifier(
-        local_model, aggregation="projavg", n_rounds=40, local_epochs=2, random_state=0),
-    "SPDnet (centralized)": SPDnetClassifier(hidden_dims=(8,), lr=1e-2, max_epochs=80, random_state=0),
+        local_model, aggregation="projavg", n_rounds=25, local_epochs=2, random_state=0),
+    "SPDnet (centralized)": SPDnetClassifier(hidden_dims=(8,), lr=1e-2, max_epochs=50, random_state=0),
     "TS + LR (centralized)": make_pipeline(TangentSpace(), LogisticRegression(max_iter=1000)),
 }
 scores = {}
