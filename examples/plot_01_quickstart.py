@@ -70,8 +70,9 @@ fig.tight_layout()
 
 # %%
 # Predictions on the test trials.
-ConfusionMatrixDisplay.from_estimator(spdnet, X_test, y_test, colorbar=False)
-plt.title("SPDnet on held-out trials")
+display = ConfusionMatrixDisplay.from_estimator(spdnet, X_test, y_test, colorbar=False)
+display.ax_.set_title("SPDnet on held-out trials")
+plt.tight_layout()
 
 # %%
 # Cross-validation and a Riemannian baseline
