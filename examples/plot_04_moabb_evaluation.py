@@ -48,6 +48,7 @@ mne.set_log_level("ERROR")
 logging.getLogger("moabb").setLevel(logging.ERROR)
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", category=DeprecationWarning)
+warnings.filterwarnings("ignore", message="Creating a dataset without passing data")  # h5py, in MOABB
 workdir = tempfile.mkdtemp(prefix="skfedspd-moabb-")
 
 root = find_physionet_root()
