@@ -34,7 +34,7 @@ from skfedspd.privacy import (calibrate_noise, default_delta, dp_train_epochs, e
                               steps_per_epoch)
 from skfedspd.training import evaluate
 
-X, y = make_spd_classification(n_matrices=700, n_channels=8, n_classes=2, separation=1.3, seed=0)
+X, y = make_spd_classification(n_matrices=700, n_channels=8, n_classes=2, separation=2.0, seed=0)
 X_train, y_train = torch.as_tensor(X[:600]), torch.as_tensor(y[:600])
 X_test, y_test = torch.as_tensor(X[600:]), torch.as_tensor(y[600:])
 
