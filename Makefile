@@ -6,8 +6,12 @@ JOBS ?= 2
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+DOCS_STAMP := $(VENV)/.installed-docs
+# Warnings are errors; --keep-going reports all of them before failing.
+SPHINXOPTS ?= -W --keep-going
+SPHINXBUILD = $(BIN)/python -m sphinx -b html $(SPHINXOPTS)
 
-.PHONY: setup test experiment experiment-full bench clean
+.PHONY: setup test experiment experiment-full bench docs docs-noexec docs-setup package-check clean
 
 $(STAMP): pyproject.toml requirements-setup.txt
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +31,26 @@ experiment: setup
 experiment-full: setup
 	$(BIN)/python -m benchmarks.tableone --full --jobs $(JOBS)
 
+# The documentation site, docs/_build/html: `make docs` executes the gallery examples
+# (examples/; those on the offline EEG only where the data are), `make docs-noexec` does not.
+$(DOCS_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[docs]"
+	touch $(DOCS_STAMP)
+
+docs-setup: $(DOCS_STAMP)
+
+docs: docs-setup
+	FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 $(SPHINXBUILD) docs docs/_build/html
+
+docs-noexec: docs-setup
+	$(SPHINXBUILD) -D plot_gallery=0 docs docs/_build/html
+
+# Wheel and sdist, the wheel installed with its moabb extra into a fresh venv and imported.
+package-check:
+	bash .ci/package-check
+
 bench: setup
 	$(BIN)/python benchmarks/bench_spdnet_step.py
 
 clean:
-	rm -rf $(VENV) results .pytest_cache
+	rm -rf $(VENV) results .pytest_cache docs/_build docs/generated docs/auto_examples docs/sg_execution_times.rst dist

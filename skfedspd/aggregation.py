@@ -55,7 +55,16 @@ __all__ = [
 
 
 def client_weights(n_samples, weighting="n_samples"):
-    """Normalised client weights: proportional to sample counts, or uniform."""
+    """Normalised client weights: proportional to sample counts, or uniform.
+
+    Examples
+    --------
+    >>> from skfedspd.aggregation import client_weights
+    >>> client_weights([10, 30])
+    array([0.25, 0.75])
+    >>> client_weights([10, 30], weighting="uniform")
+    array([0.5, 0.5])
+    """
     n_samples = np.asarray(n_samples, dtype=np.float64)
     if weighting == "uniform":
         raw = np.ones_like(n_samples)
@@ -69,7 +78,18 @@ def client_weights(n_samples, weighting="n_samples"):
 
 
 def weighted_sum(client_params, weights, kinds):
-    """``{name: Σ_i w_i θ_i[name]}`` over the non-local names."""
+    """``{name: Σ_i w_i θ_i[name]}`` over the non-local names.
+
+    Examples
+    --------
+    ``"local"`` arrays (e.g. BatchNorm statistics) are left out:
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import weighted_sum
+    >>> clients = [{"b": np.array([0.0, 1.0]), "bn": np.ones(2)}, {"b": np.array([2.0, 3.0]), "bn": np.ones(2)}]
+    >>> weighted_sum(clients, [0.5, 0.5], {"b": "euclidean", "bn": "local"})
+    {'b': array([1., 2.])}
+    """
     if len(client_params) != len(weights):
         raise ValueError(f"{len(client_params)} client parameter sets but {len(weights)} weights")
     names = [name for name, kind in kinds.items() if kind != "local"]
@@ -80,12 +100,40 @@ def weighted_sum(client_params, weights, kinds):
 
 
 def projavg_from_sum(summed, previous, kinds):
-    """ProjAvg from the weighted sum: Stiefel arrays → polar factor (eq. 7), others as is."""
+    """ProjAvg from the weighted sum: Stiefel arrays → polar factor (eq. 7), others as is.
+
+    Examples
+    --------
+    What a secure-aggregation protocol reveals (the weighted sum) is enough:
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import projavg, projavg_from_sum, weighted_sum
+    >>> from skfedspd.stiefel import random_stiefel
+    >>> kinds = {"W": "stiefel"}
+    >>> clients = [{"W": random_stiefel(5, 2, rng=seed)} for seed in range(3)]
+    >>> weights = [0.2, 0.3, 0.5]
+    >>> summed = weighted_sum(clients, weights, kinds)
+    >>> bool(np.allclose(projavg_from_sum(summed, None, kinds)["W"], projavg(clients, weights, None, kinds)["W"]))
+    True
+    """
     return {name: polar(value) if kinds[name] == "stiefel" else value for name, value in summed.items()}
 
 
 def rlavg_from_sum(summed, previous, kinds):
-    """RLAvg from the weighted sum: ``R_W(P_W(Σ w_i W_i − W))`` (eq. 10–11) on Stiefel arrays."""
+    """RLAvg from the weighted sum: ``R_W(P_W(Σ w_i W_i − W))`` (eq. 10–11) on Stiefel arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import rlavg, rlavg_from_sum, weighted_sum
+    >>> from skfedspd.stiefel import random_stiefel
+    >>> kinds = {"W": "stiefel"}
+    >>> previous = {"W": random_stiefel(5, 2, rng=0)}
+    >>> clients = [{"W": random_stiefel(5, 2, rng=seed)} for seed in (1, 2)]
+    >>> summed = weighted_sum(clients, [0.5, 0.5], kinds)
+    >>> bool(np.allclose(rlavg_from_sum(summed, previous, kinds)["W"], rlavg(clients, [0.5, 0.5], previous, kinds)["W"]))
+    True
+    """
     out = {}
     for name, value in summed.items():
         if kinds[name] == "stiefel":
@@ -97,12 +145,45 @@ def rlavg_from_sum(summed, previous, kinds):
 
 
 def projavg(client_params, weights, previous, kinds):
-    """ProjAvg: polar projection of the weighted arithmetic mean (Stiefel), weighted mean (others)."""
+    """ProjAvg: polar projection of the weighted arithmetic mean (Stiefel), weighted mean (others).
+
+    Examples
+    --------
+    Two clients, each with a Stiefel weight ``W`` and a Euclidean bias ``b``:
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import client_weights, projavg
+    >>> from skfedspd.stiefel import orthonormality_error, random_stiefel
+    >>> kinds = {"W": "stiefel", "b": "euclidean"}
+    >>> clients = [{"W": random_stiefel(6, 3, rng=0), "b": np.zeros(2)},
+    ...            {"W": random_stiefel(6, 3, rng=1), "b": np.ones(2)}]
+    >>> new = projavg(clients, client_weights([30, 10]), None, kinds)
+    >>> orthonormality_error(new["W"]) < 1e-14, new["b"]
+    (True, array([0.25, 0.25]))
+    """
     return projavg_from_sum(weighted_sum(client_params, weights, kinds), previous, kinds)
 
 
 def rlavg(client_params, weights, previous, kinds):
-    """RLAvg: ``R_{W_prev}(Σ_i w_i L_{W_prev}(W_i))`` (Stiefel), weighted mean (others)."""
+    """RLAvg: ``R_{W_prev}(Σ_i w_i L_{W_prev}(W_i))`` (Stiefel), weighted mean (others).
+
+    Examples
+    --------
+    Clients that moved a little from the broadcast ``previous``: RLAvg and ProjAvg agree to
+    second order in the clients' spread.
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import projavg, rlavg
+    >>> from skfedspd.stiefel import random_stiefel, retract, tangent_project
+    >>> kinds = {"W": "stiefel"}
+    >>> W = random_stiefel(6, 3, rng=0)
+    >>> rng = np.random.default_rng(1)
+    >>> clients = [{"W": retract(W, 1e-3 * tangent_project(W, rng.standard_normal((6, 3))))} for _ in range(4)]
+    >>> weights = np.full(4, 0.25)
+    >>> gap = np.abs(rlavg(clients, weights, {"W": W}, kinds)["W"] - projavg(clients, weights, {"W": W}, kinds)["W"]).max()
+    >>> bool(gap < 1e-5)
+    True
+    """
     return rlavg_from_sum(weighted_sum(client_params, weights, kinds), previous, kinds)
 
 
@@ -159,6 +240,19 @@ def karcher(client_params, weights, previous, kinds, tol=1e-11, max_iter=200, re
     .. [3] R. Zimmermann, "A matrix-algebraic algorithm for the Riemannian logarithm on the
        Stiefel manifold under the canonical metric", SIAM J. Matrix Anal. Appl.
        38(2):322–342, 2017.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import karcher, projavg
+    >>> from skfedspd.stiefel import random_stiefel, retract, tangent_project
+    >>> kinds = {"W": "stiefel"}
+    >>> W = random_stiefel(5, 2, rng=0)
+    >>> rng = np.random.default_rng(1)
+    >>> clients = [{"W": retract(W, 0.05 * tangent_project(W, rng.standard_normal((5, 2))))} for _ in range(3)]
+    >>> mean, iterations = karcher(clients, [0.2, 0.3, 0.5], None, kinds, return_iterations=True)
+    >>> iterations["W"] > 0, bool(np.allclose(mean["W"], projavg(clients, [0.2, 0.3, 0.5], None, kinds)["W"], atol=1e-3))
+    (True, True)
     """
     weights = np.asarray(weights, dtype=np.float64)
     summed = weighted_sum(client_params, weights, kinds)
@@ -195,13 +289,21 @@ def karcher(client_params, weights, previous, kinds, tol=1e-11, max_iter=200, re
     return (current, iterations) if return_iterations else current
 
 
+#: The rules that ``FederatedSPDnetClassifier(aggregation=...)`` accepts by name.
 AGGREGATIONS = {"projavg": projavg, "rlavg": rlavg, "karcher": karcher}
 #: The rules that are functions of the weighted sum only (usable under secure aggregation).
 SUM_RULES = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
 
 
 def get_aggregation(aggregation):
-    """Resolve ``"projavg" | "rlavg" | "karcher"`` or a callable to a rule."""
+    """Resolve ``"projavg" | "rlavg" | "karcher"`` or a callable to a rule.
+
+    Examples
+    --------
+    >>> from skfedspd.aggregation import get_aggregation, rlavg
+    >>> get_aggregation("rlavg") is rlavg
+    True
+    """
     if callable(aggregation):
         return aggregation
     if aggregation in AGGREGATIONS:

@@ -102,6 +102,22 @@ def find_physionet_root(root=None):
     -------
     root : pathlib.Path | None
         The resolved data root, or None when no valid root was found.
+
+    Examples
+    --------
+    A data root holds ``MNE-eegbci-data/files/eegmmidb/1.0.0``:
+
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from skfedspd.datasets import find_physionet_root
+    >>> root = Path(tempfile.mkdtemp())
+    >>> find_physionet_root(root) is None
+    True
+    >>> (root / "MNE-eegbci-data" / "files" / "eegmmidb" / "1.0.0").mkdir(parents=True)
+    >>> find_physionet_root(root) == root.resolve()
+    True
+    >>> find_physionet_root(root / "MNE-eegbci-data") == root.resolve()
+    True
     """
     if root is not None:
         root = _normalise_root(root)
@@ -151,6 +167,19 @@ def configure_offline(root):
     ------
     FileNotFoundError
         If ``root`` does not contain ``MNE-eegbci-data/files/eegmmidb/1.0.0``.
+
+    Examples
+    --------
+    >>> import os
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from skfedspd.datasets import configure_offline
+    >>> root = Path(tempfile.mkdtemp())
+    >>> (root / "MNE-eegbci-data" / "files" / "eegmmidb" / "1.0.0").mkdir(parents=True)
+    >>> configure_offline(root) == root.resolve()
+    True
+    >>> os.environ["MNE_DATA"] == str(root.resolve()), os.environ["MOABB_DOWNLOAD_PROVIDER"]
+    (True, 'upstream')
     """
     resolved = find_physionet_root(root)
     if resolved is None:
@@ -184,6 +213,19 @@ def physionet_runs_present(subject, root):
         Present runs among 4, 8, 12 (imagined left / right fist).
     feet_runs : list of int
         Present runs among 6, 10, 14 (imagined both fists / both feet).
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from skfedspd.datasets import physionet_runs_present
+    >>> root = Path(tempfile.mkdtemp())
+    >>> folder = root / "MNE-eegbci-data" / "files" / "eegmmidb" / "1.0.0" / "S002"
+    >>> folder.mkdir(parents=True)
+    >>> for run in (4, 6, 8, 12):
+    ...     (folder / f"S002R{run:02d}.edf").touch()
+    >>> physionet_runs_present(2, root)
+    ([4, 8, 12], [6])
     """
     hand = [r for r in _HAND_RUNS if _edf_path(root, subject, r).is_file()]
     feet = [r for r in _FEET_RUNS if _edf_path(root, subject, r).is_file()]
@@ -210,6 +252,18 @@ def sample_covariance(X):
     -------
     C : ndarray, shape (n_trials, n_channels, n_channels)
         Symmetric covariance matrices (float64).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pyriemann.estimation import Covariances
+    >>> from skfedspd.datasets import sample_covariance
+    >>> X = np.random.default_rng(0).standard_normal((2, 3, 100))
+    >>> C = sample_covariance(X)
+    >>> C.shape
+    (2, 3, 3)
+    >>> bool(np.allclose(Covariances("scm").fit_transform(X), C * 99 / 100))
+    True
     """
     X = np.asarray(X, dtype=np.float64)
     n_times = X.shape[-1]
@@ -342,6 +396,15 @@ def load_physionet_mi(
     ValueError
         For invalid arguments (``n_classes`` not in {2, 4}, duplicated subjects,
         ``n_times`` larger than the trials).
+
+    Examples
+    --------
+    Needs the offline data (see :func:`find_physionet_root`); subject 1, left vs right hand:
+
+    >>> from skfedspd.datasets import load_physionet_mi
+    >>> X, y, subjects, meta = load_physionet_mi(subjects=[1], n_classes=2)
+    >>> X.shape, sorted(set(y.tolist())), meta.attrs["units"]
+    ((45, 64, 64), ['left_hand', 'right_hand'], 'V^2')
     """
     if n_classes not in (2, 4):
         raise ValueError(f"n_classes must be 2 or 4, got {n_classes!r}")
@@ -498,6 +561,19 @@ def load_moabb(dataset, paradigm, subjects=None, n_times=None, verbose=False):
     subjects : ndarray of int
     meta : pandas.DataFrame
         MOABB's metadata.
+
+    Examples
+    --------
+    With MOABB's offline ``FakeDataset`` (random signals, 3 channels at 128 Hz):
+
+    >>> from moabb.datasets.fake import FakeDataset
+    >>> from moabb.paradigms import LeftRightImagery
+    >>> from skfedspd.datasets import load_moabb
+    >>> dataset = FakeDataset(event_list=["left_hand", "right_hand"], n_subjects=2, n_sessions=1,
+    ...                       n_runs=1, n_events=20, duration=60, seed=0)
+    >>> X, y, subjects, meta = load_moabb(dataset, LeftRightImagery(), n_times=256)
+    >>> X.shape, sorted(set(subjects.tolist()))
+    ((40, 3, 256), [1, 2])
     """
     _check_n_times(n_times)
     subjects = dataset.subject_list if subjects is None else [int(s) for s in np.atleast_1d(subjects)]
@@ -524,6 +600,15 @@ def load_weibo2014(subjects=None, fmin=8.0, fmax=32.0, n_times=800, verbose=Fals
     -------
     X, y, subjects, meta
         As :func:`load_moabb`.
+
+    Examples
+    --------
+    MOABB downloads the files on first use (skipped in the doctests: no network here):
+
+    >>> from skfedspd.datasets import load_weibo2014
+    >>> X, y, subjects, meta = load_weibo2014(subjects=[1])  # doctest: +SKIP
+    >>> X.shape[1:]  # doctest: +SKIP
+    (60, 800)
     """
     from moabb.datasets import Weibo2014
     from moabb.paradigms import MotorImagery
@@ -543,6 +628,16 @@ def make_spd_classification(n_matrices=60, n_channels=8, n_classes=3, seed=0, sc
     ``separation``; every matrix is the sample covariance of ``n_times`` Gaussian samples
     drawn from its class's covariance, times ``scale``. Matrices are exactly symmetric and
     SPD; labels are balanced and interleaved.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=6, n_channels=4, n_classes=3, seed=0)
+    >>> X.shape, y
+    ((6, 4, 4), array([0, 1, 2, 0, 1, 2]))
+    >>> bool(np.linalg.eigvalsh(X).min() > 0)
+    True
     """
     rng = np.random.default_rng(seed)
     n_times = 4 * n_channels if n_times is None else n_times

@@ -169,6 +169,17 @@ def spectral_function(X, f, df):
 
     ``f`` and ``df`` (its derivative) act elementwise on eigenvalue tensors. The gradient
     is the exact Daleckii–Krein adjoint, finite for repeated eigenvalues.
+
+    Examples
+    --------
+    The matrix square root:
+
+    >>> import torch
+    >>> from skfedspd.functional import spectral_function
+    >>> X = torch.tensor([[2.0, 1.0], [1.0, 2.0]], dtype=torch.float64)
+    >>> R = spectral_function(X, torch.sqrt, lambda lam: 0.5 / torch.sqrt(lam))
+    >>> torch.allclose(R @ R, X)
+    True
     """
     return _SpectralFunction.apply(X, f, df)
 
@@ -191,12 +202,41 @@ def _log_derivative(lam):
 
 
 def reeig(X, eps):
-    """ReEig layer: ``U max(eps, Λ) Uᵀ``."""
+    """ReEig layer: ``U max(eps, Λ) Uᵀ``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import reeig
+    >>> X = torch.diag(torch.tensor([1e-3, 0.5, 2.0], dtype=torch.float64))
+    >>> reeig(X, 1e-2).diagonal()
+    tensor([0.0100, 0.5000, 2.0000], dtype=torch.float64)
+
+    The gradient is finite where eigenvalues are clamped together (here two of them):
+
+    >>> X = torch.diag(torch.tensor([1e-4, 1e-3, 2.0], dtype=torch.float64)).requires_grad_()
+    >>> reeig(X, 1e-2).sum().backward()
+    >>> X.grad.diagonal()
+    tensor([0., 0., 1.], dtype=torch.float64)
+    """
     return spectral_function(X, _clamp(eps), _clamp_derivative(eps))
 
 
 def logeig(X):
-    """LogEig layer: ``U log(Λ) Uᵀ`` (matrix logarithm of an SPD batch)."""
+    """LogEig layer: ``U log(Λ) Uᵀ`` (matrix logarithm of an SPD batch).
+
+    Examples
+    --------
+    ``d tr(log X) = tr(X⁻¹ dX)``, exact at ``X = I`` where every eigenvalue is repeated
+    (autograd through ``torch.linalg.eigh`` returns NaN there):
+
+    >>> import torch
+    >>> from skfedspd.functional import logeig
+    >>> X = torch.eye(3, dtype=torch.float64, requires_grad=True)
+    >>> logeig(X).trace().backward()
+    >>> torch.allclose(X.grad, torch.eye(3, dtype=torch.float64))
+    True
+    """
     return spectral_function(X, _log, _log_derivative)
 
 
@@ -296,6 +336,15 @@ def reeig_logeig(X, eps):
 
     ReEig keeps the eigenvectors, so the composition is the spectral function
     ``λ ↦ log(max(eps, λ))`` whose derivative is ``1/λ`` above ``eps`` and 0 below.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import logeig, reeig, reeig_logeig
+    >>> A = torch.randn(4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.T
+    >>> torch.allclose(reeig_logeig(X, 1e-2), logeig(reeig(X, 1e-2)))
+    True
     """
     return spectral_function(X, *log_clamp(eps))
 
@@ -309,7 +358,19 @@ def log_clamp(eps):
 
 
 def reeig_logeig_vech(X, eps):
-    """``vech(reeig_logeig(X, eps))`` as a single autograd node (same values and gradient)."""
+    """``vech(reeig_logeig(X, eps))`` as a single autograd node (same values and gradient).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import reeig_logeig, reeig_logeig_vech, vech
+    >>> A = torch.randn(2, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2)
+    >>> reeig_logeig_vech(X, 1e-2).shape
+    torch.Size([2, 10])
+    >>> torch.allclose(reeig_logeig_vech(X, 1e-2), vech(reeig_logeig(X, 1e-2)))
+    True
+    """
     return _SpectralVech.apply(X, *log_clamp(eps))
 
 
@@ -352,6 +413,16 @@ def vech(X):
     Returns the upper triangle (row by row, diagonal included) of each symmetric matrix,
     shape ``(..., n(n+1)/2)``. The √2 scaling makes the map an isometry from symmetric
     matrices with the Frobenius norm to Euclidean vectors: ``‖vech(X)‖₂ = ‖X‖_F``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import vech
+    >>> X = torch.tensor([[1.0, 2.0], [2.0, 3.0]], dtype=torch.float64)
+    >>> vech(X)
+    tensor([1.0000, 2.8284, 3.0000], dtype=torch.float64)
+    >>> torch.allclose(torch.linalg.vector_norm(vech(X)), torch.linalg.matrix_norm(X))
+    True
     """
     n = X.shape[-1]
     _, _, flat = _vech_index(n, X.device)
@@ -361,7 +432,16 @@ def vech(X):
 
 
 def unvech(v):
-    """Inverse of :func:`vech`: symmetric matrices from their scaled half-vectorisation."""
+    """Inverse of :func:`vech`: symmetric matrices from their scaled half-vectorisation.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import unvech, vech
+    >>> X = torch.tensor([[1.0, 2.0], [2.0, 3.0]], dtype=torch.float64)
+    >>> torch.allclose(unvech(vech(X)), X)
+    True
+    """
     m = v.shape[-1]
     n = int(round((math.sqrt(8 * m + 1) - 1) / 2))
     if n * (n + 1) // 2 != m:

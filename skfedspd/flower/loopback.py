@@ -24,7 +24,14 @@ __all__ = ["LoopbackDeployment", "free_port"]
 
 
 def free_port():
-    """A TCP port of 127.0.0.1 that is free now (the OS's choice)."""
+    """A TCP port of 127.0.0.1 that is free now (the OS's choice).
+
+    Examples
+    --------
+    >>> from skfedspd.flower.loopback import free_port
+    >>> 0 < free_port() < 65536
+    True
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -88,6 +95,25 @@ class LoopbackDeployment:
         ``{name: subprocess.Popen}`` of every process started (``superlink``,
         ``serverapp``, ``supernode-i``, ``clientapp-i``), each the leader of its own process
         group, stopped by PID at exit.
+
+    Examples
+    --------
+    Two sites, each holding its own ``.npz`` file, and a two-round run through
+    :func:`~skfedspd.flower.fit_federated` (skipped in the doctests: it starts processes
+    and takes minutes; ``examples/plot_06_loopback_deployment.py`` runs it):
+
+    >>> import numpy as np
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.flower import fit_federated
+    >>> from skfedspd.flower.loopback import LoopbackDeployment
+    >>> X, y = make_spd_classification(n_matrices=40, n_channels=4, n_classes=2)
+    >>> np.savez("site0.npz", X=X[:20], y=y[:20]); np.savez("site1.npz", X=X[20:], y=y[20:])  # doctest: +SKIP
+    >>> with LoopbackDeployment(["site0.npz", "site1.npz"]) as deployment:  # doctest: +SKIP
+    ...     fed = fit_federated(FederatedSPDnetClassifier(n_rounds=2, random_state=0), deployment.address,
+    ...                         n_sites=2, output="model.skfedspd", insecure=True, quiet=True)
+    >>> fed.n_clients_  # doctest: +SKIP
+    2
     """
 
     def __init__(self, site_paths, root=None, *, node_config=None, isolation="process", max_poll=0.5,
