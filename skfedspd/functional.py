@@ -131,14 +131,40 @@ class _SpectralFunction(torch.autograd.Function):
 
 
 def spectral_vech_forward(X, f):
-    """``(vech(U f(Λ) Uᵀ), λ, U, f(λ))`` for the symmetric batch ``X``."""
+    """``(vech(U f(Λ) Uᵀ), λ, U, f(λ))`` for the symmetric batch ``X``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2) + 4 * torch.eye(4, dtype=torch.float64)
+    >>> from skfedspd.functional import log_clamp, reeig_logeig, spectral_vech_forward, vech
+    >>> out, lam, U, f_lam = spectral_vech_forward(X, log_clamp(1e-2)[0])
+    >>> torch.allclose(out, vech(reeig_logeig(X, 1e-2)))
+    True
+    """
     lam, U = torch.linalg.eigh(X)
     f_lam = f(lam)
     return vech(_reconstruct(U, f_lam)), lam, U, f_lam
 
 
 def spectral_vech_backward(grad, lam, U, f_lam, df):
-    """Adjoint of ``X ↦ vech(f(X))`` at ``X = U Λ Uᵀ``: a symmetric matrix (batch)."""
+    """Adjoint of ``X ↦ vech(f(X))`` at ``X = U Λ Uᵀ``: a symmetric matrix (batch).
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2) + 4 * torch.eye(4, dtype=torch.float64)
+    >>> from skfedspd.functional import log_clamp, reeig_logeig_vech, spectral_vech_backward, spectral_vech_forward
+    >>> f, df = log_clamp(1e-2)
+    >>> out, lam, U, f_lam = spectral_vech_forward(X, f)
+    >>> grad = torch.ones_like(out)
+    >>> X_leaf = X.clone().requires_grad_(True)
+    >>> reeig_logeig_vech(X_leaf, 1e-2).backward(grad)
+    >>> torch.allclose(spectral_vech_backward(grad, lam, U, f_lam, df), X_leaf.grad)
+    True
+    """
     n = U.shape[-1]
     # Adjoint of F ↦ vech(F) on symmetric F: S_ii = g_ii, S_ij = S_ji = g_ij / √2.
     half = _vech_weights(n, grad.dtype, grad.device, True)
@@ -258,12 +284,33 @@ class _ExpDerivative:
 
 
 def expm_sym(X):
-    """Matrix exponential ``U exp(Λ) Uᵀ`` of a symmetric batch."""
+    """Matrix exponential ``U exp(Λ) Uᵀ`` of a symmetric batch.
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2) + 4 * torch.eye(4, dtype=torch.float64)
+    >>> from skfedspd.functional import expm_sym, logeig
+    >>> torch.allclose(expm_sym(logeig(X)), X)
+    True
+    """
     return spectral_function(X, torch.exp, _ExpDerivative())
 
 
 def sqrtm_invsqrtm(X):
-    """``(X^{1/2}, X^{-1/2})`` of an SPD batch from one ``eigh`` (exact joint backward)."""
+    """``(X^{1/2}, X^{-1/2})`` of an SPD batch from one ``eigh`` (exact joint backward).
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2) + 4 * torch.eye(4, dtype=torch.float64)
+    >>> from skfedspd.functional import sqrtm_invsqrtm
+    >>> half, inv_half = sqrtm_invsqrtm(X)
+    >>> torch.allclose(half @ half, X) and torch.allclose(half @ inv_half, torch.eye(4, dtype=torch.float64).expand(3, 4, 4))
+    True
+    """
     return _SpectralPair.apply(
         X,
         torch.sqrt,
@@ -279,7 +326,17 @@ def _power(t):
 
 def spd_geodesic(A, B, t):
     """Point at ``t`` on the affine-invariant geodesic from ``A`` (t=0) to ``B`` (t=1):
-    ``A^{1/2} (A^{-1/2} B A^{-1/2})^t A^{1/2}``."""
+    ``A^{1/2} (A^{-1/2} B A^{-1/2})^t A^{1/2}``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2) + 4 * torch.eye(4, dtype=torch.float64)
+    >>> from skfedspd.functional import spd_geodesic
+    >>> torch.allclose(spd_geodesic(X[0], X[1], 0.0), X[0]) and torch.allclose(spd_geodesic(X[0], X[1], 1.0), X[1])
+    True
+    """
     A_half, A_inv_half = sqrtm_invsqrtm(A)
     return _sym(A_half @ spectral_function(_sym(A_inv_half @ B @ A_inv_half), *_power(t)) @ A_half)
 
@@ -314,6 +371,17 @@ def karcher_mean(X, n_iter, tol=None, return_converged=False):
     M : torch.Tensor of shape (n, n)
     converged : bool
         With ``return_converged=True``: whether ``‖T‖_F <= tol`` was reached.
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.randn(3, 4, 4, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    >>> X = A @ A.transpose(-1, -2) + 4 * torch.eye(4, dtype=torch.float64)
+    >>> from pyriemann.utils.mean import mean_riemann
+    >>> from skfedspd.functional import karcher_mean
+    >>> M, converged = karcher_mean(X, n_iter=50, tol=1e-10, return_converged=True)
+    >>> converged, bool(torch.allclose(M, torch.as_tensor(mean_riemann(X.numpy(), tol=1e-12))))
+    (True, True)
     """
     M = _log_euclidean_mean(X)
     step, previous, converged = 1.0, math.inf, False
@@ -350,7 +418,16 @@ def reeig_logeig(X, eps):
 
 
 def log_clamp(eps):
-    """``λ ↦ log(max(eps, λ))`` and its (sub)derivative ``1/λ`` above ``eps``, 0 below."""
+    """``λ ↦ log(max(eps, λ))`` and its (sub)derivative ``1/λ`` above ``eps``, 0 below.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import log_clamp
+    >>> f, df = log_clamp(0.5)
+    >>> f(torch.tensor([0.1, 2.0])), df(torch.tensor([0.1, 2.0]))
+    (tensor([-0.6931,  0.6931]), tensor([0.0000, 0.5000]))
+    """
     return (
         lambda lam: torch.log(lam.clamp_min(eps)),
         lambda lam: torch.where(lam >= eps, lam.reciprocal(), 0.0),
