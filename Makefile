@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml requirements-setup.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -r requirements-setup.txt
-	$(BIN)/python -m pip install -q -e ".[moabb,flower,bench,dev]"
+	$(BIN)/python -m pip install -q -e ".[moabb,flower,privacy,bench,dev]"
 	touch $(STAMP)
 
 setup: $(STAMP)
