@@ -36,6 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from .aggregation import client_weights, get_aggregation
+from .server_optimizer import is_identity_step, server_step
 from .stiefel import orthonormality_error
 from .training import PlateauSchedule, derive_seed
 
@@ -236,7 +237,7 @@ class FederatedEngine:
         The run's seed (client sampling, local-training seeds).
     lr : float
         Initial learning rate of the clients' optimizers.
-    clients_per_round, aggregation, weighting, on_client_error, max_update_norm
+    clients_per_round, aggregation, weighting, on_client_error, max_update_norm, server_lr, server_momentum
         As for :class:`~skfedspd.FederatedSPDnetClassifier`.
     patience, lr_patience, lr_factor
         The plateau schedule, in rounds.
@@ -250,6 +251,9 @@ class FederatedEngine:
         clients' arrays, for the released model).
     local_states : dict of int to dict
         Each client's ``"local"`` arrays.
+    server_momentum_buffer : dict
+        The server optimizer's momentum (:mod:`skfedspd.server_optimizer`), tangent at the
+        global model for Stiefel arrays; empty while it is zero or unused.
     history : list of dict
         One JSON-able record per finished round.
     """
@@ -262,11 +266,13 @@ class FederatedEngine:
                    seed=seed, lr=estimator.lr, clients_per_round=fed.clients_per_round,
                    aggregation=fed.aggregation, weighting=fed.weighting, patience=fed.patience,
                    lr_patience=fed.lr_patience, lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
-                   max_update_norm=fed.max_update_norm, input_statistic=input_statistic)
+                   max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
+                   server_lr=fed.server_lr, server_momentum=fed.server_momentum)
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
                  aggregation="projavg", weighting="n_samples", patience=None, lr_patience=20, lr_factor=0.5,
-                 on_client_error="raise", max_update_norm=1e3, input_statistic=None):
+                 on_client_error="raise", max_update_norm=1e3, input_statistic=None, server_lr=1.0,
+                 server_momentum=0.0):
         self.kinds = dict(kinds)
         self.template = {n: (tuple(np.shape(initial_params[n])), np.asarray(initial_params[n]).dtype)
                          for n in self.kinds}
@@ -286,6 +292,11 @@ class FederatedEngine:
         self.on_client_error = on_client_error
         self.max_update_norm = max_update_norm
         self.input_statistic = input_statistic
+        if not (server_lr > 0 and 0 <= server_momentum < 1):
+            raise ValueError(f"server_lr must be > 0 and server_momentum in [0, 1), got {server_lr!r}, "
+                             f"{server_momentum!r}")
+        self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
+        self.server_momentum_buffer = {}
         self.schedule = PlateauSchedule(lr, patience=patience, lr_patience=lr_patience, lr_factor=lr_factor)
         self.global_params = {n: np.array(initial_params[n], copy=True) for n in self.kinds}
         self.schedule.best_state = copy.deepcopy(self.global_params)
@@ -462,12 +473,18 @@ class FederatedEngine:
         """Check the rule's output; only then make it the global model (with the clients'
         new ``"local"`` arrays); return the round's record."""
         check_aggregate(self.rule_name, new_global, self.template, self.kinds)
+        previous = self._previous()
+        new_global = {n: new_global[n] for n in previous}
+        momentum = self.server_momentum_buffer
+        if not is_identity_step(self.server_lr, self.server_momentum):
+            new_global, momentum = server_step(new_global, previous, momentum, self.kinds, lr=self.server_lr,
+                                               beta=self.server_momentum)
         self.local_states.update(local_states or {})
-        new_global = {n: new_global[n] for n in self._previous()}
         for name, kind in self.kinds.items():
             if kind == "local":
                 new_global[name] = self._pooled_local(name)
         self.global_params = new_global
+        self.server_momentum_buffer = momentum
         return {
             "round": int(t),
             "clients": clients,
@@ -540,6 +557,7 @@ class FederatedEngine:
         """``(arrays, meta)``: the run's state as named arrays and a JSON-able dict (for
         :func:`skfedspd.persistence.save_bundle`). Configuration is not part of it."""
         arrays = {f"global/{n}": v for n, v in self.global_params.items()}
+        arrays.update({f"momentum/{n}": v for n, v in self.server_momentum_buffer.items()})
         for cid, state in self.local_states.items():
             arrays.update({f"local/{cid}/{n}": v for n, v in state.items()})
         schedule = self.schedule.state_dict()
@@ -564,6 +582,7 @@ class FederatedEngine:
         arrays = {n: np.array(v, copy=True) for n, v in arrays.items()}
         global_params = {n[len("global/"):]: v for n, v in arrays.items() if n.startswith("global/")}
         best = {n[len("best/"):]: v for n, v in arrays.items() if n.startswith("best/")}
+        momentum = {n[len("momentum/"):]: v for n, v in arrays.items() if n.startswith("momentum/")}
         local_states = {}
         for key, value in arrays.items():
             if key.startswith("local/"):
@@ -573,12 +592,15 @@ class FederatedEngine:
                 local_states.setdefault(int(cid), {})[name] = value
         local_template = {n: s for n, s in shapes.items() if self.kinds[n] == "local"}
         reason = _check_arrays(global_params, shapes, what="global arrays") or (
-            _check_arrays(best, shapes, what="best arrays") if meta.get("has_best") else None)
+            _check_arrays(best, shapes, what="best arrays") if meta.get("has_best") else None) or (
+            _check_arrays(momentum, {n: shapes[n] for n in momentum if self.kinds.get(n, "local") != "local"},
+                          what="momentum arrays"))
         for cid, state in local_states.items():
             reason = reason or _check_arrays(state, local_template, what=f"client {cid}'s local arrays")
         if reason:
             raise ValueError(f"engine state does not fit the model: {reason}")
         unknown = set(arrays) - {f"global/{n}" for n in global_params} - {f"best/{n}" for n in best} - {
+            f"momentum/{n}" for n in momentum} - {
             f"local/{c}/{n}" for c, s in local_states.items() for n in s}
         if unknown:
             raise ValueError(f"engine state has unexpected arrays {sorted(unknown)}")
@@ -588,6 +610,7 @@ class FederatedEngine:
         self.schedule.load_state_dict(schedule)
         self.global_params = global_params
         self.local_states = local_states
+        self.server_momentum_buffer = momentum
         self.history = copy.deepcopy(meta["history"])
         self.seed = int(meta["seed"])
         self.input_statistic = meta["input_statistic"]

@@ -143,6 +143,20 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         failed client. The default only stops absurd replies: an honest round moves a
         Stiefel array by at most ``2√k`` and the other arrays by a few learning-rate steps.
         None: no bound.
+    server_lr : float, default=1.0
+        Server learning rate ``η`` of the server optimizer (FedAvgM on the Stiefel manifold,
+        :mod:`skfedspd.server_optimizer`). With ``Δ`` the aggregate's tangent vector at the
+        previous global weight ``W`` (inverse polar retraction, ``uf(W + Δ)`` = the
+        aggregate) and ``m`` the momentum: ``m ← β m + Δ``, ``W ← uf(W + η m)``, then ``m``
+        is projected onto the tangent space at the new ``W``; Euclidean arrays:
+        ``m ← β m + (θ̄ − θ)``, ``θ ← θ + η m``. ``"local"`` arrays are untouched. With
+        the defaults (``η = 1``, ``β = 0``) the aggregate is the new global model exactly
+        (the paper). The step uses only the aggregate and the server's own state, so it
+        keeps the round a function of the clients' weighted sum (secure aggregation).
+        Recommended: ``server_momentum=0.9`` with ``server_lr=1.0`` (``docs/results.md``).
+    server_momentum : float in [0, 1), default=0.0
+        Server momentum ``β``; the buffer is part of the checkpoint
+        (``engine_.state_dict()``), so a resumed run continues bit for bit.
     n_jobs : int or None, default=None
         joblib workers for the clients' local training (each worker runs one torch thread).
     random_state : int, RandomState instance or None, default=None
@@ -248,6 +262,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "weighting": [StrOptions({"n_samples", "uniform"})],
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
         "max_update_norm": [None, Interval(Real, 0, None, closed="neither")],
+        "server_lr": [Interval(Real, 0, None, closed="neither")],
+        "server_momentum": [Interval(Real, 0, 1, closed="left")],
         "n_jobs": [None, Integral],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -275,6 +291,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         weighting="n_samples",
         validation_fraction=0.1,
         max_update_norm=1e3,
+        server_lr=1.0,
+        server_momentum=0.0,
         n_jobs=None,
         random_state=None,
         verbose=False,
@@ -299,6 +317,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.weighting = weighting
         self.validation_fraction = validation_fraction
         self.max_update_norm = max_update_norm
+        self.server_lr = server_lr
+        self.server_momentum = server_momentum
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
