@@ -239,3 +239,17 @@ def test_server_momentum_still_converges():
     momentum = _fed(n_rounds=15, server_momentum=0.9).fit(X, y)
     assert momentum.score(X_test, y_test) >= min(0.9, paper.score(X_test, y_test) - 0.05)
     assert all(max(r["orthonormality"].values()) < 1e-10 for r in momentum.history_)
+
+
+def test_saved_estimator_keeps_the_momentum(tmp_path):
+    from skfedspd.persistence import load_estimator, save_estimator
+
+    X, y = make_spd_dataset(40, 6, 2, seed=0)
+    fitted = _fed(n_rounds=2, server_momentum=0.9, server_lr=0.5).fit(X, y)
+    save_estimator(fitted, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert loaded.get_params()["server_momentum"] == 0.9 and loaded.get_params()["server_lr"] == 0.5
+    assert set(loaded.engine_.server_momentum_buffer) == set(fitted.engine_.server_momentum_buffer) != set()
+    for name, value in fitted.engine_.server_momentum_buffer.items():
+        np.testing.assert_array_equal(loaded.engine_.server_momentum_buffer[name], value)
+    np.testing.assert_array_equal(loaded.decision_function(X), fitted.decision_function(X))
