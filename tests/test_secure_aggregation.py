@@ -59,12 +59,17 @@ def assert_close_runs(plain, secured):
             assert error < 1e-12, name
 
 
+@pytest.mark.parametrize("server", [{}, {"server_momentum": 0.9}], ids=["paper", "server-momentum"])
 @pytest.mark.parametrize("aggregation", ["projavg", "rlavg"])
-def test_secure_matches_plain(spd, aggregation):
+def test_secure_matches_plain(spd, aggregation, server):
+    """Also with the server optimizer: its step uses the aggregate of the weighted sum and
+    the server's own state only, so secure aggregation gives the same model."""
     X, y = spd
-    plain = _fed("local", aggregation=aggregation).fit(X, y)
-    secured = _fed("flower", True, aggregation=aggregation).fit(X, y)
+    plain = _fed("local", aggregation=aggregation, **server).fit(X, y)
+    secured = _fed("flower", True, aggregation=aggregation, **server).fit(X, y)
     assert_close_runs(plain, secured)
+    for name, value in plain.engine_.server_momentum_buffer.items():
+        np.testing.assert_allclose(secured.engine_.server_momentum_buffer[name], value, rtol=0, atol=TOL)
 
 
 def test_two_limbs_keep_float64_precision_through_flower_quantization():
