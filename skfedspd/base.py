@@ -264,14 +264,16 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         return self.module_.parameter_kinds()
 
-    def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None):
+    def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None, dp=None):
         """One client's work in a federated round: the one local-training routine.
 
         Loads the broadcast ``global_params`` (then the client's own ``local_state``),
         creates a fresh Adam optimizer with learning rate ``lr`` and runs ``n_epochs``
         epochs of :func:`~skfedspd.training.train_epochs` (minibatches of ``batch_size``)
-        under ``seed``. Torch's global RNG and grad mode do not matter and are left as they
-        were.
+        under ``seed`` — or, with ``dp``, of :func:`~skfedspd.privacy.dp_train_epochs`
+        (DP-SGD: Poisson sampling, per-sample clipping, Gaussian noise, Adam on the
+        privatized gradient). Torch's global RNG and grad mode do not matter and are left as
+        they were.
 
         Parameters
         ----------
@@ -286,15 +288,23 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         seed : int
         n_threads : int or None
             torch intra-op threads during the update (None: unchanged).
+        dp : dict or None, default=None
+            Differentially private training: ``{"noise_multiplier": σ, "clip_norm": C,
+            "sample_rate": q}`` (the site's entry of :func:`~skfedspd.privacy.plan_dp`).
+            ``batch_size`` is then replaced by Poisson sampling at rate ``q``; an epoch is
+            ``ceil(1 / q)`` steps.
 
         Returns
         -------
         params : dict of str to ndarray
             :meth:`get_parameters` after training (``"local"`` arrays included).
         mean_loss : float
-            Sample-weighted mean training loss (NaN if every batch was skipped).
+            Sample-weighted mean training loss (NaN if every batch was skipped). NaN with
+            ``dp``: the loss is a statistic of the raw data, outside the privacy budget,
+            so it is not released.
         n_skipped : int
-            Batches skipped for a non-finite loss or gradient.
+            Batches skipped for a non-finite loss or gradient. 0 with ``dp`` (samples with
+            a non-finite gradient contribute zero; their count is not released).
         """
         X, y = _as_tensor(X), _as_tensor(y)
         with torch_threads(n_threads), seeded_torch(seed):
@@ -303,6 +313,13 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 self.set_parameters(local_state)
             generator = torch.Generator().manual_seed(seed)
             optimizer = torch.optim.Adam(self.module_.parameters(), lr=lr)
+            if dp is not None:
+                from .privacy import dp_train_epochs
+
+                dp_train_epochs(self.module_, X, y, n_epochs=n_epochs, sample_rate=dp["sample_rate"],
+                                clip_norm=dp["clip_norm"], noise_multiplier=dp["noise_multiplier"], lr=None,
+                                generator=generator, optimizer=optimizer)
+                return self.get_parameters(), float("nan"), 0
             loss, skipped = train_epochs(self.module_, optimizer, X, y, n_epochs=n_epochs,
                                          batch_size=self.batch_size, generator=generator)
             return self.get_parameters(), loss, skipped

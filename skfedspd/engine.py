@@ -262,12 +262,16 @@ class FederatedEngine:
     def from_estimator(cls, fed, estimator, *, n_train, n_val, seed, input_statistic):
         """The engine of a :class:`~skfedspd.FederatedSPDnetClassifier` ``fed`` (its round-level
         parameters) for the initialised local ``estimator`` (its model and learning rate)."""
-        return cls(estimator.get_parameters(), estimator.parameter_kinds(), n_train=n_train, n_val=n_val,
-                   seed=seed, lr=estimator.lr, clients_per_round=fed.clients_per_round,
-                   aggregation=fed.aggregation, weighting=fed.weighting, patience=fed.patience,
-                   lr_patience=fed.lr_patience, lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
-                   max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
-                   server_lr=fed.server_lr, server_momentum=fed.server_momentum)
+        engine = cls(estimator.get_parameters(), estimator.parameter_kinds(), n_train=n_train, n_val=n_val,
+                     seed=seed, lr=estimator.lr, clients_per_round=fed.clients_per_round,
+                     aggregation=fed.aggregation, weighting=fed.weighting, patience=fed.patience,
+                     lr_patience=fed.lr_patience, lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
+                     max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
+                     server_lr=fed.server_lr, server_momentum=fed.server_momentum)
+        if getattr(fed, "dp_epsilon", None) is not None:
+            engine.plan_privacy(fed.dp_epsilon, fed.dp_delta, clip_norm=fed.dp_clip_norm,
+                                batch_size=estimator.batch_size, local_epochs=fed.local_epochs, n_rounds=fed.n_rounds)
+        return engine
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
                  aggregation="projavg", weighting="n_samples", patience=None, lr_patience=20, lr_factor=0.5,
@@ -302,6 +306,7 @@ class FederatedEngine:
         self.schedule.best_state = copy.deepcopy(self.global_params)
         self.local_states = {}
         self.history = []
+        self.privacy = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -331,6 +336,50 @@ class FederatedEngine:
     def next_round(self):
         return len(self.history)
 
+    # ------------------------------------------------------------------ privacy
+    def plan_privacy(self, target_epsilon, delta, *, clip_norm, batch_size, local_epochs, n_rounds):
+        """Switch the run to DP-SGD: :func:`skfedspd.privacy.plan_dp` for the next ``n_rounds``.
+
+        The per-site round counts are exact: the seeded schedule (:meth:`select`) does not
+        depend on the data, so it is enumerated in advance. Stored as :attr:`privacy`;
+        :meth:`dp_settings` gives each client its ``local_update(dp=...)``.
+        """
+        from .privacy import plan_dp
+
+        counts = np.zeros(self.n_clients, dtype=int)
+        for t in range(self.next_round, self.next_round + n_rounds):
+            counts[self.select(t)[0]] += 1
+        plan = plan_dp(self.n_train, batch_size, local_epochs, n_rounds, counts.tolist(), target_epsilon, delta)
+        self.privacy = dict(plan, clip_norm=float(clip_norm))
+
+    def dp_settings(self, cid):
+        """Client ``cid``'s DP-SGD settings (``local_update(dp=...)``), None without DP."""
+        if self.privacy is None:
+            return None
+        site = self.privacy["sites"][cid]
+        return {"noise_multiplier": site["noise_multiplier"], "clip_norm": self.privacy["clip_norm"],
+                "sample_rate": site["sample_rate"]}
+
+    def privacy_report(self):
+        """:attr:`privacy` with each site's ``rounds_run`` (rounds it was sent a train
+        message in, from the history) and ``epsilon`` recomputed by the accountant for them;
+        None without DP."""
+        if self.privacy is None:
+            return None
+        from .privacy import epsilon_spent
+
+        report = copy.deepcopy(self.privacy)
+        trained = np.zeros(self.n_clients, dtype=int)
+        for record in self.history:
+            for cid in record["clients"] + [f["client"] for f in record["failed_clients"] if f["stage"] == "train"]:
+                trained[cid] += 1
+        for cid, site in enumerate(report["sites"]):
+            site["rounds_run"] = int(trained[cid])
+            site["steps_run"] = int(trained[cid]) * report["local_epochs"] * site["steps_per_epoch"]
+            site["epsilon"] = epsilon_spent(site["noise_multiplier"], report["delta"], site["sample_rate"],
+                                            site["steps_run"], accountant=report["accountant"]["name"])
+        return report
+
     # ------------------------------------------------------------------ one round
     def select(self, t):
         """Round ``t``'s participants (sorted client ids) and their local-training seeds."""
@@ -357,7 +406,10 @@ class FederatedEngine:
         if not _is_count(reply.n_skipped) or reply.n_skipped < 0:
             return f"skipped-batches {reply.n_skipped!r} is not an int >= 0"
         loss = reply.loss
-        if not (_is_real(loss) and ((np.isfinite(loss) and loss >= 0) or (np.isnan(loss) and reply.n_skipped > 0))):
+        if self.privacy is not None:  # DP: the loss is not released
+            if not (_is_real(loss) and np.isnan(loss)):
+                return f"train-loss {reply.loss!r} is released in DP mode (NaN expected: it is outside the budget)"
+        elif not (_is_real(loss) and ((np.isfinite(loss) and loss >= 0) or (np.isnan(loss) and reply.n_skipped > 0))):
             return f"train-loss {reply.loss!r} is not a finite number >= 0 (NaN only if batches were skipped)"
         reason = _check_arrays(reply.params, self.template, what="arrays") or _check_stiefel(
             reply.params, self.kinds, "arrays")
@@ -566,7 +618,8 @@ class FederatedEngine:
             arrays.update({f"best/{n}": v for n, v in best.items()})
         meta = {"version": STATE_VERSION, "kinds": self.kinds, "n_train": self.n_train, "n_val": self.n_val,
                 "seed": self.seed, "input_statistic": self.input_statistic, "schedule": schedule,
-                "history": copy.deepcopy(self.history), "has_best": best is not None}
+                "history": copy.deepcopy(self.history), "has_best": best is not None,
+                "privacy": copy.deepcopy(self.privacy)}
         return arrays, meta
 
     def load_state_dict(self, arrays, meta):
@@ -614,3 +667,4 @@ class FederatedEngine:
         self.history = copy.deepcopy(meta["history"])
         self.seed = int(meta["seed"])
         self.input_statistic = meta["input_statistic"]
+        self.privacy = copy.deepcopy(meta.get("privacy"))

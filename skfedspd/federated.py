@@ -194,6 +194,25 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         at least 3 clients per round; tolerates ``M − round(2M/3)`` dropouts per round.
         ``history_`` then holds totals only (``n_samples``: the one-element total).
         Threat model and what leaves a site: ``docs/privacy.md``.
+    dp_epsilon : float or None, default=None
+        Sample-level differential privacy (``docs/privacy.md``): every site's local training
+        runs DP-SGD (:func:`skfedspd.privacy.dp_train_epochs`: Poisson sampling at
+        ``q = batch_size / n_site``, per-sample gradients — Riemannian for the Stiefel
+        weights — clipped jointly to ``dp_clip_norm``, Gaussian noise projected to the
+        tangent space, Adam, retraction), with a noise multiplier per site calibrated by
+        Google's ``dp-accounting`` (RDP) so that the whole run — ``n_rounds``,
+        ``local_epochs``, the exact rounds the seeded schedule draws each site in — spends at
+        most ``(dp_epsilon, dp_delta)`` on each site's training samples. None: no DP.
+        DP mode requires ``validation_fraction=0`` (validation scores would steer the
+        schedule and the released model outside the budget: a fixed number of rounds runs
+        and the last global model is kept), an input scaling that shares nothing
+        (``scaling="trace"`` or a float, not ``"auto"``), and no ``warm_start``; sites do
+        not release their training loss or input statistic.
+    dp_delta : float or None, default=None
+        δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
+        site's training size). A δ not below ``1 / n_min`` is refused.
+    dp_clip_norm : float, default=1.0
+        Bound ``C`` on each sample's joint gradient norm.
 
     Attributes
     ----------
@@ -217,6 +236,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``orthonormality`` (``‖WᵀW − I‖`` per Stiefel weight), ``lr``,
         ``skipped_batches``, ``wall_time``.
     best_round_ : int
+    privacy_ : dict or None
+        DP mode: the JSON-able report of :func:`skfedspd.privacy.plan_dp` (mechanism,
+        adjacency, accountant name/class/version, ``target_epsilon``, ``delta``,
+        ``clip_norm``, ``rounds_bound``; per site ``n_train``, ``sample_rate``,
+        ``noise_multiplier``, planned ``rounds``/``steps``, and ``rounds_run``,
+        ``steps_run``, ``epsilon``: ε spent, recomputed by the accountant for the rounds
+        actually run). None without DP.
 
     Notes
     -----
@@ -272,6 +298,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "checkpoint_path": [None, str, os.PathLike],
         "backend": [StrOptions(set(BACKENDS))],
         "secure_aggregation": ["boolean"],
+        "dp_epsilon": [None, Interval(Real, 0, None, closed="neither")],
+        "dp_delta": [None, Interval(Real, 0, 1, closed="neither")],
+        "dp_clip_norm": [Interval(Real, 0, None, closed="neither")],
     }
 
     def __init__(
@@ -301,6 +330,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         checkpoint_path=None,
         backend="local",
         secure_aggregation=False,
+        dp_epsilon=None,
+        dp_delta=None,
+        dp_clip_norm=1.0,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -327,6 +359,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_path = checkpoint_path
         self.backend = backend
         self.secure_aggregation = secure_aggregation
+        self.dp_epsilon = dp_epsilon
+        self.dp_delta = dp_delta
+        self.dp_clip_norm = dp_clip_norm
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -381,13 +416,33 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             Naming the parameter, its value and what is allowed.
         """
         self._validate_params()
-        clone(self.estimator if self.estimator is not None else SPDnetClassifier()).check_params()
+        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        est.check_params()
+        if self.dp_epsilon is not None:
+            self._check_dp_mode(est)
+
+    def _check_dp_mode(self, est):
+        """DP mode shares nothing outside the budget: refuse what would (docs/privacy.md)."""
+        if self.validation_fraction != 0:
+            raise ValueError(f"dp_epsilon needs validation_fraction=0 (got {self.validation_fraction}): per-site "
+                             "validation scores would steer the schedule and the released model outside the privacy "
+                             "budget; DP mode runs n_rounds rounds and keeps the last model (evaluate on a held-out "
+                             "test set outside the federation)")
+        if getattr(est, "scaling", None) == "auto":
+            raise ValueError("dp_epsilon needs an input scaling that shares no statistic of the sites' data: "
+                             "scaling='auto' pools the sites' mean log-trace, outside the privacy budget; use "
+                             "estimator__scaling='trace' (per matrix) or a public float")
+        if self.warm_start:
+            raise ValueError("dp_epsilon with warm_start=True is not supported: the budget is planned for one fit "
+                             "of n_rounds rounds")
 
     def _prepare(self, X, y, groups, subjects):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
             raise ValueError("groups and subjects were both given and differ; pass one of them")
         groups = groups if groups is not None else subjects
+        if self.dp_epsilon is not None:
+            self._check_dp_mode(self.estimator if self.estimator is not None else SPDnetClassifier())
         resume = self.warm_start and self.__sklearn_is_fitted__()
         est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
         if resume:  # the fitted model continues; its parameters are still checked
@@ -448,6 +503,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.client_source_ = result.client_source
         self.client_groups_ = list(result.client_groups)
         self.best_round_ = engine.best_round
+        self.privacy_ = engine.privacy_report()
         return self
 
     # ------------------------------------------------------------------ persistence
@@ -516,8 +572,8 @@ def fit_local(fed, task):
               for i, idx in enumerate(task.indices)]
     n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
     if task.resume is None:
-        statistic = pool_input_statistic([est.input_statistic(X[idx[tr]]) for idx, (tr, _) in
-                                          zip(task.indices, splits)], n_train)
+        statistic = None if fed.dp_epsilon is not None else pool_input_statistic(
+            [est.input_statistic(X[idx[tr]]) for idx, (tr, _) in zip(task.indices, splits)], n_train)
         est.set_input_statistic(statistic)
         est.init_module(seed)
     else:
@@ -559,7 +615,8 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
                 break
             start = time.perf_counter()
             selected, seeds = engine.select(t)
-            tasks = [(engine.local_state(i) or None, *data[i], seed) for i, seed in zip(selected, seeds)]
+            tasks = [(engine.local_state(i) or None, *data[i], seed, engine.dp_settings(i))
+                     for i, seed in zip(selected, seeds)]
             common = dict(lr=engine.lr, n_epochs=fed.local_epochs, n_threads=1 if parallel else None)
             if parallel:  # one job per worker, each running its share of the clients in turn
                 chunks = np.array_split(np.arange(len(tasks)), min(len(tasks), effective_n_jobs(fed.n_jobs)))
@@ -579,16 +636,17 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
 
 
 def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, seed)`` in turn, each a :class:`TrainReply`
+    """Several clients' ``(local_state, X, y, seed, dp)`` in turn, each a :class:`TrainReply`
     or the exception it raised (joblib-safe: the server applies the failure policy).
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
     one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
     """
     replies = []
-    for local_state, X, y, seed in tasks:
+    for local_state, X, y, seed, dp in tasks:
         try:
-            params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **kwargs)
+            private = {} if dp is None else {"dp": dp}  # estimators without DP keep the older signature
+            params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **private, **kwargs)
             replies.append(TrainReply(params, float(loss), int(n_skipped), len(y)))
         except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
             replies.append(error)

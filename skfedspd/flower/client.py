@@ -7,7 +7,8 @@ A site answers four messages; none of them carries its data out:
   id, the labels it holds, its sample shape, its training and validation sizes and its
   input statistic (one scalar, e.g. the mean log-trace that ``scaling="auto"`` pools);
 - ``train``: the local estimator's ``local_update`` (the one local-training routine) from
-  the broadcast global parameters, with the learning rate and seed of the round; replies
+  the broadcast global parameters, with the learning rate and seed of the round (and, in
+  DP mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies
   the new parameters, its training size, the mean training loss and the number of
   skipped batches;
 - ``evaluate``: the global model's loss and macro-F1 on the site's validation part
@@ -140,7 +141,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         cid, prepared = site(context, message.content["config"]["setup"])
         info = {"client-id": cid, "labels": _spec.dumps(prepared.labels.tolist()), "shape": prepared.shape,
                 "num-examples": prepared.n_train, "n-val": prepared.n_val}
-        if prepared.statistic is not None:
+        if prepared.statistic is not None and not _spec.loads(message.content["config"]["setup"]).get("private"):
             info["input-statistic"] = float(prepared.statistic)
         return Message(RecordDict({"site": ConfigRecord(info)}), reply_to=message)
 
@@ -154,9 +155,11 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         cid, prepared = site(context, config["setup"])
         check_client(message, cid)
         local = from_array_record(message.content["local"]) or None
+        dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
+              if f"dp-{key.replace('_', '-')}" in config}
         params, loss, skipped = prepared.est.local_update(
             from_array_record(message.content["arrays"]), local, prepared.X_train, prepared.y_train,
-            lr=config["lr"], n_epochs=config["local-epochs"], seed=config["seed"])
+            lr=config["lr"], n_epochs=config["local-epochs"], seed=config["seed"], **({"dp": dp} if dp else {}))
         if layout is not None:
             vector = secure.train_vector(layout, params, float(loss), int(skipped), prepared.n_train)
             return Message(secure.site_reply(vector), reply_to=message)

@@ -124,7 +124,7 @@ class SPDnetStrategy(FedAvg):
         log(_INFO, "configure_train: round %d, clients %s", t, selected)
         return [self._message(cid, MessageType.TRAIN, **{"server-round": server_round, "round": t,
                                                            "lr": float(engine.lr), "local-epochs": self.local_epochs,
-                                                           "seed": int(seed)})
+                                                           "seed": int(seed), **_dp_config(engine.dp_settings(cid))})
                 for cid, seed in zip(selected, seeds)]
 
     def aggregate_train(self, server_round, replies):
@@ -164,6 +164,11 @@ class SPDnetStrategy(FedAvg):
     def _after_evaluate(self, record):
         self._round = None
         return MetricRecord({"val-loss": record["val_loss"], "val-f1": record["val_f1"], "lr": record["lr"]})
+
+
+def _dp_config(dp):
+    """A client's DP-SGD settings as train-message config keys (none without DP)."""
+    return {} if dp is None else {f"dp-{key.replace('_', '-')}": float(value) for key, value in dp.items()}
 
 
 # ---------------------------------------------------------------------- set-up
@@ -299,7 +304,7 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     # 1. set-up: who is who, the sites' labels, shapes, split sizes and input statistics
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
              "classes": None, "seed": seed, "validation_fraction": fed.validation_fraction,
-             "input_statistic": None, "ready": False}
+             "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
     node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes)
     declared = np.unique(np.concatenate([np.asarray(site) for site in labels]))
@@ -313,7 +318,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
         statistic = fed.engine_.input_statistic
     else:
         est.set_classes(declared)
-        statistic = pool_input_statistic(stats, n_train)
+        # DP mode: the sites' input statistics are neither sent nor used (docs/privacy.md)
+        statistic = None if setup["private"] else pool_input_statistic(stats, n_train)
         est.set_input_statistic(statistic)
         est.init_module(seed)
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,

@@ -1,0 +1,173 @@
+"""Tests of DP mode of ``FederatedSPDnetClassifier`` (``dp_epsilon``): the budget, the wiring
+into both backends, the noise, the parameter rules. The building blocks (DP-SGD, the
+accountant wrappers) are tested in ``test_privacy.py``."""
+
+import os
+
+os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
+os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+pytest.importorskip("dp_accounting")
+
+from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
+from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
+from skfedspd.engine import TrainReply  # noqa: E402
+from skfedspd.persistence import load_estimator, save_estimator  # noqa: E402
+from skfedspd.stiefel import orthonormality_error  # noqa: E402
+
+N_CHANNELS = 6
+
+
+def _fed(estimator=None, **kwargs):
+    params = dict(n_rounds=3, local_epochs=1, n_clients=4, partition="stratified", validation_fraction=0.0,
+                  dp_epsilon=2.0, dp_delta=1e-3, random_state=0)
+    params.update(kwargs)
+    est = estimator if estimator is not None else SPDnetClassifier(hidden_dims=(3,), scaling="trace", batch_size=8,
+                                                                    lr=0.05)
+    return FederatedSPDnetClassifier(est, **params)
+
+
+def _accountant_epsilon(sigma, q, steps, delta):
+    """ε straight from dp_accounting (not through skfedspd.privacy)."""
+    import dp_accounting
+
+    event = dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+    return dp_accounting.rdp.RdpAccountant().compose(event).get_epsilon(delta)
+
+
+@pytest.fixture(scope="module")
+def spd():
+    return make_spd_dataset(80, N_CHANNELS, 2, seed=0)
+
+
+@pytest.fixture(scope="module")
+def partial_fit(spd):
+    """A DP fit with partial participation (2 of 4 clients per round)."""
+    return _fed(n_rounds=4, clients_per_round=2).fit(*spd)
+
+
+def test_budget_holds_for_every_site_by_the_accountant(partial_fit):
+    fed = partial_fit
+    report = fed.privacy_
+    assert report["target_epsilon"] == 2.0 and report["delta"] == 1e-3 and report["clip_norm"] == 1.0
+    assert report["accountant"]["name"] == "rdp" and report["accountant"]["version"]
+    assert report["rounds_bound"].startswith("exact")
+    # the exact counts of the seeded schedule, and those are the rounds that ran
+    selected = np.zeros(4, dtype=int)
+    for t in range(4):
+        selected[fed.engine_.select(t)[0]] += 1
+    assert [s["rounds"] for s in report["sites"]] == selected.tolist() == [s["rounds_run"] for s in report["sites"]]
+    assert sum(selected) == 8
+    for site in report["sites"]:
+        if site["rounds_run"] == 0:  # never drawn: nothing released, no noise planned
+            assert site["epsilon"] == 0.0
+            continue
+        assert site["noise_multiplier"] > 0
+        assert site["steps_run"] == site["rounds_run"] * site["steps_per_epoch"]
+        spent = _accountant_epsilon(site["noise_multiplier"], site["sample_rate"], site["steps_run"], 1e-3)
+        assert spent <= 2.0 + 1e-9
+        assert site["epsilon"] == pytest.approx(spent, rel=1e-9)
+        if site["rounds_run"] == max(selected):  # the calibration is tight for a site drawn the most
+            assert spent > 1.9
+
+
+def test_weights_stay_orthonormal_and_nothing_else_is_released(partial_fit):
+    fed = partial_fit
+    kinds = fed.global_estimator_.parameter_kinds()
+    params = fed.global_estimator_.get_parameters()
+    stiefel = [n for n, k in kinds.items() if k == "stiefel"]
+    assert stiefel
+    for name in stiefel:
+        assert orthonormality_error(params[name]) < 1e-12
+    for record in fed.history_:
+        assert all(err < 1e-12 for err in record["orthonormality"].values())
+        assert np.isnan(record["train_loss"]) and record["skipped_batches"] == 0
+        assert np.isnan(record["val_f1"])  # no validation in DP mode
+    assert fed.global_estimator_.scale_ == 1.0  # scaling="trace": no pooled statistic
+    assert fed.engine_.input_statistic is None
+
+
+def test_a_reply_that_releases_its_loss_is_rejected(partial_fit):
+    engine = partial_fit.engine_
+    params = {n: v.copy() for n, v in engine.global_params.items()}
+    assert "released in DP mode" in engine.check_train_reply(0, TrainReply(params, 0.5, 0, 1))
+    assert engine.check_train_reply(0, TrainReply(params, float("nan"), 0, 1)) is None
+
+
+def test_privacy_report_survives_save_and_load(partial_fit, tmp_path):
+    save_estimator(partial_fit, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert loaded.privacy_ == partial_fit.privacy_
+
+
+def test_without_dp_there_is_no_report(spd):
+    fed = _fed(n_rounds=1, dp_epsilon=None, dp_delta=None).fit(*spd)
+    assert fed.privacy_ is None
+    assert np.isfinite(fed.history_[0]["train_loss"])
+
+
+def test_local_and_flower_backends_give_the_same_dp_model(spd):
+    pytest.importorskip("flwr")
+    local = _fed(clients_per_round=3).fit(*spd)
+    flower = _fed(clients_per_round=3, backend="flower").fit(*spd)
+    for name, value in local.engine_.global_params.items():
+        np.testing.assert_array_equal(value, flower.engine_.global_params[name], err_msg=name, strict=True)
+    assert local.privacy_ == flower.privacy_
+    assert flower.engine_.input_statistic is None
+
+
+def test_dp_eegnet_frozen_batchnorm():
+    """DP-FedEEGNet: the baseline runs DP-SGD with its BatchNorm layers frozen (running
+    statistics stay at their initial values: they carry no data)."""
+    X, y = make_eeg_timeseries(n_trials=48, n_channels=4, n_times=64, n_classes=2, seed=0)
+    est = EEGNetClassifier(batch_size=8, lr=1e-2, dtype="float32")
+    fed = _fed(est, n_rounds=2, n_clients=3).fit(X, y)
+    kinds = fed.global_estimator_.parameter_kinds()
+    params = fed.global_estimator_.get_parameters()
+    local = [n for n, k in kinds.items() if k == "local" and "running" in n]
+    assert local
+    for name in local:
+        expected = 0.0 if "mean" in name else 1.0
+        np.testing.assert_array_equal(params[name], np.full_like(params[name], expected))
+    assert all(np.isfinite(v).all() for v in params.values())
+    assert all(site["epsilon"] <= 2.0 for site in fed.privacy_["sites"])
+
+
+@pytest.mark.slow
+def test_tiny_epsilon_destroys_accuracy_that_no_dp_learns():
+    X, y = make_spd_dataset(300, N_CHANNELS, 3, seed=1)
+    (X_train, y_train), (X_test, y_test) = (X[:200], y[:200]), (X[200:], y[200:])
+    scores = {}
+    for epsilon in (None, 0.01):
+        fed = _fed(n_rounds=10, local_epochs=2, dp_epsilon=epsilon, dp_delta=1e-3 if epsilon else None,
+                   estimator=SPDnetClassifier(hidden_dims=(4,), scaling="trace", batch_size=16, lr=0.05))
+        scores[epsilon] = fed.fit(X_train, y_train).score(X_test, y_test)
+    assert scores[None] >= 0.9
+    assert scores[0.01] <= 0.6
+
+
+@pytest.mark.parametrize("params, match", [
+    (dict(validation_fraction=0.1), "validation_fraction=0"),
+    (dict(estimator=SPDnetClassifier(scaling="auto")), "scaling='auto'"),
+    (dict(warm_start=True), "warm_start"),
+    (dict(dp_delta=0.05), r"delta=0\.05 must be below 1 / \(smallest site's training size 20\)"),
+    (dict(dp_epsilon=0.0), "dp_epsilon"),
+    (dict(dp_epsilon="8"), "dp_epsilon"),
+    (dict(dp_delta=1.0), "dp_delta"),
+    (dict(dp_clip_norm=0.0), "dp_clip_norm"),
+])
+def test_parameter_errors_are_named(spd, params, match):
+    fed = _fed(**params)
+    with pytest.raises(ValueError, match=match):
+        fed.fit(*spd)
+    assert not hasattr(fed, "privacy_")
+
+
+def test_check_params_applies_the_dp_rules():
+    with pytest.raises(ValueError, match="validation_fraction=0"):
+        _fed(validation_fraction=0.2).check_params()
+    _fed().check_params()
