@@ -1,0 +1,303 @@
+"""Which ``SPDnetClassifier`` defaults learn on small data (issue 10, deliverable 1).
+
+PhysionetMI left/right (offline subjects 1-4 only: the rules are chosen here and re-checked
+on other subjects), covariances from :func:`skfedspd.datasets.load_physionet_mi`, stratified
+5-fold cross-validation, ROC-AUC and accuracy, with TS+LR (pyRiemann ``TangentSpace`` +
+``LogisticRegression``) on the same folds and the same covariances, side by side.
+
+Every candidate is a *rule*: a function of what ``fit`` knows (training size ``n``,
+``n_channels``, ``n_classes``) that returns constructor parameters of today's
+``SPDnetClassifier``. The rules change one thing at a time from today's defaults, then
+combine:
+
+* (a) ``hidden_dims="auto"``: ``d = min(n_channels, max(8, round(0.28 n_channels)))``
+  (18 at 64 channels, the paper's network; no reduction at 8 channels or fewer). At 64
+  channels every variant gives 18, so (a) is compared on channel subsets (16 and 3
+  sensorimotor channels) against the pure ratio and against no reduction;
+* (b) a validation split only when it is large enough (``round(0.1 n) >= max(50, 2
+  n_classes)``), otherwise a fixed epoch budget at a constant learning rate with the last
+  weights; and, where a split is used, restore-best on the validation *loss* instead of
+  the macro-F1 (a thin wrapper swaps the schedule's criterion);
+* (c) learning rate 1e-2 instead of 1e-3; the epoch budget (100 vs 300);
+* (d) a batch size relative to ``n``: ``min(64, max(8, ceil(n / 4)))`` (4 steps per epoch
+  on small data, today's 64 on large data).
+
+Settings: "within" = each subject alone (36 training trials per fold: MOABB's
+WithinSession on PhysionetMI), "pooled" = subjects 1-4 together (144 training trials,
+today's 10 % split holds 14 trials).
+
+    nice python benchmarks/defaults_ablation.py               # all rows, ~10 min on 2 cores
+    nice python benchmarks/defaults_ablation.py --quick       # 2 subjects, fewer rows
+"""
+
+import argparse
+import math
+import os
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one process, one thread: a shared 2-core machine
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from pyriemann.tangentspace import TangentSpace  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.metrics import accuracy_score, roc_auc_score  # noqa: E402
+from sklearn.model_selection import StratifiedKFold  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+
+import skfedspd.base  # noqa: E402
+from skfedspd import SPDnetClassifier  # noqa: E402
+from skfedspd.datasets import find_physionet_root, load_physionet_mi  # noqa: E402
+from skfedspd.training import PlateauSchedule  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_name  # noqa: E402
+
+SENSORIMOTOR_16 = ["FC3", "FC1", "FCz", "FC2", "FC4", "C5", "C3", "C1", "Cz", "C2", "C4", "C6",
+                   "CP3", "CP1", "CP2", "CP4"]
+SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
+N_MIN_VALIDATION = 50  # smallest validation split worth selecting weights on (accuracy SE <= 0.07)
+
+
+# ---------------------------------------------------------------------------- rules
+def auto_hidden(n_channels, floor=8, ratio=0.28):
+    """(a): 18 at 64 channels (the paper); never above n_channels; no reduction up to ``floor``."""
+    return min(n_channels, max(floor, round(ratio * n_channels)))
+
+
+def relative_batch(n):
+    """(d): about 4 minibatches per epoch on small data, 64 on large data."""
+    return min(64, max(8, math.ceil(n / 4)))
+
+
+def validation_if_large(n, n_classes, fraction=0.1):
+    """(b): the split's fraction, or 0 (fixed budget, last weights) when it would be tiny."""
+    return fraction if round(fraction * n) >= max(N_MIN_VALIDATION, 2 * n_classes) else 0.0
+
+
+def today(n, n_channels, n_classes):
+    return {}
+
+
+def rule_b_small_val(n, n_channels, n_classes):
+    return {"validation_fraction": validation_if_large(n, n_classes)}
+
+
+def rule_c_lr(n, n_channels, n_classes):
+    return {"lr": 1e-2}
+
+
+def rule_c_lr_budget(n, n_channels, n_classes):
+    return {"lr": 1e-2, "max_epochs": 100}
+
+
+def rule_d_batch(n, n_channels, n_classes):
+    return {"batch_size": relative_batch(n)}
+
+
+def combination(max_epochs=300, batch=True):
+    def rule(n, n_channels, n_classes):
+        params = {"hidden_dims": (auto_hidden(n_channels),), "lr": 1e-2, "max_epochs": max_epochs,
+                  "validation_fraction": validation_if_large(n, n_classes)}
+        if batch:
+            params["batch_size"] = relative_batch(n)
+        return params
+
+    return rule
+
+
+def with_hidden(d, base):
+    def rule(n, n_channels, n_classes):
+        return {**base(n, n_channels, n_classes), "hidden_dims": (d,)}
+
+    return rule
+
+
+# ---------------------------------------------------------------------------- restore-best on the loss
+class LossSchedule(PlateauSchedule):
+    """Today's schedule with improvement judged on the validation loss alone."""
+
+    def step(self, f1, loss, state):
+        return super().step(-loss, loss, state)
+
+
+@contextmanager
+def restore_on_loss():
+    """Thin wrapper: today's ``fit`` with :class:`LossSchedule` in place of the F1 criterion."""
+    original = skfedspd.base.PlateauSchedule
+    skfedspd.base.PlateauSchedule = LossSchedule
+    try:
+        yield
+    finally:
+        skfedspd.base.PlateauSchedule = original
+
+
+# ---------------------------------------------------------------------------- evaluation
+def folds(y, seed=42):
+    return list(StratifiedKFold(5, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
+
+
+def score(y_true, scores, classes):
+    pred = classes[(scores > 0).astype(int)]
+    return roc_auc_score(y_true == classes[1], scores), accuracy_score(y_true, pred)
+
+
+def run_spdnet(X, y, splits, rule, criterion):
+    out = []
+    for k, (tr, te) in enumerate(splits):
+        params = rule(len(tr), X.shape[1], len(np.unique(y)))
+        clf = SPDnetClassifier(random_state=k, **params)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if criterion == "loss":
+                with restore_on_loss():
+                    clf.fit(X[tr], y[tr])
+            else:
+                clf.fit(X[tr], y[tr])
+        elapsed = time.perf_counter() - start
+        auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
+        out.append(dict(auc=auc, acc=acc, epochs=clf.n_epochs_, best=clf.best_epoch_, time=elapsed, params=params))
+    return out
+
+
+def run_tslr(X, y, splits):
+    out = []
+    for tr, te in splits:
+        clf = make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(C=1.0, max_iter=1000))
+        clf.fit(X[tr], y[tr])
+        auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
+        out.append(dict(auc=auc, acc=acc, epochs=np.nan, best=np.nan, time=0.0, params={}))
+    return out
+
+
+def describe(params):
+    if not params:
+        return "today's defaults"
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def summarize(name, per_unit):
+    """per_unit: {subject or 'pooled': [fold records]} -> one table row."""
+    aucs = [np.mean([r["auc"] for r in recs]) for recs in per_unit.values()]
+    accs = [np.mean([r["acc"] for r in recs]) for recs in per_unit.values()]
+    recs = [r for rs in per_unit.values() for r in rs]
+    sd = f" ± {100 * np.std(aucs):.1f}" if len(aucs) > 1 else ""
+    return {
+        "name": name, "auc": np.mean(aucs), "acc": np.mean(accs),
+        "text": (f"| {name} | {describe(recs[0]['params'])} | {100 * np.mean(aucs):.1f}{sd} | "
+                 f"{100 * np.mean(accs):.1f} | "
+                 + " ".join(f"{100 * a:.0f}" for a in aucs)
+                 + f" | {np.nanmean([r['epochs'] for r in recs]):.0f} / {np.nanmean([r['best'] for r in recs]):.0f}"
+                 f" | {np.mean([r['time'] for r in recs]):.1f} |"),
+    }
+
+
+HEADER = ("| rule | parameters at this n | ROC-AUC (%) mean ± sd over subjects | accuracy (%) | "
+          "per-subject ROC-AUC | epochs run / restored | fit (s) |\n| --- | --- | --- | --- | --- | --- | --- |")
+
+
+def evaluate_setting(title, units, rules, log):
+    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]."""
+    log(f"\n### {title}\n\n{HEADER}")
+    rows = []
+    for name, rule, criterion in rules:
+        per_unit = {}
+        for label, (X, y) in units.items():
+            splits = folds(y)
+            per_unit[label] = run_tslr(X, y, splits) if rule == "ts-lr" else run_spdnet(X, y, splits, rule, criterion)
+        row = summarize(name, per_unit)
+        rows.append(row)
+        log(row["text"])
+    return rows
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="subjects 1-2, fewer rules (smoke run)")
+    parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
+    args = parser.parse_args(argv)
+    command = "nice python " + " ".join(["benchmarks/defaults_ablation.py"] + (argv if argv is not None else sys.argv[1:]))
+    lines = []
+
+    def log(text):
+        print(text, flush=True)
+        lines.append(text)
+
+    if find_physionet_root() is None:
+        print("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        return 1
+    torch.set_num_threads(1)
+    subjects = [1, 2] if args.quick else [1, 2, 3, 4]
+    start = time.perf_counter()
+    X, y, subj, meta = load_physionet_mi(subjects, n_classes=2)
+    ch_names = meta.attrs["ch_names"]
+    log("# Defaults that learn on small data: ablation (issue 10, deliverable 1)\n")
+    log(f"command: `{command}`  \nmachine: {cpu_name()}, torch {torch.__version__}, "
+        f"{torch.get_num_threads()} torch thread\n")
+    log(f"PhysionetMI left/right, subjects {subjects} (offline copy), {X.shape[1]} channels, "
+        f"covariances of `load_physionet_mi` (8-32 Hz, 0-3 s, sample covariance); StratifiedKFold(5, "
+        "shuffle=True, random_state=42) per unit; SPDnet random_state = fold index. ROC-AUC from "
+        "`decision_function`; mean over folds per subject, then over subjects. TS+LR = "
+        "TangentSpace(riemann) + LogisticRegression(C=1) on the same covariances and folds.")
+
+    within = {s: (X[subj == s], y[subj == s]) for s in subjects}
+    rules = [
+        ("TS+LR", "ts-lr", None),
+        ("today", today, "f1"),
+        ("(b) validation only if >= 50 samples, else fixed budget", rule_b_small_val, "f1"),
+        ("(b) restore-best on validation loss", today, "loss"),
+        ("(c) lr 1e-2", rule_c_lr, "f1"),
+        ("(c) lr 1e-2, 100 epochs", rule_c_lr_budget, "f1"),
+        ("(d) batch ~ n/4", rule_d_batch, "f1"),
+        ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
+        ("(a+b+c) combination, batch 64, 300 epochs", combination(300, batch=False), "loss"),
+        ("(a+b+c+d) combination, 100 epochs", combination(100), "loss"),
+    ]
+    if args.quick:
+        rules = [rules[0], rules[1], rules[7]]
+    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log)
+
+    if not args.quick:
+        pooled_rules = [
+            ("TS+LR", "ts-lr", None),
+            ("today (14-trial split, restore-best on F1)", today, "f1"),
+            ("(b) restore-best on validation loss (14-trial split)", today, "loss"),
+            ("(b) no split: fixed 300-epoch budget, last weights", lambda n, c, k: {"validation_fraction": 0.0}, "f1"),
+            ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
+        ]
+        evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
+                         {"pooled": (X, y)}, pooled_rules, log)
+
+        for names in (SENSORIMOTOR_16, SENSORIMOTOR_3):
+            idx = [ch_names.index(c) for c in names]
+            sub = {s: (Xs[:, idx][:, :, idx], ys) for s, (Xs, ys) in within.items()}
+            n = len(idx)
+            variants = sorted({auto_hidden(n), max(1, round(0.28 * n)), n})
+            hidden_rules = [("TS+LR", "ts-lr", None)] + [
+                (f"(a) d={d}" + (" = auto" if d == auto_hidden(n) else "")
+                 + (" = round(0.28 n)" if d == max(1, round(0.28 * n)) else "") + (" = n" if d == n else ""),
+                 with_hidden(d, combination(300)), "loss")
+                for d in variants
+            ]
+            evaluate_setting(f"Within-subject, {n} sensorimotor channels ({', '.join(names)}); "
+                             "training rules of the combination", sub, hidden_rules, log)
+
+    best = max(within_rows[1:], key=lambda r: r["auc"])
+    log(f"\nBest within-subject rule: {best['name']} ({100 * best['auc']:.1f} ROC-AUC vs TS+LR "
+        f"{100 * within_rows[0]['auc']:.1f}).")
+    log(f"\nTotal time: {time.perf_counter() - start:.0f} s.")
+    if not args.quick:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(lines) + "\n")
+        print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
