@@ -26,8 +26,8 @@ Settings: "within" = each subject alone (36 training trials per fold: MOABB's
 WithinSession on PhysionetMI), "pooled" = subjects 1-4 together (144 training trials,
 today's 10 % split holds 14 trials).
 
-    nice python benchmarks/defaults_ablation.py               # all rows, ~10 min on 2 cores
-    nice python benchmarks/defaults_ablation.py --quick       # 2 subjects, fewer rows
+    nice python benchmarks/defaults_ablation.py --jobs 2      # all rows
+    nice python benchmarks/defaults_ablation.py --quick       # 2 subjects, 3 rows (smoke run)
 """
 
 import argparse
@@ -44,6 +44,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from joblib import Parallel, delayed  # noqa: E402
 from pyriemann.tangentspace import TangentSpace  # noqa: E402
 from sklearn.linear_model import LogisticRegression  # noqa: E402
 from sklearn.metrics import accuracy_score, roc_auc_score  # noqa: E402
@@ -147,12 +148,18 @@ def score(y_true, scores, classes):
     return roc_auc_score(y_true == classes[1], scores), accuracy_score(y_true, pred)
 
 
-def run_spdnet(X, y, splits, rule, criterion):
-    out = []
-    for k, (tr, te) in enumerate(splits):
+def fit_fold(X, y, tr, te, rule, criterion, k):
+    """One fold: SPDnet under ``rule`` (``criterion``: restore-best on "f1" or "loss"), or
+    TS+LR when ``rule == "ts-lr"``. Runs in a joblib worker (one torch thread)."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    if rule == "ts-lr":
+        params, epochs, best = {}, np.nan, np.nan
+        clf = make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(C=1.0, max_iter=1000))
+        clf.fit(X[tr], y[tr])
+    else:
         params = rule(len(tr), X.shape[1], len(np.unique(y)))
         clf = SPDnetClassifier(random_state=k, **params)
-        start = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             if criterion == "loss":
@@ -160,20 +167,10 @@ def run_spdnet(X, y, splits, rule, criterion):
                     clf.fit(X[tr], y[tr])
             else:
                 clf.fit(X[tr], y[tr])
-        elapsed = time.perf_counter() - start
-        auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
-        out.append(dict(auc=auc, acc=acc, epochs=clf.n_epochs_, best=clf.best_epoch_, time=elapsed, params=params))
-    return out
-
-
-def run_tslr(X, y, splits):
-    out = []
-    for tr, te in splits:
-        clf = make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(C=1.0, max_iter=1000))
-        clf.fit(X[tr], y[tr])
-        auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
-        out.append(dict(auc=auc, acc=acc, epochs=np.nan, best=np.nan, time=0.0, params={}))
-    return out
+        epochs, best = clf.n_epochs_, clf.best_epoch_
+    elapsed = time.perf_counter() - start
+    auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
+    return dict(auc=auc, acc=acc, epochs=epochs, best=best, time=elapsed, params=params)
 
 
 def describe(params):
@@ -202,15 +199,18 @@ HEADER = ("| rule | parameters at this n | ROC-AUC (%) mean ± sd over subjects 
           "per-subject ROC-AUC | epochs run / restored | fit (s) |\n| --- | --- | --- | --- | --- | --- | --- |")
 
 
-def evaluate_setting(title, units, rules, log):
-    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]."""
+def evaluate_setting(title, units, rules, log, jobs):
+    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]; every fold of
+    every rule in one joblib pool."""
     log(f"\n### {title}\n\n{HEADER}")
+    tasks = [(r, label, k, tr, te) for r in range(len(rules)) for label, (X, y) in units.items()
+             for k, (tr, te) in enumerate(folds(y))]
+    records = Parallel(n_jobs=jobs)(
+        delayed(fit_fold)(*units[label], tr, te, rules[r][1], rules[r][2], k) for r, label, k, tr, te in tasks)
     rows = []
-    for name, rule, criterion in rules:
-        per_unit = {}
-        for label, (X, y) in units.items():
-            splits = folds(y)
-            per_unit[label] = run_tslr(X, y, splits) if rule == "ts-lr" else run_spdnet(X, y, splits, rule, criterion)
+    for r, (name, _, _) in enumerate(rules):
+        per_unit = {label: [rec for (i, lab, *_), rec in zip(tasks, records) if i == r and lab == label]
+                    for label in units}
         row = summarize(name, per_unit)
         rows.append(row)
         log(row["text"])
@@ -220,6 +220,7 @@ def evaluate_setting(title, units, rules, log):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="subjects 1-2, fewer rules (smoke run)")
+    parser.add_argument("--jobs", type=int, default=1, help="joblib processes (folds in parallel)")
     parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
     args = parser.parse_args(argv)
     command = "nice python " + " ".join(["benchmarks/defaults_ablation.py"] + (argv if argv is not None else sys.argv[1:]))
@@ -239,7 +240,7 @@ def main(argv=None):
     ch_names = meta.attrs["ch_names"]
     log("# Defaults that learn on small data: ablation (issue 10, deliverable 1)\n")
     log(f"command: `{command}`  \nmachine: {cpu_name()}, torch {torch.__version__}, "
-        f"{torch.get_num_threads()} torch thread\n")
+        f"{args.jobs} joblib process(es) of 1 torch thread\n")
     log(f"PhysionetMI left/right, subjects {subjects} (offline copy), {X.shape[1]} channels, "
         f"covariances of `load_physionet_mi` (8-32 Hz, 0-3 s, sample covariance); StratifiedKFold(5, "
         "shuffle=True, random_state=42) per unit; SPDnet random_state = fold index. ROC-AUC from "
@@ -261,7 +262,7 @@ def main(argv=None):
     ]
     if args.quick:
         rules = [rules[0], rules[1], rules[7]]
-    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log)
+    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log, args.jobs)
 
     if not args.quick:
         pooled_rules = [
@@ -272,7 +273,7 @@ def main(argv=None):
             ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
         ]
         evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
-                         {"pooled": (X, y)}, pooled_rules, log)
+                         {"pooled": (X, y)}, pooled_rules, log, args.jobs)
 
         for names in (SENSORIMOTOR_16, SENSORIMOTOR_3):
             idx = [ch_names.index(c) for c in names]
@@ -286,7 +287,7 @@ def main(argv=None):
                 for d in variants
             ]
             evaluate_setting(f"Within-subject, {n} sensorimotor channels ({', '.join(names)}); "
-                             "training rules of the combination", sub, hidden_rules, log)
+                             "training rules of the combination", sub, hidden_rules, log, args.jobs)
 
     best = max(within_rows[1:], key=lambda r: r["auc"])
     log(f"\nBest within-subject rule: {best['name']} ({100 * best['auc']:.1f} ROC-AUC vs TS+LR "
