@@ -26,11 +26,15 @@ Settings: "within" = each subject alone (36 training trials per fold: MOABB's
 WithinSession on PhysionetMI), "pooled" = subjects 1-4 together (144 training trials,
 today's 10 % split holds 14 trials).
 
-    nice python benchmarks/defaults_ablation.py --jobs 2      # all rows
-    nice python benchmarks/defaults_ablation.py --quick       # 2 subjects, 3 rows (smoke run)
+    nice python benchmarks/defaults_ablation.py --jobs 2            # within-subject rows
+    nice python benchmarks/defaults_ablation.py --jobs 2 --extra    # + pooled, channel subsets, budgets
+    nice python benchmarks/defaults_ablation.py --quick             # 2 subjects, 3 rows (smoke run)
+
+Fold results are cached in ``--cache`` (``results/``): a second run only fits what is missing.
 """
 
 import argparse
+import json
 import math
 import os
 import sys
@@ -101,9 +105,9 @@ def rule_d_batch(n, n_channels, n_classes):
     return {"batch_size": relative_batch(n)}
 
 
-def combination(max_epochs=300, batch=True):
+def combination(max_epochs=300, batch=True, lr=1e-2):
     def rule(n, n_channels, n_classes):
-        params = {"hidden_dims": (auto_hidden(n_channels),), "lr": 1e-2, "max_epochs": max_epochs,
+        params = {"hidden_dims": (auto_hidden(n_channels),), "lr": lr, "max_epochs": max_epochs,
                   "validation_fraction": validation_if_large(n, n_classes)}
         if batch:
             params["batch_size"] = relative_batch(n)
@@ -117,6 +121,10 @@ def with_hidden(d, base):
         return {**base(n, n_channels, n_classes), "hidden_dims": (d,)}
 
     return rule
+
+
+#: The rule set this ablation recommends: (a) + (b) + lr 1e-2, batch 64, 300 epochs.
+RECOMMENDED = combination(300, batch=False)
 
 
 # ---------------------------------------------------------------------------- restore-best on the loss
@@ -136,6 +144,24 @@ def restore_on_loss():
         yield
     finally:
         skfedspd.base.PlateauSchedule = original
+
+
+class ProposedDefaults(SPDnetClassifier):
+    """Today's ``SPDnetClassifier`` with :data:`RECOMMENDED` applied at ``fit`` (from the
+    training size, channels and classes) and restore-best on the validation loss: how the
+    proposed defaults behave, for MOABB (``benchmarks/moabb_evaluation.py --candidate``).
+    The constructor values of the parameters the rule sets are ignored."""
+
+    def fit(self, X, y):
+        X = np.asarray(X)
+        params = RECOMMENDED(len(X), X.shape[-1], len(np.unique(y)))
+        saved = {name: getattr(self, name) for name in params}
+        self.set_params(**params)
+        try:
+            with restore_on_loss():
+                return super().fit(X, y)
+        finally:
+            self.set_params(**saved)
 
 
 # ---------------------------------------------------------------------------- evaluation
@@ -190,23 +216,33 @@ def summarize(name, per_unit):
         "text": (f"| {name} | {describe(recs[0]['params'])} | {100 * np.mean(aucs):.1f}{sd} | "
                  f"{100 * np.mean(accs):.1f} | "
                  + " ".join(f"{100 * a:.0f}" for a in aucs)
-                 + f" | {np.nanmean([r['epochs'] for r in recs]):.0f} / {np.nanmean([r['best'] for r in recs]):.0f}"
+                 + f" | {_epochs(recs)}"
                  f" | {np.mean([r['time'] for r in recs]):.1f} |"),
     }
+
+
+def _epochs(recs):
+    epochs = [r["epochs"] for r in recs if r["epochs"] == r["epochs"]]  # NaN (TS+LR) left out
+    return f"{np.mean(epochs):.0f} / {np.mean([r['best'] for r in recs]):.0f}" if epochs else "-"
 
 
 HEADER = ("| rule | parameters at this n | ROC-AUC (%) mean ± sd over subjects | accuracy (%) | "
           "per-subject ROC-AUC | epochs run / restored | fit (s) |\n| --- | --- | --- | --- | --- | --- | --- |")
 
 
-def evaluate_setting(title, units, rules, log, jobs):
-    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]; every fold of
-    every rule in one joblib pool."""
+def evaluate_setting(title, units, rules, log, jobs, cache):
+    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]. Every fold of every
+    rule in one joblib pool; fold results are kept in ``cache`` (a folder, keyed by setting,
+    rule and fold) so an interrupted run resumes where it stopped."""
     log(f"\n### {title}\n\n{HEADER}")
     tasks = [(r, label, k, tr, te) for r in range(len(rules)) for label, (X, y) in units.items()
              for k, (tr, te) in enumerate(folds(y))]
-    records = Parallel(n_jobs=jobs)(
-        delayed(fit_fold)(*units[label], tr, te, rules[r][1], rules[r][2], k) for r, label, k, tr, te in tasks)
+    paths = [cache / f"{_slug(title)}--{_slug(rules[r][0])}--{label}--{k}.json" for r, label, k, _, _ in tasks]
+    todo = [i for i, path in enumerate(paths) if not path.exists()]
+    Parallel(n_jobs=jobs)(
+        delayed(_cached_fold)(paths[i], *units[tasks[i][1]], tasks[i][3], tasks[i][4], rules[tasks[i][0]][1],
+                              rules[tasks[i][0]][2], tasks[i][2]) for i in todo)
+    records = [json.loads(path.read_text()) for path in paths]
     rows = []
     for r, (name, _, _) in enumerate(rules):
         per_unit = {label: [rec for (i, lab, *_), rec in zip(tasks, records) if i == r and lab == label]
@@ -217,10 +253,29 @@ def evaluate_setting(title, units, rules, log, jobs):
     return rows
 
 
+def _cached_fold(path, *args):
+    """:func:`fit_fold`, its record written to ``path`` as soon as it is done (in the worker)."""
+    record = fit_fold(*args)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, default=_jsonable))
+    tmp.replace(path)
+
+
+def _slug(text):
+    return "".join(c if c.isalnum() else "_" for c in text)[:80]
+
+
+def _jsonable(value):
+    return value.item() if isinstance(value, np.generic) else list(value) if isinstance(value, tuple) else str(value)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="subjects 1-2, fewer rules (smoke run)")
     parser.add_argument("--jobs", type=int, default=1, help="joblib processes (folds in parallel)")
+    parser.add_argument("--extra", action="store_true",
+                        help="also the pooled setting, the channel subsets of (a) and two more budget rows")
+    parser.add_argument("--cache", type=Path, default=Path("results/ablation-defaults-cache"))
     parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
     args = parser.parse_args(argv)
     command = "nice python " + " ".join(["benchmarks/defaults_ablation.py"] + (argv if argv is not None else sys.argv[1:]))
@@ -235,6 +290,7 @@ def main(argv=None):
         return 1
     torch.set_num_threads(1)
     subjects = [1, 2] if args.quick else [1, 2, 3, 4]
+    args.cache.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     X, y, subj, meta = load_physionet_mi(subjects, n_classes=2)
     ch_names = meta.attrs["ch_names"]
@@ -251,29 +307,32 @@ def main(argv=None):
     rules = [
         ("TS+LR", "ts-lr", None),
         ("today", today, "f1"),
-        ("(b) validation only if >= 50 samples, else fixed budget", rule_b_small_val, "f1"),
-        ("(b) restore-best on validation loss", today, "loss"),
-        ("(c) lr 1e-2", rule_c_lr, "f1"),
-        ("(c) lr 1e-2, 100 epochs", rule_c_lr_budget, "f1"),
-        ("(d) batch ~ n/4", rule_d_batch, "f1"),
         ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
-        ("(a+b+c) combination, batch 64, 300 epochs", combination(300, batch=False), "loss"),
+        ("(b) validation only if >= 50 samples, else fixed budget", rule_b_small_val, "f1"),
+        ("(c) lr 1e-2", rule_c_lr, "f1"),
+        ("(d) batch ~ n/4", rule_d_batch, "f1"),
+        ("(b) restore-best on validation loss", today, "loss"),
         ("(a+b+c+d) combination, 100 epochs", combination(100), "loss"),
     ]
+    if args.extra:
+        rules += [("(c) lr 1e-2, 100 epochs", rule_c_lr_budget, "f1"),
+                  ("(a+b+c) combination, batch 64, 300 epochs", combination(300, batch=False), "loss"),
+                  ("(a+b+d) combination, lr 1e-3, 300 epochs", combination(300, lr=1e-3), "loss")]
     if args.quick:
-        rules = [rules[0], rules[1], rules[7]]
-    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log, args.jobs)
+        rules = rules[:3]
+    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log, args.jobs, args.cache)
 
-    if not args.quick:
+    if args.extra and not args.quick:
         pooled_rules = [
             ("TS+LR", "ts-lr", None),
             ("today (14-trial split, restore-best on F1)", today, "f1"),
             ("(b) restore-best on validation loss (14-trial split)", today, "loss"),
             ("(b) no split: fixed 300-epoch budget, last weights", lambda n, c, k: {"validation_fraction": 0.0}, "f1"),
+            ("(a+b+c) combination, batch 64, 300 epochs", RECOMMENDED, "loss"),
             ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
         ]
         evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
-                         {"pooled": (X, y)}, pooled_rules, log, args.jobs)
+                         {"pooled": (X, y)}, pooled_rules, log, args.jobs, args.cache)
 
         for names in (SENSORIMOTOR_16, SENSORIMOTOR_3):
             idx = [ch_names.index(c) for c in names]
@@ -283,11 +342,11 @@ def main(argv=None):
             hidden_rules = [("TS+LR", "ts-lr", None)] + [
                 (f"(a) d={d}" + (" = auto" if d == auto_hidden(n) else "")
                  + (" = round(0.28 n)" if d == max(1, round(0.28 * n)) else "") + (" = n" if d == n else ""),
-                 with_hidden(d, combination(300)), "loss")
+                 with_hidden(d, RECOMMENDED), "loss")
                 for d in variants
             ]
             evaluate_setting(f"Within-subject, {n} sensorimotor channels ({', '.join(names)}); "
-                             "training rules of the combination", sub, hidden_rules, log, args.jobs)
+                             "training rules of the combination", sub, hidden_rules, log, args.jobs, args.cache)
 
     best = max(within_rows[1:], key=lambda r: r["auc"])
     log(f"\nBest within-subject rule: {best['name']} ({100 * best['auc']:.1f} ROC-AUC vs TS+LR "
