@@ -66,6 +66,7 @@ from _machine import cpu_name  # noqa: E402
 SENSORIMOTOR_16 = ["FC3", "FC1", "FCz", "FC2", "FC4", "C5", "C3", "C1", "Cz", "C2", "C4", "C6",
                    "CP3", "CP1", "CP2", "CP4"]
 SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
+READING = "## Reading and recommendation"
 N_MIN_VALIDATION = 50  # smallest validation split worth selecting weights on (accuracy SE <= 0.07)
 
 
@@ -327,7 +328,8 @@ def main(argv=None):
                   ("(a+b+d) combination, lr 1e-3, 300 epochs", combination(300, lr=1e-3), "loss")]
     if args.quick:
         rules = rules[:3]
-    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log, args.jobs, args.cache)
+    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log,
+                                   args.jobs, args.cache)
 
     if args.extra and not args.quick:
         pooled_rules = [
@@ -365,7 +367,9 @@ def main(argv=None):
         + ", ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs).")
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text("\n".join(lines) + "\n")
+        # The hand-written reading below the generated tables survives a re-run.
+        kept = args.out.read_text().partition(READING)[1:] if args.out.exists() else ("", "")
+        args.out.write_text("\n".join(lines) + "\n" + ("\n" + "".join(kept) if kept[0] else ""))
         print(f"written: {args.out}")
     return 0
 

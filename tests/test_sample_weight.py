@@ -55,9 +55,9 @@ def eegnet(**kwargs):
     return EEGNetClassifier(**{**params, **kwargs})
 
 
-def federated(**kwargs):
+def federated(estimator=None, **kwargs):
     params = dict(n_rounds=3, local_epochs=2, validation_fraction=0.0, random_state=0)
-    return FederatedSPDnetClassifier(spdnet(), **{**params, **kwargs})
+    return FederatedSPDnetClassifier(spdnet() if estimator is None else estimator, **{**params, **kwargs})
 
 
 def assert_same_model(a, b, X):
