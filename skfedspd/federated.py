@@ -391,10 +391,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"groups has {len(groups)} entries but X has {len(codes)} samples")
             indices, client_groups = make_clients(groups, self.groups_per_client)
             return indices, "groups", client_groups
-        if self.n_clients > len(codes):
-            raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
         partition = self.partition or "stratified"
         n_clients = self.n_clients
+        if partition != "stratified" and n_clients > len(codes):
+            raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
         if partition == "stratified":
             n_clients = min(n_clients, int(np.bincount(codes).min()))
             if n_clients < self.n_clients:
