@@ -80,15 +80,21 @@ def check_sample_weight(sample_weight, n_samples):
     return w
 
 
-def training_weights(class_weight, y, sample_weight):
+def training_weights(class_weight, y, sample_weight, *, all_data=True):
     """Per-sample training weights: ``sample_weight`` (validated) times the weight of each
     sample's class under ``class_weight`` (None, ``"balanced"`` or a dict label → weight, as
-    in scikit-learn); None when both are None (unweighted)."""
+    in scikit-learn); None when both are None (unweighted). ``all_data`` (a ``fit``, not a
+    ``partial_fit`` batch): at least two classes must keep a positive weight."""
     w = check_sample_weight(sample_weight, len(y))
-    if class_weight is None:
-        return w
-    per_class = compute_sample_weight(class_weight, y)
-    return check_sample_weight(per_class if w is None else per_class * w, len(y))
+    if class_weight is not None:
+        per_class = compute_sample_weight(class_weight, y)
+        w = check_sample_weight(per_class if w is None else per_class * w, len(y))
+    if all_data and w is not None:
+        kept = np.unique(np.asarray(y)[w > 0])
+        if len(kept) < 2:
+            raise ValueError(f"sample_weight leaves a positive weight to one class only ({kept.tolist()}): "
+                             "at least two classes are needed")
+    return w
 
 
 def _progress(iterable, enabled, desc):
@@ -666,7 +672,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             if getattr(self, "class_weight", None) == "balanced":
                 raise ValueError("class_weight='balanced' is not supported by partial_fit (it needs the class "
                                  "counts of all the data): pass a dict of class weights, or sample_weight")
-            w = training_weights(getattr(self, "class_weight", None), np.asarray(y), sample_weight)
+            w = training_weights(getattr(self, "class_weight", None), np.asarray(y), sample_weight, all_data=False)
             if first:
                 seed = draw_seed(self.random_state)
                 self.set_input_statistic(self._input_statistic(X, w))

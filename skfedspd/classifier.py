@@ -102,7 +102,7 @@ class SPDnetClassifier(TorchClassifierBase):
     validation_fraction : float, default=0.1
         Stratified hold-out for early stopping, the LR schedule and restore-best, used only
         when ``round(validation_fraction · n)`` is at least ``max(50, 2 · n_classes)``
-        (with 0.1: from 500 training samples). A smaller part judges on noise: on one
+        (with 0.1: from about 500 training samples). A smaller part judges on noise: on one
         subject (36 trials, a 4-trial split) or four (144 trials, 14) the split made the
         default model stop early and restore a near-untrained epoch (chance level), while
         training every sample for ``max_epochs`` at the constant ``lr`` and keeping the last
