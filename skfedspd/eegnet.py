@@ -407,19 +407,24 @@ class EEGNetClassifier(TorchClassifierBase):
         own standard deviation, which erases it (PhysionetMI figures for both in
         ``docs/results.md``).
     lr, batch_size, max_epochs, validation_fraction, patience, lr_patience, lr_factor,
-    dtype, device, random_state, verbose, warm_start
-        As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here).
+    dtype, device, random_state, verbose, warm_start, class_weight
+        As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here, ``lr``
+        to the EEGNet paper's 1e-3). The same validation rule: a split only when it holds
+        at least ``max(50, 2 · n_classes)`` trials. ``fit(X, y, sample_weight=...)`` weights
+        the loss as SPDnet does; the BatchNorm layers normalize with the unweighted
+        statistics of each minibatch.
 
     Attributes
     ----------
-    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_
+    classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_,
+    validation_used_
         As in :class:`~skfedspd.SPDnetClassifier`.
     """
 
     def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,
                  batch_size=64, max_epochs=300, validation_fraction=0.1, patience=75, lr_patience=20,
                  lr_factor=0.5, dtype="float32", device="cpu", random_state=None, verbose=False,
-                 warm_start=False):
+                 warm_start=False, class_weight=None):
         self.fs = fs
         self.F1 = F1
         self.D = D
@@ -440,6 +445,7 @@ class EEGNetClassifier(TorchClassifierBase):
         self.random_state = random_state
         self.verbose = verbose
         self.warm_start = warm_start
+        self.class_weight = class_weight
 
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,

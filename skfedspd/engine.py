@@ -62,12 +62,15 @@ _STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
 class TrainReply:
     """One client's answer to a train message: ``params`` (``{name: ndarray}``, every name
     of the model, ``"local"`` ones included), ``loss`` (mean training loss), ``n_skipped``
-    (batches with a non-finite loss or gradient) and ``n_examples`` (training samples)."""
+    (batches with a non-finite loss or gradient), ``n_examples`` (training samples) and
+    ``weight`` (the sum of its training samples' weights when it trained with
+    ``sample_weight``; None: ``n_examples``), its aggregation weight."""
 
     params: dict
     loss: float
     n_skipped: int
     n_examples: int
+    weight: float = None
 
 
 @dataclass
@@ -96,6 +99,7 @@ class FitTask:
     resume: object
     client_source: str
     client_groups: list
+    sample_weight: object = None  # ndarray of per-sample weights, or None (unweighted)
 
 
 @dataclass
@@ -155,6 +159,12 @@ def pool_input_statistic(statistics, n_train):
 
 def _is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _as_number(weight):
+    """A client weight for the history: an int when it is one (sums of integer weights)."""
+    weight = float(weight)
+    return int(weight) if weight.is_integer() else weight
 
 
 def _is_count(value):
@@ -403,6 +413,8 @@ class FederatedEngine:
         if not _is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_train[cid]:
             return (f"num-examples {reply.n_examples!r} is not an int between 1 and the {self.n_train[cid]} "
                     "training samples declared at set-up")
+        if reply.weight is not None and not (_is_real(reply.weight) and np.isfinite(reply.weight) and reply.weight > 0):
+            return f"client weight {reply.weight!r} is not a finite number > 0"
         if not _is_count(reply.n_skipped) or reply.n_skipped < 0:
             return f"skipped-batches {reply.n_skipped!r} is not an int >= 0"
         loss = reply.loss
@@ -466,7 +478,7 @@ class FederatedEngine:
         (its validation entries are filled by :meth:`finish_round`).
         """
         accepted, failed = self._sort_replies(t, "train", selected, replies, self.check_train_reply)
-        n_samples = [int(r.n_examples) for _, r in accepted]
+        n_samples = [int(r.n_examples) if r.weight is None else _as_number(r.weight) for _, r in accepted]
         weights = client_weights(n_samples, self.weighting)
         new_global = self.rule([r.params for _, r in accepted], weights, self._previous(), self.kinds)
         local_names = [n for n, kind in self.kinds.items() if kind == "local"]

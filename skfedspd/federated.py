@@ -28,7 +28,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, St
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS
-from .base import stratified_split
+from .base import stratified_split, training_weights
 from .classifier import SPDnetClassifier
 from .engine import (
     EvalReply,
@@ -126,7 +126,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     groups_per_client : int, default=1
         Sorted groups (subjects) are merged this many at a time into one client.
     n_clients : int, default=5
-        Number of clients when ``fit`` gets no groups.
+        Number of clients when ``fit`` gets no groups. A stratified partition (the default)
+        makes at most as many clients as the smallest class has samples, so that every
+        client holds every class: fewer samples reduce the number of clients (with a
+        ``UserWarning``; ``n_clients_`` says how many ran), e.g. 3 clients for 6 matrices of
+        2 classes.
     partition : {"stratified", "contiguous", "dirichlet"} or None, default=None
         How samples are split into ``n_clients`` when ``fit`` gets no groups
         (``"dirichlet"``: label skew with concentration ``alpha``). None: stratified, with a
@@ -134,7 +138,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         scikit-learn's metadata routing is off); set ``"stratified"`` to silence it.
     alpha : float, default=0.5
     weighting : {"n_samples", "uniform"}, default="n_samples"
-        Client weights in the aggregation (training samples of each accepted reply).
+        Client weights in the aggregation (training samples of each accepted reply; with
+        ``sample_weight``, the sum of its training samples' weights).
     validation_fraction : float, default=0.1
         Stratified share of each client's data kept on that client for validation.
     max_update_norm : float or None, default=1000.0
@@ -230,7 +235,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``"groups"``, ``"partition:<name>"`` or ``"flower:client-id"``.
     history_ : list of dict
         One JSON-able record per round: ``round``, ``clients`` (accepted replies),
-        ``n_samples``, ``failed_clients`` (``{"client", "stage": "train" | "evaluate",
+        ``n_samples`` (their training samples, or sums of sample weights), ``failed_clients`` (``{"client", "stage": "train" | "evaluate",
         "reason"}``), ``train_loss`` (weighted mean), ``val_f1``, ``val_loss`` (global model
         after aggregation, on every client's validation part, weighted by its size),
         ``orthonormality`` (``‖WᵀW − I‖`` per Stiefel weight), ``lr``,
@@ -365,7 +370,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X, y, groups=None, subjects=None):
+    def fit(self, X, y, groups=None, subjects=None, sample_weight=None):
         """Run federated training.
 
         Parameters
@@ -380,6 +385,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         subjects : array-like, default=None
             Alias of ``groups``: MOABB's ``CrossSubjectEvaluation`` routes the training
             subjects under this key.
+        sample_weight : array-like of shape (n_samples,), default=None
+            Non-negative weights, multiplied by the local estimator's ``class_weight``
+            (computed on all of ``y``). Each client trains on its samples' weights (the
+            weighted mean loss of :meth:`~skfedspd.base.TorchClassifierBase.local_update`),
+            its aggregation weight is their sum, and the pooled input statistic is weighted
+            alike; so integer weights equal repeated samples. Under metadata routing,
+            request it with ``set_fit_request(sample_weight=True)``. Local backend only.
 
         Returns
         -------
@@ -389,7 +401,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.secure_aggregation and self.backend == "local":
             raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
                              "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
-        task = self._prepare(X, y, groups, subjects)
+        if self.dp_epsilon is not None and sample_weight is not None:
+            raise ValueError("sample_weight is not supported with dp_epsilon: the privacy accounting assumes "
+                             "unweighted samples")
+        task = self._prepare(X, y, groups, subjects, sample_weight)
         module, _, function = BACKENDS[self.backend].partition(":")
         try:
             backend = getattr(importlib.import_module(module), function)
@@ -436,7 +451,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError("dp_epsilon with warm_start=True is not supported: the budget is planned for one fit "
                              "of n_rounds rounds")
 
-    def _prepare(self, X, y, groups, subjects):
+    def _prepare(self, X, y, groups, subjects, sample_weight=None):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
             raise ValueError("groups and subjects were both given and differ; pass one of them")
@@ -453,11 +468,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             X = est.check_inputs(X, reset=True)
             est.set_classes(y)
         codes = est.encode_labels(y, len(X))
+        weights = training_weights(getattr(est, "class_weight", None), np.asarray(y), sample_weight)
         seed = self.engine_.seed if resume else draw_seed(self.random_state)
         indices, source, client_groups = self._clients(codes, groups, seed)
         n_selected(self.clients_per_round, len(indices))
         return FitTask(estimator=est, X=X, y=np.asarray(y), codes=codes, indices=indices, seed=seed,
-                       resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups)
+                       resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups,
+                       sample_weight=weights)
 
     def _clients(self, codes, groups, seed):
         """``(indices, client_source, client_groups)``."""
@@ -467,17 +484,24 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"groups has {len(groups)} entries but X has {len(codes)} samples")
             indices, client_groups = make_clients(groups, self.groups_per_client)
             return indices, "groups", client_groups
-        if self.n_clients > len(codes):
-            raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
         partition = self.partition or "stratified"
+        n_clients = self.n_clients
+        if partition != "stratified" and n_clients > len(codes):
+            raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
+        if partition == "stratified":
+            n_clients = min(n_clients, int(np.bincount(codes).min()))
+            if n_clients < self.n_clients:
+                warnings.warn(f"n_clients={self.n_clients} reduced to {n_clients}, the size of the smallest class, so "
+                              "that every client of the stratified partition holds every class", UserWarning,
+                              stacklevel=5)
         if self.partition is None and not sklearn.get_config()["enable_metadata_routing"]:
             warnings.warn(
-                f"{type(self).__name__}.fit received no groups: its {self.n_clients} clients are a random "
+                f"{type(self).__name__}.fit received no groups: its {n_clients} clients are a random "
                 "stratified partition of the samples, not one client per subject. Pass groups=subjects to fit "
                 "(through GridSearchCV / cross_validate / MOABB, enable sklearn.set_config("
                 "enable_metadata_routing=True) so that they reach it), or set partition='stratified' to "
                 "silence this warning.", UserWarning, stacklevel=5)
-        indices = partition_indices(codes, self.n_clients, partition, self.alpha, derive_seed(seed, 7))
+        indices = partition_indices(codes, n_clients, partition, self.alpha, derive_seed(seed, 7))
         empty = [i for i, idx in enumerate(indices) if len(idx) == 0]
         if empty:
             raise ValueError(f"clients {empty} received no samples (partition={partition!r})")
@@ -571,9 +595,16 @@ def fit_local(fed, task):
     splits = [stratified_split(codes[idx], fed.validation_fraction, derive_seed(seed, 8, i))
               for i, idx in enumerate(task.indices)]
     n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
+    w = task.sample_weight
+    client_weights = n_train if w is None else [float(w[idx[tr]].sum()) for idx, (tr, _) in zip(task.indices, splits)]
+    empty = [i for i, total in enumerate(client_weights) if not total > 0]
+    if empty:
+        raise ValueError(f"sample_weight: the training samples of clients {empty} all have weight 0")
     if task.resume is None:
+        weighted = {} if w is None else [{"sample_weight": w[idx[tr]]} for idx, (tr, _) in zip(task.indices, splits)]
         statistic = None if fed.dp_epsilon is not None else pool_input_statistic(
-            [est.input_statistic(X[idx[tr]]) for idx, (tr, _) in zip(task.indices, splits)], n_train)
+            [est.input_statistic(X[idx[tr]], **(weighted[i] if weighted else {}))
+             for i, (idx, (tr, _)) in enumerate(zip(task.indices, splits))], client_weights)
         est.set_input_statistic(statistic)
         est.init_module(seed)
     else:
@@ -583,7 +614,8 @@ def fit_local(fed, task):
     if task.resume is not None:
         engine.load_state_dict(*task.resume.state_dict())
     clients = [(est.to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
-                est.to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]))
+                est.to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]),
+                None if w is None else torch.as_tensor(w[idx[tr]]), None if w is None else torch.as_tensor(w[idx[va]]))
                for idx, (tr, va) in zip(task.indices, splits)]
     first_round = engine.next_round
     fingerprint = _fingerprint(fed, clients, seed, first_round) if fed.checkpoint_path else None
@@ -602,8 +634,8 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
     # pickled again every round (torch tensors would be). Default Parallel settings on
     # purpose: other settings (e.g. mmap_mode) make joblib restart the reusable workers
     # whenever a call with different settings (sklearn's, the user's) comes in between.
-    data = [(Xt.numpy(), yt.numpy()) if parallel and Xt.device.type == "cpu" else (Xt, yt)
-            for Xt, yt, _, _ in clients]
+    data = [(Xt.numpy(), yt.numpy(), None if wt is None else wt.numpy()) if parallel and Xt.device.type == "cpu"
+            else (Xt, yt, wt) for Xt, yt, _, _, wt, _ in clients]
     rounds = range(engine.next_round, last_round)
     if fed.verbose:
         from tqdm.auto import tqdm
@@ -626,7 +658,8 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
             else:
                 replies = _client_batch(est, engine.global_params, tasks, **common)
             record = engine.aggregate(t, selected, replies)
-            evaluations = [_evaluate_client(est, engine, cid, *clients[cid][2:]) for cid in engine.evaluated_clients()]
+            evaluations = [_evaluate_client(est, engine, cid, *clients[cid][2:4], clients[cid][5])
+                           for cid in engine.evaluated_clients()]
             record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
             if fed.verbose:
                 rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
@@ -636,28 +669,31 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
 
 
 def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, seed, dp)`` in turn, each a :class:`TrainReply`
+    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a :class:`TrainReply`
     or the exception it raised (joblib-safe: the server applies the failure policy).
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
     one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
     """
     replies = []
-    for local_state, X, y, seed, dp in tasks:
+    for local_state, X, y, w, seed, dp in tasks:
         try:
-            private = {} if dp is None else {"dp": dp}  # estimators without DP keep the older signature
-            params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **private, **kwargs)
-            replies.append(TrainReply(params, float(loss), int(n_skipped), len(y)))
+            # Estimators without DP or sample weights keep the older signature.
+            extra = ({} if dp is None else {"dp": dp}) | ({} if w is None else {"sample_weight": w})
+            params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
+            replies.append(TrainReply(params, float(loss), int(n_skipped), len(y),
+                                      None if w is None else float(w.sum())))
         except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
             replies.append(error)
     return replies
 
 
-def _evaluate_client(est, engine, cid, X_val, y_val):
-    """Client ``cid``'s validation of the new global model (its own local arrays loaded)."""
+def _evaluate_client(est, engine, cid, X_val, y_val, w_val=None):
+    """Client ``cid``'s validation of the new global model (its own local arrays loaded;
+    the loss weighted by the client's sample weights)."""
     try:
         est.set_parameters(engine.evaluation_params(cid))
-        loss, f1 = evaluate(est.module_, X_val, y_val)
+        loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
         return EvalReply(loss, f1, len(y_val))
     except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
         return error
@@ -676,6 +712,8 @@ def _fingerprint(fed, clients, seed, first_round):
     data = hashlib.sha256()
     for arrays in clients:
         for a in arrays:
+            if a is None:  # unweighted
+                continue
             a = a.detach().cpu().numpy()
             data.update(f"{a.dtype}{a.shape}".encode())
             data.update(np.ascontiguousarray(a).tobytes())

@@ -50,7 +50,7 @@ def torch_threads(n_threads):
         torch.set_num_threads(previous)
 
 
-def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator):
+def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sample_weight=None):
     """Train ``module`` for ``n_epochs`` epochs of shuffled minibatches.
 
     Parameters
@@ -64,6 +64,10 @@ def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator):
     n_epochs, batch_size : int
     generator : torch.Generator
         Drives the shuffling.
+    sample_weight : torch.Tensor or None
+        Non-negative weight of each sample. The loss of a minibatch is then the weighted
+        mean ``Σ w_i l_i / Σ w_i`` (integer weights = repeated samples; a common factor
+        changes nothing); a minibatch whose weights are all zero is passed over (no step).
 
     Returns
     -------
@@ -77,19 +81,26 @@ def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator):
     it off globally).
     """
     with torch.enable_grad():
-        return _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator)
+        return _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator, sample_weight)
 
 
-def _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator):
+def _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator, sample_weight):
     module.train()
     n = len(y)
-    total, count, skipped = 0.0, 0, 0
+    total, count, skipped = 0.0, 0.0, 0
     for _ in range(n_epochs):
         order = torch.randperm(n, generator=generator)
         for start in range(0, n, batch_size):
             idx = order[start : start + batch_size]
+            if sample_weight is None:
+                size = len(idx)
+            else:
+                w = sample_weight[idx]
+                size = float(w.sum())
+                if size <= 0:
+                    continue
             optimizer.zero_grad(set_to_none=True)
-            loss = torch.nn.functional.cross_entropy(module(X[idx]), y[idx])
+            loss = cross_entropy(module(X[idx]), y[idx], None if sample_weight is None else w)
             if not torch.isfinite(loss):
                 skipped += 1
                 continue
@@ -99,9 +110,18 @@ def _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator):
                 continue
             optimizer.step()
             module.after_step_()
-            total += float(loss.detach()) * len(idx)
-            count += len(idx)
+            total += float(loss.detach()) * size
+            count += size
     return (total / count if count else float("nan")), skipped
+
+
+def cross_entropy(logits, y, sample_weight=None):
+    """Mean cross-entropy, or its weighted mean ``Σ w_i l_i / Σ w_i`` when weights are given."""
+    if sample_weight is None:
+        return torch.nn.functional.cross_entropy(logits, y)
+    losses = torch.nn.functional.cross_entropy(logits, y, reduction="none")
+    w = sample_weight.to(losses.dtype)
+    return (w * losses).sum() / w.sum()
 
 
 @torch.no_grad()
@@ -125,7 +145,7 @@ def macro_f1(y_true, y_pred):
     return float(np.mean(2.0 * tp / denom))
 
 
-def evaluate(module, X, y):
+def evaluate(module, X, y, sample_weight=None):
     """Cross-entropy loss and macro-F1 of ``module`` on ``(X, y)``: the one evaluator.
 
     Parameters
@@ -135,6 +155,8 @@ def evaluate(module, X, y):
     X : torch.Tensor
     y : torch.Tensor of int64
         Integer class codes.
+    sample_weight : torch.Tensor or None
+        Weights of the loss (``Σ w_i l_i / Σ w_i``); the macro-F1 is unweighted.
 
     Returns
     -------
@@ -147,15 +169,18 @@ def evaluate(module, X, y):
     if len(y) == 0:
         return float("nan"), float("nan")
     logits = predict_logits(module, X)
-    loss = float(torch.nn.functional.cross_entropy(logits, y))
+    if sample_weight is not None and float(sample_weight.sum()) <= 0:
+        sample_weight = None  # a validation part of zero weights: score it unweighted
+    loss = float(cross_entropy(logits, y, sample_weight))
     return loss, macro_f1(y.cpu().numpy(), logits.argmax(1).cpu().numpy())
 
 
 class PlateauSchedule:
     """ReduceLROnPlateau + early stopping + best checkpoint, driven by a validation score.
 
-    Each :meth:`step` receives one validation record (macro-F1 and loss). Improvement means
-    a higher F1, or an equal F1 with a lower loss. After ``lr_patience`` steps without
+    Each :meth:`step` receives one validation record (macro-F1 and loss). Improvement means,
+    with ``monitor="f1"`` (the federated schedule), a higher F1, or an equal F1 with a lower
+    loss; with ``monitor="loss"`` (the centralized ``fit``), a lower loss. After ``lr_patience`` steps without
     improvement the learning rate is multiplied by ``lr_factor`` (as torch's
     ``ReduceLROnPlateau``: the counter restarts after each reduction); after ``patience``
     steps without improvement :attr:`should_stop` becomes True. The state passed with the
@@ -163,7 +188,10 @@ class PlateauSchedule:
     and loss: no validation data) counts as an improvement, so the latest state is kept.
     """
 
-    def __init__(self, lr, patience=75, lr_patience=20, lr_factor=0.5, min_lr=0.0):
+    def __init__(self, lr, patience=75, lr_patience=20, lr_factor=0.5, min_lr=0.0, monitor="f1"):
+        if monitor not in ("f1", "loss"):
+            raise ValueError(f"monitor must be 'f1' or 'loss', got {monitor!r}")
+        self.monitor = monitor  # configuration, not state: not in state_dict
         self.lr = lr
         self.patience = patience
         self.lr_patience = lr_patience
@@ -181,7 +209,11 @@ class PlateauSchedule:
         score_f1 = -np.inf if np.isnan(f1) else f1
         score_loss = np.inf if np.isnan(loss) else loss
         unscored = np.isnan(f1) and np.isnan(loss)  # no validation data: keep the latest state
-        improved = unscored or (score_f1, -score_loss) > (self.best_score[0], -self.best_score[1])
+        if self.monitor == "loss":
+            better = score_loss < self.best_score[1]
+        else:
+            better = (score_f1, -score_loss) > (self.best_score[0], -self.best_score[1])
+        improved = unscored or better
         if improved:
             self.best_score = (score_f1, score_loss)
             self.best_step = self.n_steps

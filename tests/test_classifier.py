@@ -19,7 +19,9 @@ The data-independent checks below are called directly and pass (``SKLEARN_DIRECT
 * ``check_estimators_unfitted`` (``NotFittedError`` from ``predict``/``predict_proba``/
   ``decision_function`` before ``fit``),
 * ``check_fit1d`` (1-D ``X`` raises ``ValueError``),
-* ``check_classifiers_one_label_sample_weights`` (no ``sample_weight``: ``TypeError``).
+
+``check_classifiers_one_label_sample_weights`` fits 2-D data, which SPDnet rejects before it
+reads ``sample_weight``: ``test_one_label_after_sample_weight_trimming`` does it on SPD matrices.
 
 Every check that needs 2-D data is re-done here on 3-D SPD input: fit returns self,
 clone, get/set_params, overwriting of parameters and of ``X``, pickle and joblib,
@@ -49,6 +51,8 @@ from sklearn.utils import estimator_checks as ec
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedspd import SPDnetClassifier
+from skfedspd.base import uses_validation
+from skfedspd.classifier import auto_hidden_dim
 from skfedspd.nn import DomainBatch, SPDNet
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
@@ -77,9 +81,10 @@ def fitted(data):
 
 @pytest.fixture(scope="module")
 def noise_data(spd_dataset):
-    """SPD matrices with random labels: the validation score only fluctuates."""
-    X, _ = spd_dataset(n_matrices=64, n_channels=8, n_classes=2, seed=1)
-    y = np.random.default_rng(2).permutation(np.arange(64) % 2)
+    """SPD matrices with random labels: the validation score only fluctuates. 224 matrices:
+    a quarter (56) is a validation part large enough for ``fit`` to hold it out."""
+    X, _ = spd_dataset(n_matrices=224, n_channels=8, n_classes=2, seed=1)
+    y = np.random.default_rng(2).permutation(np.arange(224) % 2)
     return X, y
 
 
@@ -119,13 +124,20 @@ SKLEARN_DIRECT_CHECKS = [
     ec.check_do_not_raise_errors_in_init_or_set_params,
     ec.check_estimators_unfitted,
     ec.check_fit1d,
-    ec.check_classifiers_one_label_sample_weights,
 ]
 
 
 @pytest.mark.parametrize("check", SKLEARN_DIRECT_CHECKS, ids=lambda c: c.__name__)
 def test_sklearn_data_independent_checks(check):
     check(SPDnetClassifier.__name__, make_clf())
+
+
+def test_one_label_after_sample_weight_trimming(spd_dataset):
+    """scikit-learn's check_classifiers_one_label_sample_weights on 3-D input: weights that
+    leave one class raise a ValueError naming the class problem."""
+    X, y = spd_dataset(n_matrices=10, n_channels=4, n_classes=2, seed=0)
+    with pytest.raises(ValueError, match=r"\bclass(es)?\b"):
+        make_clf().fit(X, y, sample_weight=(y == 1).astype(float))
 
 
 def test_estimator_tags():
@@ -167,7 +179,7 @@ def test_get_params_set_params():
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
         "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
-        "random_state", "verbose", "warm_start", "batchnorm",
+        "random_state", "verbose", "warm_start", "class_weight", "batchnorm",
     }
     assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
     assert clf.set_params(lr=0.5, hidden_dims=(6, 2)) is clf
@@ -178,8 +190,45 @@ def test_get_params_set_params():
 
 def test_defaults():
     clf = SPDnetClassifier()
-    assert clf.hidden_dims == (18,) and clf.eps == 1e-2 and clf.scaling == "auto"
+    assert clf.hidden_dims == "auto" and clf.eps == 1e-2 and clf.scaling == "auto" and clf.lr == 1e-2
     assert clf.dtype == "float64" and clf.device == "cpu" and clf.warm_start is False
+    assert clf.class_weight is None
+
+
+@pytest.mark.parametrize("n_channels, expected", [(2, 2), (3, 3), (8, 8), (16, 8), (22, 8), (32, 9), (60, 17),
+                                                  (64, 18), (128, 36)])
+def test_auto_hidden_dim(n_channels, expected):
+    assert auto_hidden_dim(n_channels) == expected
+
+
+@pytest.mark.parametrize("n_channels", [3, 10])
+def test_hidden_dims_auto_builds_the_rule(spd_dataset, n_channels):
+    X, y = spd_dataset(n_matrices=12, n_channels=n_channels, n_classes=2, seed=0)
+    clf = SPDnetClassifier(max_epochs=2, random_state=0).fit(X, y)
+    assert clf.module_.get_parameters()["bimaps.0.weight"].shape == (n_channels, auto_hidden_dim(n_channels))
+
+
+@pytest.mark.parametrize("n_matrices, fraction, used", [(40, 0.1, False), (490, 0.1, False), (500, 0.1, True),
+                                                        (100, 0.5, True), (500, 0.0, False)])
+def test_validation_only_when_large_enough(n_matrices, fraction, used):
+    assert uses_validation(n_matrices, 2, fraction) is used
+    assert uses_validation(200, 30, 0.25) is False  # 50 < 2 * 30 classes
+
+
+def test_small_training_set_trains_the_budget_and_keeps_the_last_weights(spd_dataset):
+    X, y = spd_dataset(n_matrices=40, n_channels=4, n_classes=2, seed=0)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=7, patience=1, lr_patience=0, random_state=0).fit(X, y)
+    assert clf.validation_used_ is False
+    assert clf.n_iter_ == 7 and clf.best_epoch_ == 6
+    assert all(record["lr"] == clf.lr for record in clf.history_)  # constant learning rate
+
+
+def test_large_training_set_uses_the_validation_loss(spd_dataset):
+    X, y = spd_dataset(n_matrices=100, n_channels=4, n_classes=2, seed=0)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=12, validation_fraction=0.5, random_state=0).fit(X, y)
+    assert clf.validation_used_ is True
+    losses = [record["val_loss"] for record in clf.history_]
+    assert clf.best_epoch_ == int(np.argmin(losses))
 
 
 def test_fit_does_not_change_params_or_input(data):
@@ -216,7 +265,7 @@ def test_persistence_round_trip(fitted, data, tmp_path, method):
     np.testing.assert_array_equal(restored.decision_function(X), fitted.decision_function(X))
     np.testing.assert_array_equal(restored.predict(X), fitted.predict(X))
     np.testing.assert_array_equal(restored.classes_, fitted.classes_)
-    assert restored.history_ == fitted.history_
+    np.testing.assert_equal(restored.history_, fitted.history_)  # NaN validation entries
     assert restored.get_params() == fitted.get_params()
 
 
@@ -420,8 +469,8 @@ def test_global_torch_rng_does_not_influence_fit(data):
 
 
 def _improves(record, best):
-    """The documented improvement rule: higher val F1, or equal F1 and lower val loss."""
-    return (record["val_f1"], -record["val_loss"]) > (best["val_f1"], -best["val_loss"])
+    """The documented improvement rule of ``fit``: a lower validation loss."""
+    return record["val_loss"] < best["val_loss"]
 
 
 def _corrupt(X, kind):
@@ -856,7 +905,7 @@ def test_no_clamp_warning_on_well_scaled_input(data, scaling):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("validation_fraction", [0.0, 0.2])
+@pytest.mark.parametrize("validation_fraction", [0.0, 0.9])  # 0.9 of 60: 54 >= 50, a split
 def test_history_records(data, validation_fraction):
     X, y = data
     clf = make_clf(max_epochs=4, validation_fraction=validation_fraction, patience=100).fit(X, y)
@@ -884,7 +933,7 @@ def test_training_loss_decreases(data):
 @pytest.mark.parametrize("patience", [1, 2, 3])
 def test_early_stopping_restores_best_epoch(noise_data, patience):
     X, y = noise_data
-    kwargs = dict(max_epochs=60, lr=5e-2, batch_size=16, validation_fraction=0.25,
+    kwargs = dict(max_epochs=60, lr=2e-3, batch_size=16, validation_fraction=0.25,
                   lr_patience=100, random_state=1)
     clf = make_clf(patience=patience, **kwargs).fit(X, y)
     assert clf.n_epochs_ < 60
@@ -1341,7 +1390,7 @@ def test_groups_routed_through_pipeline_and_cross_validate(spd_domains):
 
     X, y, groups = spd_domains(n_groups=3, n_per_group=20)
     clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3})
-    assert clf.get_metadata_routing().fit.requests == {"groups": True}
+    assert clf.get_metadata_routing().fit.requests == {"groups": True, "sample_weight": None}
     result = cross_validate(make_pipeline(Recenter(), clf), X, y, cv=GroupKFold(n_splits=3),
                             params={"groups": groups}, return_estimator=True)
     _, first_test = next(GroupKFold(n_splits=3).split(X, y, groups))

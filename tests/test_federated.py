@@ -192,10 +192,11 @@ def test_global_estimator(fitted):
 
 
 def test_default_estimator():
-    X, y = make_spd_dataset(30, 20, 2)  # the default SPDnetClassifier maps to 18 dimensions
+    X, y = make_spd_dataset(30, 20, 2)  # the default SPDnetClassifier: hidden_dims="auto", 20 -> 8
     clf = FederatedSPDnetClassifier(n_rounds=1, local_epochs=1, n_clients=2, random_state=0).fit(X, y)
     assert isinstance(clf.global_estimator_, SPDnetClassifier)
-    assert clf.global_estimator_.hidden_dims == (18,)
+    assert clf.global_estimator_.hidden_dims == "auto"
+    assert clf.global_estimator_.get_parameters()["bimaps.0.weight"].shape == (20, 8)
     assert clf.estimator is None
 
 
@@ -301,7 +302,7 @@ def test_binary_roc_auc_scorer():
 
 @pytest.mark.parametrize("params", [
     {"n_rounds": 0}, {"n_rounds": 1.5}, {"local_epochs": 0}, {"groups_per_client": 0},
-    {"n_clients": 0}, {"n_clients": 100}, {"on_client_error": "ignore"},
+    {"n_clients": 0}, {"n_clients": 100, "partition": "contiguous"}, {"on_client_error": "ignore"},
     {"validation_fraction": 1.0}, {"validation_fraction": -0.1}, {"aggregation": "mean"},
     {"weighting": "equal"}, {"partition": "random"}, {"clients_per_round": 0},
     {"clients_per_round": -1}, {"clients_per_round": 4}, {"clients_per_round": 0.0},
@@ -971,7 +972,7 @@ FAILING_FITS = {
     "groups_of_other_length": ({}, {"groups": np.zeros(7)}, "groups has 7 entries"),
     "groups_and_subjects_differ": ({}, {"groups": "g", "subjects": "reversed"}, "differ"),
     "single_class": ({}, {"y": "one class"}, "greater than one|labels not in classes"),
-    "n_clients_above_n_samples": ({"n_clients": 100}, {}, "n_clients=100 exceeds"),
+    "n_clients_above_n_samples": ({"n_clients": 100, "partition": "contiguous"}, {}, "n_clients=100 exceeds"),
     "all_clients_fail": ({"on_client_error": "skip"}, {"patch": _all_clients_fail}, "every client failed"),
     "corrupt_checkpoint_file": ({"checkpoint_path": "corrupt"}, {}, "corrupt"),
 }
@@ -1164,3 +1165,15 @@ def test_local_backend_checks_replies_like_flower(monkeypatch):
     failed_fit = _fed(n_rounds=2, on_client_error="skip").fit(X, y)
     np.testing.assert_array_equal(poisoned_fit.decision_function(X), failed_fit.decision_function(X))
     assert np.isfinite(poisoned_fit.predict_proba(X)).all()
+
+
+def test_stratified_partition_clamps_n_clients_to_the_smallest_class():
+    """pyRiemann-sized data (6 matrices, 2 classes): the default 5 clients become 3, each
+    holding both classes, with a warning naming the rule."""
+    X, y = make_spd_dataset(6, 3, 2)
+    with pytest.warns(UserWarning, match="n_clients=5 reduced to 3"):
+        clf = FederatedSPDnetClassifier(n_rounds=2, partition="stratified", random_state=0).fit(X, y)
+    assert clf.n_clients_ == 3
+    assert len(clf.engine_.n_train) == 3
+    for indices in partition_indices(clf.global_estimator_.encode_labels(y), 3, "stratified", 0.5, 0):
+        assert len(np.unique(y[indices])) == 2

@@ -46,6 +46,7 @@ def test_pipelines_parse_with_benchmark_settings():
     from pyriemann.estimation import Covariances
 
     from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    from skfedspd.classifier import auto_hidden_dim
 
     configs = _by_name(parse_pipelines_from_directory(str(PIPELINE_DIR)))
     assert set(configs) == NAMES
@@ -60,9 +61,11 @@ def test_pipelines_parse_with_benchmark_settings():
         assert fed.n_rounds == 150 and fed.groups_per_client == 2
         assert fed.aggregation == aggregation
         assert fed.local_epochs == 2 and fed.random_state == 0
-        # The YAML leaves the local model to the default, SPDnetClassifier() (paper defaults).
+        # The YAML leaves the local model to the default, SPDnetClassifier(): hidden_dims="auto",
+        # the paper's 18 at PhysionetMI's 64 channels.
         local = fed.estimator if fed.estimator is not None else SPDnetClassifier()
-        assert tuple(local.hidden_dims) == (18,) and local.eps == 1e-2
+        dims = (auto_hidden_dim(64),) if isinstance(local.hidden_dims, str) else tuple(local.hidden_dims)
+        assert dims == (18,) and local.eps == 1e-2
 
 
 @pytest.fixture

@@ -27,6 +27,9 @@ def fit_simulation(fed, task):
     """
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
+    if task.sample_weight is not None:
+        raise ValueError("sample_weight (or the local estimator's class_weight) is not supported by "
+                         "backend='flower' yet; use backend='local'")
     sites = [(cid, task.X[idx], task.y[idx]) for cid, idx in enumerate(task.indices)]
     template = clone(task.estimator)  # unfitted: each site builds its model from the set-up
     client_app = make_client_app(lambda context: sites[int(context.node_config["partition-id"])],

@@ -1,0 +1,378 @@
+"""Which ``SPDnetClassifier`` defaults learn on small data (issue 10, deliverable 1).
+
+PhysionetMI left/right (offline subjects 1-4 only: the rules are chosen here and re-checked
+on other subjects), covariances from :func:`skfedspd.datasets.load_physionet_mi`, stratified
+5-fold cross-validation, ROC-AUC and accuracy, with TS+LR (pyRiemann ``TangentSpace`` +
+``LogisticRegression``) on the same folds and the same covariances, side by side.
+
+Every candidate is a *rule*: a function of what ``fit`` knows (training size ``n``,
+``n_channels``, ``n_classes``) that returns constructor parameters of today's
+``SPDnetClassifier``. The rules change one thing at a time from today's defaults, then
+combine:
+
+* (a) ``hidden_dims="auto"``: ``d = min(n_channels, max(8, round(0.28 n_channels)))``
+  (18 at 64 channels, the paper's network; no reduction at 8 channels or fewer). At 64
+  channels every variant gives 18, so (a) is compared on channel subsets (16 and 3
+  sensorimotor channels) against the pure ratio and against no reduction;
+* (b) a validation split only when it is large enough (``round(0.1 n) >= max(50, 2
+  n_classes)``), otherwise a fixed epoch budget at a constant learning rate with the last
+  weights; and, where a split is used, restore-best on the validation *loss* instead of
+  the macro-F1 (a thin wrapper swaps the schedule's criterion);
+* (c) learning rate 1e-2 instead of 1e-3; the epoch budget (100 vs 300);
+* (d) a batch size relative to ``n``: ``min(64, max(8, ceil(n / 4)))`` (4 steps per epoch
+  on small data, today's 64 on large data).
+
+Settings: "within" = each subject alone (36 training trials per fold: MOABB's
+WithinSession on PhysionetMI), "pooled" = subjects 1-4 together (144 training trials,
+today's 10 % split holds 14 trials).
+
+    nice python benchmarks/defaults_ablation.py --jobs 2            # within-subject rows
+    nice python benchmarks/defaults_ablation.py --jobs 2 --extra    # + pooled, channel subsets, budgets
+    nice python benchmarks/defaults_ablation.py --quick             # 2 subjects, 3 rows (smoke run)
+
+Fold results are cached in ``--cache`` (``results/``): a second run only fits what is missing.
+"""
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one process, one thread: a shared 2-core machine
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+from joblib import Parallel, delayed  # noqa: E402
+from pyriemann.tangentspace import TangentSpace  # noqa: E402
+from sklearn.linear_model import LogisticRegression  # noqa: E402
+from sklearn.metrics import accuracy_score, roc_auc_score  # noqa: E402
+from sklearn.model_selection import StratifiedKFold  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+
+import skfedspd.base  # noqa: E402
+from skfedspd import SPDnetClassifier  # noqa: E402
+from skfedspd.datasets import find_physionet_root, load_physionet_mi  # noqa: E402
+from skfedspd.training import PlateauSchedule  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_name  # noqa: E402
+
+SENSORIMOTOR_16 = ["FC3", "FC1", "FCz", "FC2", "FC4", "C5", "C3", "C1", "Cz", "C2", "C4", "C6",
+                   "CP3", "CP1", "CP2", "CP4"]
+SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
+READING = "## Reading and recommendation"
+N_MIN_VALIDATION = 50  # smallest validation split worth selecting weights on (accuracy SE <= 0.07)
+
+
+# ---------------------------------------------------------------------------- rules
+def auto_hidden(n_channels, floor=8, ratio=0.28):
+    """(a): 18 at 64 channels (the paper); never above n_channels; no reduction up to ``floor``."""
+    return min(n_channels, max(floor, round(ratio * n_channels)))
+
+
+def relative_batch(n):
+    """(d): about 4 minibatches per epoch on small data, 64 on large data."""
+    return min(64, max(8, math.ceil(n / 4)))
+
+
+def validation_if_large(n, n_classes, fraction=0.1):
+    """(b): the split's fraction, or 0 (fixed budget, last weights) when it would be tiny."""
+    return fraction if round(fraction * n) >= max(N_MIN_VALIDATION, 2 * n_classes) else 0.0
+
+
+def today(n, n_channels, n_classes):
+    return {}
+
+
+def rule_b_small_val(n, n_channels, n_classes):
+    return {"validation_fraction": validation_if_large(n, n_classes)}
+
+
+def rule_c_lr(n, n_channels, n_classes):
+    return {"lr": 1e-2}
+
+
+def rule_c_lr_budget(n, n_channels, n_classes):
+    return {"lr": 1e-2, "max_epochs": 100}
+
+
+def rule_d_batch(n, n_channels, n_classes):
+    return {"batch_size": relative_batch(n)}
+
+
+def combination(max_epochs=300, batch=True, lr=1e-2):
+    def rule(n, n_channels, n_classes):
+        params = {"hidden_dims": (auto_hidden(n_channels),), "lr": lr, "max_epochs": max_epochs,
+                  "validation_fraction": validation_if_large(n, n_classes)}
+        if batch:
+            params["batch_size"] = relative_batch(n)
+        return params
+
+    return rule
+
+
+def with_hidden(d, base):
+    def rule(n, n_channels, n_classes):
+        return {**base(n, n_channels, n_classes), "hidden_dims": (d,)}
+
+    return rule
+
+
+#: The rule set this ablation recommends: (a) + (b) + lr 1e-2, batch 64, 300 epochs.
+RECOMMENDED = combination(300, batch=False)
+
+
+# ---------------------------------------------------------------------------- restore-best on the loss
+class LossSchedule(PlateauSchedule):
+    """Today's schedule with improvement judged on the validation loss alone."""
+
+    def step(self, f1, loss, state):
+        return super().step(-loss, loss, state)
+
+
+@contextmanager
+def restore_on_loss():
+    """Thin wrapper: today's ``fit`` with :class:`LossSchedule` in place of the F1 criterion."""
+    original = skfedspd.base.PlateauSchedule
+    skfedspd.base.PlateauSchedule = LossSchedule
+    try:
+        yield
+    finally:
+        skfedspd.base.PlateauSchedule = original
+
+
+class ProposedDefaults(SPDnetClassifier):
+    """Today's ``SPDnetClassifier`` with :data:`RECOMMENDED` applied at ``fit`` (from the
+    training size, channels and classes) and restore-best on the validation loss: how the
+    proposed defaults behave, for MOABB (``benchmarks/moabb_evaluation.py --candidate``).
+    The constructor values of the parameters the rule sets are ignored."""
+
+    def fit(self, X, y):
+        X = np.asarray(X)
+        params = RECOMMENDED(len(X), X.shape[-1], len(np.unique(y)))
+        saved = {name: getattr(self, name) for name in params}
+        self.set_params(**params)
+        try:
+            with restore_on_loss():
+                return super().fit(X, y)
+        finally:
+            self.set_params(**saved)
+
+
+# ---------------------------------------------------------------------------- evaluation
+def folds(y, seed=42):
+    return list(StratifiedKFold(5, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
+
+
+def score(y_true, scores, classes):
+    pred = classes[(scores > 0).astype(int)]
+    return roc_auc_score(y_true == classes[1], scores), accuracy_score(y_true, pred)
+
+
+def fit_fold(X, y, tr, te, rule, criterion, k):
+    """One fold: SPDnet under ``rule`` (``criterion``: restore-best on "f1" or "loss"), or
+    TS+LR when ``rule == "ts-lr"``. Runs in a joblib worker (one torch thread)."""
+    torch.set_num_threads(1)
+    start = time.perf_counter()
+    if rule == "ts-lr":
+        params, epochs, best = {}, np.nan, np.nan
+        clf = make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(C=1.0, max_iter=1000))
+        clf.fit(X[tr], y[tr])
+    else:
+        params = rule(len(tr), X.shape[1], len(np.unique(y)))
+        clf = SPDnetClassifier(random_state=k, **params)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            if criterion == "loss":
+                with restore_on_loss():
+                    clf.fit(X[tr], y[tr])
+            else:
+                clf.fit(X[tr], y[tr])
+        epochs, best = clf.n_epochs_, clf.best_epoch_
+    elapsed = time.perf_counter() - start
+    auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
+    return dict(auc=auc, acc=acc, epochs=epochs, best=best, time=elapsed, params=params)
+
+
+def describe(params):
+    if not params:
+        return "today's defaults"
+    return ", ".join(f"{k}={v}" for k, v in params.items())
+
+
+def summarize(name, per_unit):
+    """per_unit: {subject or 'pooled': [fold records]} -> one table row."""
+    aucs = [np.mean([r["auc"] for r in recs]) for recs in per_unit.values()]
+    accs = [np.mean([r["acc"] for r in recs]) for recs in per_unit.values()]
+    recs = [r for rs in per_unit.values() for r in rs]
+    sd = f" ± {100 * np.std(aucs):.1f}" if len(aucs) > 1 else ""
+    return {
+        "name": name, "auc": np.mean(aucs), "acc": np.mean(accs),
+        "text": (f"| {name} | {TS_LR if name == 'TS+LR' else describe(recs[0]['params'])} | {100 * np.mean(aucs):.1f}{sd} | "
+                 f"{100 * np.mean(accs):.1f} | "
+                 + " ".join(f"{100 * a:.0f}" for a in aucs)
+                 + f" | {_epochs(recs)}"
+                 f" | {np.mean([r['time'] for r in recs]):.1f} |"),
+    }
+
+
+def _epochs(recs):
+    epochs = [r["epochs"] for r in recs if r["epochs"] == r["epochs"]]  # NaN (TS+LR) left out
+    return f"{np.mean(epochs):.0f} / {np.mean([r['best'] for r in recs]):.0f}" if epochs else "-"
+
+
+TS_LR = "TangentSpace(riemann) + LogisticRegression(C=1)"
+HEADER = ("| rule | parameters at this n | ROC-AUC (%) mean ± sd over subjects | accuracy (%) | "
+          "per-subject ROC-AUC | epochs run / restored | fit (s) |\n| --- | --- | --- | --- | --- | --- | --- |")
+
+
+def evaluate_setting(title, units, rules, log, jobs, cache):
+    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]. Every fold of every
+    rule in one joblib pool; fold results are kept in ``cache`` (a folder, keyed by setting,
+    rule and fold) so an interrupted run resumes where it stopped."""
+    log(f"\n### {title}\n\n{HEADER}")
+    tasks = [(r, label, k, tr, te) for r in range(len(rules)) for label, (X, y) in units.items()
+             for k, (tr, te) in enumerate(folds(y))]
+    paths = [cache / f"{_slug(title)}--{_slug(rules[r][0])}--{label}--{k}.json" for r, label, k, _, _ in tasks]
+    todo = [i for i, path in enumerate(paths) if not path.exists()]
+    COUNTS["fitted"] += len(todo)
+    COUNTS["cached"] += len(paths) - len(todo)
+    Parallel(n_jobs=jobs)(
+        delayed(_cached_fold)(paths[i], *units[tasks[i][1]], tasks[i][3], tasks[i][4], rules[tasks[i][0]][1],
+                              rules[tasks[i][0]][2], tasks[i][2]) for i in todo)
+    records = [json.loads(path.read_text()) for path in paths]
+    COUNTS["fit_seconds"] += sum(r["time"] for r in records)
+    rows = []
+    for r, (name, _, _) in enumerate(rules):
+        per_unit = {label: [rec for (i, lab, *_), rec in zip(tasks, records) if i == r and lab == label]
+                    for label in units}
+        row = summarize(name, per_unit)
+        rows.append(row)
+        log(row["text"])
+    return rows
+
+
+COUNTS = {"fitted": 0, "cached": 0, "fit_seconds": 0.0}
+
+
+def _cached_fold(path, *args):
+    """:func:`fit_fold`, its record written to ``path`` as soon as it is done (in the worker)."""
+    record = fit_fold(*args)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, default=_jsonable))
+    tmp.replace(path)
+
+
+def _slug(text):
+    return "".join(c if c.isalnum() else "_" for c in text)[:80]
+
+
+def _jsonable(value):
+    return value.item() if isinstance(value, np.generic) else list(value) if isinstance(value, tuple) else str(value)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="subjects 1-2, fewer rules (smoke run)")
+    parser.add_argument("--jobs", type=int, default=1, help="joblib processes (folds in parallel)")
+    parser.add_argument("--extra", action="store_true",
+                        help="also the pooled setting, the channel subsets of (a) and two more budget rows")
+    parser.add_argument("--cache", type=Path, default=Path("results/ablation-defaults-cache"))
+    parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
+    args = parser.parse_args(argv)
+    command = "nice python " + " ".join(["benchmarks/defaults_ablation.py"] + (argv if argv is not None else sys.argv[1:]))
+    lines = []
+
+    def log(text):
+        print(text, flush=True)
+        lines.append(text)
+
+    if find_physionet_root() is None:
+        print("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        return 1
+    torch.set_num_threads(1)
+    subjects = [1, 2] if args.quick else [1, 2, 3, 4]
+    args.cache.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    X, y, subj, meta = load_physionet_mi(subjects, n_classes=2)
+    ch_names = meta.attrs["ch_names"]
+    log("# Defaults that learn on small data: ablation (issue 10, deliverable 1)\n")
+    log(f"command: `{command}`  \nmachine: {cpu_name()}, torch {torch.__version__}, "
+        f"{args.jobs} joblib process(es) of 1 torch thread\n")
+    log(f"PhysionetMI left/right, subjects {subjects} (offline copy), {X.shape[1]} channels, "
+        f"covariances of `load_physionet_mi` (8-32 Hz, 0-3 s, sample covariance); StratifiedKFold(5, "
+        "shuffle=True, random_state=42) per unit; SPDnet random_state = fold index. ROC-AUC from "
+        "`decision_function`; mean over folds per subject, then over subjects. TS+LR = "
+        "TangentSpace(riemann) + LogisticRegression(C=1) on the same covariances and folds.")
+
+    within = {s: (X[subj == s], y[subj == s]) for s in subjects}
+    rules = [
+        ("TS+LR", "ts-lr", None),
+        ("today", today, "f1"),
+        ("(a+b+c) recommended: batch 64, 300 epochs", RECOMMENDED, "loss"),
+        ("(b) validation only if >= 50 samples, else fixed budget", rule_b_small_val, "f1"),
+        ("(c) lr 1e-2", rule_c_lr, "f1"),
+        ("(d) batch ~ n/4", rule_d_batch, "f1"),
+        ("(b) restore-best on validation loss", today, "loss"),
+        ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
+    ]
+    if args.extra:
+        rules += [("(c) lr 1e-2, 100 epochs", rule_c_lr_budget, "f1"),
+                  ("(a+b+c+d) combination, 100 epochs", combination(100), "loss"),
+                  ("(a+b+d) combination, lr 1e-3, 300 epochs", combination(300, lr=1e-3), "loss")]
+    if args.quick:
+        rules = rules[:3]
+    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log,
+                                   args.jobs, args.cache)
+
+    if args.extra and not args.quick:
+        pooled_rules = [
+            ("TS+LR", "ts-lr", None),
+            ("today (14-trial split, restore-best on F1)", today, "f1"),
+            ("(b) restore-best on validation loss (14-trial split)", today, "loss"),
+            ("(b) no split: fixed 300-epoch budget, last weights", lambda n, c, k: {"validation_fraction": 0.0}, "f1"),
+            ("(a+b+c) recommended: batch 64, 300 epochs", RECOMMENDED, "loss"),
+            ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
+        ]
+        evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
+                         {"pooled": (X, y)}, pooled_rules, log, args.jobs, args.cache)
+
+        for names in (SENSORIMOTOR_16, SENSORIMOTOR_3):
+            idx = [ch_names.index(c) for c in names]
+            sub = {s: (Xs[:, idx][:, :, idx], ys) for s, (Xs, ys) in within.items()}
+            n = len(idx)
+            variants = sorted({auto_hidden(n), max(1, round(0.28 * n)), n})
+            hidden_rules = [("TS+LR", "ts-lr", None)] + [
+                (f"(a) d={d}" + (" = auto" if d == auto_hidden(n) else "")
+                 + (" = round(0.28 n)" if d == max(1, round(0.28 * n)) else "") + (" = n" if d == n else ""),
+                 with_hidden(d, RECOMMENDED), "loss")
+                for d in variants
+            ]
+            evaluate_setting(f"Within-subject, {n} sensorimotor channels ({', '.join(names)}); "
+                             "training rules of the recommended set", sub, hidden_rules, log, args.jobs, args.cache)
+
+    best = max(within_rows[1:], key=lambda r: r["auc"])
+    log(f"\nBest within-subject rule: {best['name']} ({100 * best['auc']:.1f} ROC-AUC vs TS+LR "
+        f"{100 * within_rows[0]['auc']:.1f}).")
+    log(f"\nThis run: {time.perf_counter() - start:.0f} s wall, {COUNTS['fitted']} folds fitted, "
+        f"{COUNTS['cached']} read from the cache ({args.cache}); all folds together took "
+        f"{COUNTS['fit_seconds'] / 60:.0f} min of fit time (wall time per fold in its worker, on a machine "
+        "shared with other jobs it grows with the load; load average now: "
+        + ", ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs).")
+    if not args.quick:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        # The hand-written reading below the generated tables survives a re-run.
+        kept = args.out.read_text().partition(READING)[1:] if args.out.exists() else ("", "")
+        args.out.write_text("\n".join(lines) + "\n" + ("\n" + "".join(kept) if kept[0] else ""))
+        print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

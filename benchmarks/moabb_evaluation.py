@@ -1,0 +1,234 @@
+"""MOABB evaluations of skfedspd against pyRiemann pipelines on the offline PhysionetMI subjects.
+
+MOABB's ``WithinSessionEvaluation`` (5-fold per subject and session) and
+``CrossSubjectEvaluation`` (unseen subjects: leave-one-subject-out in ``--quick``,
+``GroupKFold(4)`` otherwise) on ``PhysionetMI(imagined=True)`` read from the offline copy
+(``../shared/data`` or ``$SKFEDSPD_DATA``; never downloads):
+
+* left/right hand (``LeftRightImagery``, ROC-AUC, MOABB's score for two classes), the 16
+  offline subjects (``--quick``: subjects 1-4);
+* 4 classes (``MotorImagery``, accuracy) on subjects 1, 4, 15 and 42, the only ones whose six
+  imagery runs are all present (full run only).
+
+Pipelines (MOABB's own definitions where it has one: OAS covariances for the tangent-space
+and MDM pipelines; SCM covariances for SPDnet, as in the paper):
+
+* TS+LR, TS+SVM, MDM (pyRiemann);
+* Recenter+TS+LR: ``skfedspd.Recenter`` (each subject re-centred to the identity) before the
+  tangent space; the row is skipped, with a printed line, when ``skfedspd.Recenter`` does not
+  exist yet;
+* SPDnet, FedSPDnet: ``SPDnetClassifier()`` and ``FederatedSPDnetClassifier()`` with their
+  default constructors (``random_state=0``). In CrossSubject, MOABB routes the training
+  subjects to ``fit`` (metadata routing, key ``subjects``): each subject is one client. In
+  WithinSession no subjects reach ``fit``: the federated estimator falls back to its
+  ``n_clients`` partition;
+* SPDnet + domain BN, FedSPDnet + domain BN: ``batchnorm="domain"``, only when
+  ``SPDnetClassifier`` has that parameter (detected with ``get_params``);
+* EEGNet: ``EEGNetClassifier(fs=160)`` on the band-passed epochs (full run only).
+
+Output under ``--out`` (default ``results/moabb-evaluation``, ``results/moabb-evaluation-quick``
+with ``--quick``): MOABB's scores (``scores.csv``), ``report.md`` (a table of the mean score
+over subjects per pipeline and evaluation, the command, the machine and the time), MOABB's
+score plots (``moabb.analysis.plotting.score_plot``) as PNG, MOABB's results store
+(``hdf5_path``) and the MNE/MOABB log (``moabb.log``; library noise stays out of the console).
+
+    nice python benchmarks/moabb_evaluation.py --quick    # subjects 1-4, left/right, 5 pipelines
+    nice python benchmarks/moabb_evaluation.py            # 16 subjects, + 4 classes, all pipelines
+"""
+
+import argparse
+import logging
+import os
+import sys
+import time
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one process, one thread: a shared machine
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _machine import cpu_name  # noqa: E402
+
+FOUR_CLASS_SUBJECTS = [1, 4, 15, 42]  # all six imagery runs present offline
+QUICK_SUBJECTS = [1, 2, 3, 4]
+
+
+def pipelines(quick, candidate=False):
+    """name -> sklearn pipeline; skipped rows are printed."""
+    from pyriemann.classification import MDM
+    from pyriemann.estimation import Covariances
+    from pyriemann.tangentspace import TangentSpace
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+    from sklearn.svm import SVC
+
+    import skfedspd
+    from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
+
+    def ts(clf):
+        return make_pipeline(Covariances("oas"), TangentSpace(metric="riemann"), clf)
+
+    out = {"TS+LR": ts(LogisticRegression(C=1.0))}
+    if not quick:
+        out["TS+SVM"] = ts(SVC(kernel="linear", C=1.0))
+    out["MDM"] = make_pipeline(Covariances("oas"), MDM(metric="riemann"))
+    if hasattr(skfedspd, "Recenter"):
+        out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), skfedspd.Recenter(),
+                                              TangentSpace(metric="riemann"), LogisticRegression(C=1.0))
+    else:
+        print("Recenter+TS+LR: skipped (skfedspd.Recenter does not exist in this version)")
+    out["SPDnet"] = make_pipeline(Covariances("scm"), SPDnetClassifier(random_state=0))
+    out["FedSPDnet"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(random_state=0))
+    if candidate:
+        from defaults_ablation import ProposedDefaults
+
+        out["SPDnet (proposed defaults)"] = make_pipeline(Covariances("scm"), ProposedDefaults(random_state=0))
+    if "batchnorm" in SPDnetClassifier().get_params():
+        out["SPDnet + domain BN"] = make_pipeline(
+            Covariances("scm"), SPDnetClassifier(batchnorm="domain", random_state=0))
+        out["FedSPDnet + domain BN"] = make_pipeline(
+            Covariances("scm"), FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain"), random_state=0))
+    else:
+        print("SPDnet + domain BN, FedSPDnet + domain BN: skipped (SPDnetClassifier has no batchnorm parameter)")
+    if not quick:
+        out["EEGNet"] = EEGNetClassifier(fs=160.0, random_state=0)
+    return out
+
+
+def datasets(quick):
+    """(label, dataset, paradigm) triples."""
+    from moabb.datasets import PhysionetMI
+    from moabb.paradigms import LeftRightImagery, MotorImagery
+
+    from skfedspd.datasets import PHYSIONET_OFFLINE_SUBJECTS
+
+    two = PhysionetMI(imagined=True)
+    two.subject_list = QUICK_SUBJECTS if quick else list(PHYSIONET_OFFLINE_SUBJECTS)
+    two.feet_runs = []  # left/right runs only: every offline subject has them
+    out = [("left/right", two, LeftRightImagery(fmin=8, fmax=32))]
+    if not quick:
+        four = PhysionetMI(imagined=True)
+        four.subject_list = FOUR_CLASS_SUBJECTS
+        out.append(("4 classes", four, MotorImagery(n_classes=4, events=["left_hand", "right_hand", "feet", "hands"],
+                                                     fmin=8, fmax=32)))
+    return out
+
+
+def table(scores, metric):
+    """Markdown: mean (± sd) of MOABB's score over subjects, per evaluation and pipeline."""
+    evaluations = list(dict.fromkeys(scores["evaluation"]))
+    per_subject = scores.groupby(["evaluation", "pipeline", "subject"])["score"].mean()
+    names = list(dict.fromkeys(scores["pipeline"]))
+    lines = ["| pipeline | " + " | ".join(f"{e} {metric} (%)" for e in evaluations) + " | fit time per fold (s) |",
+             "| --- |" + " --- |" * (len(evaluations) + 1)]
+    for name in names:
+        cells = []
+        for e in evaluations:
+            if (e, name) in per_subject.index.droplevel(2):
+                s = per_subject.loc[e, name]
+                cells.append(f"{100 * s.mean():.1f} ± {100 * s.std(ddof=0):.1f}")
+            else:
+                cells.append("-")
+        fit_time = scores.loc[scores["pipeline"] == name, "time"].mean()
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {fit_time:.1f} |")
+    return "\n".join(lines)
+
+
+def quiet_libraries(log_path):
+    """MNE / MOABB messages and warnings go to ``log_path``, not to the console."""
+    import mne
+
+    handler = logging.FileHandler(log_path, mode="w")
+    for name in ("mne", "moabb"):
+        logger = logging.getLogger(name)
+        logger.handlers = [handler]
+        logger.propagate = False
+    mne.set_log_file(str(log_path), overwrite=False)
+    mne.set_log_level("WARNING")
+    logging.captureWarnings(True)
+    logging.getLogger("py.warnings").handlers = [handler]
+    logging.getLogger("py.warnings").propagate = False
+    warnings.simplefilter("default")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="subjects 1-4, left/right, fewer pipelines")
+    parser.add_argument("--candidate", action="store_true",
+                        help="add a row for the defaults proposed by benchmarks/defaults_ablation.py")
+    parser.add_argument("--reuse", action="store_true",
+                        help="reuse MOABB's stored results of unchanged pipelines (MOABB keys them on get_params, "
+                             "not on the code: only when the package has not changed since)")
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+    out = args.out or Path("results/moabb-evaluation" + ("-quick" if args.quick else ""))
+    out.mkdir(parents=True, exist_ok=True)
+    command = "nice python " + " ".join(["benchmarks/moabb_evaluation.py"] + (argv if argv is not None else sys.argv[1:]))
+
+    from skfedspd.datasets import configure_offline, find_physionet_root
+
+    root = find_physionet_root()
+    if root is None:
+        print("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        return 1
+    configure_offline(root)  # MNE_DATA etc.: MOABB reads the offline copy and never downloads
+    quiet_libraries(out / "moabb.log")
+    torch.set_num_threads(1)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import pandas as pd
+    from moabb.analysis.plotting import score_plot
+    from moabb.evaluations import CrossSubjectEvaluation, WithinSessionEvaluation
+
+    print(f"command: {command}\nmachine: {cpu_name()}, torch {torch.__version__}\noutput: {out}", flush=True)
+    start, cpu_start = time.perf_counter(), time.process_time()
+    pipes = pipelines(args.quick, args.candidate)
+    report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
+              f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
+    all_scores = []
+    for label, dataset, paradigm in datasets(args.quick):
+        metric = "ROC-AUC" if label == "left/right" else "accuracy"
+        runs = []
+        for kind, evaluation in (
+            ("WithinSession", WithinSessionEvaluation(paradigm=paradigm, datasets=[dataset], overwrite=not args.reuse,
+                                                      random_state=42, hdf5_path=str(out / "hdf5"))),
+            ("CrossSubject", CrossSubjectEvaluation(paradigm=paradigm, datasets=[dataset], overwrite=not args.reuse,
+                                                    random_state=42, n_splits=None if args.quick else 4,
+                                                    hdf5_path=str(out / "hdf5"))),
+        ):
+            t0 = time.perf_counter()
+            print(f"{label}: {kind} on subjects {dataset.subject_list} ...", flush=True)
+            scores = evaluation.process(pipes)
+            scores["evaluation"] = kind
+            print(f"  done in {time.perf_counter() - t0:.0f} s", flush=True)
+            runs.append(scores)
+            fig, _ = score_plot(scores)
+            fig.suptitle(f"PhysionetMI {label}, MOABB {kind}")
+            name = f"score_{kind}_{'lr' if label == 'left/right' else '4class'}.png"
+            fig.savefig(out / name, dpi=100, bbox_inches="tight")
+            plt.close(fig)
+        scores = pd.concat(runs, ignore_index=True)
+        scores["task"] = label
+        all_scores.append(scores)
+        report += ["", f"## PhysionetMI {label}, subjects {dataset.subject_list}: mean {metric} over subjects "
+                   "(MOABB's score; ± sd over subjects)", "", table(scores, metric)]
+        print(report[-1], flush=True)
+
+    pd.concat(all_scores, ignore_index=True).to_csv(out / "scores.csv", index=False)
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu_start
+    report += ["", f"Total time: {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU of this process (on a busy "
+               "machine the wall time grows, the CPU time does not). MOABB scores: `scores.csv`; plots: `score_*.png`."]
+    (out / "report.md").write_text("\n".join(report) + "\n")
+    print(f"total time: {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU; report: {out / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
