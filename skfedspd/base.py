@@ -482,6 +482,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         "batch_size": [Interval(Integral, 1, None, closed="left")],
         "max_epochs": [Interval(Integral, 1, None, closed="left")],
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
+        "early_stopping": [StrOptions({"auto"}), "boolean"],
+        "validation_metric": [StrOptions({"loss", "f1"})],
         "patience": [Interval(Integral, 0, None, closed="left"), None],
         "lr_patience": [Interval(Integral, 0, None, closed="left")],
         "lr_factor": [Interval(Real, 0, 1, closed="neither")],
@@ -628,7 +630,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 self.set_input_statistic(self._input_statistic(X, w))
                 self.init_module(seed)
             self._start_session(seed)
-            self.validation_used_ = uses_validation(len(codes), len(self.classes_), self.validation_fraction)
+            # Subclasses without these parameters (third-party protocol estimators) get the defaults.
+            early_stopping = getattr(self, "early_stopping", "auto")
+            self.validation_used_ = self.validation_fraction > 0 and (
+                uses_validation(len(codes), len(self.classes_), self.validation_fraction)
+                if early_stopping == "auto" else bool(early_stopping))
             if self.validation_used_:
                 train, val = stratified_split(codes, self.validation_fraction, seed)
             else:
@@ -636,7 +642,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             X_train = self.to_tensor(X[train])
             self._warn_about_input(X_train)
             schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
-                                       lr_patience=self.lr_patience, lr_factor=self.lr_factor, monitor="loss")
+                                       lr_patience=self.lr_patience, lr_factor=self.lr_factor,
+                                       monitor=getattr(self, "validation_metric", "loss"))
             first_epoch = len(self.history_)
             X_val = self.to_tensor(X[val])
             if groups is not None:

@@ -108,6 +108,14 @@ class SPDnetClassifier(TorchClassifierBase):
         training every sample for ``max_epochs`` at the constant ``lr`` and keeping the last
         weights beat tangent space + logistic regression (``docs/ablation-defaults.md``).
         ``validation_used_`` records which regime ran; 0 never splits.
+    early_stopping : "auto" or bool, default="auto"
+        Whether ``fit`` holds out ``validation_fraction`` for early stopping, the LR schedule
+        and restore-best. "auto": only when that part has at least ``max(50, 2 · n_classes)``
+        samples (:func:`skfedspd.base.uses_validation`); True: whenever
+        ``validation_fraction > 0`` (the FedSPDnet paper's protocol); False: never.
+    validation_metric : {"loss", "f1"}, default="loss"
+        What the validation part judges: the loss (smoother on small parts), or the
+        macro-F1 with ties broken by the loss (the paper's protocol).
     patience : int >= 0 or None, default=75
         Early stopping in ``fit`` (with a validation part): **epochs** without a lower
         validation loss before training stops; the weights of the epoch with the lowest
@@ -192,6 +200,8 @@ class SPDnetClassifier(TorchClassifierBase):
         batch_size=64,
         max_epochs=300,
         validation_fraction=0.1,
+        early_stopping="auto",
+        validation_metric="loss",
         patience=75,
         lr_patience=20,
         lr_factor=0.5,
@@ -211,6 +221,8 @@ class SPDnetClassifier(TorchClassifierBase):
         self.batch_size = batch_size
         self.max_epochs = max_epochs
         self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.validation_metric = validation_metric
         self.patience = patience
         self.lr_patience = lr_patience
         self.lr_factor = lr_factor

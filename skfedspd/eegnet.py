@@ -406,11 +406,11 @@ class EEGNetClassifier(TorchClassifierBase):
         that motor imagery is decoded from. ``"channel"`` divides each channel by its
         own standard deviation, which erases it (PhysionetMI figures for both in
         ``docs/results.md``).
-    lr, batch_size, max_epochs, validation_fraction, patience, lr_patience, lr_factor,
-    dtype, device, random_state, verbose, warm_start, class_weight
+    lr, batch_size, max_epochs, validation_fraction, early_stopping, validation_metric, patience, lr_patience,
+    lr_factor, dtype, device, random_state, verbose, warm_start, class_weight
         As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here, ``lr``
         to the EEGNet paper's 1e-3). The same validation rule: a split only when it holds
-        at least ``max(50, 2 · n_classes)`` trials. ``fit(X, y, sample_weight=...)`` weights
+        at least ``max(50, 2 · n_classes)`` trials (``early_stopping="auto"``). ``fit(X, y, sample_weight=...)`` weights
         the loss as SPDnet does; the BatchNorm layers normalize with the unweighted
         statistics of each minibatch.
 
@@ -422,7 +422,8 @@ class EEGNetClassifier(TorchClassifierBase):
     """
 
     def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,
-                 batch_size=64, max_epochs=300, validation_fraction=0.1, patience=75, lr_patience=20,
+                 batch_size=64, max_epochs=300, validation_fraction=0.1, early_stopping="auto",
+                 validation_metric="loss", patience=75, lr_patience=20,
                  lr_factor=0.5, dtype="float32", device="cpu", random_state=None, verbose=False,
                  warm_start=False, class_weight=None):
         self.fs = fs
@@ -437,6 +438,8 @@ class EEGNetClassifier(TorchClassifierBase):
         self.batch_size = batch_size
         self.max_epochs = max_epochs
         self.validation_fraction = validation_fraction
+        self.early_stopping = early_stopping
+        self.validation_metric = validation_metric
         self.patience = patience
         self.lr_patience = lr_patience
         self.lr_factor = lr_factor

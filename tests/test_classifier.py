@@ -178,7 +178,7 @@ def test_get_params_set_params():
     params = clf.get_params()
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
-        "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
+        "early_stopping", "validation_metric", "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
         "random_state", "verbose", "warm_start", "class_weight", "batchnorm",
     }
     assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
@@ -193,6 +193,7 @@ def test_defaults():
     assert clf.hidden_dims == "auto" and clf.eps == 1e-2 and clf.scaling == "auto" and clf.lr == 1e-2
     assert clf.dtype == "float64" and clf.device == "cpu" and clf.warm_start is False
     assert clf.class_weight is None
+    assert clf.early_stopping == "auto" and clf.validation_metric == "loss"
 
 
 @pytest.mark.parametrize("n_channels, expected", [(2, 2), (3, 3), (8, 8), (16, 8), (22, 8), (32, 9), (60, 17),
@@ -229,6 +230,30 @@ def test_large_training_set_uses_the_validation_loss(spd_dataset):
     assert clf.validation_used_ is True
     losses = [record["val_loss"] for record in clf.history_]
     assert clf.best_epoch_ == int(np.argmin(losses))
+
+
+@pytest.mark.parametrize("early_stopping, used", [("auto", False), (True, True), (False, False)])
+def test_early_stopping_overrides_the_size_rule(spd_dataset, early_stopping, used):
+    X, y = spd_dataset(n_matrices=40, n_channels=4, n_classes=2, seed=0)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=3, early_stopping=early_stopping, random_state=0).fit(X, y)
+    assert clf.validation_used_ is used
+    assert bool(np.isfinite(clf.history_[0]["val_f1"])) is used
+
+
+def test_validation_metric_f1_selects_the_best_f1_epoch(spd_dataset):
+    """The paper's protocol: restore-best on the validation macro-F1 (ties: the lower loss)."""
+    X, y = spd_dataset(n_matrices=100, n_channels=4, n_classes=2, seed=0)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=12, validation_fraction=0.5, early_stopping=True,
+                           validation_metric="f1", random_state=0).fit(X, y)
+    scores = [(r["val_f1"], -r["val_loss"]) for r in clf.history_]
+    assert clf.best_epoch_ == max(range(len(scores)), key=lambda i: (scores[i], -i))
+
+
+@pytest.mark.parametrize("params", [dict(early_stopping="yes"), dict(validation_metric="accuracy")])
+def test_early_stopping_parameters_are_validated(spd_dataset, params):
+    X, y = spd_dataset(n_matrices=20, n_channels=4, n_classes=2, seed=0)
+    with pytest.raises(ValueError, match=next(iter(params))):
+        SPDnetClassifier(**params).fit(X, y)
 
 
 def test_fit_does_not_change_params_or_input(data):

@@ -52,6 +52,8 @@ def test_paper_protocols():
     assert sum(p.numel() for p in EEGNet(60, 800, 7, weibo.fs).parameters()) == 5303
     spd = protocols.spdnet(weibo, 0, 10)
     assert (spd.hidden_dims, spd.eps, spd.lr, spd.batch_size, spd.patience) == ((22,), 1e-1, 1e-3, 64, 75)
+    # The paper's centralized protocol, not the package's small-data defaults.
+    assert (spd.early_stopping, spd.validation_metric) == (True, "f1")
 
 
 @pytest.mark.parametrize("participation, lr_patience, clients_per_round", [(1.0, 20, None), (0.5, 40, 0.5)])
