@@ -236,7 +236,7 @@ def evaluate_setting(title, units, rules, log, jobs, cache):
     """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]. Every fold of every
     rule in one joblib pool; fold results are kept in ``cache`` (a folder, keyed by setting,
     rule and fold) so an interrupted run resumes where it stopped."""
-    log(f"\n### {title}\n\n{HEADER}")
+    log(f"\n## {title}\n\n{HEADER}")
     tasks = [(r, label, k, tr, te) for r in range(len(rules)) for label, (X, y) in units.items()
              for k, (tr, te) in enumerate(folds(y))]
     paths = [cache / f"{_slug(title)}--{_slug(rules[r][0])}--{label}--{k}.json" for r, label, k, _, _ in tasks]

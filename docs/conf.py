@@ -128,9 +128,9 @@ autosummary_context["reexports"] = _reexports(skfedspd)
 
 
 def _skip_member(app, what, name, obj, skip, options):
-    # scikit-learn's metadata-routing helpers: generated per estimator, documented by
+    # scikit-learn's metadata-routing and output helpers: inherited, documented by
     # scikit-learn (their docstrings point into its user guide)
-    if name == "get_metadata_routing" or (name.startswith("set_") and name.endswith("_request")):
+    if name in ("get_metadata_routing", "set_output") or (name.startswith("set_") and name.endswith("_request")):
         return True
     return None
 
