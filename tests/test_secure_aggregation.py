@@ -24,6 +24,7 @@ from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.engine import FederatedEngine  # noqa: E402
 from skfedspd.flower import secure  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
+from test_flower import _failing  # noqa: E402
 
 TOL = 1e-5  # the target; measured: ~1e-12 (two 24-bit limbs per entry)
 
@@ -87,17 +88,6 @@ def test_two_limbs_keep_float64_precision_through_flower_quantization():
     assert np.abs(recovered - exact).max() < 1e-13
     one_limb = dequantize([sum(quantize(v, 1.0, q)[0] for v in vectors)], 1.0, q)[0] + 1.0 - len(vectors)
     assert np.abs(one_limb - exact).max() > 1e-9  # what a single limb would give
-
-
-def _failing(monkeypatch, failing_seeds):
-    original = SPDnetClassifier.local_update
-
-    def wrapper(self, *args, **kwargs):
-        if kwargs["seed"] in failing_seeds:
-            raise OSError("simulated site failure")
-        return original(self, *args, **kwargs)
-
-    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
 
 
 @pytest.mark.parametrize("aggregation", ["projavg", "rlavg"])

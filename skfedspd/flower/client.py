@@ -119,6 +119,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
 
     app = ClientApp(mods=[secure.secure_mod])
     cache = {}
+    site_data = {}
     lock = threading.Lock()
 
     def site(context, setup_json):
@@ -127,7 +128,14 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
             if key not in cache:
                 for old in [k for k in cache if k[0] == context.node_id]:
                     del cache[old]  # one prepared state per node: the current set-up
-                cid, X, y = load_site(context)
+                # The set-up query and the rounds carry different set-ups (classes unknown, then
+                # known): the site's data are read once per run, not once per set-up.
+                data_key = (context.node_id, context.run_id)
+                if data_key not in site_data:
+                    for old in [k for k in site_data if k[0] == context.node_id]:
+                        del site_data[old]
+                    site_data[data_key] = load_site(context)
+                cid, X, y = site_data[data_key]
                 cache[key] = (cid, _PreparedSite(cid, X, y, _spec.loads(setup_json), estimator_factory))
             return cache[key]
 
