@@ -158,7 +158,7 @@ def child(args):
     out.update(rounds=len(walls), round_median_s=float(np.median(walls)), round_min_s=float(np.min(walls)),
                round_max_s=float(np.max(walls)), peak_hwm_mib=vm_hwm_mib(), total_s=time.perf_counter() - t0,
                params={k: np.asarray(v).tolist() for k, v in fed.engine_.global_params.items()},
-               history=repr([{k: v for k, v in r.items() if k != "wall_time"} for r in fed.history_]))
+               history=repr([{k: r[k] for k in sorted(r) if k != "wall_time"} for r in fed.history_]))
     print("RESULT " + json.dumps(out))
 
 

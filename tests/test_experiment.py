@@ -28,6 +28,7 @@ SMOKE = PROFILES["smoke"]
 LEGACY_KEYS = ["centralized/ts-lr", "centralized/mdm", "centralized/spdnet", "centralized/eegnet",
                "full/spdnet-projavg", "full/spdnet-rlavg", "full/eegnet",
                "half/spdnet-projavg", "half/spdnet-rlavg", "half/eegnet"]
+SERVER_MOMENTUM_KEYS = ["full+sm/spdnet-projavg", "half+sm/spdnet-projavg"]
 
 
 @pytest.fixture
@@ -69,7 +70,7 @@ def test_federated_schedule_is_set_in_one_place(local, participation, lr_patienc
 
 
 def test_cells_are_frozen_dataclasses():
-    assert [c.key for c in CELLS] == LEGACY_KEYS  # cache file names unchanged
+    assert [c.key for c in CELLS] == LEGACY_KEYS + SERVER_MOMENTUM_KEYS  # cache file names unchanged
     assert all(dataclasses.is_dataclass(c) and type(c).__dataclass_params__.frozen for c in CELLS)
     with pytest.raises(dataclasses.FrozenInstanceError):
         CELLS[0].model = "spdnet"
@@ -80,6 +81,21 @@ def test_cells_are_frozen_dataclasses():
     assert len(set(CELLS)) == len(CELLS) and Cell("half", "spdnet", "rlavg") in CELLS  # hashable, by value
 
 
+@pytest.mark.parametrize("setting, participation", [("full+sm", 1.0), ("half+sm", 0.5)])
+def test_server_momentum_rows_change_only_the_server(setting, participation):
+    """The "+sm" rows: the paper's cell of the same participation plus the recommended
+    server optimizer, nothing else."""
+    from benchmarks.tableone.cells import SERVER_MOMENTUM
+
+    sm, paper = Cell(setting, "spdnet", "projavg"), Cell(setting.split("+")[0], "spdnet", "projavg")
+    assert sm in CELLS and (sm.participation, sm.server_optimized, paper.server_optimized) == (participation, True, False)
+    assert sm.label == f"FedSPDnet ProjAvg ({setting.split('+')[0]} + server momentum)"
+    built, reference = (runner.configuration(PROTOCOLS["Weibo2014"], c, 0, SMOKE) for c in (sm, paper))
+    assert SERVER_MOMENTUM == {"server_lr": 1.0, "server_momentum": 0.9}
+    assert {k for k in built if built[k] != reference[k]} == {"server_momentum"}
+    assert built["server_momentum"] == 0.9 and reference["server_momentum"] == 0.0
+
+
 @pytest.mark.parametrize("args, match", [
     (("centralized", "spdnet", "projavg"), "only there"),
     (("full", "spdnet"), "only there"),
@@ -88,6 +104,8 @@ def test_cells_are_frozen_dataclasses():
     (("full", "svm", "projavg"), "unknown model"),
     (("full", "spdnet", "fedavg"), "unknown aggregation"),
     (("half", "eegnet", "rlavg"), "FedAvg"),
+    (("full+sm", "eegnet", "projavg"), "FedSPDnet ProjAvg only"),
+    (("half+sm", "spdnet", "rlavg"), "FedSPDnet ProjAvg only"),
 ])
 def test_invalid_cells_are_refused(args, match):
     with pytest.raises(ValueError, match=match):

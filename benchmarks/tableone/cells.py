@@ -2,8 +2,12 @@
 
 from dataclasses import dataclass
 
-#: Fraction of the clients that train in each round, per federated setting.
-PARTICIPATION = {"full": 1.0, "half": 0.5}
+#: Fraction of the clients that train in each round, per federated setting. "+sm": the same
+#: participation with the recommended server optimizer (``SERVER_MOMENTUM``), beside the
+#: paper-faithful settings (server step = the aggregate).
+PARTICIPATION = {"full": 1.0, "half": 0.5, "full+sm": 1.0, "half+sm": 0.5}
+#: The recommended server-optimizer setting (docs/results.md: FedAvgM, eta = 1, beta = 0.9).
+SERVER_MOMENTUM = {"server_lr": 1.0, "server_momentum": 0.9}
 MODELS = ("ts-lr", "mdm", "spdnet", "eegnet")
 AGGREGATIONS = ("projavg", "rlavg")
 NAMES = {"ts-lr": "TS+LR", "mdm": "MDM", "spdnet": "SPDnet", "eegnet": "EEGNet"}
@@ -15,8 +19,9 @@ class Cell:
 
     Parameters
     ----------
-    setting : {"centralized", "full", "half"}
-        Pooled training data, or federated with full / half participation.
+    setting : {"centralized", "full", "half", "full+sm", "half+sm"}
+        Pooled training data, or federated with full / half participation; "+sm" adds the
+        recommended server momentum (``SERVER_MOMENTUM``, SPDnet only).
     model : {"ts-lr", "mdm", "spdnet", "eegnet"}
         pyRiemann references (centralized only) or a network.
     aggregation : {"projavg", "rlavg"} or None
@@ -30,7 +35,8 @@ class Cell:
 
     def __post_init__(self):
         if self.setting != "centralized" and self.setting not in PARTICIPATION:
-            raise ValueError(f"unknown setting {self.setting!r}; expected 'centralized', 'full' or 'half'")
+            raise ValueError(f"unknown setting {self.setting!r}; expected 'centralized' or one of "
+                             f"{tuple(PARTICIPATION)}")
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; expected one of {MODELS}")
         if self.federated and self.model not in ("spdnet", "eegnet"):
@@ -41,6 +47,8 @@ class Cell:
             raise ValueError(f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}")
         if self.model == "eegnet" and self.aggregation not in (None, "projavg"):
             raise ValueError("federated EEGNet is aggregated by FedAvg (aggregation='projavg')")
+        if self.server_optimized and (self.model, self.aggregation) != ("spdnet", "projavg"):
+            raise ValueError("the server-momentum rows are FedSPDnet ProjAvg only")
 
     @property
     def federated(self):
@@ -50,6 +58,16 @@ class Cell:
     def participation(self):
         """Fraction of the clients per round (federated cells)."""
         return PARTICIPATION[self.setting]
+
+    @property
+    def server_optimized(self):
+        """Whether the server applies ``SERVER_MOMENTUM`` (the "+sm" settings)."""
+        return self.setting.endswith("+sm")
+
+    @property
+    def server_params(self):
+        """Server-optimizer parameters of the federated estimator ({} = the paper's)."""
+        return dict(SERVER_MOMENTUM) if self.server_optimized else {}
 
     @property
     def network(self):
@@ -68,7 +86,8 @@ class Cell:
         if not self.federated:
             return NAMES[self.model] + (" (centr.)" if self.network else "")
         rule = "" if self.model == "eegnet" else f" {'ProjAvg' if self.aggregation == 'projavg' else 'RLAvg'}"
-        return f"Fed{NAMES[self.model]}{rule} ({self.setting})"
+        setting = self.setting.replace("+sm", " + server momentum")
+        return f"Fed{NAMES[self.model]}{rule} ({setting})"
 
 
 CELLS = (
@@ -76,8 +95,10 @@ CELLS = (
     Cell("centralized", "mdm"),
     Cell("centralized", "spdnet"),
     Cell("centralized", "eegnet"),
-    *(Cell(setting, model, aggregation) for setting in PARTICIPATION
+    *(Cell(setting, model, aggregation) for setting in ("full", "half")
       for model, aggregation in (("spdnet", "projavg"), ("spdnet", "rlavg"), ("eegnet", "projavg"))),
+    Cell("full+sm", "spdnet", "projavg"),
+    Cell("half+sm", "spdnet", "projavg"),
 )
 
 

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .cells import CELLS, Cell
+from .cells import CELLS, SERVER_MOMENTUM, Cell
 from .protocols import LOCAL_EPOCHS
 
 TS_LR = Cell("centralized", "ts-lr")
@@ -11,6 +11,8 @@ SPDNET = Cell("centralized", "spdnet")
 EEGNET = Cell("centralized", "eegnet")
 FED = {(s, a): Cell(s, "spdnet", a) for s in ("full", "half") for a in ("projavg", "rlavg")}
 FEDEEG = {s: Cell(s, "eegnet", "projavg") for s in ("full", "half")}
+#: FedSPDnet ProjAvg with the recommended server optimizer (rows beside the paper's).
+FEDSM = {s: Cell(f"{s}+sm", "spdnet", "projavg") for s in ("full", "half")}
 #: Width of the window (in rounds) over which the convergence table measures the late gain.
 LATE_WINDOW = 20
 
@@ -42,13 +44,20 @@ def table_one(tables, budget):
                 ("Full", (FEDEEG["full"], FED["full", "projavg"], FED["full", "rlavg"])),
                 ("Half", (FEDEEG["half"], FED["half", "projavg"], FED["half", "rlavg"])))
         for row, cells in rows:
+            cells = tuple(c for c in cells if c is not None)
             scores = [mean_f1(results, c) for c in cells]
             best = np.nanmax(scores) if not np.isnan(scores).all() else None
             shown = [f"**{cell(c)}**" if v == best else cell(c) for c, v in zip(cells, scores)]
             lines.append(f"| {name} | {row} | " + " | ".join(shown) + " |")
+        for setting, sm in FEDSM.items():
+            if sm in results:
+                lines.append(f"| {name} | {setting.capitalize()} + server momentum | – | {cell(sm)} | – |")
     lines += ["", f"Test macro-F1 (%), mean ± std over seeds. SPDnet budget {budget.rounds} rounds x {LOCAL_EPOCHS} "
                   f"epochs (centralized: <= {budget.rounds * LOCAL_EPOCHS} epochs, early stopping 75), EEGNet "
-                  f"{budget.eegnet_rounds} rounds x {LOCAL_EPOCHS} epochs; best per row in bold."]
+                  f"{budget.eegnet_rounds} rounds x {LOCAL_EPOCHS} epochs; best per row in bold. \"+ server "
+                  f"momentum\": FedSPDnet ProjAvg with server_momentum={SERVER_MOMENTUM['server_momentum']}, "
+                  f"server_lr={SERVER_MOMENTUM['server_lr']} (FedAvgM on the Stiefel manifold), the rest as the row "
+                  f"above; the paper's rows keep the aggregate as the server step."]
     for (name, _), results in tables.items():
         lines += ["", f"{name} seeds per cell: " + ", ".join(f"{c.key} {len(v)}" for c, v in results.items())
                   + ". Accuracy (%): " + "; ".join(f"{c.key} {fmt(v, 'accuracy')}" for c, v in results.items()) + "."]
@@ -72,6 +81,9 @@ def targets(name, results):
         f"- {name}: Half - Full (ProjAvg): {m(half) - m(full):+.1f} points (target within 1.5)",
         f"- {name}: ProjAvg - RLAvg: Full {m(full) - m(FED['full', 'rlavg']):+.1f}, "
         f"Half {m(half) - m(FED['half', 'rlavg']):+.1f} points (target within 1)",
+        f"- {name}: FedSPDnet Full + server momentum / centralized SPDnet: {m(FEDSM['full']) / m(SPDNET):.1%} "
+        f"(target >= 95 %); Half - Full with server momentum: {m(FEDSM['half']) - m(FEDSM['full']):+.1f} points "
+        f"(target within 2)",
     ])
 
 
@@ -113,8 +125,9 @@ def headline(name, results, seeds):
     def m(cell):
         return f"{mean_f1(results, cell):.1f}"
 
+    momentum = f"; {m(FEDSM['full'])} with server momentum" if FEDSM["full"] in results else ""
     return (f"{name} test macro-F1 (%), {seeds}: FedSPDnet {m(FED['full', 'projavg'])} (full participation, "
-            f"ProjAvg) vs centralized SPDnet {m(SPDNET)} vs TS+LR {m(TS_LR)} vs FedEEGNet {m(FEDEEG['full'])}")
+            f"ProjAvg{momentum}) vs centralized SPDnet {m(SPDNET)} vs TS+LR {m(TS_LR)} vs FedEEGNet {m(FEDEEG['full'])}")
 
 
 def plot_curves(name, results, path):
@@ -126,14 +139,15 @@ def plot_curves(name, results, path):
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, setting in zip(axes, ("full", "half")):
-        for cell in (c for c in CELLS if c.setting == setting):
+        for cell in (c for c in CELLS if c.federated and c.setting.split("+")[0] == setting):
             records = results.get(cell)
             if not records:
                 continue
             length = min(len(r["curve"]) for r in records)
             curves = 100 * np.array([r["curve"][:length] for r in records])
             rounds = np.arange(1, length + 1)
-            ax.plot(rounds, curves.mean(0), label=f"{cell.label.split(' (')[0]} ({len(records)} seeds)")
+            name_ = cell.label.split(" (")[0] + (" + server momentum" if cell.server_optimized else "")
+            ax.plot(rounds, curves.mean(0), label=f"{name_} ({len(records)} seeds)")
             ax.fill_between(rounds, curves.mean(0) - curves.std(0), curves.mean(0) + curves.std(0), alpha=0.25)
         ax.set_title(f"{name}, {'100' if setting == 'full' else '50'} % participation")
         ax.set_xlabel("communication round")

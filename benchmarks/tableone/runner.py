@@ -44,7 +44,8 @@ def build(protocol, cell, seed, budget, params=None, verbose=False):
     rounds = budget.rounds_for(cell)
     if not cell.federated:
         return local(protocol, seed, rounds * LOCAL_EPOCHS, verbose=verbose).set_params(**params.get("local", {}))
-    clf = federated(local(protocol, seed, 1), cell.aggregation, cell.participation, rounds, seed, verbose=verbose)
+    clf = federated(local(protocol, seed, 1), cell.aggregation, cell.participation, rounds, seed, verbose=verbose,
+                    server=cell.server_params)
     clf.estimator.set_params(**params.get("local", {}))
     return clf.set_params(**params.get("federated", {}))
 
