@@ -181,13 +181,15 @@ def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
     tables = {("FakeWeibo", label): results}
     text = report.table_one(tables, SMOKE)
     assert "| FakeWeibo (4 subjects, 2 clients) | # params |" in text
-    assert text.count("| FakeWeibo | ") == 4  # Centr., Full, Half + the references row
+    assert text.count("| FakeWeibo | ") == 6  # Centr., Full, Half, Full / Half + server momentum, references
+    assert "| FakeWeibo | Full + server momentum | – |" in text
     assert "FedSPDnet Full / centralized SPDnet" in report.targets("FakeWeibo", results)
+    assert "Half - Full with server momentum" in report.targets("FakeWeibo", results)
     assert "| FakeWeibo | FedSPDnet ProjAvg (full) | 2 |" in report.convergence(tables)
     line = report.headline("FakeWeibo", results, "1 seed")
     f1 = {c.key: f"{100 * np.mean([r['f1'] for r in rs]):.1f}" for c, rs in results.items()}
     assert line == (f"FakeWeibo test macro-F1 (%), 1 seed: FedSPDnet {f1['full/spdnet-projavg']} (full participation, "
-                    f"ProjAvg) vs centralized SPDnet {f1['centralized/spdnet']} vs TS+LR {f1['centralized/ts-lr']} "
+                    f"ProjAvg; {f1['full+sm/spdnet-projavg']} with server momentum) vs centralized SPDnet {f1['centralized/spdnet']} vs TS+LR {f1['centralized/ts-lr']} "
                     f"vs FedEEGNet {f1['full/eegnet']}")
 
 
