@@ -62,11 +62,20 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"X matrix {i} is not symmetric (max |X - X^T| = {asym[i]:.3g})")
-    _, info = torch.linalg.cholesky_ex(torch.tensor(X))  # a copy: X may be read-only
-    if (info != 0).any():
-        i = int(torch.nonzero(info)[0, 0])
-        raise ValueError(f"X matrix {i} is not positive definite")
+    try:
+        np.linalg.cholesky(X)  # batched LAPACK; X untouched (it may be read-only)
+    except np.linalg.LinAlgError:
+        i = next(k for k, M in enumerate(X) if not _cholesky_succeeds(M))
+        raise ValueError(f"X matrix {i} is not positive definite") from None
     return X
+
+
+def _cholesky_succeeds(M):
+    try:
+        np.linalg.cholesky(M)
+    except np.linalg.LinAlgError:
+        return False
+    return True
 
 
 class SPDnetClassifier(TorchClassifierBase):

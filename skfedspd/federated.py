@@ -658,8 +658,7 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
             else:
                 replies = _client_batch(est, engine.global_params, tasks, **common)
             record = engine.aggregate(t, selected, replies)
-            evaluations = [_evaluate_client(est, engine, cid, *clients[cid][2:4], clients[cid][5])
-                           for cid in engine.evaluated_clients()]
+            evaluations = _evaluate_clients(est, engine, clients)
             record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
             if fed.verbose:
                 rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
@@ -688,15 +687,25 @@ def _client_batch(est, global_params, tasks, **kwargs):
     return replies
 
 
-def _evaluate_client(est, engine, cid, X_val, y_val, w_val=None):
-    """Client ``cid``'s validation of the new global model (its own local arrays loaded;
-    the loss weighted by the client's sample weights)."""
-    try:
-        est.set_parameters(engine.evaluation_params(cid))
-        loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
-        return EvalReply(loss, f1, len(y_val))
-    except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
-        return error
+def _evaluate_clients(est, engine, clients):
+    """Each evaluated client's validation of the new global model (its own local arrays
+    loaded; the loss weighted by the client's sample weights), an :class:`EvalReply` or the
+    exception it raised. Clients without local arrays of their own validate the same
+    model: it is loaded once for all of them."""
+    replies, global_loaded = [], False
+    for cid in engine.evaluated_clients():
+        _, _, X_val, y_val, _, w_val = clients[cid]
+        try:
+            own = bool(engine.local_state(cid))
+            if own or not global_loaded:
+                global_loaded = False
+                est.set_parameters(engine.evaluation_params(cid))
+                global_loaded = not own
+            loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
+            replies.append(EvalReply(loss, f1, len(y_val)))
+        except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
+            replies.append(error)
+    return replies
 
 
 # ---------------------------------------------------------------------- checkpoints

@@ -562,7 +562,7 @@ class FederatedModule(nn.Module):
         unknown = set(arrays) - set(kinds)
         if unknown:
             raise KeyError(f"unknown parameter names: {sorted(unknown)}")
-        state = self._exported_state()
+        state = self._loadable_state()
         with torch.no_grad():
             for name, value in arrays.items():
                 value = np.asarray(value)
@@ -570,13 +570,17 @@ class FederatedModule(nn.Module):
                     raise ValueError(
                         f"parameter {name!r} has shape {value.shape}, expected {tuple(state[name].shape)}"
                     )
-                self._load_array(name, torch.as_tensor(value))
+                self._load_array(name, torch.as_tensor(value), state)
 
     def _exported_state(self):
         return self.state_dict(keep_vars=True)
 
-    def _load_array(self, name, value):
-        self._exported_state()[name].copy_(value)
+    def _loadable_state(self):
+        """Tensors of the exported names and shapes that :meth:`_load_array` writes to."""
+        return self._exported_state()
+
+    def _load_array(self, name, value, state):
+        state[name].copy_(value)
 
 
 class SPDNet(FederatedModule):
@@ -710,20 +714,28 @@ class SPDNet(FederatedModule):
         return {f"batchnorms.{name}": value for name, value in self.batchnorms.state_dict(keep_vars=True).items()}
 
     def _exported_state(self):
-        state = {f"bimaps.{i}.weight": b.weight for i, b in enumerate(self.bimaps)}
+        return self._named_state(lambda bimap: bimap.weight)
+
+    def _loadable_state(self):
+        # The chart reference has W's shape; loading goes through set_weight, so computing
+        # W itself (a polar factor) would be wasted.
+        return self._named_state(lambda bimap: bimap.W_ref)
+
+    def _named_state(self, stiefel):
+        state = {f"bimaps.{i}.weight": stiefel(b) for i, b in enumerate(self.bimaps)}
         state["head.weight"] = self.head.weight
         state["head.bias"] = self.head.bias
         state.update(self._batchnorm_state())
         return state
 
-    def _load_array(self, name, value):
+    def _load_array(self, name, value, state):
         if name.startswith("bimaps."):
             self.bimaps[int(name.split(".")[1])].set_weight(value)
             # set_weight re-centres the chart: the step count towards the next re-centring
             # restarts, so a local update never depends on what the module trained before.
             self._steps_since_recenter = 0
         else:
-            super()._load_array(name, value)
+            super()._load_array(name, value, state)
 
     def eigenvalue_clamp_fraction(self, X):
         """Fraction of eigenvalues clamped by each ReEig on input batch ``X`` (diagnostic)."""
