@@ -25,7 +25,7 @@ The two apps, and a run configuration as :func:`skfedspd.flower.fit_federated` w
 ('ServerApp', 'ClientApp')
 >>> run_config = {"estimator": dumps(estimator_to_spec(FederatedSPDnetClassifier(n_rounds=50, random_state=0))),
 ...               "output": "/srv/fedspdnet/model.skfedspd", "n-sites": 3}
->>> run_config["estimator"][:46]
+>>> run_config["estimator"][:47]
 '{"class": "FederatedSPDnetClassifier", "params"'
 """
 
