@@ -110,22 +110,14 @@ class FitTask:
 
     Examples
     --------
-    What ``FederatedSPDnetClassifier.fit`` hands to its backend, one client per subject:
+    What ``FederatedSPDnetClassifier.fit`` hands to its backend (a task built by hand and
+    run: :func:`skfedspd.federated.fit_local`):
 
-    >>> import numpy as np
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.datasets import make_spd_classification
+    >>> import dataclasses
     >>> from skfedspd.engine import FitTask
-    >>> from skfedspd.federated import make_clients
-    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=0)
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(X, reset=True)
-    >>> est.set_classes(y)
-    >>> indices, client_groups = make_clients(np.repeat(["s1", "s2", "s3"], 10))
-    >>> task = FitTask(est, X, y, est.encode_labels(y), indices, seed=0, resume=None,
-    ...                client_source="groups", client_groups=client_groups)
-    >>> [len(idx) for idx in task.indices], task.client_groups
-    ([10, 10, 10], [('s1',), ('s2',), ('s3',)])
+    >>> [field.name for field in dataclasses.fields(FitTask)]  # doctest: +NORMALIZE_WHITESPACE
+    ['estimator', 'X', 'y', 'codes', 'indices', 'seed', 'resume', 'client_source', 'client_groups',
+     'sample_weight']
     """
 
     estimator: object

@@ -68,16 +68,21 @@ def save_bundle(path, arrays, meta, *, kind, fingerprint=None):
 
     Examples
     --------
+    Any safetensors reader opens the file; its header is JSON:
+
+    >>> import json
     >>> import os
     >>> import tempfile
     >>> import numpy as np
-    >>> from skfedspd.persistence import load_bundle, save_bundle
+    >>> from safetensors import safe_open
+    >>> from skfedspd.persistence import save_bundle
     >>> folder = tempfile.TemporaryDirectory()
     >>> path = os.path.join(folder.name, "state.safetensors")
     >>> save_bundle(path, {"W": np.eye(3)}, {"round": 4, "labels": ["left", "right"]}, kind="demo")
-    >>> arrays, meta = load_bundle(path, kind="demo")
-    >>> arrays["W"].shape, meta
-    ((3, 3), {'labels': ['left', 'right'], 'round': 4})
+    >>> with safe_open(path, framework="numpy") as f:
+    ...     header, W = f.metadata(), f.get_tensor("W")
+    >>> header["kind"], json.loads(header["meta"]), W.shape
+    ('demo', {'labels': ['left', 'right'], 'round': 4}, (3, 3))
     >>> folder.cleanup()
     """
     path = os.fspath(path)
@@ -153,12 +158,12 @@ def load_bundle(path, *, kind, fingerprint=None):
 
     Examples
     --------
-    >>> import os
     >>> import tempfile
+    >>> from pathlib import Path
     >>> import numpy as np
     >>> from skfedspd.persistence import load_bundle, save_bundle
     >>> folder = tempfile.TemporaryDirectory()
-    >>> path = os.path.join(folder.name, "checkpoint.safetensors")
+    >>> path = Path(folder.name) / "checkpoint.safetensors"
     >>> save_bundle(path, {"step": np.array(3)}, {}, kind="checkpoint", fingerprint="config-a")
     >>> load_bundle(path, kind="checkpoint", fingerprint="config-a")[0]
     {'step': array(3)}
