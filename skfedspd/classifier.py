@@ -210,7 +210,7 @@ class SPDnetClassifier(TorchClassifierBase):
     >>> clf = SPDnetClassifier(max_epochs=5, random_state=0).fit(X[:45], y[:45])
     >>> clf.predict(X[45:]).shape, clf.predict_proba(X[45:]).shape
     ((15,), (15, 3))
-    >>> clf.n_iter_, clf.module_.bimaps[0].weight.shape  # "auto": 8 at most, so all 6 channels
+    >>> clf.n_iter_, clf.module_.bimaps[0].weight.shape  # "auto" keeps every channel up to 8
     (5, torch.Size([6, 6]))
 
     On EEG epochs, covariance estimation first:
