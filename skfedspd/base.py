@@ -46,6 +46,12 @@ def uses_validation(n_samples, n_classes, fraction):
     near-untrained epoch and scored at chance, while training the fixed budget with the last
     weights scored above tangent space + logistic regression (``docs/ablation-defaults.md``).
     50 samples bound the standard error of a validation accuracy by 0.07.
+
+    Examples
+    --------
+    >>> from skfedspd.base import uses_validation
+    >>> uses_validation(144, 4, 0.1), uses_validation(500, 4, 0.1), uses_validation(500, 4, 0.0)
+    (False, True, False)
     """
     n_val = int(round(fraction * n_samples))
     return fraction > 0 and n_val >= max(MIN_VALIDATION_SAMPLES, 2 * n_classes)
@@ -59,6 +65,16 @@ def check_sample_weight(sample_weight, n_samples):
     ------
     ValueError
         Naming ``sample_weight`` and what is wrong.
+
+    Examples
+    --------
+    >>> from skfedspd.base import check_sample_weight
+    >>> check_sample_weight(2, 3)
+    array([2., 2., 2.])
+    >>> check_sample_weight([1, -1, 0], 3)
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_weight contains negative weights (first at sample 1)
     """
     if sample_weight is None:
         return None
@@ -84,7 +100,20 @@ def training_weights(class_weight, y, sample_weight, *, all_data=True):
     """Per-sample training weights: ``sample_weight`` (validated) times the weight of each
     sample's class under ``class_weight`` (None, ``"balanced"`` or a dict label → weight, as
     in scikit-learn); None when both are None (unweighted). ``all_data`` (a ``fit``, not a
-    ``partial_fit`` batch): at least two classes must keep a positive weight."""
+    ``partial_fit`` batch): at least two classes must keep a positive weight.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.base import training_weights
+    >>> y = np.array(["a", "a", "a", "b"])
+    >>> training_weights("balanced", y, None)
+    array([0.66666667, 0.66666667, 0.66666667, 2.        ])
+    >>> training_weights({"a": 1.0, "b": 3.0}, y, [1, 1, 0, 1])
+    array([1., 1., 0., 3.])
+    >>> training_weights(None, y, None) is None
+    True
+    """
     w = check_sample_weight(sample_weight, len(y))
     if class_weight is not None:
         per_class = compute_sample_weight(class_weight, y)
@@ -147,6 +176,29 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     else. Subclasses provide ``_check_array(X, reset)`` (a validated float64 array; with
     ``reset`` it records ``n_features_in_``), :meth:`input_statistic`,
     :meth:`set_input_statistic`, :meth:`to_tensor` and ``_build_module(seed)``.
+
+    Examples
+    --------
+    What a federated client does with a local estimator (here an SPDnet): set it up from
+    its data, then run one round's :meth:`local_update` from the broadcast parameters.
+
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.base import TorchClassifierBase
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=20, n_channels=4, n_classes=2, seed=0)
+    >>> clf = SPDnetClassifier(random_state=0)
+    >>> isinstance(clf, TorchClassifierBase)
+    True
+    >>> X = clf.check_inputs(X, reset=True)
+    >>> clf.set_classes(y)
+    >>> clf.set_input_statistic(clf.input_statistic(X))
+    >>> clf.init_module(seed=0)
+    >>> dict(clf.parameter_kinds())
+    {'bimaps.0.weight': 'stiefel', 'head.weight': 'euclidean', 'head.bias': 'euclidean'}
+    >>> params, loss, n_skipped = clf.local_update(clf.get_parameters(), None, clf.to_tensor(X),
+    ...                                            clf.encode_labels(y), lr=0.01, n_epochs=2, seed=0)
+    >>> params["bimaps.0.weight"].shape, n_skipped
+    ((4, 4), 0)
     """
 
     # ------------------------------------------------------------------ protocol: data

@@ -25,6 +25,12 @@ def auto_hidden_dim(n_channels):
     ROC-AUC points against d = 3); a BiMap cannot widen, hence the cap at ``n_channels``.
     3 → 3, 8 → 8, 16 → 8, 22 → 8, 32 → 9, 60 → 17, 64 → 18, 128 → 36
     (``docs/ablation-defaults.md``).
+
+    Examples
+    --------
+    >>> from skfedspd.classifier import auto_hidden_dim
+    >>> [auto_hidden_dim(n) for n in (3, 8, 22, 64, 128)]
+    [3, 8, 8, 18, 36]
     """
     return int(min(n_channels, max(8, round(0.28 * n_channels))))
 
@@ -35,6 +41,17 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     Raises ``ValueError`` naming the problem and the index of the first bad matrix: not 3-D,
     not square, wrong size (``n_channels``), not finite, not symmetric (relative tolerance
     ``sym_rtol`` of the matrix's largest entry), not positive definite.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import check_spd_batch
+    >>> check_spd_batch([np.eye(2), 2 * np.eye(2)]).dtype
+    dtype('float64')
+    >>> check_spd_batch([np.eye(2), np.diag([1.0, -1.0])])
+    Traceback (most recent call last):
+    ...
+    ValueError: X matrix 1 is not positive definite
     """
     X = np.asarray(X)
     if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
@@ -194,10 +211,27 @@ class SPDnetClassifier(TorchClassifierBase):
 
     Examples
     --------
+    On SPD matrices (here synthetic ones; from EEG, ``pyriemann.estimation.Covariances``):
+
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=60, n_channels=6, n_classes=3, seed=0)
+    >>> clf = SPDnetClassifier(max_epochs=5, random_state=0).fit(X[:45], y[:45])
+    >>> clf.predict(X[45:]).shape, clf.predict_proba(X[45:]).shape
+    ((15,), (15, 3))
+    >>> clf.n_iter_, clf.module_.bimaps[0].weight.shape  # "auto" keeps every channel up to 8
+    (5, torch.Size([6, 6]))
+
+    On EEG epochs, covariance estimation first:
+
+    >>> import numpy as np
     >>> from pyriemann.estimation import Covariances
     >>> from sklearn.pipeline import make_pipeline
-    >>> clf = make_pipeline(Covariances("oas"), SPDnetClassifier())
-    >>> clf.fit(X_train, y_train).score(X_test, y_test)  # doctest: +SKIP
+    >>> epochs = np.random.default_rng(0).standard_normal((40, 4, 128))  # trials, channels, times
+    >>> labels = np.arange(40) % 2
+    >>> pipe = make_pipeline(Covariances("oas"), SPDnetClassifier(max_epochs=3, random_state=0))
+    >>> pipe.fit(epochs, labels).predict(epochs[:5]).shape
+    (5,)
     """
 
     def __init__(

@@ -183,6 +183,20 @@ class EEGNet(FederatedModule):
     See the module docstring for the architecture, the parameter counts (3 284 for
     PhysionetMI with n_times = 480, 5 303 for Weibo2014 with n_times = 800), the max-norm
     constraints and the federated ``parameter_kinds``.
+
+    Examples
+    --------
+    The PhysionetMI network (64 channels at 160 Hz, 3 s trials, 4 classes):
+
+    >>> import torch
+    >>> from skfedspd.eegnet import EEGNet
+    >>> net = EEGNet(n_channels=64, n_times=480, n_classes=4, fs=160)
+    >>> sum(p.numel() for p in net.parameters())
+    3284
+    >>> net.eval()(torch.randn(2, 64, 480)).shape  # logits
+    torch.Size([2, 4])
+    >>> net.parameter_kinds()["bn1.running_mean"]  # BatchNorm statistics stay on each client
+    'local'
     """
 
     #: Keras ``max_norm`` values of Lawhern et al.
@@ -419,6 +433,17 @@ class EEGNetClassifier(TorchClassifierBase):
     classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_,
     validation_used_
         As in :class:`~skfedspd.SPDnetClassifier`.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd import EEGNetClassifier
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.standard_normal((24, 4, 128))  # trials, channels, times (1 s at 128 Hz)
+    >>> y = np.array(["left", "right"] * 12)
+    >>> clf = EEGNetClassifier(fs=128, max_epochs=2, random_state=0).fit(X, y)
+    >>> clf.predict(X[:3]).shape, clf.classes_.tolist(), clf.n_times_
+    ((3,), ['left', 'right'], 128)
     """
 
     def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,

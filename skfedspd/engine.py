@@ -64,7 +64,18 @@ class TrainReply:
     of the model, ``"local"`` ones included), ``loss`` (mean training loss), ``n_skipped``
     (batches with a non-finite loss or gradient), ``n_examples`` (training samples) and
     ``weight`` (the sum of its training samples' weights when it trained with
-    ``sample_weight``; None: ``n_examples``), its aggregation weight."""
+    ``sample_weight``; None: ``n_examples``), its aggregation weight.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.engine import TrainReply
+    >>> from skfedspd.stiefel import random_stiefel
+    >>> reply = TrainReply({"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}, loss=0.69, n_skipped=0,
+    ...                    n_examples=30)
+    >>> reply.weight is None  # aggregated with weight n_examples
+    True
+    """
 
     params: dict
     loss: float
@@ -75,7 +86,14 @@ class TrainReply:
 
 @dataclass
 class EvalReply:
-    """One client's validation of the global model: ``loss``, macro-``f1``, ``n_examples``."""
+    """One client's validation of the global model: ``loss``, macro-``f1``, ``n_examples``.
+
+    Examples
+    --------
+    >>> from skfedspd.engine import EvalReply
+    >>> EvalReply(loss=0.61, f1=0.75, n_examples=4)
+    EvalReply(loss=0.61, f1=0.75, n_examples=4)
+    """
 
     loss: float
     f1: float
@@ -88,7 +106,19 @@ class FitTask:
     input shape set; fitted when resuming), the inputs ``X`` (validated), the labels ``y``
     and their integer ``codes``, each client's sample ``indices``, the run's ``seed``, the
     engine to continue (``resume``, None for a fresh fit), ``client_source`` and
-    ``client_groups`` (see :class:`FederatedResult`)."""
+    ``client_groups`` (see :class:`FederatedResult`).
+
+    Examples
+    --------
+    What ``FederatedSPDnetClassifier.fit`` hands to its backend (a task built by hand and
+    run: :func:`skfedspd.federated.fit_local`):
+
+    >>> import dataclasses
+    >>> from skfedspd.engine import FitTask
+    >>> [field.name for field in dataclasses.fields(FitTask)]  # doctest: +NORMALIZE_WHITESPACE
+    ['estimator', 'X', 'y', 'codes', 'indices', 'seed', 'resume', 'client_source', 'client_groups',
+     'sample_weight']
+    """
 
     estimator: object
     X: np.ndarray
@@ -107,7 +137,26 @@ class FederatedResult:
     """What a backend hands back to :class:`~skfedspd.FederatedSPDnetClassifier`: the
     released local estimator (best global model loaded), the engine, and where the clients
     came from (``client_source``: ``"groups"``, ``"partition:<name>"`` or
-    ``"flower:client-id"``; ``client_groups``: the groups of each client or None)."""
+    ``"flower:client-id"``; ``client_groups``: the groups of each client or None).
+
+    Examples
+    --------
+    :meth:`~skfedspd.FederatedSPDnetClassifier.set_result` makes an estimator the fitted
+    model of a result (what a Flower ServerApp does with the result of a run):
+
+    >>> import numpy as np
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.engine import FederatedResult
+    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=0)
+    >>> subjects = np.repeat([1, 2, 3], 10)
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=2, random_state=0)
+    >>> fed = fed.fit(X, y, groups=subjects)
+    >>> result = FederatedResult(fed.global_estimator_, fed.engine_, "groups", fed.client_groups_)
+    >>> released = FederatedSPDnetClassifier().set_result(result)
+    >>> released.n_clients_, bool((released.predict(X) == fed.predict(X)).all())
+    (3, True)
+    """
 
     estimator: object
     engine: "FederatedEngine"
@@ -117,7 +166,15 @@ class FederatedResult:
 
 def rule_name(aggregation):
     """A stable name for an aggregation rule: the name itself, or ``module.qualname`` of a
-    callable (of its class for a callable instance), never its memory address."""
+    callable (of its class for a callable instance), never its memory address.
+
+    Examples
+    --------
+    >>> from skfedspd.aggregation import karcher
+    >>> from skfedspd.engine import rule_name
+    >>> rule_name("projavg"), rule_name(karcher)
+    ('projavg', 'skfedspd.aggregation.karcher')
+    """
     if isinstance(aggregation, str):
         return aggregation
     target = aggregation if hasattr(aggregation, "__qualname__") else type(aggregation)
@@ -126,7 +183,14 @@ def rule_name(aggregation):
 
 def n_selected(clients_per_round, n_clients):
     """Clients per round: None → all; int → exactly that many; float in (0, 1] →
-    ``max(1, floor(fraction · n_clients))``."""
+    ``max(1, floor(fraction · n_clients))``.
+
+    Examples
+    --------
+    >>> from skfedspd.engine import n_selected
+    >>> n_selected(None, 9), n_selected(4, 9), n_selected(0.5, 9)
+    (9, 4, 4)
+    """
     m = clients_per_round
     if m is None:
         return n_clients
@@ -142,13 +206,30 @@ def n_selected(clients_per_round, n_clients):
 
 
 def stiefel_tolerance(dtype, n_columns):
-    """Largest accepted ``‖WᵀW − I‖_F`` for a Stiefel array of this dtype and width."""
+    """Largest accepted ``‖WᵀW − I‖_F`` for a Stiefel array of this dtype and width.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.engine import stiefel_tolerance
+    >>> float(stiefel_tolerance(np.float64, 4)), float(stiefel_tolerance(np.float32, 4))
+    (2e-06, 0.002)
+    """
     return _STIEFEL_TOL.get(np.dtype(dtype), 1e-3) * np.sqrt(n_columns)
 
 
 def pool_input_statistic(statistics, n_train):
     """Training-size-weighted mean of the clients' input statistics (None if the model
-    has none). Raises ValueError naming a client whose statistic is missing or not finite."""
+    has none). Raises ValueError naming a client whose statistic is missing or not finite.
+
+    Examples
+    --------
+    >>> from skfedspd.engine import pool_input_statistic
+    >>> pool_input_statistic([1.0, 4.0], n_train=[30, 10])
+    1.75
+    >>> pool_input_statistic([None, None], n_train=[30, 10]) is None
+    True
+    """
     if all(s is None for s in statistics):
         return None
     for cid, s in enumerate(statistics):
@@ -210,7 +291,19 @@ def _check_stiefel(arrays, kinds, what):
 def check_aggregate(name, output, template, kinds):
     """Raise ValueError (naming the rule) if an aggregation rule's output is not a valid
     global model: the non-local names exactly, their shapes, finite floating arrays,
-    orthonormal Stiefel arrays."""
+    orthonormal Stiefel arrays.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.engine import check_aggregate
+    >>> template, kinds = {"W": ((3, 2), np.float64)}, {"W": "stiefel"}
+    >>> check_aggregate("mean", {"W": np.eye(3)[:, :2]}, template, kinds)  # valid: returns None
+    >>> check_aggregate("mean", {"W": np.ones((3, 2))}, template, kinds)
+    Traceback (most recent call last):
+    ...
+    ValueError: aggregation rule 'mean' returned an invalid global model: its arrays['W'] is not orthonormal: ...
+    """
     expected = {n: (template[n][0], None) for n, kind in kinds.items() if kind != "local"}
     reason = _check_arrays(output, expected, what="its arrays") or _check_stiefel(
         output, {n: k for n, k in kinds.items() if n in expected}, "its arrays")
@@ -266,6 +359,34 @@ class FederatedEngine:
         global model for Stiefel arrays; empty while it is zero or unused.
     history : list of dict
         One JSON-able record per finished round.
+
+    Examples
+    --------
+    One round by hand, with a model of one Stiefel and one Euclidean array and two
+    clients (a backend builds the replies from the clients' messages):
+
+    >>> import numpy as np
+    >>> from skfedspd.engine import EvalReply, FederatedEngine, TrainReply
+    >>> from skfedspd.stiefel import random_stiefel
+    >>> initial = {"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}
+    >>> engine = FederatedEngine(initial, {"W": "stiefel", "b": "euclidean"}, n_train=[30, 10],
+    ...                          n_val=[4, 4], seed=0, lr=0.01)
+    >>> selected, seeds = engine.select(0)
+    >>> selected
+    [0, 1]
+    >>> replies = [TrainReply({"W": random_stiefel(4, 2, rng=cid + 1), "b": np.full(2, float(cid))},
+    ...                       loss=0.7, n_skipped=0, n_examples=engine.n_train[cid]) for cid in selected]
+    >>> record = engine.aggregate(0, selected, replies)
+    >>> engine.global_params["b"]  # weighted by the training sizes 30 and 10
+    array([0.25, 0.25])
+    >>> record = engine.finish_round(record, [EvalReply(0.6, 0.5, 4), EvalReply(0.8, 1.0, 4)])
+    >>> record["val_f1"], len(engine.history), engine.best_round
+    (0.75, 1, 0)
+
+    A reply that is not a valid model is refused, with the reason:
+
+    >>> engine.check_train_reply(0, TrainReply({"W": np.ones((4, 2)), "b": np.zeros(2)}, 0.5, 0, 30))
+    "arrays['W'] is not orthonormal: ‖WᵀW − I‖ = 7.07 > 1.41e-06"
     """
 
     @classmethod

@@ -61,6 +61,14 @@ def make_clients(groups, groups_per_client=1):
     """Client index arrays from a group (subject) array: sorted groups, merged in chunks.
 
     Returns ``(client_indices, client_groups)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.federated import make_clients
+    >>> indices, client_groups = make_clients(np.array([3, 1, 1, 2, 3, 2]), groups_per_client=2)
+    >>> [idx.tolist() for idx in indices], client_groups
+    ([[1, 2, 3, 5], [0, 4]], [(1, 2), (3,)])
     """
     groups = np.asarray(groups)
     if groups.ndim != 1:
@@ -74,7 +82,20 @@ def make_clients(groups, groups_per_client=1):
 def partition_indices(y, n_clients, partition, alpha, seed):
     """Client index arrays when no groups are given: ``"stratified"`` (each client a
     seeded stratified share), ``"contiguous"`` (consecutive blocks) or ``"dirichlet"``
-    (label skew, class shares drawn from ``Dirichlet(alpha)``)."""
+    (label skew, class shares drawn from ``Dirichlet(alpha)``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.federated import partition_indices
+    >>> y = np.array([0, 0, 0, 0, 1, 1, 1, 1])
+    >>> [idx.tolist() for idx in partition_indices(y, 2, "contiguous", alpha=None, seed=0)]
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> [np.bincount(y[idx]).tolist() for idx in partition_indices(y, 2, "stratified", alpha=None, seed=0)]
+    [[2, 2], [2, 2]]
+    >>> sum(len(idx) for idx in partition_indices(y, 3, "dirichlet", alpha=0.5, seed=0))
+    8
+    """
     n = len(y)
     rng = np.random.default_rng(seed)
     if partition == "contiguous":
@@ -268,10 +289,32 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     Examples
     --------
+    One client per subject (``groups``), three rounds of ProjAvg:
+
+    >>> import numpy as np
     >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(4,)), n_rounds=3,
-    ...                                 partition="stratified", random_state=0)
-    >>> fed.fit(X, y, groups=subjects)  # doctest: +SKIP
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=60, n_channels=6, n_classes=2, seed=0)
+    >>> subjects = np.repeat([1, 2, 3, 4], 15)
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=4), n_rounds=3, local_epochs=1,
+    ...                                 random_state=0)
+    >>> fed = fed.fit(X, y, groups=subjects)
+    >>> fed.n_clients_, fed.client_groups_, len(fed.history_)
+    (4, [(1,), (2,), (3,), (4,)], 3)
+    >>> fed.predict(X[:5]).shape, fed.predict_proba(X[:5]).shape
+    ((5,), (5, 2))
+    >>> sorted(fed.history_[-1])  # one record per round
+    ['clients', 'failed_clients', 'lr', 'n_samples', 'orthonormality', 'round', 'skipped_batches',
+     'train_loss', 'val_f1', 'val_loss', 'wall_time']
+
+    Without groups, a seeded partition of the samples (3 clients; 0.5 of them, floored: one per
+    round) and RLAvg; the local model's parameters are reachable as ``estimator__*``:
+
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), aggregation="rlavg", n_rounds=2, n_clients=3,
+    ...                                 clients_per_round=0.5, partition="stratified", random_state=0)
+    >>> fed = fed.set_params(estimator__lr=0.05).fit(X, y)
+    >>> fed.client_source_, [record["clients"] for record in fed.history_]
+    ('partition:stratified', [[0], [2]])
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
@@ -590,6 +633,26 @@ def fit_local(fed, task):
     Returns
     -------
     FederatedResult
+
+    Examples
+    --------
+    ``FederatedSPDnetClassifier(backend="local").fit`` prepares a
+    :class:`~skfedspd.engine.FitTask` and calls this; by hand:
+
+    >>> import numpy as np
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.engine import FitTask
+    >>> from skfedspd.federated import fit_local
+    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=1)
+    >>> est = SPDnetClassifier()
+    >>> X = est.check_inputs(X, reset=True)
+    >>> est.set_classes(y)
+    >>> task = FitTask(est, X, y, est.encode_labels(y), np.array_split(np.arange(30), 2), seed=0,
+    ...                resume=None, client_source="partition:contiguous", client_groups=[None, None])
+    >>> result = fit_local(FederatedSPDnetClassifier(n_rounds=2, validation_fraction=0), task)
+    >>> result.engine.n_clients, len(result.engine.history), result.estimator.predict(X[:3]).shape
+    (2, 2, (3,))
     """
     est, X, codes, seed = task.estimator, task.X, task.codes, task.seed
     splits = [stratified_split(codes[idx], fed.validation_fraction, derive_seed(seed, 8, i))

@@ -250,6 +250,25 @@ class BiMap(nn.Module):
     re-centring: it is expressed in ambient coordinates, and the projection ``P_{W_ref}``
     in the forward pass maps it to the new tangent space, whose difference from the old one
     is of the order of one step. A new optimizer (each federated round) starts from zero.
+
+    Examples
+    --------
+    Any torch optimizer steps ``V``; after :meth:`recenter_` the weight is still orthonormal:
+
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import BiMap
+    >>> from skfedspd.stiefel import orthonormality_error
+    >>> X = torch.as_tensor(make_spd_classification(n_matrices=8, n_channels=4, seed=0)[0])
+    >>> bimap = BiMap(4, 2, seed=0, symmetric=True)
+    >>> bimap(X).shape
+    torch.Size([8, 2, 2])
+    >>> optimizer = torch.optim.Adam(bimap.parameters(), lr=0.1)
+    >>> bimap(X).diagonal(dim1=-2, dim2=-1).sum().backward()
+    >>> optimizer.step()
+    >>> bimap.recenter_()
+    >>> bool(orthonormality_error(bimap.weight.detach()) < 1e-12), bool(bimap.V.any())
+    (True, False)
     """
 
     def __init__(self, in_dim, out_dim, seed=None, dtype=torch.float64, symmetric=False):
@@ -412,6 +431,23 @@ class SPDBatchNorm(_SPDNormalization):
     mean for EEG-like dispersions; each step divides that error by about 50 (measured in
     ``tests/test_nn.py``), so one step (Brooks et al. use one, from the arithmetic mean) is
     at 1e-5 and ``karcher_steps=0`` gives the cheaper log-Euclidean mean.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.functional import karcher_mean
+    >>> from skfedspd.nn import SPDBatchNorm
+    >>> X = torch.as_tensor(make_spd_classification(n_matrices=16, n_channels=3, seed=0)[0])
+    >>> bn = SPDBatchNorm(3)
+    >>> Y = bn(X)  # training mode: the batch mean goes to the bias B = I
+    >>> # to ~1e-3 here: the batch mean is one Karcher step from the log-Euclidean mean
+    >>> torch.allclose(karcher_mean(Y.detach(), 20), torch.eye(3, dtype=X.dtype), atol=1e-2)
+    True
+    >>> bool((bn.running_mean != torch.eye(3, dtype=X.dtype)).any())  # moved towards the batch mean
+    True
+    >>> bn.eval()(X[:2]).shape  # evaluation: normalized by the running mean
+    torch.Size([2, 3, 3])
     """
 
     def __init__(self, n, momentum=0.1, karcher_steps=1, dtype=torch.float64):
@@ -455,6 +491,16 @@ class DomainBatch:
     X : torch.Tensor of shape (n_matrices, n, n)
     domains : array-like of shape (n_matrices,)
         Domain labels of any hashable type (stored as integer codes).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.nn import DomainBatch
+    >>> batch = DomainBatch(torch.eye(2).expand(3, 2, 2), ["s2", "s1", "s2"])
+    >>> len(batch), batch.domains
+    (3, tensor([1, 0, 1]))
+    >>> batch[torch.tensor([2, 1])].domains  # a minibatch keeps each matrix's domain
+    tensor([1, 0])
     """
 
     def __init__(self, X, domains):
@@ -488,6 +534,21 @@ class DomainSPDBatchNorm(_SPDNormalization):
     karcher_steps : int, default=1
         Karcher fixed-point steps after the log-Euclidean start (0: log-Euclidean mean).
     dtype : torch.dtype
+
+    Examples
+    --------
+    Two domains whose matrices differ by a scale: each is re-centred by its own mean.
+
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.functional import karcher_mean
+    >>> from skfedspd.nn import DomainSPDBatchNorm
+    >>> X = torch.as_tensor(make_spd_classification(n_matrices=12, n_channels=3, seed=0)[0])
+    >>> X = torch.cat([X[:6], 100 * X[6:]])
+    >>> Y = DomainSPDBatchNorm(3)(X, domains=["a"] * 6 + ["b"] * 6).detach()
+    >>> eye = torch.eye(3, dtype=X.dtype)
+    >>> [torch.allclose(karcher_mean(part, 20), eye, atol=1e-2) for part in (Y[:6], Y[6:])]
+    [True, True]
     """
 
     def forward(self, X, domains=None):
@@ -504,7 +565,16 @@ class DomainSPDBatchNorm(_SPDNormalization):
         return torch.cat(parts)[inverse]
 
 class ReEig(nn.Module):
-    """Eigenvalue rectification ``U max(eps, Λ) Uᵀ``."""
+    """Eigenvalue rectification ``U max(eps, Λ) Uᵀ``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.nn import ReEig
+    >>> ReEig(eps=0.1)(torch.diag(torch.tensor([1e-3, 2.0], dtype=torch.float64)))
+    tensor([[0.1000, 0.0000],
+            [0.0000, 2.0000]], dtype=torch.float64)
+    """
 
     def __init__(self, eps=1e-4):
         super().__init__()
@@ -515,14 +585,34 @@ class ReEig(nn.Module):
 
 
 class LogEig(nn.Module):
-    """Matrix logarithm ``U log(Λ) Uᵀ``."""
+    """Matrix logarithm ``U log(Λ) Uᵀ``.
+
+    Examples
+    --------
+    >>> import math
+    >>> import torch
+    >>> from skfedspd.nn import LogEig
+    >>> LogEig()(torch.diag(torch.tensor([1.0, math.e], dtype=torch.float64)))
+    tensor([[0., 0.],
+            [0., 1.]], dtype=torch.float64)
+    """
 
     def forward(self, X):
         return logeig(X)
 
 
 class ReEigLogEig(nn.Module):
-    """ReEig followed by LogEig with one eigendecomposition."""
+    """ReEig followed by LogEig with one eigendecomposition.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import LogEig, ReEig, ReEigLogEig
+    >>> X = torch.as_tensor(make_spd_classification(n_matrices=4, n_channels=3, seed=0)[0])
+    >>> torch.allclose(ReEigLogEig(eps=0.5)(X), LogEig()(ReEig(eps=0.5)(X)))
+    True
+    """
 
     def __init__(self, eps=1e-4):
         super().__init__()
@@ -533,14 +623,49 @@ class ReEigLogEig(nn.Module):
 
 
 class Vech(nn.Module):
-    """Half-vectorisation with √2-scaled off-diagonal entries (an isometry)."""
+    """Half-vectorisation with √2-scaled off-diagonal entries (an isometry).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.nn import Vech
+    >>> X = torch.tensor([[[1.0, 2.0], [2.0, 3.0]]], dtype=torch.float64)
+    >>> v = Vech()(X)
+    >>> v.shape, torch.allclose(v.norm(), X.norm())
+    (torch.Size([1, 3]), True)
+    """
 
     def forward(self, X):
         return vech(X)
 
 
 class FederatedModule(nn.Module):
-    """A module whose state can be exported/imported as named numpy arrays with kinds."""
+    """A module whose state can be exported/imported as named numpy arrays with kinds.
+
+    Examples
+    --------
+    A subclass says how the server treats each array (:meth:`parameter_kinds`):
+
+    >>> import numpy as np
+    >>> import torch
+    >>> from skfedspd.nn import FederatedModule
+    >>> class Linear(FederatedModule):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.fc = torch.nn.Linear(3, 2)
+    ...     def parameter_kinds(self):
+    ...         return {"fc.weight": "euclidean", "fc.bias": "euclidean"}
+    ...     def forward(self, x):
+    ...         return self.fc(x)
+    >>> module = Linear()
+    >>> module.set_parameters({"fc.bias": np.ones(2, dtype=np.float32)})
+    >>> module.get_parameters()["fc.bias"]
+    array([1., 1.], dtype=float32)
+    >>> module.set_parameters({"fc.scale": np.ones(2)})
+    Traceback (most recent call last):
+    ...
+    KeyError: "unknown parameter names: ['fc.scale']"
+    """
 
     def parameter_kinds(self):
         """Ordered mapping ``name → "stiefel" | "euclidean" | "local"``."""
@@ -616,6 +741,22 @@ class SPDNet(FederatedModule):
         Running-mean momentum of ``batchnorm="spd"``.
     karcher_steps : int, default=1
         Karcher steps of the batch means (0: log-Euclidean mean).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import SPDNet
+    >>> X = torch.as_tensor(make_spd_classification(n_matrices=5, n_channels=6, seed=0)[0])
+    >>> net = SPDNet(n_channels=6, hidden_dims=(4, 3), n_classes=2, seed=0)
+    >>> net(X).shape, net.features(X).shape  # logits; vech of a 3 x 3 logarithm
+    (torch.Size([5, 2]), torch.Size([5, 6]))
+    >>> dict(net.parameter_kinds())
+    {'bimaps.0.weight': 'stiefel', 'bimaps.1.weight': 'stiefel', 'head.weight': 'euclidean', 'head.bias': 'euclidean'}
+    >>> params = net.get_parameters()  # what a federated client sends
+    >>> params["bimaps.0.weight"].shape
+    (6, 4)
+    >>> net.set_parameters(params)  # what it loads from the server's broadcast
     """
 
     def __init__(

@@ -65,6 +65,25 @@ def save_bundle(path, arrays, meta, *, kind, fingerprint=None):
     TypeError
         If an array has a dtype safetensors cannot store (e.g. strings) or ``meta`` is not
         JSON data; nothing is written.
+
+    Examples
+    --------
+    Any safetensors reader opens the file; its header is JSON:
+
+    >>> import json
+    >>> import os
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from safetensors import safe_open
+    >>> from skfedspd.persistence import save_bundle
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(folder.name, "state.safetensors")
+    >>> save_bundle(path, {"W": np.eye(3)}, {"round": 4, "labels": ["left", "right"]}, kind="demo")
+    >>> with safe_open(path, framework="numpy") as f:
+    ...     header, W = f.metadata(), f.get_tensor("W")
+    >>> header["kind"], json.loads(header["meta"]), W.shape
+    ('demo', {'labels': ['left', 'right'], 'round': 4}, (3, 3))
+    >>> folder.cleanup()
     """
     path = os.fspath(path)
     tensors = {}
@@ -136,6 +155,23 @@ def load_bundle(path, *, kind, fingerprint=None):
         another format version, another kind, another configuration (fingerprint). The
         format version, kind and fingerprint are checked before any array is read; nothing in
         the file is ever executed or unpickled.
+
+    Examples
+    --------
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> import numpy as np
+    >>> from skfedspd.persistence import load_bundle, save_bundle
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = Path(folder.name) / "checkpoint.safetensors"
+    >>> save_bundle(path, {"step": np.array(3)}, {}, kind="checkpoint", fingerprint="config-a")
+    >>> load_bundle(path, kind="checkpoint", fingerprint="config-a")[0]
+    {'step': array(3)}
+    >>> load_bundle(path, kind="checkpoint", fingerprint="config-b")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: ...checkpoint.safetensors was written for another configuration (fingerprint 'config-a', ...
+    >>> folder.cleanup()
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -169,10 +205,20 @@ def save_estimator(estimator, path):
 
     Examples
     --------
+    >>> import os
+    >>> import tempfile
+    >>> import numpy as np
     >>> from skfedspd import SPDnetClassifier, load_estimator, save_estimator
-    >>> clf = SPDnetClassifier(max_epochs=5).fit(X, y)  # doctest: +SKIP
-    >>> save_estimator(clf, "model.safetensors")  # doctest: +SKIP
-    >>> load_estimator("model.safetensors").predict(X)  # doctest: +SKIP
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=3, seed=0)
+    >>> clf = SPDnetClassifier(max_epochs=3, random_state=0).fit(X, y)
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(folder.name, "model.safetensors")
+    >>> save_estimator(clf, path)
+    >>> loaded = load_estimator(path)
+    >>> bool(np.array_equal(loaded.predict_proba(X), clf.predict_proba(X)))
+    True
+    >>> folder.cleanup()
     """
     meta = {"estimator": spec.estimator_to_spec(estimator), "fitted": False}
     arrays = {}
@@ -199,6 +245,22 @@ def load_estimator(path):
     FileNotFoundError, ValueError
         As :func:`load_bundle`, and when the saved state does not fit the estimator's
         parameters (message naming the path).
+
+    Examples
+    --------
+    An unfitted estimator keeps its parameters; a fitted one, its model too (see
+    :func:`save_estimator`):
+
+    >>> import os
+    >>> import tempfile
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(folder.name, "config.safetensors")
+    >>> save_estimator(FederatedSPDnetClassifier(SPDnetClassifier(lr=0.05), n_rounds=20), path)
+    >>> loaded = load_estimator(path)
+    >>> loaded.n_rounds, loaded.estimator.lr
+    (20, 0.05)
+    >>> folder.cleanup()
     """
     path = os.fspath(path)
     arrays, meta = load_bundle(path, kind=_ESTIMATOR_KIND)

@@ -78,6 +78,14 @@ def stiefel_charts(module):
 
     These parameters hold Riemannian gradients at ``W_ref`` (when ``V = 0``); their noise is
     projected onto the tangent space at ``W_ref``.
+
+    Examples
+    --------
+    >>> from skfedspd.nn import SPDNet
+    >>> from skfedspd.privacy import stiefel_charts
+    >>> charts = stiefel_charts(SPDNet(6, (4, 3), n_classes=2, seed=0))
+    >>> {name: tuple(W.shape) for name, W in charts.items()}
+    {'bimaps.0.V': (6, 4), 'bimaps.1.V': (4, 3)}
     """
     return {f"{name}.V" if name else "V": sub.W_ref
             for name, sub in module.named_modules() if isinstance(sub, BiMap)}
@@ -204,9 +212,21 @@ def per_sample_gradients(module, X, y, *, method="auto"):
 
     Examples
     --------
-    >>> grads, losses = per_sample_gradients(module, X[:8], y[:8])  # doctest: +SKIP
-    >>> grads["head.weight"].shape  # doctest: +SKIP
-    torch.Size([8, 3, 10])
+    The mean of the per-sample gradients is the gradient of the mean loss:
+
+    >>> import torch
+    >>> import torch.nn.functional as F
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import SPDNet
+    >>> from skfedspd.privacy import per_sample_gradients
+    >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=8, n_channels=4, seed=0))
+    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
+    >>> grads, losses = per_sample_gradients(module, X, y)
+    >>> grads["head.weight"].shape, losses.shape  # 8 samples; head: 3 classes x vech of 3 x 3
+    (torch.Size([8, 3, 6]), torch.Size([8]))
+    >>> F.cross_entropy(module(X), y).backward()
+    >>> torch.allclose(grads["head.weight"].mean(0), module.head.weight.grad)
+    True
     """
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
@@ -250,6 +270,17 @@ def clip_and_sum(grads, clip_norm):
         ``Σ_i min(1, C / norm_i) g_i`` per parameter (shape ``shape``).
     norms : torch.Tensor of shape (batch,)
         The joint norms before clipping (``inf``/``nan`` for non-finite samples).
+
+    Examples
+    --------
+    Two samples with joint norms 5 and 0.5: the first is scaled down to norm 1.
+
+    >>> import torch
+    >>> from skfedspd.privacy import clip_and_sum
+    >>> grads = {"w": torch.tensor([[3.0, 0.0], [0.3, 0.0]]), "b": torch.tensor([[4.0], [0.4]])}
+    >>> summed, norms = clip_and_sum(grads, clip_norm=1.0)
+    >>> summed["w"], summed["b"], norms
+    (tensor([0.9000, 0.0000]), tensor([1.2000]), tensor([5.0000, 0.5000]))
     """
     _check_positive("clip_norm", clip_norm)
     flat = [g.flatten(1) for g in grads.values()]
@@ -284,6 +315,18 @@ def add_gaussian_noise(summed, *, std, charts, generator):
     Returns
     -------
     dict of str to torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.privacy import add_gaussian_noise
+    >>> from skfedspd.stiefel import random_stiefel
+    >>> W = torch.as_tensor(random_stiefel(4, 2, rng=0))
+    >>> summed = {"V": torch.zeros(4, 2, dtype=W.dtype), "b": torch.zeros(3, dtype=W.dtype)}
+    >>> noisy = add_gaussian_noise(summed, std=0.5, charts={"V": W}, generator=torch.Generator().manual_seed(0))
+    >>> xi = noisy["V"]  # noise on a Stiefel weight: in the tangent space at W
+    >>> torch.allclose(W.T @ xi + xi.T @ W, torch.zeros(2, 2, dtype=W.dtype)), noisy["b"].shape
+    (True, torch.Size([3]))
     """
     noisy = {}
     for name, s in summed.items():
@@ -297,7 +340,14 @@ def add_gaussian_noise(summed, *, std, charts, generator):
 
 def steps_per_epoch(sample_rate):
     """Poisson-sampled steps in one epoch: ``ceil(1 / q)`` (``ceil(n / b)`` for ``q = b / n``),
-    so that the expected number of samples drawn per epoch is at least ``n``."""
+    so that the expected number of samples drawn per epoch is at least ``n``.
+
+    Examples
+    --------
+    >>> from skfedspd.privacy import steps_per_epoch
+    >>> steps_per_epoch(16 / 120), steps_per_epoch(0.1), steps_per_epoch(1.0)
+    (8, 10, 1)
+    """
     if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
     return max(1, math.ceil(round(1.0 / sample_rate, 9)))
@@ -390,9 +440,18 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
 
     Examples
     --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import SPDNet
+    >>> from skfedspd.privacy import dp_train_epochs
+    >>> from skfedspd.stiefel import orthonormality_error
+    >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=40, n_channels=4, seed=0))
+    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
     >>> gen = torch.Generator().manual_seed(0)
-    >>> loss, dropped = dp_train_epochs(module, X, y, n_epochs=2, sample_rate=0.1, clip_norm=1.0,
-    ...                                 noise_multiplier=1.1, lr=0.05, generator=gen)  # doctest: +SKIP
+    >>> loss, dropped = dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.25, clip_norm=1.0,
+    ...                                 noise_multiplier=1.1, lr=0.05, generator=gen)
+    >>> dropped, bool(orthonormality_error(module.bimaps[0].weight.detach()) < 1e-12)
+    (0, True)
     """
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
@@ -504,6 +563,14 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
     Returns
     -------
     float
+
+    Examples
+    --------
+    >>> from skfedspd.privacy import epsilon_spent
+    >>> round(epsilon_spent(1.1, 1e-5, sample_rate=0.01, steps=1000), 1)
+    1.7
+    >>> epsilon_spent(1.1, 1e-5, sample_rate=0.01, steps=0), epsilon_spent(0.0, 1e-5, sample_rate=0.01, steps=10)
+    (0.0, inf)
     """
     _check_accounting_args(delta, sample_rate, steps)
     _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
@@ -536,6 +603,13 @@ def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rd
     -------
     float
         ``σ`` with ``epsilon_spent(σ, delta, sample_rate, steps) <= target_epsilon``.
+
+    Examples
+    --------
+    >>> from skfedspd.privacy import calibrate_noise, epsilon_spent
+    >>> sigma = calibrate_noise(2.0, 1e-5, sample_rate=0.05, steps=200)
+    >>> round(sigma, 2), epsilon_spent(sigma, 1e-5, sample_rate=0.05, steps=200) <= 2.0
+    (1.79, True)
     """
     _check_accounting_args(delta, sample_rate, steps)
     if not (isinstance(target_epsilon, numbers.Real) and target_epsilon > 0):
@@ -555,7 +629,14 @@ def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rd
 
 
 def default_delta(n_train_per_site):
-    """``min(1e-5, 1 / (10 · n_min))``: well below ``1 / n`` for the smallest site."""
+    """``min(1e-5, 1 / (10 · n_min))``: well below ``1 / n`` for the smallest site.
+
+    Examples
+    --------
+    >>> from skfedspd.privacy import default_delta
+    >>> default_delta([120, 90, 200]), default_delta([20000, 50000])
+    (1e-05, 5e-06)
+    """
     return min(1e-5, 0.1 / min(int(n) for n in n_train_per_site))
 
 
@@ -620,9 +701,18 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
 
     Examples
     --------
-    >>> plan = plan_dp([120, 90, 200], batch_size=16, local_epochs=2, n_rounds=50,
-    ...                participation=1.0, target_epsilon=8.0)  # doctest: +SKIP
-    >>> [site["noise_multiplier"] for site in plan["sites"]]  # doctest: +SKIP
+    Two sites, every round, ``ε = 1``: the smaller site samples a larger share of its data
+    per step, so it needs more noise.
+
+    >>> from skfedspd.privacy import plan_dp
+    >>> plan = plan_dp([200, 300], batch_size=20, local_epochs=1, n_rounds=5, participation=1.0,
+    ...                target_epsilon=1.0)
+    >>> plan["delta"], [(site["sample_rate"], site["steps"]) for site in plan["sites"]]
+    (1e-05, [(0.1, 50), (0.06666666666666667, 75)])
+    >>> [round(site["noise_multiplier"], 2) for site in plan["sites"]]
+    [3.18, 2.64]
+    >>> all(site["epsilon"] <= 1.0 for site in plan["sites"])
+    True
     """
     sizes = [int(n) for n in n_train_per_site]
     if not sizes or any(n < 1 or n != m for n, m in zip(sizes, n_train_per_site)):

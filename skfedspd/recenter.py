@@ -49,6 +49,18 @@ def recenter_groups(X, groups=None):
     Returns
     -------
     ndarray of shape (n_matrices, n, n)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from pyriemann.utils.mean import mean_riemann
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.recenter import recenter_groups
+    >>> X, _ = make_spd_classification(n_matrices=20, n_channels=3, seed=0)
+    >>> groups = np.repeat(["s1", "s2"], 10)
+    >>> Y = recenter_groups(X, groups)
+    >>> [np.allclose(mean_riemann(Y[groups == g]), np.eye(3)) for g in ("s1", "s2")]
+    [True, True]
     """
     labels, codes = _group_labels(groups, len(X))
     out = np.empty_like(X)
@@ -124,12 +136,28 @@ class Recenter(TransformerMixin, BaseEstimator):
 
     Examples
     --------
+    Three training subjects whose recordings differ by a congruence (the same classes seen
+    through different "head shapes"), and a new subject:
+
+    >>> import numpy as np
     >>> from pyriemann.tangentspace import TangentSpace
     >>> from sklearn.linear_model import LogisticRegression
     >>> from sklearn.pipeline import make_pipeline
+    >>> from skfedspd import Recenter
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=80, n_channels=4, n_classes=2, seed=0)
+    >>> rng = np.random.default_rng(0)
+    >>> subjects = np.repeat([1, 2, 3, 4], 20)
+    >>> for s in (1, 2, 3, 4):
+    ...     A = np.eye(4) + 0.5 * rng.standard_normal((4, 4))
+    ...     X[subjects == s] = A @ X[subjects == s] @ A.T
+    >>> train = subjects < 4
     >>> clf = make_pipeline(Recenter(), TangentSpace(), LogisticRegression())
-    >>> clf.fit(X_train, y_train, recenter__groups=subjects)  # doctest: +SKIP
-    >>> clf.predict(X_new_subject)  # re-centred by its own mean  # doctest: +SKIP
+    >>> clf = clf.fit(X[train], y[train], recenter__groups=subjects[train])
+    >>> clf.predict(X[~train]).shape  # subject 4 re-centred by its own mean
+    (20,)
+    >>> Recenter().fit_transform(X, groups=subjects).shape
+    (80, 4, 4)
     """
 
     __metadata_request__fit = {"groups": True}

@@ -42,13 +42,36 @@ __all__ = ["inverse_retract", "server_step", "is_identity_step"]
 
 
 def is_identity_step(lr, momentum):
-    """Whether ``(η, β)`` make the new global model the aggregate itself (the paper)."""
+    """Whether ``(η, β)`` make the new global model the aggregate itself (the paper).
+
+    Examples
+    --------
+    >>> from skfedspd.server_optimizer import is_identity_step
+    >>> is_identity_step(1.0, 0.0), is_identity_step(1.0, 0.9)
+    (True, False)
+    """
     return lr == 1 and momentum == 0
 
 
 def inverse_retract(W, W_bar):
     """``R_W⁻¹(W̄)``: the tangent ``ξ`` at ``W`` with ``uf(W + ξ) = W̄`` (see module
-    docstring); ``P_W(W̄ − W)`` where it does not exist. Numpy, one matrix."""
+    docstring); ``P_W(W̄ − W)`` where it does not exist. Numpy, one matrix.
+
+    Examples
+    --------
+    Unlike the lifting, the unit step along ``ξ`` lands on ``W̄`` exactly:
+
+    >>> import numpy as np
+    >>> from skfedspd.server_optimizer import inverse_retract
+    >>> from skfedspd.stiefel import lift, random_stiefel, retract
+    >>> W = random_stiefel(5, 2, rng=0)
+    >>> W_bar = retract(W, 0.5 * np.random.default_rng(1).standard_normal((5, 2)))
+    >>> xi = inverse_retract(W, W_bar)
+    >>> bool(np.allclose(W.T @ xi + xi.T @ W, 0))  # tangent at W
+    True
+    >>> bool(np.allclose(retract(W, xi), W_bar)), bool(np.allclose(retract(W, lift(W, W_bar)), W_bar))
+    (True, False)
+    """
     W, W_bar = np.asarray(W, dtype=np.float64), np.asarray(W_bar, dtype=np.float64)
     A = W.T @ W_bar
     k = A.shape[0]
@@ -81,6 +104,22 @@ def server_step(aggregate, previous, momentum, kinds, *, lr=1.0, beta=0.0):
     -------
     new_global, new_momentum : dict, dict
         The new global model (float64) and the buffer, transported to it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.server_optimizer import server_step
+    >>> from skfedspd.stiefel import orthonormality_error, random_stiefel, retract
+    >>> kinds = {"W": "stiefel", "b": "euclidean"}
+    >>> W = random_stiefel(5, 2, rng=0)
+    >>> previous = {"W": W, "b": np.zeros(2)}
+    >>> aggregate = {"W": retract(W, 0.5 * np.random.default_rng(1).standard_normal((5, 2))), "b": np.ones(2)}
+    >>> new, m = server_step(aggregate, previous, {}, kinds)  # η = 1, β = 0: the aggregate itself
+    >>> bool(np.allclose(new["W"], aggregate["W"])), new["b"]
+    (True, array([1., 1.]))
+    >>> new, m = server_step(aggregate, previous, {"b": np.ones(2)}, kinds, lr=1.0, beta=0.9)
+    >>> new["b"], bool(orthonormality_error(new["W"]) < 1e-12)  # 0 + (0.9 · 1 + 1)
+    (array([1.9, 1.9]), True)
     """
     new_global, new_momentum = {}, {}
     for name in aggregate:

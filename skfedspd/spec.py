@@ -55,7 +55,20 @@ def _decode(value):
 
 
 def estimator_to_spec(estimator):
-    """``{"class": name, "params": {...}}`` of one of this package's estimators."""
+    """``{"class": name, "params": {...}}`` of one of this package's estimators.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.spec import estimator_to_spec
+    >>> spec = estimator_to_spec(FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(8, 4))))
+    >>> spec["class"], spec["params"]["estimator"]["__estimator__"]["params"]["hidden_dims"]
+    ('FederatedSPDnetClassifier', {'__tuple__': [8, 4]})
+    >>> estimator_to_spec(FederatedSPDnetClassifier(aggregation=lambda *args: None))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TypeError: FederatedSPDnetClassifier.aggregation=<function <lambda> at ...> cannot be written as JSON: ...
+    """
     classes = _classes()
     name = type(estimator).__name__
     if classes.get(name) is not type(estimator):
@@ -65,7 +78,17 @@ def estimator_to_spec(estimator):
 
 
 def estimator_from_spec(spec):
-    """Rebuild an unfitted estimator from :func:`estimator_to_spec`'s output."""
+    """Rebuild an unfitted estimator from :func:`estimator_to_spec`'s output.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.spec import estimator_from_spec, estimator_to_spec
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(8, 4)), n_rounds=30)
+    >>> rebuilt = estimator_from_spec(estimator_to_spec(fed))
+    >>> rebuilt.n_rounds, rebuilt.estimator.hidden_dims
+    (30, (8, 4))
+    """
     classes = _classes()
     if not isinstance(spec, dict) or spec.get("class") not in classes or not isinstance(spec.get("params"), dict):
         raise ValueError(f"not an estimator spec of {sorted(classes)}: {spec!r}")
@@ -73,8 +96,28 @@ def estimator_from_spec(spec):
 
 
 def dumps(obj):
+    """JSON text of a spec (sorted keys; NaN and infinity allowed), as the Flower run
+    configuration carries it.
+
+    Examples
+    --------
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.spec import dumps, estimator_to_spec
+    >>> dumps(estimator_to_spec(SPDnetClassifier()))[:60]
+    '{"class": "SPDnetClassifier", "params": {"batch_size": 64, "'
+    """
     return json.dumps(obj, sort_keys=True, allow_nan=True)
 
 
 def loads(text):
+    """Inverse of :func:`dumps`.
+
+    Examples
+    --------
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads
+    >>> text = dumps(estimator_to_spec(SPDnetClassifier(lr=0.05)))
+    >>> estimator_from_spec(loads(text)).lr
+    0.05
+    """
     return json.loads(text)

@@ -18,19 +18,51 @@ __all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_to
 
 
 def derive_seed(*entropy):
-    """A 63-bit seed from integers (random_state, round, client id...), stable across runs."""
+    """A 63-bit seed from integers (random_state, round, client id...), stable across runs.
+
+    Examples
+    --------
+    >>> from skfedspd.training import derive_seed
+    >>> seed = derive_seed(0, 10, 3)  # e.g. run seed 0, stream 10, client 3
+    >>> seed == derive_seed(0, 10, 3), seed != derive_seed(0, 10, 4), 0 <= seed < 2**63
+    (True, True, True)
+    """
     return int(np.random.SeedSequence([int(e) for e in entropy]).generate_state(2, np.uint32).view(np.uint64)[0] >> np.uint64(1))
 
 
 def draw_seed(random_state):
     """The int seed of one fit, drawn from ``random_state`` (None, int or RandomState) as
-    scikit-learn estimators draw: an int gives the same seed at every call."""
+    scikit-learn estimators draw: an int gives the same seed at every call.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.training import draw_seed
+    >>> draw_seed(0) == draw_seed(0)
+    True
+    >>> rng = np.random.RandomState(0)
+    >>> draw_seed(rng) == draw_seed(rng)  # a RandomState moves on
+    False
+    """
     return int(check_random_state(random_state).randint(0, 2**31 - 1))
 
 
 @contextmanager
 def seeded_torch(seed):
-    """Run a block with torch's CPU RNG seeded, restoring the caller's RNG state afterwards."""
+    """Run a block with torch's CPU RNG seeded, restoring the caller's RNG state afterwards.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.training import seeded_torch
+    >>> state = torch.get_rng_state()
+    >>> with seeded_torch(0):
+    ...     a = torch.rand(2)
+    >>> with seeded_torch(0):
+    ...     b = torch.rand(2)
+    >>> torch.equal(a, b), torch.equal(torch.get_rng_state(), state)
+    (True, True)
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         yield
@@ -38,7 +70,18 @@ def seeded_torch(seed):
 
 @contextmanager
 def torch_threads(n_threads):
-    """Temporarily set torch's intra-op thread count (None: leave it)."""
+    """Temporarily set torch's intra-op thread count (None: leave it).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.training import torch_threads
+    >>> before = torch.get_num_threads()
+    >>> with torch_threads(1):
+    ...     inside = torch.get_num_threads()
+    >>> inside, torch.get_num_threads() == before
+    (1, True)
+    """
     if n_threads is None:
         yield
         return
@@ -79,6 +122,20 @@ def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sa
 
     Gradients are enabled inside, whatever torch's global grad mode (pyRiemann's tests turn
     it off globally).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import SPDNet
+    >>> from skfedspd.training import train_epochs
+    >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=40, n_channels=4, seed=0))
+    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
+    >>> optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
+    >>> loss, n_skipped = train_epochs(module, optimizer, X, y, n_epochs=3, batch_size=16,
+    ...                                generator=torch.Generator().manual_seed(0))
+    >>> type(loss).__name__, n_skipped
+    ('float', 0)
     """
     with torch.enable_grad():
         return _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator, sample_weight)
@@ -136,6 +193,15 @@ def macro_f1(y_true, y_pred):
     The same arithmetic (labels present in either array, per label ``2·tp / (n_true + n_pred)``
     in float64, then their mean) and so the same value to the last bit, without the input
     validation that makes the sklearn call cost ~1 ms: it runs once per client per round.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.metrics import f1_score
+    >>> from skfedspd.training import macro_f1
+    >>> y_true, y_pred = np.array([0, 0, 1, 1, 2]), np.array([0, 1, 1, 1, 0])
+    >>> macro_f1(y_true, y_pred) == f1_score(y_true, y_pred, average="macro"), round(macro_f1(y_true, y_pred), 4)
+    (True, 0.4333)
     """
     labels, codes = np.unique(np.concatenate([y_true, y_pred]), return_inverse=True)
     t, p = codes[: len(y_true)], codes[len(y_true) :]
@@ -165,6 +231,19 @@ def evaluate(module, X, y, sample_weight=None):
     macro_f1 : float
         :func:`macro_f1` of the predictions (equal to scikit-learn's ``f1_score(...,
         average="macro")``); NaN when ``y`` is empty.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import SPDNet
+    >>> from skfedspd.training import evaluate
+    >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=30, n_channels=4, seed=1))
+    >>> loss, f1 = evaluate(SPDNet(4, (3,), n_classes=3, seed=0), X, y)
+    >>> loss > 0, 0 <= f1 <= 1
+    (True, True)
+    >>> evaluate(SPDNet(4, (3,), n_classes=3, seed=0), X[:0], y[:0])  # no validation data
+    (nan, nan)
     """
     if len(y) == 0:
         return float("nan"), float("nan")
@@ -186,6 +265,15 @@ class PlateauSchedule:
     steps without improvement :attr:`should_stop` becomes True. The state passed with the
     best score is kept as :attr:`best_state`. A step without any validation score (NaN F1
     and loss: no validation data) counts as an improvement, so the latest state is kept.
+
+    Examples
+    --------
+    >>> from skfedspd.training import PlateauSchedule
+    >>> schedule = PlateauSchedule(lr=0.01, patience=3, lr_patience=1, lr_factor=0.5)
+    >>> for epoch, (f1, loss) in enumerate([(0.6, 0.9), (0.7, 0.8), (0.7, 0.85), (0.65, 0.9), (0.6, 1.0)]):
+    ...     improved = schedule.step(f1, loss, state={"epoch": epoch})
+    >>> schedule.best_state, schedule.lr, schedule.should_stop
+    ({'epoch': 1}, 0.005, True)
     """
 
     def __init__(self, lr, patience=75, lr_patience=20, lr_factor=0.5, min_lr=0.0, monitor="f1"):

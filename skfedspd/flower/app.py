@@ -13,6 +13,20 @@ Run configuration (``flwr run --run-config``):
   (:func:`skfedspd.persistence.save_estimator`: a data-only file, no pickle);
 - ``n-sites``: SuperNodes to wait for (their ``client-id`` must be ``0..n-sites-1``);
 - ``round-timeout``, ``connect-timeout``: seconds.
+
+Examples
+--------
+The two apps, and a run configuration as :func:`skfedspd.flower.fit_federated` writes it:
+
+>>> from skfedspd import FederatedSPDnetClassifier
+>>> from skfedspd.flower.app import client_app, server_app
+>>> from skfedspd.spec import dumps, estimator_to_spec
+>>> type(server_app).__name__, type(client_app).__name__
+('ServerApp', 'ClientApp')
+>>> run_config = {"estimator": dumps(estimator_to_spec(FederatedSPDnetClassifier(n_rounds=50, random_state=0))),
+...               "output": "/srv/fedspdnet/model.skfedspd", "n-sites": 3}
+>>> run_config["estimator"][:47]
+'{"class": "FederatedSPDnetClassifier", "params"'
 """
 
 from flwr.serverapp import ServerApp

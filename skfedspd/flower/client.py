@@ -46,11 +46,31 @@ __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "
 
 
 def to_array_record(params):
-    """``{name: ndarray}`` → ArrayRecord (dtype and bits preserved)."""
+    """``{name: ndarray}`` → ArrayRecord (dtype and bits preserved).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.flower.client import to_array_record
+    >>> record = to_array_record({"bimaps.0.weight": np.eye(3)[:, :2], "head.bias": np.zeros(2, np.float32)})
+    >>> type(record).__name__, list(record)
+    ('ArrayRecord', ['bimaps.0.weight', 'head.bias'])
+    """
     return ArrayRecord({name: Array(np.asarray(value, order="C")) for name, value in params.items()})
 
 
 def from_array_record(record):
+    """ArrayRecord → ``{name: ndarray}`` (inverse of :func:`to_array_record`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.flower.client import from_array_record, to_array_record
+    >>> params = {"W": np.random.default_rng(0).standard_normal((3, 2)), "b": np.ones(2, np.float32)}
+    >>> back = from_array_record(to_array_record(params))
+    >>> all(np.array_equal(back[k], params[k]) and back[k].dtype == params[k].dtype for k in params)
+    True
+    """
     return {name: array.numpy() for name, array in record.items()}
 
 
@@ -87,6 +107,28 @@ def load_site_from_node_config(context):
     with arrays ``X`` and ``y``, read with ``allow_pickle=False``), and optionally
     ``data-loader`` (``"module:function"``, called as ``function(data_path) -> (X, y)``, for
     any other format). The path is read by the site only; the server never sees it.
+
+    Examples
+    --------
+    What a SuperNode started with ``--node-config 'client-id=0 data-path="site0.npz"'``
+    reads:
+
+    >>> import os
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from flwr.app import Context, RecordDict
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.flower.client import load_site_from_node_config
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> path = os.path.join(folder.name, "site0.npz")
+    >>> X, y = make_spd_classification(n_matrices=10, n_channels=4, n_classes=2, seed=0)
+    >>> np.savez(path, X=X, y=y)
+    >>> context = Context(run_id=1, node_id=7, node_config={"client-id": 0, "data-path": path},
+    ...                   state=RecordDict(), run_config={})
+    >>> client_id, X_site, y_site = load_site_from_node_config(context)
+    >>> client_id, X_site.shape, y_site.shape
+    (0, (10, 4, 4), (10,))
+    >>> folder.cleanup()
     """
     config = context.node_config
     if "client-id" not in config or "data-path" not in config:
@@ -114,6 +156,24 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     estimator_factory : callable or None
         Returns the unfitted local estimator; None: rebuilt from the set-up's JSON spec
         (deployment). The in-process simulation passes a ``clone`` of the server's.
+
+    Examples
+    --------
+    A ClientApp for sites whose data are in memory (here: virtual SuperNode ``i`` of a
+    simulation holds site ``i``); :func:`skfedspd.flower.serve` shows a whole run.
+
+    >>> from flwr.clientapp import ClientApp
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.flower import make_client_app
+    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=0)
+    >>> sites = [(X[:15], y[:15]), (X[15:], y[15:])]
+    >>> def load_site(context):
+    ...     client_id = int(context.node_config["partition-id"])
+    ...     return (client_id, *sites[client_id])
+    >>> app = make_client_app(load_site, estimator_factory=SPDnetClassifier)
+    >>> isinstance(app, ClientApp)
+    True
     """
     from . import secure  # imports this module
 

@@ -59,7 +59,16 @@ CONNECTION = "skfedspd"
 
 def flower_env(flwr_home, base=None):
     """Environment for a Flower process: its own ``FLWR_HOME``, telemetry and update
-    checks off."""
+    checks off.
+
+    Examples
+    --------
+    >>> from skfedspd.flower.deploy import flower_env
+    >>> env = flower_env("/srv/site0/flwr-home", base={"PATH": "/usr/bin"})
+    >>> sorted(env.items())  # doctest: +NORMALIZE_WHITESPACE
+    [('FLWR_DISABLE_UPDATE_CHECK', '1'), ('FLWR_HOME', '/srv/site0/flwr-home'),
+     ('FLWR_TELEMETRY_ENABLED', '0'), ('PATH', '/usr/bin')]
+    """
     env = dict(os.environ if base is None else base)
     env.update(FLWR_HOME=str(flwr_home), FLWR_TELEMETRY_ENABLED="0", FLWR_DISABLE_UPDATE_CHECK="1")
     return env
@@ -74,7 +83,22 @@ def _flwr_executable():
 
 
 def write_app(directory):
-    """Write the FedSPDnet Flower App (its ``pyproject.toml``) into ``directory``."""
+    """Write the FedSPDnet Flower App (its ``pyproject.toml``) into ``directory``.
+
+    Examples
+    --------
+    The App that ``flwr run`` submits (``python -m skfedspd.flower write-app DIR`` does the
+    same):
+
+    >>> import tempfile
+    >>> from skfedspd.flower import write_app
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> app = write_app(folder.name)
+    >>> text = (app / "pyproject.toml").read_text()
+    >>> 'serverapp = "skfedspd.flower.app:server_app"' in text, 'clientapp = "skfedspd.flower.app:client_app"' in text
+    (True, True)
+    >>> folder.cleanup()
+    """
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "pyproject.toml").write_text(APP_PYPROJECT)
@@ -158,6 +182,32 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     -------
     FederatedSPDnetClassifier
         Fitted, as written by the server (``history_``, ``global_estimator_``...).
+
+    Examples
+    --------
+    Each site saves its data for its SuperNode (``--node-config 'client-id=<i>
+    data-path="site<i>.npz"'``, ``docs/deployment.md``); the researcher then submits the
+    run to the SuperLink. That step needs a running deployment and is skipped here
+    (:class:`~skfedspd.flower.loopback.LoopbackDeployment` starts one on this machine):
+
+    >>> import os
+    >>> import tempfile
+    >>> import numpy as np
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.flower import fit_federated
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> X, y = make_spd_classification(n_matrices=60, n_channels=4, n_classes=2, seed=0)
+    >>> for i, part in enumerate(np.array_split(np.arange(60), 3)):  # one file per site
+    ...     np.savez(os.path.join(folder.name, f"site{i}.npz"), X=X[part], y=y[part])
+    >>> sorted(os.listdir(folder.name))
+    ['site0.npz', 'site1.npz', 'site2.npz']
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=50, random_state=0)
+    >>> fed = fit_federated(fed, "superlink.example.org:9093", n_sites=3,  # doctest: +SKIP
+    ...                     output="/srv/fedspdnet/model.skfedspd", root_certificates="ca.crt")
+    >>> fed.n_clients_, len(fed.history_)  # doctest: +SKIP
+    (3, 50)
+    >>> folder.cleanup()
     """
     from ..federated import FederatedSPDnetClassifier
 

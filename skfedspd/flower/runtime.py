@@ -77,7 +77,22 @@ __all__ = ["Backoff", "PromptGrid", "AppRunner", "main"]
 
 class Backoff:
     """Poll delays: ``floor`` seconds after activity, times ``factor`` per idle poll, at
-    most ``cap``. The added latency is at most ``factor - 1`` times the time waited."""
+    most ``cap``. The added latency is at most ``factor - 1`` times the time waited.
+
+    Examples
+    --------
+    >>> from skfedspd.flower.runtime import Backoff
+    >>> backoff = Backoff(floor=0.001, cap=0.004, factor=2)
+    >>> delays = []
+    >>> for _ in range(4):  # idle polls
+    ...     delays.append(backoff.delay)
+    ...     backoff.sleep()
+    >>> delays
+    [0.001, 0.002, 0.004, 0.004]
+    >>> backoff.reset()  # a task arrived: poll fast again
+    >>> backoff.delay
+    0.001
+    """
 
     def __init__(self, floor=0.02, cap=0.5, factor=1.5):
         if not 0 < floor <= cap:
@@ -96,7 +111,20 @@ class Backoff:
 class PromptGrid(HttpGrid):
     """Flower's Runtime grid; ``send_and_receive`` polls for the replies with a
     :class:`Backoff` (Flower's polls every 3 s). Same arguments as ``HttpGrid``, plus
-    ``max_poll`` (seconds)."""
+    ``max_poll`` (seconds).
+
+    Examples
+    --------
+    :class:`AppRunner` creates one per ServerApp run, with the token of the run's task (the
+    grid connects to the SuperLink's Runtime API only when messages are sent):
+
+    >>> from skfedspd.flower.runtime import PromptGrid
+    >>> grid = PromptGrid(runtime_api_address="127.0.0.1:9091", insecure=True, token="<task token>",
+    ...                   max_poll=0.2)
+    >>> grid.max_poll
+    0.2
+    >>> grid.close()
+    """
 
     def __init__(self, *args, max_poll=0.5, **kwargs):
         super().__init__(*args, **kwargs)
@@ -136,6 +164,17 @@ class AppRunner:
         The shared secret of ``--superexec-auth-secret-file`` (Flower's SuperExec auth).
     max_poll : float
         Longest idle poll, in seconds.
+
+    Examples
+    --------
+    The runner of a SuperNode's ClientApp tasks (``python -m skfedspd.flower.runtime
+    clientapp ...``); serving needs the SuperNode's Runtime API, so it is skipped here:
+
+    >>> from skfedspd.flower.runtime import AppRunner
+    >>> runner = AppRunner("flwr-clientapp", "127.0.0.1:9094", insecure=True, max_poll=0.5)
+    >>> str(runner.task_type)
+    'flwr-clientapp'
+    >>> runner.serve_forever()  # doctest: +SKIP
     """
 
     def __init__(self, task_type, runtime_api_address, *, insecure=False, root_certificates=None,
@@ -333,6 +372,22 @@ def prompt_supernode_polling(max_poll=0.5):
 
 # ---------------------------------------------------------------------- CLI
 def main(argv=None):
+    """``python -m skfedspd.flower.runtime {clientapp, serverapp, supernode} ...``.
+
+    Examples
+    --------
+    The long-lived ClientApp process next to a SuperNode whose Runtime API listens on
+    127.0.0.1:9094 (it runs until stopped, so it is skipped here); the Runtime API's
+    security must be given:
+
+    >>> from skfedspd.flower.runtime import main
+    >>> main(["clientapp", "--runtime-api-address", "127.0.0.1:9094", "--insecure",
+    ...       "--preload", "skfedspd.flower.app"])  # doctest: +SKIP
+    >>> main(["clientapp", "--runtime-api-address", "127.0.0.1:9094"])  # neither --insecure nor a CA
+    Traceback (most recent call last):
+    ...
+    SystemExit: 2
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["supernode"]:  # the rest are flower-supernode's own options
         rest = argv[1:]

@@ -57,6 +57,25 @@ class SPDnetStrategy(FedAvg):
     setup_json : str
         The run's set-up, sent with every message.
     local_epochs : int
+
+    Examples
+    --------
+    :func:`serve` builds it and runs it on a Grid (see its example). For an engine of
+    three clients, two per round, on Flower nodes 101, 102 and 103:
+
+    >>> import numpy as np
+    >>> from skfedspd.engine import FederatedEngine
+    >>> from skfedspd.flower import SPDnetStrategy
+    >>> from skfedspd.stiefel import random_stiefel
+    >>> engine = FederatedEngine({"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)},
+    ...                          {"W": "stiefel", "b": "euclidean"}, n_train=[20, 30, 25], n_val=[2, 3, 3],
+    ...                          seed=0, lr=0.01, clients_per_round=2)
+    >>> strategy = SPDnetStrategy(engine, nodes=[101, 102, 103], setup_json="{}", local_epochs=2)
+    >>> strategy.min_train_nodes, strategy.min_evaluate_nodes, strategy.client_of
+    (2, 3, {101: 0, 102: 1, 103: 2})
+    >>> selected, seeds = engine.select(0)  # round 0's train messages go to their nodes
+    >>> [strategy.nodes[cid] for cid in selected]
+    [101, 102]
     """
 
     def __init__(self, engine, *, nodes, setup_json, local_epochs):
@@ -173,7 +192,23 @@ def _dp_config(dp):
 
 # ---------------------------------------------------------------------- set-up
 def connect_sites(grid, n_sites, timeout):
-    """Wait until ``n_sites`` SuperNodes are connected; return their node ids."""
+    """Wait until ``n_sites`` SuperNodes are connected; return their node ids.
+
+    Examples
+    --------
+    With a stand-in for the Grid (``get_node_ids`` is all that is asked of it):
+
+    >>> from skfedspd.flower.server import connect_sites
+    >>> class Grid:
+    ...     def get_node_ids(self):
+    ...         return [7312, 91, 4405]
+    >>> connect_sites(Grid(), 3, timeout=1.0)
+    [91, 4405, 7312]
+    >>> connect_sites(Grid(), 4, timeout=0.1)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    TimeoutError: 3 of the 4 sites connected within ...
+    """
     deadline = time.monotonic() + timeout
     while True:
         nodes = sorted(grid.get_node_ids())
@@ -291,6 +326,33 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     -------
     FederatedResult
         For ``fed.set_result``.
+
+    Examples
+    --------
+    A ServerApp running ``serve`` against three sites of an in-process simulation (a
+    deployment's ServerApp, :mod:`skfedspd.flower.app`, does the same on a real Grid):
+
+    >>> import numpy as np
+    >>> from flwr.serverapp import ServerApp
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.flower import make_client_app, run_inprocess_simulation, serve
+    >>> from skfedspd.flower.simulation import quiet_flower_logs
+    >>> X, y = make_spd_classification(n_matrices=45, n_channels=4, n_classes=3, seed=0)
+    >>> parts = np.array_split(np.arange(45), 3)
+    >>> def load_site(context):  # virtual SuperNode i holds site i
+    ...     i = int(context.node_config["partition-id"])
+    ...     return i, X[parts[i]], y[parts[i]]
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=2, random_state=0)
+    >>> server_app, results = ServerApp(), []
+    >>> @server_app.main()
+    ... def main(grid, context):
+    ...     results.append(serve(fed, grid, n_sites=3, connect_timeout=30.0))
+    >>> with quiet_flower_logs():
+    ...     _ = run_inprocess_simulation(server_app, make_client_app(load_site), num_supernodes=3)
+    >>> fed = fed.set_result(results[0])
+    >>> fed.n_clients_, len(fed.history_), fed.predict(X[:4]).shape
+    (3, 2, (4,))
     """
     fed.check_params()
     if fed.checkpoint_path:

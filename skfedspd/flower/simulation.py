@@ -47,6 +47,20 @@ class InProcessBackend(Backend):
 
     ``num_workers`` runtime worker threads call :meth:`process_message` concurrently
     (default 1: one ClientApp at a time, as a single Ray actor would).
+
+    Examples
+    --------
+    :func:`run_inprocess_simulation` creates it for Flower's Simulation Runtime, which then
+    builds it from the ClientApp and hands it every message of every virtual SuperNode:
+
+    >>> from flwr.clientapp import ClientApp
+    >>> from flwr.server.superlink.fleet.vce.backend import Backend
+    >>> from skfedspd.flower import InProcessBackend
+    >>> backend = InProcessBackend({"init_args": {"num_workers": 2}})
+    >>> isinstance(backend, Backend), backend.num_workers, backend.is_worker_idle()
+    (True, 2, True)
+    >>> backend.build(ClientApp)  # the runtime passes a factory of its ClientApp
+    >>> backend.terminate()
     """
 
     def __init__(self, backend_config=None):
@@ -76,7 +90,17 @@ class InProcessBackend(Backend):
 
 
 class quiet_flower_logs:  # noqa: N801 - used as a context manager
-    """Raise the ``flwr`` logger's level while a block runs (Flower logs every round at INFO)."""
+    """Raise the ``flwr`` logger's level while a block runs (Flower logs every round at INFO).
+
+    Examples
+    --------
+    >>> import logging
+    >>> from skfedspd.flower.simulation import quiet_flower_logs
+    >>> with quiet_flower_logs():
+    ...     inside = logging.getLogger("flwr").level
+    >>> logging.getLevelName(inside)
+    'WARNING'
+    """
 
     def __init__(self, level=logging.WARNING):
         self.level = level
@@ -104,6 +128,31 @@ def run_inprocess_simulation(server_app: ServerApp, client_app: ClientApp, num_s
     -------
     Context
         The ServerApp's context after the run.
+
+    Examples
+    --------
+    A ServerApp that asks each of three virtual SuperNodes for its partition:
+
+    >>> from flwr.app import ConfigRecord, Message, RecordDict
+    >>> from flwr.clientapp import ClientApp
+    >>> from flwr.serverapp import ServerApp
+    >>> from skfedspd.flower import run_inprocess_simulation
+    >>> from skfedspd.flower.server import connect_sites
+    >>> from skfedspd.flower.simulation import quiet_flower_logs
+    >>> client_app, server_app, answers = ClientApp(), ServerApp(), []
+    >>> @client_app.query()
+    ... def partition(message, context):
+    ...     info = ConfigRecord({"partition-id": context.node_config["partition-id"]})
+    ...     return Message(RecordDict({"info": info}), reply_to=message)
+    >>> @server_app.main()
+    ... def ask(grid, context):
+    ...     queries = [Message(RecordDict(), dst_node_id=node, message_type="query")
+    ...                for node in connect_sites(grid, 3, timeout=30.0)]
+    ...     answers.extend(reply.content["info"]["partition-id"] for reply in grid.send_and_receive(queries))
+    >>> with quiet_flower_logs():
+    ...     context = run_inprocess_simulation(server_app, client_app, num_supernodes=3)
+    >>> sorted(answers)
+    [0, 1, 2]
     """
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
     state_factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())

@@ -24,6 +24,22 @@ def fit_simulation(fed, task):
     Returns
     -------
     FederatedResult
+
+    Examples
+    --------
+    ``backend="flower"`` runs this; the same seed gives the local backend's model:
+
+    >>> import numpy as np
+    >>> from sklearn.base import clone
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=0)
+    >>> subjects = np.repeat(["a", "b", "c"], 10)
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=2, backend="flower", random_state=0)
+    >>> on_flower = clone(fed).fit(X, y, groups=subjects)
+    >>> on_local = clone(fed).set_params(backend="local").fit(X, y, groups=subjects)
+    >>> bool(np.array_equal(on_flower.predict_proba(X), on_local.predict_proba(X)))
+    True
     """
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
