@@ -99,15 +99,18 @@ def pipelines(quick, candidate=False):
     return out
 
 
-def datasets(quick):
-    """(label, dataset, paradigm) triples."""
+def datasets(quick, subjects=None):
+    """(label, dataset, paradigm) triples; ``subjects`` overrides the left/right subjects."""
     from moabb.datasets import PhysionetMI
     from moabb.paradigms import LeftRightImagery, MotorImagery
 
     from skfedspd.datasets import PHYSIONET_OFFLINE_SUBJECTS
 
     two = PhysionetMI(imagined=True)
-    two.subject_list = QUICK_SUBJECTS if quick else list(PHYSIONET_OFFLINE_SUBJECTS)
+    two.subject_list = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_OFFLINE_SUBJECTS))
+    missing = sorted(set(two.subject_list) - set(PHYSIONET_OFFLINE_SUBJECTS))
+    if missing:
+        raise SystemExit(f"subjects {missing} are not in the offline copy ({list(PHYSIONET_OFFLINE_SUBJECTS)})")
     two.feet_runs = []  # left/right runs only: every offline subject has them
     out = [("left/right", two, LeftRightImagery(fmin=8, fmax=32))]
     if not quick:
@@ -163,6 +166,8 @@ def main(argv=None):
     parser.add_argument("--reuse", action="store_true",
                         help="reuse MOABB's stored results of unchanged pipelines (MOABB keys them on get_params, "
                              "not on the code: only when the package has not changed since)")
+    parser.add_argument("--subjects", type=int, nargs="+", default=None,
+                        help="left/right subjects (default: 1-4 with --quick, else the 16 offline ones)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     out = args.out or Path("results/moabb-evaluation" + ("-quick" if args.quick else ""))
@@ -193,7 +198,7 @@ def main(argv=None):
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores = []
-    for label, dataset, paradigm in datasets(args.quick):
+    for label, dataset, paradigm in datasets(args.quick, args.subjects):
         metric = "ROC-AUC" if label == "left/right" else "accuracy"
         runs = []
         for kind, evaluation in (
