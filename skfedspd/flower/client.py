@@ -4,8 +4,10 @@ A site answers four messages; none of them carries its data out:
 
 - ``query.setup``: with the run's seed, the site makes its stratified train/validation
   split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
-  id, the labels it holds, its sample shape, its training and validation sizes and its
-  input statistic (one scalar, e.g. the mean log-trace that ``scaling="auto"`` pools);
+  id, the labels it holds (none when the set-up carries the agreed ``classes``: the site
+  checks that its labels are among them, and fails otherwise), its sample shape, its
+  training and validation sizes and its input statistic (one scalar, e.g. the mean
+  log-trace that ``scaling="auto"`` pools);
 - ``train``: the local estimator's ``local_update`` (the one local-training routine) from
   the broadcast global parameters, with the learning rate and seed of the round (and, in
   DP mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies
@@ -64,6 +66,11 @@ class _PreparedSite:
         X = est.check_inputs(X, reset=True)
         y = np.asarray(y)
         self.labels, local_codes = np.unique(y, return_inverse=True)
+        if setup["classes"] is not None:
+            unknown = sorted(set(self.labels.tolist()) - set(setup["classes"]), key=repr)
+            if unknown:
+                raise ValueError(f"this site holds labels {unknown} that are not in the agreed classes "
+                                 f"{setup['classes']}")
         # The split sees the labels only through their order and counts, so the site's own
         # label codes give the split that the global codes give on the local backend.
         self.train, self.val = stratified_split(local_codes.reshape(-1), setup["validation_fraction"],
@@ -149,9 +156,11 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     @app.query("setup")
     def setup(message, context):
         cid, prepared = site(context, message.content["config"]["setup"])
-        info = {"client-id": cid, "labels": _spec.dumps(prepared.labels.tolist()), "shape": prepared.shape,
-                "num-examples": prepared.n_train, "n-val": prepared.n_val}
-        if prepared.statistic is not None and not _spec.loads(message.content["config"]["setup"]).get("private"):
+        setup = _spec.loads(message.content["config"]["setup"])
+        info = {"client-id": cid, "shape": prepared.shape, "num-examples": prepared.n_train, "n-val": prepared.n_val}
+        if setup["classes"] is None:  # agreed classes: the site's own labels stay on it
+            info["labels"] = _spec.dumps(prepared.labels.tolist())
+        if prepared.statistic is not None and not setup.get("private"):
             info["input-statistic"] = float(prepared.statistic)
         return Message(RecordDict({"site": ConfigRecord(info)}), reply_to=message)
 

@@ -212,11 +212,12 @@ def _label_kind(label):
     return None
 
 
-def _read_setup(infos, nodes):
+def _read_setup(infos, nodes, with_labels=True):
     """The sites' set-up declarations, checked: ``(node of each client id, shape, labels of
     each client, n_train, n_val, input statistics)``. Any bad declaration raises a
     ValueError naming the client (set-up failures end the run whatever the failure
-    policy: the federation's membership and data shape must be settled first)."""
+    policy: the federation's membership and data shape must be settled first).
+    ``with_labels=False`` (agreed ``classes``): the sites declare no labels (None each)."""
     client_node = {}
     for node, info in infos.items():
         cid = info.get("client-id") if hasattr(info, "get") else None
@@ -233,13 +234,13 @@ def _read_setup(infos, nodes):
         info = infos[node]
         try:
             shape = tuple(info["shape"])
-            declared = _spec.loads(str(info["labels"]))
+            declared = _spec.loads(str(info["labels"])) if with_labels else None
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"client {cid} sent a malformed set-up reply: {error!r}") from None
         if not shape or not all(_count(s, 1) for s in shape):
             raise ValueError(f"client {cid} declared an invalid sample shape {list(shape)}")
         kinds = {_label_kind(label) for label in declared} if isinstance(declared, list) else {None}
-        if not declared or None in kinds or len(set(declared)) != len(declared):
+        if with_labels and (not declared or None in kinds or len(set(declared)) != len(declared)):
             raise ValueError(f"client {cid} declared invalid labels {declared!r} (a non-empty list of "
                              "distinct strings, booleans or finite numbers)")
         if not _count(info.get("num-examples"), 1) or not _count(info.get("n-val"), 0):
@@ -252,8 +253,8 @@ def _read_setup(infos, nodes):
         stats.append(info.get("input-statistic"))
     if len(shapes) != 1:
         raise ValueError(f"the sites' samples differ in shape: {sorted(shapes)}")
-    kinds = {cid: {_label_kind(label) for label in site} for cid, site in enumerate(labels)}
-    if len(set().union(*kinds.values())) != 1:
+    kinds = {cid: {_label_kind(label) for label in site} for cid, site in enumerate(labels) if site is not None}
+    if with_labels and len(set().union(*kinds.values())) != 1:
         raise ValueError(f"the sites declare labels of different types: {kinds} (a label must mean the same "
                          "class at every site)")
     return node_of, shapes.pop(), labels, n_train, n_val, stats
@@ -301,15 +302,16 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     nodes = connect_sites(grid, n_sites, connect_timeout)
     seed = fed.engine_.seed if resume else (draw_seed(fed.random_state) if seed is None else int(seed))
 
-    # 1. set-up: who is who, the sites' labels, shapes, split sizes and input statistics
+    # 1. set-up: who is who, the sites' labels (none with agreed classes: each site checks
+    # its own against them), shapes, split sizes and input statistics
+    agreed = fed.agreed_classes(est, resume)
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
-             "classes": None, "seed": seed, "validation_fraction": fed.validation_fraction,
+             "classes": agreed, "seed": seed, "validation_fraction": fed.validation_fraction,
              "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
-    node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes)
-    declared = np.unique(np.concatenate([np.asarray(site) for site in labels]))
+    node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes, with_labels=agreed is None)
     known = est.classes_ if resume else None
-    for cid, site in enumerate(labels):
+    for cid, site in enumerate(labels if agreed is None else []):
         unknown = [] if known is None else sorted(set(site) - set(np.asarray(known).tolist()))
         if unknown:
             raise ValueError(f"client {cid} declared labels {unknown} that are not in classes {known.tolist()}")
@@ -317,7 +319,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     if resume:
         statistic = fed.engine_.input_statistic
     else:
-        est.set_classes(declared)
+        if agreed is None:
+            est.set_classes(np.unique(np.concatenate([np.asarray(site) for site in labels])))
         # DP mode: the sites' input statistics are neither sent nor used (docs/privacy.md)
         statistic = None if setup["private"] else pool_input_statistic(stats, n_train)
         est.set_input_statistic(statistic)
