@@ -6,6 +6,8 @@ server receives only masked vectors and totals, and the totals are checked by th
 A few seconds per fit on two CPU cores.
 """
 
+import contextlib
+import logging
 import os
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -108,6 +110,36 @@ def test_secure_with_client_local_arrays_matches_plain(estimator):
     assert local and sorted(plain.engine_.local_states) == [0, 1, 2]
     assert secured.engine_.local_states == {}
     assert_close_runs(plain, secured)
+
+
+def test_progress_advances_every_secure_round(spd, monkeypatch):
+    """verbose: the simulation's bar takes one step per secure round, with the pooled
+    validation macro-F1; a deployment's bar reads the same from the server's log."""
+    from skfedspd.flower import deploy, simulation_fit
+
+    bars, lines = [], []
+
+    class Recording(deploy._RoundProgress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(simulation_fit, "_RoundProgress", Recording)
+    monkeypatch.setattr(simulation_fit, "quiet_flower_logs", contextlib.nullcontext)  # keep the INFO lines
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        secured = _fed("flower", True, verbose=True).fit(*spd)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    scores = [record["val_f1"] for record in secured.history_]
+    (bar,) = bars
+    assert bar.rounds == bar.bar.n == 3 and bar.scores == scores
+    from_log = deploy._RoundProgress(3, disable=True)
+    for line in lines:
+        from_log.feed(line)
+    assert from_log.rounds == 3 and from_log.scores == scores
 
 
 def test_two_limbs_keep_float64_precision_through_flower_quantization():

@@ -24,9 +24,12 @@ from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, po
 from ..training import draw_seed
 from .client import from_array_record, to_array_record
 
-__all__ = ["SPDnetStrategy", "serve", "connect_sites"]
+__all__ = ["SPDnetStrategy", "serve", "connect_sites", "ROUND_LOG"]
 
 _INFO, _WARNING = 20, 30
+#: Logged by the strategy when a round closes, plain or secure (a deployment's progress
+#: bar reads it from the streamed server log): the round and the global validation macro-F1.
+ROUND_LOG = "FedSPDnet round %d done: val-f1 %r"
 
 
 class MalformedReply(ValueError):
@@ -47,7 +50,8 @@ class SPDnetStrategy(FedAvg):
       client's validation part → :meth:`FederatedEngine.finish_round` (checks, pooled
       score, schedule, history).
 
-    After early stopping the remaining rounds send nothing.
+    After early stopping the remaining rounds send nothing. Each closed round is logged as
+    :data:`ROUND_LOG` and passed to ``on_round``.
 
     Parameters
     ----------
@@ -57,9 +61,11 @@ class SPDnetStrategy(FedAvg):
     setup_json : str
         The run's set-up, sent with every message.
     local_epochs : int
+    on_round : callable or None, default=None
+        Called with each closed round's history record (e.g. a progress bar).
     """
 
-    def __init__(self, engine, *, nodes, setup_json, local_epochs):
+    def __init__(self, engine, *, nodes, setup_json, local_epochs, on_round=None):
         n_clients = len(nodes)
         super().__init__(fraction_train=engine.n_select / n_clients, fraction_evaluate=1.0,
                          min_train_nodes=engine.n_select, min_evaluate_nodes=n_clients,
@@ -70,6 +76,7 @@ class SPDnetStrategy(FedAvg):
         self.setup_json = setup_json
         self.local_epochs = int(local_epochs)
         self.first_round = engine.next_round
+        self.on_round = on_round
         self._round = None
 
     def summary(self):
@@ -163,6 +170,9 @@ class SPDnetStrategy(FedAvg):
 
     def _after_evaluate(self, record):
         self._round = None
+        log(_INFO, ROUND_LOG, record["round"], float(record["val_f1"]))
+        if self.on_round is not None:
+            self.on_round(record)
         return MetricRecord({"val-loss": record["val_loss"], "val-f1": record["val_f1"], "lr": record["lr"]})
 
 
@@ -267,7 +277,7 @@ def _probe(shape):
 
 
 def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600.0, connect_timeout=600.0,
-          client_source=None, client_groups=None):
+          client_source=None, client_groups=None, on_round=None):
     """Fit a :class:`~skfedspd.FederatedSPDnetClassifier`'s configuration through a Flower Grid.
 
     The ServerApp body of both the in-process simulation and a deployment. The client ids
@@ -287,6 +297,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     client_source, client_groups
         What ``client_source_`` / ``client_groups_`` record (the simulation's partition);
         None: ``"flower:client-id"`` and no groups.
+    on_round : callable or None
+        Called with each closed round's history record (the simulation's progress bar).
 
     Returns
     -------
@@ -336,7 +348,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     strategy_class = SPDnetStrategy
     if fed.secure_aggregation:
         from .secure import SecureSPDnetStrategy as strategy_class  # imports this module
-    strategy = strategy_class(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs)
+    strategy = strategy_class(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs,
+                              on_round=on_round)
     strategy.start(grid, to_array_record(engine.global_params), num_rounds=fed.n_rounds, timeout=timeout)
     est.set_parameters(engine.best_params)
     if client_source is None:
