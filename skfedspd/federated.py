@@ -166,7 +166,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         joblib workers for the clients' local training (each worker runs one torch thread).
     random_state : int, RandomState instance or None, default=None
     verbose : bool, default=False
-        A progress bar over rounds with the global validation macro-F1.
+        A progress bar over rounds with the global validation macro-F1 (both backends).
     on_client_error : {"raise", "skip"}, default="raise"
         What a failed client does to its round: a client whose local training raises, or
         whose reply fails the checks of :mod:`skfedspd.engine` (names, shapes, dtypes,
@@ -195,8 +195,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         every round's train and validation replies reach the server only as sums, by
         Flower's SecAgg+ protocol (:mod:`skfedspd.flower.secure`); ProjAvg / RLAvg are
         computed from the summed weighted arrays and match the plain run to ~1e-7. Needs
-        ``aggregation`` "projavg" or "rlavg", a model without client-local arrays (SPDnet),
-        at least 3 clients per round; tolerates ``M − round(2M/3)`` dropouts per round.
+        ``aggregation`` "projavg" or "rlavg" and at least 3 clients per round; tolerates
+        ``M − round(2M/3)`` dropouts per round. Client-local arrays (BatchNorm statistics)
+        stay on their site; only their training-size weighted sum joins the masked sum (the
+        released model's pooled statistics). Combines with ``dp_epsilon`` (the noise is
+        added on the site before the sum).
         ``history_`` then holds totals only (``n_samples``: the one-element total).
         Threat model and what leaves a site: ``docs/privacy.md``.
     dp_epsilon : float or None, default=None
