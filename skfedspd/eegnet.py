@@ -67,6 +67,17 @@ Federated learning: :meth:`EEGNet.parameter_kinds` maps every key of ``state_dic
   ``num_batches_tracked``: they stay on each client and are never averaged, since they
   encode each client's own feature statistics (in the spirit of FedBN, Li et al., 2021, which
   also keeps the affine weight/bias local; here those are shared).
+
+GroupNorm variant (``norm="group"``): the three BatchNorm layers become
+``GroupNorm(1, channels)`` (Wu & He, 2018, with one group): each sample is normalised by its
+own mean and variance over all its feature maps, then scaled and shifted per map (the same
+``2·channels`` affine parameters, so the same parameter counts). No statistic mixes the
+samples of a batch and nothing is kept between batches (no buffers, no ``"local"``
+arrays): what per-sample differential privacy needs (:mod:`skfedspd.privacy`), and the
+same function in training and evaluation. One group, not one per map: per-map
+normalisation would divide each spatially filtered signal by its own power in every trial,
+erasing the band power that motor imagery is decoded from; one group keeps the maps'
+relative power (the input is already z-scored per trial).
 """
 
 from collections import OrderedDict
@@ -179,6 +190,9 @@ class EEGNet(FederatedModule):
         Average-pooling factors along time after blocks 1 and 2.
     dropout : float
         Dropout rate (Lawhern: 0.5 within-subject, 0.25 cross-subject; default 0.25).
+    norm : {"batch", "group"}
+        Normalisation layers ``bn1``, ``bn2``, ``bn3``: ``BatchNorm2d`` (Lawhern) or
+        ``GroupNorm`` with one group (per sample; see the module docstring).
 
     See the module docstring for the architecture, the parameter counts (3 284 for
     PhysionetMI with n_times = 480, 5 303 for Weibo2014 with n_times = 800), the max-norm
@@ -204,7 +218,7 @@ class EEGNet(FederatedModule):
     dense_max_norm = 0.25
 
     def __init__(self, n_channels, n_times, n_classes, fs, F1=8, D=2, F2=16, p1=4, p2=8,
-                 dropout=0.25):
+                 dropout=0.25, norm="batch"):
         super().__init__()
         n_channels, n_times, n_classes = int(n_channels), int(n_times), int(n_classes)
         if min(n_channels, n_classes, F1, D, F2, p1, p2) < 1:
@@ -213,32 +227,38 @@ class EEGNet(FederatedModule):
             raise ValueError(f"fs must be positive, got {fs}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"dropout must lie in [0, 1), got {dropout}")
+        if norm not in ("batch", "group"):
+            raise ValueError(f"norm must be 'batch' or 'group', got {norm!r}")
         n_out = (n_times // p1) // p2
         if n_out < 1:
             raise ValueError(f"n_times={n_times} is too short for pooling p1*p2={p1 * p2}")
 
         self.n_channels, self.n_times, self.n_classes, self.fs = n_channels, n_times, n_classes, fs
         self.F1, self.D, self.F2, self.p1, self.p2 = F1, D, F2, p1, p2
-        self.dropout = dropout
+        self.dropout, self.norm = dropout, norm
         self.kernel_length, self.separable_kernel_length = _kernel_lengths(fs, p1)
         self.n_features = F2 * n_out
 
-        bn = dict(momentum=0.01, eps=1e-3)  # Keras BatchNormalization defaults (momentum .99)
+        def normalization(channels):  # Keras BatchNormalization defaults (momentum .99, eps 1e-3)
+            if norm == "group":
+                return nn.GroupNorm(1, channels, eps=1e-3)
+            return nn.BatchNorm2d(channels, momentum=0.01, eps=1e-3)
+
         # Block 1: temporal conv, then depthwise spatial conv (one spatial filter bank per
         # temporal filter).
         # 'same' padding is applied explicitly in forward (F.pad): identical to
         # padding="same" but without torch's copy/warning for even kernel lengths.
         self.temporal_conv = nn.Conv2d(1, F1, (1, self.kernel_length), bias=False)
-        self.bn1 = nn.BatchNorm2d(F1, **bn)
+        self.bn1 = normalization(F1)
         self.depthwise_conv = nn.Conv2d(F1, F1 * D, (n_channels, 1), groups=F1, bias=False)
-        self.bn2 = nn.BatchNorm2d(F1 * D, **bn)
+        self.bn2 = normalization(F1 * D)
         self.pool1 = nn.AvgPool2d((1, p1))
         self.drop1 = nn.Dropout(dropout)
         # Block 2: separable conv = depthwise temporal conv + pointwise 1x1 conv.
         self.separable_depthwise = nn.Conv2d(F1 * D, F1 * D, (1, self.separable_kernel_length),
                                              groups=F1 * D, bias=False)
         self.separable_pointwise = nn.Conv2d(F1 * D, F2, (1, 1), bias=False)
-        self.bn3 = nn.BatchNorm2d(F2, **bn)
+        self.bn3 = normalization(F2)
         self.pool2 = nn.AvgPool2d((1, p2))
         self.drop2 = nn.Dropout(dropout)
         # Classifier.
@@ -359,6 +379,8 @@ class EEGNet(FederatedModule):
 
         s = torch.matmul(w.expand(batch, -1, -1), x)        # (B, F1·D, T) spatial filtering
         y = _same_correlate_fft(s, k.repeat_interleave(D, dim=0), left)   # k_f ⋆ s_o
+        if isinstance(bn, nn.GroupNorm):
+            return self._group_norm_block1(x, k, w, y)
 
         use_batch_stats = bn.training or bn.running_mean is None
         if use_batch_stats:
@@ -387,11 +409,35 @@ class EEGNet(FederatedModule):
                + (shift.repeat_interleave(D) * w.sum(-1))[:, None])
         return out.unsqueeze(2)                             # (B, F1·D, 1, T)
 
+    def _group_norm_block1(self, x, k, w, y):
+        """:meth:`_block1_fast`'s end with ``norm="group"``: the same algebra with the
+        statistics of one sample instead of the batch's. ``bn1`` (one group) normalises
+        sample ``b`` by ``μ_b, σ²_b`` over all its ``(f, c, t)``; with ``n = F1·C·T``::
+
+            μ_b = Σ_f k_fᵀ m_b / n,   E_b[y²] = Σ_f k_fᵀ G_b k_f / n
+
+        (``m_b``, ``G_b``: the window sums and lagged Gram matrix of sample ``b`` alone, by
+        :func:`_lagged_gram` under ``vmap``), then ``a_{b,f} = γ_f / sqrt(σ²_b + eps)``."""
+        batch, n_channels, n_times = x.shape
+        kernel, F1, D, bn = self.kernel_length, self.F1, self.D, self.bn1
+        left, right = _same_padding(kernel)
+        n = F1 * n_channels * n_times
+        total = F.pad(x.sum(dim=1), (left, right))                                  # (B, T + K − 1)
+        m = total.unfold(-1, n_times, 1).sum(-1)                                    # (B, K)
+        G = torch.vmap(lambda sample: _lagged_gram(sample, kernel, left))(x)        # (B, K, K)
+        mean = m @ k.sum(0) / n                                                     # (B,)
+        var = (torch.einsum("fi,bij,fj->b", k, G, k) / n - mean.square()).clamp_min(0)   # biased
+        scale = bn.weight * torch.rsqrt(var + bn.eps)[:, None]                      # (B, F1)
+        shift = bn.bias - scale * mean[:, None]
+        out = (scale.repeat_interleave(D, dim=1)[..., None] * y
+               + (shift.repeat_interleave(D, dim=1) * w.sum(-1))[..., None])
+        return out.unsqueeze(2)                                                     # (B, F1·D, 1, T)
+
     def extra_repr(self):
         return (f"n_channels={self.n_channels}, n_times={self.n_times}, "
                 f"n_classes={self.n_classes}, fs={self.fs}, F1={self.F1}, D={self.D}, "
                 f"F2={self.F2}, Kt={self.kernel_length}, Ks={self.separable_kernel_length}, "
-                f"dropout={self.dropout}")
+                f"dropout={self.dropout}, norm={self.norm!r}")
 
 
 #: Axes of the standard deviation that divides each centred trial.
@@ -413,6 +459,13 @@ class EEGNetClassifier(TorchClassifierBase):
         Sampling frequency (sets the kernel lengths).
     F1, D, F2, p1, p2, dropout
         See :class:`EEGNet`.
+    norm : {"batch", "group"}, default="batch"
+        The normalisation layers: ``"batch"``, BatchNorm as in Lawhern et al. (running
+        statistics: client-local arrays in federation); ``"group"``, GroupNorm with one
+        group, each trial normalised by its own statistics (no running statistics, nothing
+        client-local, the same in training and prediction): the variant that trains under
+        per-sample differential privacy (``FederatedSPDnetClassifier(dp_epsilon=...)``),
+        where BatchNorm has to be frozen. See :class:`EEGNet`.
     standardize : {"trial", "channel"}, default="trial"
         How each trial is z-scored. Both centre every channel over time. ``"trial"``
         divides the whole trial by one standard deviation (over its channels and
@@ -450,7 +503,7 @@ class EEGNetClassifier(TorchClassifierBase):
                  batch_size=64, max_epochs=300, validation_fraction=0.1, early_stopping="auto",
                  validation_metric="loss", patience=75, lr_patience=20,
                  lr_factor=0.5, dtype="float32", device="cpu", random_state=None, verbose=False,
-                 warm_start=False, class_weight=None):
+                 warm_start=False, class_weight=None, norm="batch"):
         self.fs = fs
         self.F1 = F1
         self.D = D
@@ -474,6 +527,7 @@ class EEGNetClassifier(TorchClassifierBase):
         self.verbose = verbose
         self.warm_start = warm_start
         self.class_weight = class_weight
+        self.norm = norm
 
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
@@ -481,6 +535,7 @@ class EEGNetClassifier(TorchClassifierBase):
         **{name: [Interval(Integral, 1, None, closed="left")] for name in ("F1", "D", "F2", "p1", "p2")},
         "dropout": [Interval(Real, 0, 1, closed="left")],
         "standardize": [StrOptions(set(_STANDARDIZE_AXES))],
+        "norm": [StrOptions({"batch", "group"})],
     }
 
     def _check_array(self, X, reset):
@@ -526,4 +581,5 @@ class EEGNetClassifier(TorchClassifierBase):
 
     def _build_module(self, seed):
         return EEGNet(self.n_features_in_, self.n_times_, len(self.classes_), self.fs, F1=self.F1, D=self.D,
-                      F2=self.F2, p1=self.p1, p2=self.p2, dropout=self.dropout).to(self.torch_dtype_)
+                      F2=self.F2, p1=self.p1, p2=self.p2, dropout=self.dropout,
+                      norm=self.norm).to(self.torch_dtype_)

@@ -610,7 +610,7 @@ class FederatedEngine:
                             int(sum(r.n_skipped for _, r in accepted)), local_states)
 
     def aggregate_from_sum(self, t, selected, clients, reasons, *, summed, weight, n_examples, loss, n_nan_loss,
-                           n_skipped):
+                           n_skipped, pooled_local=None):
         """:meth:`aggregate` when the server sees only sums (secure aggregation).
 
         ``clients``: the selected clients whose replies the sum covers (the others dropped
@@ -618,7 +618,10 @@ class FederatedEngine:
         failure policy). The sums over ``clients``: ``summed`` (``{name: Σ_i r_i θ_i}``,
         non-local names), ``weight`` (``Σ_i r_i``, ``r_i`` the client's unnormalised
         weight), ``n_examples``, ``loss`` (``Σ_i r_i loss_i``), ``n_nan_loss`` (clients with a
-        NaN loss), ``n_skipped``. The rule must be a function of the weighted sum
+        NaN loss), ``n_skipped``; and ``pooled_local`` (``{name: Σ_i n_i λ_i / Σ_i n_i}``, every
+        ``"local"`` name of the model): the clients' local arrays pooled by training size, the
+        released model's (the clients keep their own: the engine then holds none per client).
+        The rule must be a function of the weighted sum
         (:data:`~skfedspd.aggregation.SUM_RULES`). The totals are checked (finite arrays of
         the model's shapes, a positive weight, a total count between one per client and
         the clients' declared total, orthonormal Stiefel arrays after the rule); a bad
@@ -636,7 +639,9 @@ class FederatedEngine:
         _, failed = self._sort_replies(t, "train", selected, replies, lambda cid, reply: None)
         template = {n: (shape, None) for n, (shape, _) in self.template.items() if self.kinds[n] != "local"}
         n_total, declared = int(np.rint(n_examples)), sum(self.n_train[c] for c in clients)
-        reason = _check_arrays(summed, template, what="summed arrays")
+        local_template = {n: (shape, None) for n, (shape, _) in self.template.items() if self.kinds[n] == "local"}
+        reason = _check_arrays(summed, template, what="summed arrays") or (
+            _check_arrays(pooled_local, local_template, what="pooled local arrays") if local_template else None)
         if reason is None and not (np.isfinite(weight) and weight > 0):
             reason = f"the summed weight {weight!r} is not positive"
         if reason is None and not len(clients) <= n_total <= declared:
@@ -649,14 +654,16 @@ class FederatedEngine:
         mean = {n: np.asarray(v, dtype=np.float64) / weight for n, v in summed.items()}
         new_global = SUM_RULES[self.rule_name](mean, self._previous(), self.kinds)
         train_loss = float("nan") if np.rint(n_nan_loss) > 0 else max(0.0, float(loss / weight))
-        return self._commit(t, new_global, clients, [n_total], failed, train_loss, int(np.rint(n_skipped)))
+        return self._commit(t, new_global, clients, [n_total], failed, train_loss, int(np.rint(n_skipped)),
+                            pooled_local=pooled_local)
 
     def _previous(self):
         return {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}
 
-    def _commit(self, t, new_global, clients, n_samples, failed, train_loss, skipped, local_states=None):
+    def _commit(self, t, new_global, clients, n_samples, failed, train_loss, skipped, local_states=None,
+                pooled_local=None):
         """Check the rule's output; only then make it the global model (with the clients'
-        new ``"local"`` arrays); return the round's record."""
+        new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record."""
         check_aggregate(self.rule_name, new_global, self.template, self.kinds)
         previous = self._previous()
         new_global = {n: new_global[n] for n in previous}
@@ -667,7 +674,7 @@ class FederatedEngine:
         self.local_states.update(local_states or {})
         for name, kind in self.kinds.items():
             if kind == "local":
-                new_global[name] = self._pooled_local(name)
+                new_global[name] = pooled_local[name] if pooled_local is not None else self._pooled_local(name)
         self.global_params = new_global
         self.server_momentum_buffer = momentum
         return {

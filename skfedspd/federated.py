@@ -187,7 +187,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         joblib workers for the clients' local training (each worker runs one torch thread).
     random_state : int, RandomState instance or None, default=None
     verbose : bool, default=False
-        A progress bar over rounds with the global validation macro-F1.
+        A progress bar over rounds with the global validation macro-F1 (both backends).
     on_client_error : {"raise", "skip"}, default="raise"
         What a failed client does to its round: a client whose local training raises, or
         whose reply fails the checks of :mod:`skfedspd.engine` (names, shapes, dtypes,
@@ -216,8 +216,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         every round's train and validation replies reach the server only as sums, by
         Flower's SecAgg+ protocol (:mod:`skfedspd.flower.secure`); ProjAvg / RLAvg are
         computed from the summed weighted arrays and match the plain run to ~1e-7. Needs
-        ``aggregation`` "projavg" or "rlavg", a model without client-local arrays (SPDnet),
-        at least 3 clients per round; tolerates ``M − round(2M/3)`` dropouts per round.
+        ``aggregation`` "projavg" or "rlavg" and at least 3 clients per round; tolerates
+        ``M − round(2M/3)`` dropouts per round. Client-local arrays (BatchNorm statistics)
+        stay on their site; only their training-size weighted sum joins the masked sum (the
+        released model's pooled statistics). Combines with ``dp_epsilon`` (the noise is
+        added on the site before the sum).
         ``history_`` then holds totals only (``n_samples``: the one-element total).
         Threat model and what leaves a site: ``docs/privacy.md``.
     dp_epsilon : float or None, default=None
@@ -239,6 +242,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         site's training size). A δ not below ``1 / n_min`` is refused.
     dp_clip_norm : float, default=1.0
         Bound ``C`` on each sample's joint gradient norm.
+    classes : array-like of shape (n_classes,) or None, default=None
+        The label set the consortium agreed out of band (as ``partial_fit``'s ``classes``
+        in scikit-learn). None: the union of the sites' labels, each site sending the set
+        of labels it holds at set-up, in clear on the Flower backend. Given: ``classes_``
+        is this set and no site sends any label: each checks that its own labels are
+        among them (a ValueError naming the unknown labels otherwise; on Flower that site
+        fails the set-up). A class that no site holds remains a class of the model (its
+        head is never trained): the server cannot tell, by design. Needed for the label set
+        to stay private (``docs/privacy.md``); with ``warm_start`` it must equal the fitted
+        ``classes_``.
 
     Attributes
     ----------
@@ -315,6 +328,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     >>> fed = fed.set_params(estimator__lr=0.05).fit(X, y)
     >>> fed.client_source_, [record["clients"] for record in fed.history_]
     ('partition:stratified', [[0], [2]])
+
+    Labels agreed in advance (``classes``), so that no site reveals which ones it holds; a
+    class no site holds still gets an output:
+
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=4), n_rounds=2, local_epochs=1,
+    ...                                 classes=[0, 1, 2], random_state=0)
+    >>> fed.fit(X, y, groups=subjects).classes_, fed.predict_proba(X[:2]).shape
+    (array([0, 1, 2]), (2, 3))
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
@@ -349,6 +370,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "dp_epsilon": [None, Interval(Real, 0, None, closed="neither")],
         "dp_delta": [None, Interval(Real, 0, 1, closed="neither")],
         "dp_clip_norm": [Interval(Real, 0, None, closed="neither")],
+        "classes": [None, "array-like"],
     }
 
     def __init__(
@@ -381,6 +403,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         dp_epsilon=None,
         dp_delta=None,
         dp_clip_norm=1.0,
+        classes=None,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -410,6 +433,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.dp_epsilon = dp_epsilon
         self.dp_delta = dp_delta
         self.dp_clip_norm = dp_clip_norm
+        self.classes = classes
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -509,8 +533,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             X = est.check_inputs(X, reset=False)
         else:
             X = est.check_inputs(X, reset=True)
+        if self.agreed_classes(est, resume) is None and not resume:
             est.set_classes(y)
-        codes = est.encode_labels(y, len(X))
+        codes = est.encode_labels(y, len(X))  # names the labels outside the agreed classes
         weights = training_weights(getattr(est, "class_weight", None), np.asarray(y), sample_weight)
         seed = self.engine_.seed if resume else draw_seed(self.random_state)
         indices, source, client_groups = self._clients(codes, groups, seed)
@@ -518,6 +543,47 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return FitTask(estimator=est, X=X, y=np.asarray(y), codes=codes, indices=indices, seed=seed,
                        resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups,
                        sample_weight=weights)
+
+    def agreed_classes(self, est, resume):
+        """The ``classes`` parameter applied to the local estimator ``est``.
+
+        A fresh fit sets ``est.classes_`` to them; a resumed fit checks that they are its
+        fitted ``classes_``. Both backends call it before any site is contacted.
+
+        Parameters
+        ----------
+        est : TorchClassifierBase
+            The local estimator of the fit (fitted when ``resume``).
+        resume : bool
+            Whether ``warm_start`` continues the fitted model.
+
+        Returns
+        -------
+        list or None
+            ``est.classes_`` as a JSON-able list (what the sites receive), None when
+            ``classes`` is None (the sites' labels then make the classes).
+
+        Raises
+        ------
+        ValueError
+            When ``classes`` are not valid classification labels (at least two), or differ
+            from the fitted ``classes_`` of a resumed fit.
+
+        Examples
+        --------
+        >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+        >>> est = SPDnetClassifier()
+        >>> FederatedSPDnetClassifier(classes=[2, 1, 3]).agreed_classes(est, resume=False)
+        [1, 2, 3]
+        """
+        if self.classes is None:
+            return None
+        if not resume:
+            est.set_classes(self.classes)
+        elif not np.array_equal(np.unique(np.asarray(self.classes)), est.classes_):
+            raise ValueError(f"classes={list(self.classes)!r} differ from the classes {est.classes_.tolist()} of the "
+                             "model that warm_start continues")
+        return est.classes_.tolist()
 
     def _clients(self, codes, groups, seed):
         """``(indices, client_source, client_groups)``."""
@@ -532,7 +598,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if partition != "stratified" and n_clients > len(codes):
             raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
         if partition == "stratified":
-            n_clients = min(n_clients, int(np.bincount(codes).min()))
+            n_clients = min(n_clients, int(np.unique(codes, return_counts=True)[1].min()))  # classes held
             if n_clients < self.n_clients:
                 warnings.warn(f"n_clients={self.n_clients} reduced to {n_clients}, the size of the smallest class, so "
                               "that every client of the stratified partition holds every class", UserWarning,

@@ -32,8 +32,8 @@ def _encode(value, where):
         return {"__estimator__": estimator_to_spec(value)}
     if isinstance(value, tuple):
         return {"__tuple__": [_encode(v, where) for v in value]}
-    if isinstance(value, list):
-        return [_encode(v, where) for v in value]
+    if isinstance(value, (list, np.ndarray)):  # an array (agreed classes) travels as a list
+        return [_encode(v, where) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
     if isinstance(value, np.generic):
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):

@@ -255,12 +255,13 @@ def _same_dropout_forward(model, method, x, seed):
     return getattr(model, method)(x)
 
 
+@pytest.mark.parametrize("norm", ["batch", "group"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("config", [PHYSIONET, SMALL, ODD, (8, 32, 3, 128)])
-def test_fast_forward_matches_reference(config, dtype):
+def test_fast_forward_matches_reference(config, dtype, norm):
     """Training and eval forward, and the gradient of every parameter (and of the input)."""
     rtol = TOL[dtype]
-    fast, ref = _pair(config, dtype)
+    fast, ref = _pair(config, dtype, norm=norm)
     x = (1.5 * torch.randn(6, config[0], config[1], dtype=dtype) + 0.2)
     y = torch.randint(config[2], (6,))
     xf, xr = x.clone().requires_grad_(), x.clone().requires_grad_()
@@ -275,7 +276,8 @@ def test_fast_forward_matches_reference(config, dtype):
     _assert_close(xf.grad, xr.grad, rtol)
     # bn1.bias adds a constant to each depthwise map, which BN2 (batch statistics) removes:
     # its exact gradient is 0 in training mode, in both implementations.
-    assert fast.bn1.bias.grad.abs().max() <= 10 * rtol * grad_scale
+    if norm == "batch":
+        assert fast.bn1.bias.grad.abs().max() <= 10 * rtol * grad_scale
     for key, value in fast.state_dict().items():
         _assert_close(value.double(), ref.state_dict()[key].double(), rtol)
     fast.eval(), ref.eval()
@@ -316,6 +318,37 @@ def test_fast_training_matches_reference_over_steps(dtype, momentum):
     _assert_close(_same_dropout_forward(fast, "forward", x, 9),
                   _same_dropout_forward(ref, "_reference_forward", x, 9), rtol)
     assert int(fast.bn1.num_batches_tracked) == 5
+
+
+@pytest.mark.parametrize("config, expected", [(PHYSIONET, 3284), (WEIBO, 5303)])
+def test_group_norm_shapes_counts_and_kinds(config, expected):
+    """norm="group": the same parameters (GroupNorm's affine weights per map), no buffers,
+    so nothing client-local; the same function in training and evaluation."""
+    n_channels, _, n_classes, _ = config
+    model = EEGNet(*config, norm="group", dropout=0.0)
+    assert n_trainable(model) == expected
+    assert [type(m).__name__ for m in (model.bn1, model.bn2, model.bn3)] == ["GroupNorm"] * 3
+    assert dict(model.named_buffers()) == {}
+    assert set(model.parameter_kinds().values()) == {"euclidean"}
+    x = torch.randn(3, n_channels, model.n_times)
+    out = model.train()(x)
+    assert out.shape == (3, n_classes)
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(x), out.detach())
+    with pytest.raises(ValueError, match="norm must be 'batch' or 'group'"):
+        EEGNet(*SMALL, norm="layer")
+
+
+@pytest.mark.parametrize("norm, independent", [("group", True), ("batch", False)])
+def test_group_norm_samples_do_not_interact(norm, independent):
+    """Per-sample DP needs a sample's output not to depend on the other samples of its
+    batch: true of GroupNorm in training mode, not of BatchNorm (batch statistics)."""
+    torch.manual_seed(0)
+    model = EEGNet(*SMALL, norm=norm, dropout=0.0).double().train()
+    x = torch.randn(5, SMALL[0], SMALL[1], dtype=torch.float64)
+    changed = torch.cat([x[:1], 3 * torch.randn(4, SMALL[0], SMALL[1], dtype=torch.float64)])
+    same = torch.allclose(model(x)[0], model(changed)[0], rtol=0, atol=1e-12)
+    assert same == independent
 
 
 def test_fast_forward_rejects_wrong_shape_like_reference():
@@ -361,11 +394,11 @@ def small_classifier(**kwargs):
     return EEGNetClassifier(**{**params, **kwargs})
 
 
-@pytest.mark.parametrize("standardize", ["trial", "channel"])
-def test_classifier_learns_source_power(eeg_timeseries, standardize):
+@pytest.mark.parametrize("standardize, norm", [("trial", "batch"), ("channel", "batch"), ("trial", "group")])
+def test_classifier_learns_source_power(eeg_timeseries, standardize, norm):
     """Class = which hidden source is stronger: learnable well above chance (1/3)."""
     X, y = eeg_timeseries(n_trials=150, n_classes=3, seed=1)
-    clf = small_classifier(standardize=standardize).fit(X[:120], y[:120])
+    clf = small_classifier(standardize=standardize, norm=norm).fit(X[:120], y[:120])
     assert clf.score(X[120:], y[120:]) >= 0.6
     assert clf.predict_proba(X[120:]).shape == (30, 3)
     np.testing.assert_allclose(clf.predict_proba(X[120:]).sum(1), 1.0, rtol=1e-5)
@@ -470,6 +503,7 @@ EEG_BAD_PARAMS = [
     (dict(dropout=1.0), r"'dropout' parameter .* range \[0.0, 1.0\)"),
     (dict(dropout=-0.1), "'dropout' parameter"),
     (dict(standardize="global"), "'standardize' parameter"),
+    (dict(norm="layer"), r"'norm' parameter .* \{'batch', 'group'\}|'norm' parameter .* \{'group', 'batch'\}"),
     (dict(lr=0.0), "'lr' parameter"),
     (dict(patience=-1), "'patience' parameter"),
     (dict(lr_patience=-3), "'lr_patience' parameter"),

@@ -297,6 +297,23 @@ def test_binary_roc_auc_scorer():
 
 # ---------------------------------------------------------------------------------------------
 # Parameter checking
+def test_agreed_classes():
+    """``classes``: the model's classes are the agreed set (a class nobody holds included);
+    labels outside it are named; the agreed set equal to the labels changes nothing."""
+    X, y = _data(n=60)
+    labels = np.array(["a", "c", "d"])[y]  # "b" is agreed, held by no client
+    clf = _fed(classes=["d", "c", "b", "a"]).fit(X, labels)
+    assert clf.classes_.tolist() == clf.global_estimator_.classes_.tolist() == ["a", "b", "c", "d"]
+    assert clf.predict_proba(X).shape == (60, 4)
+    same = _fed(classes=np.array(["a", "c", "d"])).fit(X, labels)
+    np.testing.assert_array_equal(same.decision_function(X), _fed().fit(X, labels).decision_function(X))
+    with pytest.raises(ValueError, match=r"y contains labels not in classes: \['d'\]"):
+        _fed(classes=["a", "b", "c"]).fit(X, labels)
+    warm = _fed(n_rounds=1, warm_start=True, classes=["a", "c", "d"]).fit(X, labels)
+    with pytest.raises(ValueError, match=r"classes=\['a', 'c', 'd', 'e'\] differ from the classes \['a', 'c', 'd'\]"):
+        warm.set_params(classes=["a", "c", "d", "e"]).fit(X, labels)
+
+
 # ---------------------------------------------------------------------------------------------
 
 
@@ -314,7 +331,7 @@ def test_binary_roc_auc_scorer():
     {"lr_factor": -0.5}, {"lr_factor": 1.5}, {"lr_factor": np.nan}, {"alpha": 0.0}, {"alpha": np.nan},
     {"max_update_norm": 0.0}, {"max_update_norm": np.nan}, {"max_update_norm": -1.0},
     {"validation_fraction": np.nan}, {"n_rounds": np.nan}, {"backend": "ray"}, {"warm_start": "yes"},
-    {"checkpoint_path": 3}, {"n_jobs": 1.5}, {"random_state": "seed"},
+    {"checkpoint_path": 3}, {"n_jobs": 1.5}, {"random_state": "seed"}, {"classes": 3}, {"classes": [0]},
 ])
 def test_bad_params(params):
     X, y = _data(n=30)

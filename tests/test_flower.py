@@ -211,6 +211,8 @@ def test_spec_round_trip():
     assert rebuilt.estimator.hidden_dims == (4, 3)
     assert {k: v for k, v in rebuilt.get_params(deep=False).items() if k != "estimator"} == \
         {k: v for k, v in fed.get_params(deep=False).items() if k != "estimator"}
+    agreed = estimator_from_spec(estimator_to_spec(_fed("local", classes=np.array([2, 1]))))
+    assert agreed.classes == [2, 1]  # an array of agreed classes travels as a list
     with pytest.raises(TypeError, match="aggregation"):
         estimator_to_spec(_fed("local", aggregation=lambda *a: None))
     with pytest.raises(ValueError):
@@ -234,6 +236,55 @@ def test_simulation_accepts_float_bool_and_string_labels(spd, labels):
     flower = _fed("flower", n_rounds=1).fit(X, y)
     assert_same_model(local, flower)
     assert flower.classes_.tolist() == sorted(set(labels.tolist()))
+
+
+def _sites(monkeypatch, relabel=lambda cid, y: y):
+    """The simulation's sites with their labels through ``relabel(client_id, y)``; returns
+    the list their set-up replies are appended to."""
+    from skfedspd.flower import simulation_fit
+
+    real, replies = simulation_fit.make_client_app, []
+
+    def make_client_app(load_site, **kwargs):
+        def load(context):
+            cid, X, y = load_site(context)
+            return cid, X, relabel(cid, y)
+
+        app = real(load, **kwargs)
+
+        def spy(message, context):
+            reply = app(message=message, context=context)
+            if message.metadata.message_type == "query.setup" and not reply.has_error():
+                replies.append(dict(reply.content["site"]))
+            return reply
+
+        return spy
+
+    monkeypatch.setattr(simulation_fit, "make_client_app", make_client_app)
+    return replies
+
+
+def test_agreed_classes_no_site_sends_its_labels(spd, monkeypatch):
+    X, codes = spd
+    y = np.array(["a", "c", "d"])[codes]
+    replies = _sites(monkeypatch)
+    flower = _fed("flower", n_rounds=2, classes=["a", "b", "c", "d"]).fit(X, y)
+    assert len(replies) == 3 and not any("labels" in reply for reply in replies)
+    assert_same_model(_fed("local", n_rounds=2, classes=["a", "b", "c", "d"]).fit(X, y), flower)
+    assert flower.classes_.tolist() == ["a", "b", "c", "d"]
+    replies.clear()
+    _fed("flower", n_rounds=1).fit(X, y)  # without agreed classes each site declares its own
+    assert sorted(reply["labels"] for reply in replies) == ['["a", "c", "d"]'] * 3
+
+
+def test_site_label_outside_the_agreed_classes_fails_the_setup(spd, monkeypatch):
+    """The site checks its labels itself (the server never sees them): one outside the
+    agreed classes fails that site's set-up, naming the label."""
+    X, codes = spd
+    _sites(monkeypatch, lambda cid, y: np.where((cid == 1) & (y == "c"), "z", y))
+    with pytest.raises(RuntimeError, match=r"failed the setup query: .*labels \['z'\] that are not in the agreed "
+                                           r"classes \['a', 'b', 'c'\]"):
+        _fed("flower", classes=["a", "b", "c"]).fit(X, np.array(["a", "b", "c"])[codes])
 
 
 def test_serve_checks_the_parameters_before_contacting_any_site():

@@ -96,14 +96,17 @@ def test_loopback_deployment_long_lived_equals_local(tmp_path, monkeypatch):
 
 
 def test_round_progress_reads_the_server_log():
-    progress = _RoundProgress(3, disable=True)
+    """One step per round the strategy closes (its own log line, not Flower's metrics
+    lines); a round without validation score (DP mode) advances without one."""
+    progress = _RoundProgress(4, disable=True)
     for line in ["INFO :      [ROUND 1/3]",
-                 "INFO :      \t└──> Aggregated MetricRecord: {'train-loss': 0.98, 'n-clients': 2}",
                  "INFO :      \t└──> Aggregated MetricRecord: {'val-loss': 0.9, 'val-f1': 0.6111, 'lr': 0.05}",
+                 "INFO :      FedSPDnet round 0 done: val-f1 0.6111",
                  "INFO :      [ROUND 2/3]",
-                 "INFO :      \t└──> Aggregated MetricRecord: {'val-loss': 0.7, 'val-f1': 0.5, 'lr': 0.05}"]:
+                 "INFO :      FedSPDnet round 1 done: val-f1 0.5",
+                 "INFO :      FedSPDnet round 2 done: val-f1 nan"]:
         progress.feed(line)
-    assert progress.scores == [0.6111, 0.5]
+    assert progress.scores == [0.6111, 0.5] and progress.rounds == 3
     progress.close()
 
 

@@ -47,10 +47,10 @@ def _spdnet(n_channels=6, hidden=(4,), seed=0, dtype=torch.float64):
         return SPDNet(n_channels, hidden, 2, eps=1e-2, seed=seed, dtype=dtype)
 
 
-def _eegnet(dropout=0.0, seed=0):
+def _eegnet(dropout=0.0, seed=0, norm="batch"):
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        return EEGNet(4, 64, 2, fs=64.0, F1=2, D=2, F2=4, p1=2, p2=4, dropout=dropout).double()
+        return EEGNet(4, 64, 2, fs=64.0, F1=2, D=2, F2=4, p1=2, p2=4, dropout=dropout, norm=norm).double()
 
 
 def _eeg_data(n=12, seed=0):
@@ -106,11 +106,14 @@ def test_per_sample_gradients_spdnet_match_single_sample_oracle(spd_dataset, hid
         assert float((WtG + WtG.transpose(-1, -2)).abs().max()) < 1e-12
 
 
+@pytest.mark.parametrize("norm", ["batch", "group"])
 @pytest.mark.parametrize("method", ["auto", "vmap", "batched", "loop"])
-def test_per_sample_gradients_eegnet_match_single_sample_backward(method):
+def test_per_sample_gradients_eegnet_match_single_sample_backward(method, norm):
     X, y = _eeg_data()
-    module = _eegnet()
-    module.eval()  # BatchNorm with running statistics (as dp_train_epochs freezes it)
+    module = _eegnet(norm=norm)
+    if norm == "batch":
+        module.eval()  # BatchNorm with running statistics (as dp_train_epochs freezes it)
+    # GroupNorm normalises each sample by its own statistics: it stays in training mode
     grads, _ = per_sample_gradients(module, X, y, method=method)
     for i in range(len(y)):
         module.zero_grad()

@@ -137,6 +137,21 @@ def test_dp_eegnet_frozen_batchnorm():
     assert all(site["epsilon"] <= 2.0 for site in fed.privacy_["sites"])
 
 
+def test_dp_eegnet_group_norm_trains_its_normalisation():
+    """DP-FedEEGNet with ``norm="group"``: each trial normalised by itself, so nothing is
+    frozen and nothing is client-local; the GroupNorm weights train under DP-SGD."""
+    X, y = make_eeg_timeseries(n_trials=48, n_channels=4, n_times=64, n_classes=2, seed=0)
+    fed = _fed(EEGNetClassifier(batch_size=8, lr=1e-2, norm="group"), n_rounds=2, n_clients=3).fit(X, y)
+    assert set(fed.global_estimator_.parameter_kinds().values()) == {"euclidean"}
+    assert fed.engine_.local_states == {}
+    params = fed.global_estimator_.get_parameters()
+    for name in ("bn1", "bn2", "bn3"):
+        assert not np.allclose(params[f"{name}.weight"], 1.0) and not np.allclose(params[f"{name}.bias"], 0.0)
+    assert all(np.isfinite(v).all() for v in params.values())
+    assert all(0 < site["epsilon"] <= 2.0 for site in fed.privacy_["sites"])
+    assert fed.predict_proba(X).shape == (48, 2)
+
+
 @pytest.mark.slow
 def test_tiny_epsilon_destroys_accuracy_that_no_dp_learns():
     X, y = make_spd_dataset(300, N_CHANNELS, 3, seed=1)

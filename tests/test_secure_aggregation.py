@@ -6,6 +6,8 @@ server receives only masked vectors and totals, and the totals are checked by th
 A few seconds per fit on two CPU cores.
 """
 
+import contextlib
+import logging
 import os
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -16,11 +18,11 @@ import pytest  # noqa: E402
 
 pytest.importorskip("flwr")
 
-from conftest import make_spd_dataset  # noqa: E402
+from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from flwr.common import bytes_to_ndarray  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key  # noqa: E402
 
-from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
+from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.engine import FederatedEngine  # noqa: E402
 from skfedspd.flower import secure  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
@@ -34,11 +36,11 @@ def spd():
     return make_spd_dataset(n_matrices=120, n_channels=6, n_classes=3, seed=0)
 
 
-def _fed(backend, secure_aggregation=False, **kwargs):
+def _fed(backend, secure_aggregation=False, estimator=None, **kwargs):
     params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
     params.update(kwargs)
-    return FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05), backend=backend,
-                                     secure_aggregation=secure_aggregation, **params)
+    estimator = estimator if estimator is not None else SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05)
+    return FederatedSPDnetClassifier(estimator, backend=backend, secure_aggregation=secure_aggregation, **params)
 
 
 def assert_close_runs(plain, secured):
@@ -71,6 +73,73 @@ def test_secure_matches_plain(spd, aggregation, server):
     assert_close_runs(plain, secured)
     for name, value in plain.engine_.server_momentum_buffer.items():
         np.testing.assert_allclose(secured.engine_.server_momentum_buffer[name], value, rtol=0, atol=TOL)
+
+
+def test_secure_dp_matches_plain_dp(spd):
+    """DP noise is added on each site before the secure sum, which only sums: the secure DP
+    run is the plain Flower DP run (same seeds, partial participation), with its budget."""
+    X, y = spd
+    dp = dict(estimator=SPDnetClassifier(hidden_dims=(3,), scaling="trace", batch_size=8, lr=0.05), n_clients=4,
+              clients_per_round=3, validation_fraction=0.0, dp_epsilon=4.0, dp_delta=1e-3)
+    plain = _fed("flower", **dp).fit(X, y)
+    secured = _fed("flower", True, **dp).fit(X, y)
+    assert_close_runs(plain, secured)
+    assert secured.privacy_ == plain.privacy_ and secured.privacy_ is not None
+    assert [s["rounds_run"] for s in secured.privacy_["sites"]] == [s["rounds"] for s in plain.privacy_["sites"]]
+    assert all(0 < s["epsilon"] <= 4.0 for s in secured.privacy_["sites"])
+    assert all(np.isnan(r["train_loss"]) and np.isnan(r["val_f1"]) for r in secured.history_)
+
+
+@pytest.mark.parametrize("estimator", [
+    # float64: in float32 a mean can sit exactly on a rounding midpoint, and local Adam turns
+    # the last bit into an lr-sized step where a gradient is ~0 (bn1.bias, cancelled by bn2)
+    EEGNetClassifier(batch_size=8, lr=1e-2, dtype="float64"),
+    SPDnetClassifier(hidden_dims=(3,), batchnorm="spd", batch_size=8, lr=0.05),
+], ids=["eegnet-batchnorm", "spdnet-batchnorm"])
+def test_secure_with_client_local_arrays_matches_plain(estimator):
+    """Client-local arrays (BatchNorm statistics) stay on their site under secure
+    aggregation: the server holds none per client, the sites validate with their own, and
+    the released model's pooled statistics come from the secure sum; all as in plain mode."""
+    if isinstance(estimator, EEGNetClassifier):
+        X, y = make_eeg_timeseries(n_trials=60, n_channels=4, n_times=64, n_classes=2, seed=0)
+    else:
+        X, y = make_spd_dataset(n_matrices=120, n_channels=6, n_classes=3, seed=0)
+    plain = _fed("local", estimator=estimator).fit(X, y)
+    secured = _fed("flower", True, estimator=estimator).fit(X, y)
+    local = [n for n, kind in plain.engine_.kinds.items() if kind == "local"]
+    assert local and sorted(plain.engine_.local_states) == [0, 1, 2]
+    assert secured.engine_.local_states == {}
+    assert_close_runs(plain, secured)
+
+
+def test_progress_advances_every_secure_round(spd, monkeypatch):
+    """verbose: the simulation's bar takes one step per secure round, with the pooled
+    validation macro-F1; a deployment's bar reads the same from the server's log."""
+    from skfedspd.flower import deploy, simulation_fit
+
+    bars, lines = [], []
+
+    class Recording(deploy._RoundProgress):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            bars.append(self)
+
+    monkeypatch.setattr(simulation_fit, "_RoundProgress", Recording)
+    monkeypatch.setattr(simulation_fit, "quiet_flower_logs", contextlib.nullcontext)  # keep the INFO lines
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())
+    logging.getLogger("flwr").addHandler(handler)
+    try:
+        secured = _fed("flower", True, verbose=True).fit(*spd)
+    finally:
+        logging.getLogger("flwr").removeHandler(handler)
+    scores = [record["val_f1"] for record in secured.history_]
+    (bar,) = bars
+    assert bar.rounds == bar.bar.n == 3 and bar.scores == scores
+    from_log = deploy._RoundProgress(3, disable=True)
+    for line in lines:
+        from_log.feed(line)
+    assert from_log.rounds == 3 and from_log.scores == scores
 
 
 def test_two_limbs_keep_float64_precision_through_flower_quantization():
@@ -215,5 +284,10 @@ def test_secure_configuration_errors(spd):
         secure.check_secure_engine(_engine(clients_per_round=2))
     engine = FederatedEngine({"w": np.zeros(2), "bn": np.zeros(2)}, {"w": "euclidean", "bn": "local"},
                              n_train=[1, 1, 1], n_val=[1, 1, 1], seed=0, lr=0.1)
-    with pytest.raises(ValueError, match="client-local arrays"):
-        secure.check_secure_engine(engine)
+    secure.check_secure_engine(engine)  # client-local arrays stay on the sites
+    args = dict(summed={"w": np.ones(2)}, weight=3.0, n_examples=3.0, loss=0.0, n_nan_loss=0.0, n_skipped=0.0)
+    with pytest.raises(RuntimeError, match="pooled local arrays are a NoneType"):
+        engine.aggregate_from_sum(0, [0, 1, 2], [0, 1, 2], {}, **args)
+    engine.aggregate_from_sum(0, [0, 1, 2], [0, 1, 2], {}, pooled_local={"bn": np.full(2, 0.5)}, **args)
+    np.testing.assert_array_equal(engine.global_params["bn"], [0.5, 0.5])
+    assert engine.local_states == {}

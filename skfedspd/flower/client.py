@@ -4,8 +4,10 @@ A site answers four messages; none of them carries its data out:
 
 - ``query.setup``: with the run's seed, the site makes its stratified train/validation
   split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
-  id, the labels it holds, its sample shape, its training and validation sizes and its
-  input statistic (one scalar, e.g. the mean log-trace that ``scaling="auto"`` pools);
+  id, the labels it holds (none when the set-up carries the agreed ``classes``: the site
+  checks that its labels are among them, and fails otherwise), its sample shape, its
+  training and validation sizes and its input statistic (one scalar, e.g. the mean
+  log-trace that ``scaling="auto"`` pools);
 - ``train``: the local estimator's ``local_update`` (the one local-training routine) from
   the broadcast global parameters, with the learning rate and seed of the round (and, in
   DP mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies
@@ -19,13 +21,15 @@ The server checks every reply before it is used (:mod:`skfedspd.engine`).
 Under secure aggregation (:mod:`skfedspd.flower.secure`) the train and validation replies
 go out only as masked vectors of Flower's SecAgg+ (its ``secaggplus_mod`` handles the
 protocol's train messages; a train message whose ``secure`` layout says ``"evaluate"``
-carries the validation): the server sees only their sums.
+carries the validation): the server sees only their sums. Client-local arrays then stay on
+the site, in its Flower context state (kept by the SuperNode for the run); a site without
+them yet (first round, restarted SuperNode) starts from the broadcast pooled ones.
 
 Every message carries the run's set-up (a JSON string), so a site keeps no state between
 messages: the SuperNode may start a new ClientApp process for each one, and a restarted
 SuperNode rejoins without losing anything. Client-local arrays (BatchNorm statistics of
 EEGNet) go back to the server with the parameters, exactly as on the local backend, which
-returns them to that client only.
+returns them to that client only (under secure aggregation: see above).
 """
 
 import importlib
@@ -82,6 +86,11 @@ class _PreparedSite:
         X = est.check_inputs(X, reset=True)
         y = np.asarray(y)
         self.labels, local_codes = np.unique(y, return_inverse=True)
+        if setup["classes"] is not None:
+            unknown = sorted(set(self.labels.tolist()) - set(setup["classes"]), key=repr)
+            if unknown:
+                raise ValueError(f"this site holds labels {unknown} that are not in the agreed classes "
+                                 f"{setup['classes']}")
         # The split sees the labels only through their order and counts, so the site's own
         # label codes give the split that the global codes give on the local backend.
         self.train, self.val = stratified_split(local_codes.reshape(-1), setup["validation_fraction"],
@@ -207,22 +216,32 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     @app.query("setup")
     def setup(message, context):
         cid, prepared = site(context, message.content["config"]["setup"])
-        info = {"client-id": cid, "labels": _spec.dumps(prepared.labels.tolist()), "shape": prepared.shape,
-                "num-examples": prepared.n_train, "n-val": prepared.n_val}
-        if prepared.statistic is not None and not _spec.loads(message.content["config"]["setup"]).get("private"):
+        setup = _spec.loads(message.content["config"]["setup"])
+        info = {"client-id": cid, "shape": prepared.shape, "num-examples": prepared.n_train, "n-val": prepared.n_val}
+        if setup["classes"] is None:  # agreed classes: the site's own labels stay on it
+            info["labels"] = _spec.dumps(prepared.labels.tolist())
+        if prepared.statistic is not None and not setup.get("private"):
             info["input-statistic"] = float(prepared.statistic)
         return Message(RecordDict({"site": ConfigRecord(info)}), reply_to=message)
+
+    def local_arrays(message, context, layout):
+        """The site's client-local arrays: sent back by the server, or under secure
+        aggregation kept in the site's context state (empty before its first round)."""
+        if layout is None:
+            return from_array_record(message.content["local"])
+        record = context.state.array_records.get(secure.LOCAL_STATE_KEY)
+        return {} if record is None else from_array_record(record)
 
     @app.train()
     def train(message, context):
         config = message.content["config"]
         layout = json.loads(config["secure"]) if "secure" in config else None
         if layout is not None and layout["stage"] == "evaluate":  # SecAgg+ runs on train messages only
-            _, loss, f1, n_val = validate(message, context)
+            _, loss, f1, n_val = validate(message, context, layout)
             return Message(secure.site_reply(secure.eval_vector(layout, loss, f1, n_val)), reply_to=message)
         cid, prepared = site(context, config["setup"])
         check_client(message, cid)
-        local = from_array_record(message.content["local"]) or None
+        local = local_arrays(message, context, layout) or None
         dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
               if f"dp-{key.replace('_', '-')}" in config}
         params, loss, skipped = prepared.est.local_update(
@@ -230,18 +249,20 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
             lr=config["lr"], n_epochs=config["local-epochs"], seed=config["seed"], **({"dp": dp} if dp else {}))
         if layout is not None:
             vector = secure.train_vector(layout, params, float(loss), int(skipped), prepared.n_train)
+            context.state.array_records[secure.LOCAL_STATE_KEY] = to_array_record(
+                {name: params[name] for name, _ in layout["local"]})
             return Message(secure.site_reply(vector), reply_to=message)
         metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_train,
                                 "train-loss": float(loss), "skipped-batches": int(skipped)})
         return Message(RecordDict({"arrays": to_array_record(params), "metrics": metrics}), reply_to=message)
 
-    def validate(message, context):
+    def validate(message, context, layout=None):
         """``(client id, loss, macro-F1, n_val)`` of the broadcast model on the site's validation part."""
         cid, prepared = site(context, message.content["config"]["setup"])
         check_client(message, cid)
         est = prepared.est
         est.set_parameters(from_array_record(message.content["arrays"]))
-        local = from_array_record(message.content["local"])
+        local = local_arrays(message, context, layout)
         if local:
             est.set_parameters(local)
         loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val)

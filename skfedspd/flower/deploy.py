@@ -16,6 +16,7 @@ import tempfile
 import threading
 from pathlib import Path
 
+import numpy as np
 import tomli_w
 from sklearn.base import clone
 from tqdm.auto import tqdm
@@ -106,24 +107,29 @@ def write_app(directory):
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_VAL_F1 = re.compile(r"'val-f1': ([-+0-9.eE]+|nan)")
+_ROUND_DONE = re.compile(r"FedSPDnet round \d+ done: val-f1 (\S+)")  # server.ROUND_LOG
 
 
 class _RoundProgress:
-    """A progress bar over the rounds of a streamed server log: one step per round whose
-    pooled validation macro-F1 the strategy reports (``'val-f1'`` in Flower's aggregated
-    evaluate metrics)."""
+    """A progress bar over the rounds: one step per round the strategy closes, plain or
+    secure (:meth:`round_done`; :meth:`feed` reads the strategy's ``ROUND_LOG`` line from a
+    streamed server log), with the pooled validation macro-F1 when there is one."""
 
     def __init__(self, n_rounds, disable):
         self.bar = tqdm(total=n_rounds, desc="FedSPDnet on Flower", unit="round", disable=disable,
                         file=sys.stderr, dynamic_ncols=True)
-        self.scores = []
+        self.rounds, self.scores = 0, []
 
     def feed(self, line):
-        if "Aggregated MetricRecord" in line and (match := _VAL_F1.search(line)):
-            self.scores.append(float(match.group(1)))
+        if match := _ROUND_DONE.search(line):
+            self.round_done(float(match.group(1)))
+
+    def round_done(self, val_f1):
+        if np.isfinite(val_f1):  # no validation (e.g. DP mode): the bar advances without a score
+            self.scores.append(float(val_f1))
             self.bar.set_postfix(val_f1=f"{self.scores[-1]:.4f}", best=f"{max(self.scores):.4f}", refresh=False)
-            self.bar.update(1)
+        self.rounds += 1
+        self.bar.update(1)
 
     def close(self):
         self.bar.close()

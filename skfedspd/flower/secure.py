@@ -5,8 +5,11 @@
 replies of every round by two runs of Flower's SecAgg+ protocol (Bell et al., CCS 2020):
 
 - **train**: each selected site sends, masked, the vector ``r_i·θ_i / B`` for every
-  aggregated array (``r_i = n_i / n_max``; 1 under ``weighting="uniform"``), ``r_i``,
-  ``n_i / n_max``, ``r_i·loss_i / L``, a NaN-loss flag and ``skipped_i / S``;
+  aggregated array (``r_i = n_i / n_max``; 1 under ``weighting="uniform"``), ``(n_i /
+  n_max)·λ_i / LOCAL_RANGE`` for every client-local array ``λ_i`` (FedBN statistics: the
+  site keeps its own in its Flower context state, and only this sum, the training-size
+  weighted pool the released model carries, leaves it), ``r_i``, ``n_i / n_max``,
+  ``r_i·loss_i / L``, a NaN-loss flag and ``skipped_i / S``;
 - **validation**: each site with validation data sends ``[m_i, m_i·loss_i / L,
   m_i·F1_i]`` with ``m_i = n_val_i / n_val_max``.
 
@@ -26,7 +29,8 @@ cryptography of our own.
 Quantization. Every entry is scaled into ``[-1, 1]`` (``clipping_range = 1``) by a bound
 ``B``: a Stiefel array has orthonormal columns, so its entries lie in ``[-1, 1]`` (``B =
 1``); Euclidean arrays (the head) have no such bound and must stay within
-``±EUCLIDEAN_RANGE``; losses within ``LOSS_RANGE``. A site whose values leave these ranges
+``±EUCLIDEAN_RANGE``, client-local arrays (BatchNorm statistics and counts) within
+``±LOCAL_RANGE``; losses within ``LOSS_RANGE``. A site whose values leave these ranges
 fails (its reply is an error: the server sees a dropped site, never a clipped value).
 Flower quantizes to ``2**QUANTIZATION_BITS`` levels (24 bits) with masks modulo ``2**32``:
 one quantization step is ``2B / 2**24`` (1.2e-7 for Stiefel entries, 1.9e-6 for the head),
@@ -35,7 +39,7 @@ step (``lr·sign(g)`` for every weight) turns any difference into an ``lr``-size
 wherever a gradient is near 0 (measured: 7.7e-3 after 5 rounds with one 24-bit limb). So
 each entry travels as two limbs (:func:`split_limbs`): its value on the quantization grid
 (quantized exactly) and the residual in grid units: the sum is exact to ``2B·2**-46``
-(1.4e-14 for Stiefel entries), float64-level. Sum of ``M`` sites: ``M (2**24 + 1) < 2**32``,
+(1.4e-14 for Stiefel entries, 9e-10 for local arrays), float64-level. Sum of ``M`` sites: ``M (2**24 + 1) < 2**32``,
 so at most 255 sites per round.
 
 Dropouts: every selected site is every other's neighbour (``num_shares = M``), and a secret
@@ -65,15 +69,17 @@ from .server import SPDnetStrategy
 
 __all__ = ["SecureSum", "SecureSPDnetStrategy", "secure_mod", "train_vector", "eval_vector", "split_limbs",
            "join_limbs",
-           "QUANTIZATION_BITS", "MODULUS", "EUCLIDEAN_RANGE", "LOSS_RANGE", "RECONSTRUCTION_THRESHOLD"]
+           "QUANTIZATION_BITS", "MODULUS", "EUCLIDEAN_RANGE", "LOCAL_RANGE", "LOSS_RANGE", "RECONSTRUCTION_THRESHOLD"]
 
 QUANTIZATION_BITS = 24
 MODULUS = 2**32
 EUCLIDEAN_RANGE = 16.0
+LOCAL_RANGE = 2.0**16  # BatchNorm running variances and batch counts: wide, still ~1e-9 with two limbs
 LOSS_RANGE = 100.0
 RECONSTRUCTION_THRESHOLD = 2 / 3
 MAX_SITES = MODULUS // (2**QUANTIZATION_BITS + 1)
 CONFIG_KEY = "secure"
+LOCAL_STATE_KEY = "skfedspd.local-arrays"  # a site's client-local arrays, in its Flower context state
 
 _INFO, _WARNING = 20, 30
 
@@ -136,6 +142,10 @@ def train_vector(layout, params, loss, n_skipped, n_examples):
         raise ValueError(f"num-examples outside [1, {n_max}]")
     r = n_examples / n_max if layout["weighting"] == "n_samples" else 1.0
     arrays = [r * _scaled(params[name], bound, f"array {name!r}") for name, bound in layout["arrays"]]
+    # client-local arrays: pooled by training size whatever the weighting, as in plain mode
+    arrays += [n_examples / n_max * _scaled(params[name], bound, f"local array {name!r}")
+               for name, bound in layout.get("local", [])]
+    arrays = [np.atleast_1d(a) for a in arrays]  # Flower's masking mishandles 0-d arrays (batch counts)
     nan_loss = not np.isfinite(loss)
     scalars = [r, n_examples / n_max, 0.0 if nan_loss else r * _scaled(loss, LOSS_RANGE, "train-loss"),
                float(nan_loss), _scaled(n_skipped, layout["skipped-range"], "skipped-batches")]
@@ -375,6 +385,7 @@ class SecureSPDnetStrategy(SPDnetStrategy):
         self.secure_sum = secure_sum if secure_sum is not None else SecureSum()
         self.bounds = [(name, 1.0 if kind == "stiefel" else EUCLIDEAN_RANGE)
                        for name, kind in engine.kinds.items() if kind != "local"]
+        self.local_bounds = [(name, LOCAL_RANGE) for name, kind in engine.kinds.items() if kind == "local"]
 
     def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, **kwargs):
         self.secure_sum.timeout = timeout  # each protocol stage waits as long as a plain round
@@ -402,23 +413,27 @@ class SecureSPDnetStrategy(SPDnetStrategy):
             return []
         engine = self.engine
         selected = self._round["selected"]
-        layout = {"stage": "train", "arrays": self.bounds, "weighting": engine.weighting,
+        layout = {"stage": "train", "arrays": self.bounds, "local": self.local_bounds, "weighting": engine.weighting,
                   "n-max": max(engine.n_train[cid] for cid in selected),
                   "skipped-range": float(max(engine.n_train) * self.local_epochs)}
         clients, reasons, summed = self._secure(grid, messages, layout, 2 * self._round["t"])
         *params, scalars = summed
-        self._round["sum"] = (clients, reasons, dict(zip([name for name, _ in self.bounds], params)), scalars, layout)
+        names = [name for name, _ in self.bounds + self.local_bounds]
+        self._round["sum"] = (clients, reasons, dict(zip(names, params)), scalars, layout)
         return []
 
     def aggregate_train(self, server_round, replies):
         if self._round is None:
             return None, None
         clients, reasons, params, scalars, layout = self._round["sum"]
-        n_max, weight = layout["n-max"], float(scalars[0])
-        bounds = dict(self.bounds)
+        n_max, weight, size = layout["n-max"], float(scalars[0]), float(scalars[1])
+        bounds, local = dict(self.bounds), dict(self.local_bounds)
+        params = {name: value.reshape(self.engine.template[name][0]) for name, value in params.items()}
         record = self.engine.aggregate_from_sum(
             self._round["t"], self._round["selected"], clients, reasons,
-            summed={name: value * bounds[name] for name, value in params.items()}, weight=weight,
+            summed={name: params[name] * bound for name, bound in bounds.items()}, weight=weight,
+            pooled_local={name: np.asarray(params[name] * bound / size) for name, bound in local.items()}
+            if size > 0 else None,
             n_examples=float(scalars[1]) * n_max, loss=float(scalars[2]) * LOSS_RANGE,
             n_nan_loss=float(scalars[3]), n_skipped=float(scalars[4]) * layout["skipped-range"])
         return self._after_train(record)
@@ -437,6 +452,8 @@ class SecureSPDnetStrategy(SPDnetStrategy):
     def aggregate_evaluate(self, server_round, replies):
         if self._round is None:
             return None
+        if "eval-sum" not in self._round:  # no site holds validation data (e.g. DP mode): no sum to take
+            return super().aggregate_evaluate(server_round, replies)
         clients, reasons, scalars, n_max = self._round.pop("eval-sum")
         weight = float(scalars[0])
         record = self.engine.finish_round_from_sum(
@@ -457,10 +474,6 @@ def check_secure_engine(engine):
     if engine.rule_name not in SUM_RULES:
         raise ValueError(f"secure aggregation needs an aggregation rule of the weighted sum only "
                          f"({sorted(SUM_RULES)}), got {engine.rule_name!r}")
-    local = [name for name, kind in engine.kinds.items() if kind == "local"]
-    if local:
-        raise ValueError(f"secure aggregation cannot carry client-local arrays {local} (FedBN statistics go "
-                         "to the server per client): use a model without them (SPDnet)")
     if not 3 <= engine.n_select <= MAX_SITES:
         raise ValueError(f"secure aggregation needs between 3 and {MAX_SITES} sites per round (SecAgg+ with one "
                          f"dropout tolerated; {QUANTIZATION_BITS}-bit sums modulo 2**32), got {engine.n_select}")

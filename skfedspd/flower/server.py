@@ -24,9 +24,12 @@ from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, po
 from ..training import draw_seed
 from .client import from_array_record, to_array_record
 
-__all__ = ["SPDnetStrategy", "serve", "connect_sites"]
+__all__ = ["SPDnetStrategy", "serve", "connect_sites", "ROUND_LOG"]
 
 _INFO, _WARNING = 20, 30
+#: Logged by the strategy when a round closes, plain or secure (a deployment's progress
+#: bar reads it from the streamed server log): the round and the global validation macro-F1.
+ROUND_LOG = "FedSPDnet round %d done: val-f1 %r"
 
 
 class MalformedReply(ValueError):
@@ -47,7 +50,8 @@ class SPDnetStrategy(FedAvg):
       client's validation part → :meth:`FederatedEngine.finish_round` (checks, pooled
       score, schedule, history).
 
-    After early stopping the remaining rounds send nothing.
+    After early stopping the remaining rounds send nothing. Each closed round is logged as
+    :data:`ROUND_LOG` and passed to ``on_round``.
 
     Parameters
     ----------
@@ -57,6 +61,8 @@ class SPDnetStrategy(FedAvg):
     setup_json : str
         The run's set-up, sent with every message.
     local_epochs : int
+    on_round : callable or None, default=None
+        Called with each closed round's history record (e.g. a progress bar).
 
     Examples
     --------
@@ -78,7 +84,7 @@ class SPDnetStrategy(FedAvg):
     [101, 102]
     """
 
-    def __init__(self, engine, *, nodes, setup_json, local_epochs):
+    def __init__(self, engine, *, nodes, setup_json, local_epochs, on_round=None):
         n_clients = len(nodes)
         super().__init__(fraction_train=engine.n_select / n_clients, fraction_evaluate=1.0,
                          min_train_nodes=engine.n_select, min_evaluate_nodes=n_clients,
@@ -89,6 +95,7 @@ class SPDnetStrategy(FedAvg):
         self.setup_json = setup_json
         self.local_epochs = int(local_epochs)
         self.first_round = engine.next_round
+        self.on_round = on_round
         self._round = None
 
     def summary(self):
@@ -182,6 +189,9 @@ class SPDnetStrategy(FedAvg):
 
     def _after_evaluate(self, record):
         self._round = None
+        log(_INFO, ROUND_LOG, record["round"], float(record["val_f1"]))
+        if self.on_round is not None:
+            self.on_round(record)
         return MetricRecord({"val-loss": record["val_loss"], "val-f1": record["val_f1"], "lr": record["lr"]})
 
 
@@ -247,11 +257,12 @@ def _label_kind(label):
     return None
 
 
-def _read_setup(infos, nodes):
+def _read_setup(infos, nodes, with_labels=True):
     """The sites' set-up declarations, checked: ``(node of each client id, shape, labels of
     each client, n_train, n_val, input statistics)``. Any bad declaration raises a
     ValueError naming the client (set-up failures end the run whatever the failure
-    policy: the federation's membership and data shape must be settled first)."""
+    policy: the federation's membership and data shape must be settled first).
+    ``with_labels=False`` (agreed ``classes``): the sites declare no labels (None each)."""
     client_node = {}
     for node, info in infos.items():
         cid = info.get("client-id") if hasattr(info, "get") else None
@@ -268,13 +279,13 @@ def _read_setup(infos, nodes):
         info = infos[node]
         try:
             shape = tuple(info["shape"])
-            declared = _spec.loads(str(info["labels"]))
+            declared = _spec.loads(str(info["labels"])) if with_labels else None
         except (KeyError, TypeError, ValueError) as error:
             raise ValueError(f"client {cid} sent a malformed set-up reply: {error!r}") from None
         if not shape or not all(_count(s, 1) for s in shape):
             raise ValueError(f"client {cid} declared an invalid sample shape {list(shape)}")
         kinds = {_label_kind(label) for label in declared} if isinstance(declared, list) else {None}
-        if not declared or None in kinds or len(set(declared)) != len(declared):
+        if with_labels and (not declared or None in kinds or len(set(declared)) != len(declared)):
             raise ValueError(f"client {cid} declared invalid labels {declared!r} (a non-empty list of "
                              "distinct strings, booleans or finite numbers)")
         if not _count(info.get("num-examples"), 1) or not _count(info.get("n-val"), 0):
@@ -287,8 +298,8 @@ def _read_setup(infos, nodes):
         stats.append(info.get("input-statistic"))
     if len(shapes) != 1:
         raise ValueError(f"the sites' samples differ in shape: {sorted(shapes)}")
-    kinds = {cid: {_label_kind(label) for label in site} for cid, site in enumerate(labels)}
-    if len(set().union(*kinds.values())) != 1:
+    kinds = {cid: {_label_kind(label) for label in site} for cid, site in enumerate(labels) if site is not None}
+    if with_labels and len(set().union(*kinds.values())) != 1:
         raise ValueError(f"the sites declare labels of different types: {kinds} (a label must mean the same "
                          "class at every site)")
     return node_of, shapes.pop(), labels, n_train, n_val, stats
@@ -301,7 +312,7 @@ def _probe(shape):
 
 
 def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600.0, connect_timeout=600.0,
-          client_source=None, client_groups=None):
+          client_source=None, client_groups=None, on_round=None):
     """Fit a :class:`~skfedspd.FederatedSPDnetClassifier`'s configuration through a Flower Grid.
 
     The ServerApp body of both the in-process simulation and a deployment. The client ids
@@ -321,6 +332,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     client_source, client_groups
         What ``client_source_`` / ``client_groups_`` record (the simulation's partition);
         None: ``"flower:client-id"`` and no groups.
+    on_round : callable or None
+        Called with each closed round's history record (the simulation's progress bar).
 
     Returns
     -------
@@ -363,15 +376,16 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     nodes = connect_sites(grid, n_sites, connect_timeout)
     seed = fed.engine_.seed if resume else (draw_seed(fed.random_state) if seed is None else int(seed))
 
-    # 1. set-up: who is who, the sites' labels, shapes, split sizes and input statistics
+    # 1. set-up: who is who, the sites' labels (none with agreed classes: each site checks
+    # its own against them), shapes, split sizes and input statistics
+    agreed = fed.agreed_classes(est, resume)
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
-             "classes": None, "seed": seed, "validation_fraction": fed.validation_fraction,
+             "classes": agreed, "seed": seed, "validation_fraction": fed.validation_fraction,
              "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
-    node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes)
-    declared = np.unique(np.concatenate([np.asarray(site) for site in labels]))
+    node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes, with_labels=agreed is None)
     known = est.classes_ if resume else None
-    for cid, site in enumerate(labels):
+    for cid, site in enumerate(labels if agreed is None else []):
         unknown = [] if known is None else sorted(set(site) - set(np.asarray(known).tolist()))
         if unknown:
             raise ValueError(f"client {cid} declared labels {unknown} that are not in classes {known.tolist()}")
@@ -379,7 +393,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     if resume:
         statistic = fed.engine_.input_statistic
     else:
-        est.set_classes(declared)
+        if agreed is None:
+            est.set_classes(np.unique(np.concatenate([np.asarray(site) for site in labels])))
         # DP mode: the sites' input statistics are neither sent nor used (docs/privacy.md)
         statistic = None if setup["private"] else pool_input_statistic(stats, n_train)
         est.set_input_statistic(statistic)
@@ -395,7 +410,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     strategy_class = SPDnetStrategy
     if fed.secure_aggregation:
         from .secure import SecureSPDnetStrategy as strategy_class  # imports this module
-    strategy = strategy_class(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs)
+    strategy = strategy_class(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs,
+                              on_round=on_round)
     strategy.start(grid, to_array_record(engine.global_params), num_rounds=fed.n_rounds, timeout=timeout)
     est.set_parameters(engine.best_params)
     if client_source is None:

@@ -12,6 +12,7 @@ from flwr.serverapp import ServerApp
 from sklearn.base import clone
 
 from .client import make_client_app
+from .deploy import _RoundProgress
 from .server import serve
 from .simulation import quiet_flower_logs, run_inprocess_simulation
 
@@ -52,16 +53,17 @@ def fit_simulation(fed, task):
                                  estimator_factory=lambda: clone(template))
     server_app = ServerApp()
     results = []
+    progress = _RoundProgress(fed.n_rounds, disable=not fed.verbose)  # verbose: the bar, as on the local backend
 
     @server_app.main()
     def _main(grid, context):
         results.append(serve(fed, grid, n_sites=len(sites), seed=task.seed, estimator_factory=lambda: clone(template),
                              client_source=task.client_source, client_groups=task.client_groups,
-                             connect_timeout=60.0))
+                             connect_timeout=60.0, on_round=lambda record: progress.round_done(record["val_f1"])))
 
-    if fed.verbose:
-        run_inprocess_simulation(server_app, client_app, len(sites))
-    else:
+    try:
         with quiet_flower_logs():
             run_inprocess_simulation(server_app, client_app, len(sites))
+    finally:
+        progress.close()
     return results[0]
