@@ -25,7 +25,7 @@ psutil = pytest.importorskip("psutil")
 
 from conftest import make_spd_dataset  # noqa: E402
 from skfedspd.flower import fit_federated  # noqa: E402
-from skfedspd.flower.deploy import _RoundProgress  # noqa: E402
+from skfedspd.flower.deploy import RoundProgress  # noqa: E402
 from skfedspd.flower.loopback import LoopbackDeployment  # noqa: E402
 from skfedspd.flower.runtime import Backoff  # noqa: E402
 from skfedspd.persistence import load_estimator  # noqa: E402
@@ -98,7 +98,7 @@ def test_loopback_deployment_long_lived_equals_local(tmp_path, monkeypatch):
 def test_round_progress_reads_the_server_log():
     """One step per round the strategy closes (its own log line, not Flower's metrics
     lines); a round without validation score (DP mode) advances without one."""
-    progress = _RoundProgress(4, disable=True)
+    progress = RoundProgress(4, disable=True)
     for line in ["INFO :      [ROUND 1/3]",
                  "INFO :      \t└──> Aggregated MetricRecord: {'val-loss': 0.9, 'val-f1': 0.6111, 'lr': 0.05}",
                  "INFO :      FedSPDnet round 0 done: val-f1 0.6111",

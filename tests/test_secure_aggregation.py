@@ -119,12 +119,12 @@ def test_progress_advances_every_secure_round(spd, monkeypatch):
 
     bars, lines = [], []
 
-    class Recording(deploy._RoundProgress):
+    class Recording(deploy.RoundProgress):
         def __init__(self, *args, **kwargs):
             super().__init__(*args, **kwargs)
             bars.append(self)
 
-    monkeypatch.setattr(simulation_fit, "_RoundProgress", Recording)
+    monkeypatch.setattr(simulation_fit, "RoundProgress", Recording)
     monkeypatch.setattr(simulation_fit, "quiet_flower_logs", contextlib.nullcontext)  # keep the INFO lines
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())
@@ -136,7 +136,7 @@ def test_progress_advances_every_secure_round(spd, monkeypatch):
     scores = [record["val_f1"] for record in secured.history_]
     (bar,) = bars
     assert bar.rounds == bar.bar.n == 3 and bar.scores == scores
-    from_log = deploy._RoundProgress(3, disable=True)
+    from_log = deploy.RoundProgress(3, disable=True)
     for line in lines:
         from_log.feed(line)
     assert from_log.rounds == 3 and from_log.scores == scores

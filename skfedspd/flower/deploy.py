@@ -110,7 +110,7 @@ _ANSI = re.compile(r"\x1b\[[0-9;]*m")
 _ROUND_DONE = re.compile(r"FedSPDnet round \d+ done: val-f1 (\S+)")  # server.ROUND_LOG
 
 
-class _RoundProgress:
+class RoundProgress:
     """A progress bar over the rounds: one step per round the strategy closes, plain or
     secure (:meth:`round_done`; :meth:`feed` reads the strategy's ``ROUND_LOG`` line from a
     streamed server log), with the pooled validation macro-F1 when there is one."""
@@ -250,7 +250,7 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         proc = subprocess.Popen(command, env=flower_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                 text=True, cwd=tmp)
         tail = []
-        progress = _RoundProgress(estimator.n_rounds, disable=quiet)
+        progress = RoundProgress(estimator.n_rounds, disable=quiet)
         expired = threading.Event()
 
         def expire():

@@ -12,7 +12,7 @@ from flwr.serverapp import ServerApp
 from sklearn.base import clone
 
 from .client import make_client_app
-from .deploy import _RoundProgress
+from .deploy import RoundProgress
 from .server import serve
 from .simulation import quiet_flower_logs, run_inprocess_simulation
 
@@ -53,7 +53,7 @@ def fit_simulation(fed, task):
                                  estimator_factory=lambda: clone(template))
     server_app = ServerApp()
     results = []
-    progress = _RoundProgress(fed.n_rounds, disable=not fed.verbose)  # verbose: the bar, as on the local backend
+    progress = RoundProgress(fed.n_rounds, disable=not fed.verbose)  # verbose: the bar, as on the local backend
 
     @server_app.main()
     def _main(grid, context):
