@@ -549,7 +549,7 @@ class FederatedEngine:
         if reply.weight is not None and not (_is_real(reply.weight) and np.isfinite(reply.weight) and reply.weight > 0):
             return f"client weight {reply.weight!r} is not a finite number > 0"
         declared = None if self.train_weights is None else self.train_weights[cid]
-        if self.train_weights is not None and (declared is None) != (reply.weight is None):
+        if (declared is None) != (reply.weight is None):
             return ("the reply carries a client weight but the client declared no sample weights at set-up"
                     if declared is None else "the reply carries no client weight but the client declared sample "
                     "weights at set-up")
