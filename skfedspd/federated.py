@@ -224,7 +224,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         stay on their site; only their training-size weighted sum joins the masked sum (the
         released model's pooled statistics). Combines with ``dp_epsilon`` (the noise is
         added on the site before the sum).
-        ``history_`` then holds totals only (``n_samples``: the one-element total).
+        ``history_`` then holds totals only (``n_samples``: the one-element total, of the
+        clients' weights with ``sample_weight``).
         Threat model and what leaves a site: ``docs/privacy.md``.
     dp_epsilon : float or None, default=None
         Sample-level differential privacy (``docs/privacy.md``): every site's local training
