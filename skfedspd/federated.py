@@ -54,7 +54,8 @@ CHECKPOINT_KIND = "federated-checkpoint"
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
 # The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
 #: Why ``dp_epsilon`` refuses sample weights (``fit``, and a Flower site whose data carry them).
-DP_SAMPLE_WEIGHT_ERROR = "sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted samples"
+DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted "
+                          "samples")
 PROTOCOL = ["check_params", "check_inputs", "set_classes", "encode_labels", "input_statistic",
             "set_input_statistic", "to_tensor", "init_module", "get_parameters", "set_parameters",
             "parameter_kinds", "local_update", "fitted_state", "restore_fitted_state"]
@@ -745,8 +746,8 @@ def fit_local(fed, task):
         est.init_module(seed)
     else:
         statistic = task.resume.input_statistic
-    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
-                                            input_statistic=statistic, train_weights=None if w is None else client_weights)
+    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
+                                            train_weights=None if w is None else client_weights)
     if task.resume is not None:
         engine.load_state_dict(*task.resume.state_dict())
     clients = [(est.to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
