@@ -56,6 +56,9 @@ __all__ = [
 STATE_VERSION = 1
 _SCHEDULE_CONFIG = ("patience", "lr_patience", "lr_factor", "min_lr")
 _STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
+# A client's weight is summed at set-up (numpy) and after training (torch): the order of
+# the summands may differ, not more.
+_WEIGHT_RTOL = 1e-9
 
 
 @dataclass
@@ -336,6 +339,11 @@ class FederatedEngine:
     n_train, n_val : sequence of int
         Training and validation samples of each client, as declared at set-up (client ids
         are the positions). A reply may not claim more.
+    train_weights : sequence of (float or None) or None, default=None
+        The sum of each client's training sample weights, as declared at set-up (None for
+        a client without sample weights; None: no client has any). A client that declared
+        one must reply with a weight, at most this sum (its aggregation weight); a client
+        that declared none may not reply with one.
     seed : int
         The run's seed (client sampling, local-training seeds).
     lr : float
@@ -390,10 +398,11 @@ class FederatedEngine:
     """
 
     @classmethod
-    def from_estimator(cls, fed, estimator, *, n_train, n_val, seed, input_statistic):
+    def from_estimator(cls, fed, estimator, *, n_train, n_val, seed, input_statistic, train_weights=None):
         """The engine of a :class:`~skfedspd.FederatedSPDnetClassifier` ``fed`` (its round-level
         parameters) for the initialised local ``estimator`` (its model and learning rate)."""
         engine = cls(estimator.get_parameters(), estimator.parameter_kinds(), n_train=n_train, n_val=n_val,
+                     train_weights=train_weights,
                      seed=seed, lr=estimator.lr, clients_per_round=fed.clients_per_round,
                      aggregation=fed.aggregation, weighting=fed.weighting, patience=fed.patience,
                      lr_patience=fed.lr_patience, lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
@@ -407,7 +416,7 @@ class FederatedEngine:
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
                  aggregation="projavg", weighting="n_samples", patience=None, lr_patience=20, lr_factor=0.5,
                  on_client_error="raise", max_update_norm=1e3, input_statistic=None, server_lr=1.0,
-                 server_momentum=0.0):
+                 server_momentum=0.0, train_weights=None):
         self.kinds = dict(kinds)
         self.template = {n: (tuple(np.shape(initial_params[n])), np.asarray(initial_params[n]).dtype)
                          for n in self.kinds}
@@ -415,6 +424,9 @@ class FederatedEngine:
         self.n_val = [int(n) for n in n_val]
         if len(self.n_val) != len(self.n_train):
             raise ValueError(f"{len(self.n_train)} training sizes but {len(self.n_val)} validation sizes")
+        self.train_weights = None if train_weights is None else [None if w is None else float(w) for w in train_weights]
+        if self.train_weights is not None and len(self.train_weights) != len(self.n_train):
+            raise ValueError(f"{len(self.n_train)} training sizes but {len(self.train_weights)} training weights")
         self.n_select = n_selected(clients_per_round, len(self.n_train))
         self.seed = int(seed)
         self.aggregation = aggregation
@@ -536,6 +548,13 @@ class FederatedEngine:
                     "training samples declared at set-up")
         if reply.weight is not None and not (_is_real(reply.weight) and np.isfinite(reply.weight) and reply.weight > 0):
             return f"client weight {reply.weight!r} is not a finite number > 0"
+        declared = None if self.train_weights is None else self.train_weights[cid]
+        if (declared is None) != (reply.weight is None):
+            return ("the reply carries a client weight but the client declared no sample weights at set-up"
+                    if declared is None else "the reply carries no client weight but the client declared sample "
+                    "weights at set-up")
+        if declared is not None and not reply.weight <= declared * (1 + _WEIGHT_RTOL):
+            return f"client weight {reply.weight!r} exceeds the {declared!r} declared at set-up"
         if not _is_count(reply.n_skipped) or reply.n_skipped < 0:
             return f"skipped-batches {reply.n_skipped!r} is not an int >= 0"
         loss = reply.loss
@@ -610,7 +629,7 @@ class FederatedEngine:
                             int(sum(r.n_skipped for _, r in accepted)), local_states)
 
     def aggregate_from_sum(self, t, selected, clients, reasons, *, summed, weight, n_examples, loss, n_nan_loss,
-                           n_skipped, pooled_local=None):
+                           n_skipped, pooled_local=None, total_weight=None):
         """:meth:`aggregate` when the server sees only sums (secure aggregation).
 
         ``clients``: the selected clients whose replies the sum covers (the others dropped
@@ -620,13 +639,16 @@ class FederatedEngine:
         weight), ``n_examples``, ``loss`` (``Σ_i r_i loss_i``), ``n_nan_loss`` (clients with a
         NaN loss), ``n_skipped``; and ``pooled_local`` (``{name: Σ_i n_i λ_i / Σ_i n_i}``, every
         ``"local"`` name of the model): the clients' local arrays pooled by training size, the
-        released model's (the clients keep their own: the engine then holds none per client).
+        released model's (the clients keep their own: the engine then holds none per client);
+        ``total_weight`` (with :attr:`train_weights`: the sum of the clients' training
+        sample weights, those without any counting their training size).
         The rule must be a function of the weighted sum
         (:data:`~skfedspd.aggregation.SUM_RULES`). The totals are checked (finite arrays of
         the model's shapes, a positive weight, a total count between one per client and
-        the clients' declared total, orthonormal Stiefel arrays after the rule); a bad
-        total cannot be traced to a client, so the round raises whatever the policy.
-        ``n_samples`` of the record is the total only (a one-element list).
+        the clients' declared total, a total weight in (0, their declared total],
+        orthonormal Stiefel arrays after the rule); a bad total cannot be traced to a
+        client, so the round raises whatever the policy. ``n_samples`` of the record is the
+        total only (a one-element list): ``total_weight`` when given, else the count.
         """
         from .aggregation import SUM_RULES
 
@@ -649,13 +671,25 @@ class FederatedEngine:
                       "training samples these clients declared at set-up")
         if reason is None and not (np.isfinite(loss) and np.isfinite(n_skipped) and np.rint(n_skipped) >= 0):
             reason = f"train-loss sum {loss!r} or skipped-batches total {n_skipped!r} is invalid"
+        if reason is None and total_weight is not None:
+            declared_weight = sum(self.declared_weight(c) for c in clients)
+            if not (np.isfinite(total_weight) and 0 < total_weight <= declared_weight * (1 + _WEIGHT_RTOL)):
+                reason = (f"client weight total {total_weight!r} is not in (0, {declared_weight!r}], the total these "
+                          "clients declared at set-up")
         if reason:
             raise RuntimeError(f"round {t}: the secure sum of clients {clients} is invalid: {reason}")
         mean = {n: np.asarray(v, dtype=np.float64) / weight for n, v in summed.items()}
         new_global = SUM_RULES[self.rule_name](mean, self._previous(), self.kinds)
         train_loss = float("nan") if np.rint(n_nan_loss) > 0 else max(0.0, float(loss / weight))
-        return self._commit(t, new_global, clients, [n_total], failed, train_loss, int(np.rint(n_skipped)),
+        n_samples = [n_total if total_weight is None else _as_number(total_weight)]
+        return self._commit(t, new_global, clients, n_samples, failed, train_loss, int(np.rint(n_skipped)),
                             pooled_local=pooled_local)
+
+    def declared_weight(self, cid):
+        """Client ``cid``'s aggregation weight as declared at set-up: the sum of its
+        training sample weights, or its training size when it has none."""
+        declared = None if self.train_weights is None else self.train_weights[cid]
+        return self.n_train[cid] if declared is None else declared
 
     def _previous(self):
         return {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}

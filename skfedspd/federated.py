@@ -43,7 +43,8 @@ from .engine import (
 from .persistence import load_bundle, save_bundle
 from .training import derive_seed, draw_seed, evaluate
 
-__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
+__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices",
+           "client_statistic", "client_update"]
 
 #: Backends of ``FederatedSPDnetClassifier(backend=...)``: ``"module:function"``, called as
 #: ``function(fed, task) -> FederatedResult`` (imported when used: Flower is an extra).
@@ -52,6 +53,9 @@ BACKENDS = {"local": "skfedspd.federated:fit_local", "flower": "skfedspd.flower.
 CHECKPOINT_KIND = "federated-checkpoint"
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
 # The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
+#: Why ``dp_epsilon`` refuses sample weights (``fit``, and a Flower site whose data carry them).
+DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted "
+                          "samples")
 PROTOCOL = ["check_params", "check_inputs", "set_classes", "encode_labels", "input_statistic",
             "set_input_statistic", "to_tensor", "init_module", "get_parameters", "set_parameters",
             "parameter_kinds", "local_update", "fitted_state", "restore_fitted_state"]
@@ -221,7 +225,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         stay on their site; only their training-size weighted sum joins the masked sum (the
         released model's pooled statistics). Combines with ``dp_epsilon`` (the noise is
         added on the site before the sum).
-        ``history_`` then holds totals only (``n_samples``: the one-element total).
+        ``history_`` then holds totals only (``n_samples``: the one-element total, of the
+        clients' weights with ``sample_weight``).
         Threat model and what leaves a site: ``docs/privacy.md``.
     dp_epsilon : float or None, default=None
         Sample-level differential privacy (``docs/privacy.md``): every site's local training
@@ -458,7 +463,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             weighted mean loss of :meth:`~skfedspd.base.TorchClassifierBase.local_update`),
             its aggregation weight is their sum, and the pooled input statistic is weighted
             alike; so integer weights equal repeated samples. Under metadata routing,
-            request it with ``set_fit_request(sample_weight=True)``. Local backend only.
+            request it with ``set_fit_request(sample_weight=True)``. Both backends: with
+            ``backend="flower"`` the weights travel with each site's data and the model is
+            the local backend's, bit for bit (under ``secure_aggregation`` the weighted sums
+            are masked). A real deployment reads each site's weights from its data file
+            (``docs/deployment.md``). Not with ``dp_epsilon``.
 
         Returns
         -------
@@ -468,10 +477,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.secure_aggregation and self.backend == "local":
             raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
                              "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
-        if self.dp_epsilon is not None and sample_weight is not None:
-            raise ValueError("sample_weight is not supported with dp_epsilon: the privacy accounting assumes "
-                             "unweighted samples")
         task = self._prepare(X, y, groups, subjects, sample_weight)
+        if self.dp_epsilon is not None and task.sample_weight is not None:
+            raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
+                                                       if sample_weight is None else ""))
         module, _, function = BACKENDS[self.backend].partition(":")
         try:
             backend = getattr(importlib.import_module(module), function)
@@ -730,16 +739,15 @@ def fit_local(fed, task):
     if empty:
         raise ValueError(f"sample_weight: the training samples of clients {empty} all have weight 0")
     if task.resume is None:
-        weighted = {} if w is None else [{"sample_weight": w[idx[tr]]} for idx, (tr, _) in zip(task.indices, splits)]
         statistic = None if fed.dp_epsilon is not None else pool_input_statistic(
-            [est.input_statistic(X[idx[tr]], **(weighted[i] if weighted else {}))
-             for i, (idx, (tr, _)) in enumerate(zip(task.indices, splits))], client_weights)
+            [client_statistic(est, X[idx[tr]], None if w is None else w[idx[tr]])
+             for idx, (tr, _) in zip(task.indices, splits)], client_weights)
         est.set_input_statistic(statistic)
         est.init_module(seed)
     else:
         statistic = task.resume.input_statistic
-    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
-                                            input_statistic=statistic)
+    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
+                                            train_weights=None if w is None else client_weights)
     if task.resume is not None:
         engine.load_state_dict(*task.resume.state_dict())
     clients = [(est.to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
@@ -796,9 +804,62 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
                             fingerprint=fingerprint)
 
 
+def client_statistic(est, X, sample_weight=None):
+    """A client's input statistic: the local estimator's ``input_statistic`` of its training
+    inputs, weighted by their sample weights when it has any (the local backend and every
+    Flower site call it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.federated import client_statistic
+    >>> est = SPDnetClassifier()
+    >>> X = est.check_inputs(np.stack([np.eye(2), np.exp(2) * np.eye(2)]), reset=True)
+    >>> client_statistic(est, X), client_statistic(est, X, sample_weight=np.array([3.0, 1.0]))  # mean log(tr / n)
+    (1.0, 0.5)
+    """
+    # Estimators whose statistic ignores weights may omit the argument.
+    return est.input_statistic(X) if sample_weight is None else est.input_statistic(X, sample_weight=sample_weight)
+
+
+def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, **kwargs):
+    """One client's local training as a :class:`~skfedspd.engine.TrainReply`: the local
+    estimator's ``local_update`` (the one local-training routine) from the broadcast, with
+    the client's sample weights (its reply's weight is their sum) or DP settings. The local
+    backend's jobs and every Flower site call it; ``kwargs``: ``lr``, ``n_epochs``,
+    ``n_threads``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.federated import client_update
+    >>> X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
+    >>> est = SPDnetClassifier()
+    >>> X = est.check_inputs(X, reset=True)
+    >>> est.set_classes(y)
+    >>> est.set_input_statistic(est.input_statistic(X))
+    >>> est.init_module(0)
+    >>> weights = torch.as_tensor(np.repeat([1.0, 2.0], 6))
+    >>> reply = client_update(est, est.get_parameters(), None, est.to_tensor(X), torch.as_tensor(est.encode_labels(y)),
+    ...                       weights, seed=1, dp=None, lr=0.01, n_epochs=1)
+    >>> reply.n_examples, reply.weight
+    (12, 18.0)
+    """
+    # Estimators without DP or sample weights keep the older signature.
+    extra = ({} if dp is None else {"dp": dp}) | ({} if sample_weight is None else {"sample_weight": sample_weight})
+    params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
+    return TrainReply(params, float(loss), int(n_skipped), len(y),
+                      None if sample_weight is None else float(sample_weight.sum()))
+
+
 def _client_batch(est, global_params, tasks, **kwargs):
     """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a :class:`TrainReply`
-    or the exception it raised (joblib-safe: the server applies the failure policy).
+    (:func:`client_update`) or the exception it raised (joblib-safe: the server applies the
+    failure policy).
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
     one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
@@ -806,11 +867,7 @@ def _client_batch(est, global_params, tasks, **kwargs):
     replies = []
     for local_state, X, y, w, seed, dp in tasks:
         try:
-            # Estimators without DP or sample weights keep the older signature.
-            extra = ({} if dp is None else {"dp": dp}) | ({} if w is None else {"sample_weight": w})
-            params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
-            replies.append(TrainReply(params, float(loss), int(n_skipped), len(y),
-                                      None if w is None else float(w.sum())))
+            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, **kwargs))
         except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
             replies.append(error)
     return replies

@@ -1,7 +1,8 @@
 """Estimators as JSON: how a configuration reaches a ServerApp, the sites, and saved files.
 
 Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
-``get_params(deep=False)``: JSON values, tuples (tagged), and nested estimators. A callable
+``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
+type, e.g. the labels of a ``class_weight``), and nested estimators. A callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
 The allow-list names each class by module and is resolved when used, so this module imports
 no estimator module (no import cycle with the modules that use it).
@@ -32,6 +33,8 @@ def _encode(value, where):
         return {"__estimator__": estimator_to_spec(value)}
     if isinstance(value, tuple):
         return {"__tuple__": [_encode(v, where) for v in value]}
+    if isinstance(value, dict):  # keys of any JSON type (labels), in order
+        return {"__dict__": [[_encode(k, where), _encode(v, where)] for k, v in value.items()]}
     if isinstance(value, (list, np.ndarray)):  # an array (agreed classes) travels as a list
         return [_encode(v, where) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
     if isinstance(value, np.generic):
@@ -48,6 +51,8 @@ def _decode(value):
             return estimator_from_spec(value["__estimator__"])
         if "__tuple__" in value:
             return tuple(_decode(v) for v in value["__tuple__"])
+        if "__dict__" in value:
+            return {_decode(k): _decode(v) for k, v in value["__dict__"]}
         raise ValueError(f"unexpected object in an estimator spec: {value!r}")
     if isinstance(value, list):
         return [_decode(v) for v in value]
@@ -64,6 +69,8 @@ def estimator_to_spec(estimator):
     >>> spec = estimator_to_spec(FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(8, 4))))
     >>> spec["class"], spec["params"]["estimator"]["__estimator__"]["params"]["hidden_dims"]
     ('FederatedSPDnetClassifier', {'__tuple__': [8, 4]})
+    >>> estimator_to_spec(SPDnetClassifier(class_weight={0: 1.0, 1: 3.0}))["params"]["class_weight"]
+    {'__dict__': [[0, 1.0], [1, 3.0]]}
     >>> estimator_to_spec(FederatedSPDnetClassifier(aggregation=lambda *args: None))  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...

@@ -160,6 +160,35 @@ def test_every_client_failing_raises_even_when_skipping():
     assert engine.history == []
 
 
+@pytest.mark.parametrize("declared, weight, reason", [
+    ([2.5, 12.5, 4.0], 12.6, r"client weight 12.6 exceeds the 12.5 declared at set-up"),
+    ([2.5, 12.5, 4.0], None, r"carries no client weight but the client declared sample weights"),
+    ([2.5, None, 4.0], 3.0, r"carries a client weight but the client declared no sample weights"),
+    ([2.5, 12.5, 4.0], 0.0, r"client weight 0.0 is not a finite number > 0"),
+], ids=["inflated", "missing", "undeclared", "zero"])
+def test_reply_weight_checked_against_the_declared_training_weight(declared, weight, reason):
+    """A client's aggregation weight (the sum of its training sample weights) may not exceed
+    what it declared at set-up, as its sample count may not."""
+    engine = _engine(train_weights=declared)
+    reply = _honest(engine, 1)
+    reply.weight = weight
+    assert re.search(reason, engine.check_train_reply(1, reply))
+    reply.weight = declared[1] * (1 - 1e-12) if declared[1] is not None else None  # summed in another order
+    assert engine.check_train_reply(1, reply) is None
+
+
+def test_declared_weights_are_the_aggregation_weights():
+    engine = _engine(train_weights=[1.0, None, 3.0])
+    replies = [_honest(engine, cid) for cid in range(3)]
+    replies[0].weight, replies[2].weight = 1.0, 3.0
+    record = engine.aggregate(0, [0, 1, 2], replies)
+    assert record["n_samples"] == [1, 20, 3]  # client 1 has no sample weights: its training size
+    np.testing.assert_allclose(engine.global_params["b"], (1 * 0.01 + 20 * 0.02 + 3 * 0.03) / 24)
+    assert [engine.declared_weight(cid) for cid in range(3)] == [1.0, 20, 3.0]
+    with pytest.raises(ValueError, match="3 training sizes but 2 training weights"):
+        _engine(train_weights=[1.0, 2.0])
+
+
 def test_max_update_norm_none_disables_the_bound():
     engine = _engine(max_update_norm=None)
     reply = _tampered(engine, 1, _set("b", lambda b: b + 1e7))

@@ -3,7 +3,10 @@
 - in-process simulation (``FederatedSPDnetClassifier(backend="flower")``): bit-identical
   to ``backend="local"`` for the same ``random_state`` (groups or partitions, partial
   participation, both rules, both weightings, FedBN local arrays, client failures,
-  warm start), a few seconds each;
+  warm start, ``sample_weight`` and ``class_weight``), a few seconds each;
+- a site's data file as a deployed site reads it (``load_site_from_node_config``, the
+  estimator rebuilt from its JSON spec), served in process: its ``sample_weight`` and a
+  dict ``class_weight`` used as on the local backend, bad weights named with the file;
 - estimator specs and the written Flower App.
 
 The deployment on 127.0.0.1 (SuperLink + SuperNodes as processes) is tested in
@@ -14,6 +17,8 @@ the loopback interface.
 """
 
 import os
+import re
+from types import SimpleNamespace
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
 os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
@@ -24,11 +29,15 @@ import pytest  # noqa: E402
 pytest.importorskip("flwr")
 
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
+from flwr.serverapp import ServerApp  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
-from skfedspd.flower import write_app  # noqa: E402
+from skfedspd.base import stratified_split  # noqa: E402
+from skfedspd.flower import make_client_app, run_inprocess_simulation, serve, write_app  # noqa: E402
+from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
+from skfedspd.flower.simulation import quiet_flower_logs  # noqa: E402
 from skfedspd.persistence import load_estimator  # noqa: E402
-from skfedspd.spec import estimator_from_spec, estimator_to_spec  # noqa: E402
+from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
 
 N_CHANNELS = 6
@@ -177,6 +186,156 @@ def test_simulation_early_stopping_sends_nothing_more(spd):
     assert_same_model(local, flower)
 
 
+def _weights(n, seed=0):
+    """Non-integer sample weights, some 0: a weighted fit that no repetition of samples gives."""
+    w = np.random.default_rng(seed).uniform(0.2, 3.0, n)
+    w[::7] = 0.0
+    return w
+
+
+def _imbalanced(X, y, groups):
+    """Two thirds of the last class left out: ``class_weight="balanced"`` weighs the classes apart."""
+    last = y == y.max()
+    keep = ~last | (np.cumsum(last) % 3 == 1)
+    return X[keep], y[keep], groups[keep]
+
+
+@pytest.mark.parametrize("config", [
+    dict(groups=True, clients_per_round=2, sample_weight=True),
+    dict(groups=False, aggregation="rlavg", weighting="uniform", sample_weight=True),
+    dict(groups=True, clients_per_round=2, estimator=_estimator(class_weight="balanced")),
+    dict(groups=False, estimator=_estimator(class_weight="balanced", scaling=1.0), sample_weight=True),
+], ids=["sample_weight", "rlavg-uniform", "class_weight", "both"])
+def test_simulation_sample_weight_bit_identical_to_local(spd, config):
+    """The sites train, validate, pool the input statistic and weigh their replies with the
+    weights the local backend uses (``sample_weight`` times ``class_weight``, computed on all
+    the labels), so the model is the local backend's bit for bit."""
+    config = dict(config)
+    X, y, groups = _imbalanced(*spd, np.repeat(np.arange(4), 15))
+    groups = groups if config.pop("groups") else None
+    fit = dict(groups=groups, sample_weight=_weights(len(y)) if config.pop("sample_weight", False) else None)
+    local = _fed("local", **config).fit(X, y, **fit)
+    flower = _fed("flower", **config).fit(X, y, **fit)
+    assert_same_model(local, flower)
+    np.testing.assert_array_equal(flower.predict_proba(X), local.predict_proba(X))
+    assert flower.get_params()["estimator__class_weight"] == local.get_params()["estimator__class_weight"]
+    # the clients' aggregation weights are sums of non-integer weights, not sample counts
+    assert all(isinstance(n, float) for record in flower.history_ for n in record["n_samples"])
+
+
+def test_simulation_weights_refused_under_dp(spd):
+    """DP mode keeps refusing sample weights, from ``sample_weight`` or ``class_weight``."""
+    X, y = spd
+    dp = dict(dp_epsilon=1.0, validation_fraction=0.0)
+    with pytest.raises(ValueError, match="sample_weight is not supported with dp_epsilon"):
+        _fed("flower", _estimator(scaling="trace"), **dp).fit(X, y, sample_weight=np.ones(len(y)))
+    with pytest.raises(ValueError, match="sample_weight is not supported with dp_epsilon: .* class_weight"):
+        _fed("flower", _estimator(scaling="trace", class_weight={0: 2.0}), **dp).fit(X, y)
+
+
+def _site_files(folder, X, y, groups, sample_weight=None):
+    """One ``site<g>.npz`` per group, as a site saves its data for its SuperNode."""
+    paths = []
+    for g in np.unique(groups):
+        arrays = dict(X=X[groups == g], y=y[groups == g])
+        if sample_weight is not None:
+            arrays["sample_weight"] = sample_weight[groups == g]
+        paths.append(folder / f"site{g}.npz")
+        np.savez(paths[-1], **arrays)
+    return paths
+
+
+def _read(path, cid=0):
+    """What a SuperNode started with ``--node-config 'client-id=<cid> data-path="<path>"'`` reads."""
+    return load_site_from_node_config(SimpleNamespace(node_config={"client-id": cid, "data-path": str(path)}))
+
+
+def _serve_files(fed, paths):
+    """``fed`` fitted by :func:`serve` against in-process sites that read ``paths`` and
+    rebuild the estimator from the set-up's JSON spec, as deployed sites do."""
+    server_app, results = ServerApp(), []
+
+    @server_app.main()
+    def main(grid, context):
+        results.append(serve(fed, grid, n_sites=len(paths), connect_timeout=30.0))
+
+    client_app = make_client_app(lambda context: _read(paths[context.node_config["partition-id"]],
+                                                       context.node_config["partition-id"]))
+    with quiet_flower_logs():
+        run_inprocess_simulation(server_app, client_app, len(paths))
+    return fed.set_result(results[0])
+
+
+def test_site_data_file_sample_weight_is_read_and_used(spd, tmp_path):
+    X, y = spd
+    groups, w = np.repeat(np.arange(3), 20), _weights(len(y))
+    paths = _site_files(tmp_path, X, y, groups, w)
+    site_id, _, _, read = _read(paths[1], cid=1)
+    assert site_id == 1
+    np.testing.assert_array_equal(read, w[groups == 1], strict=True)
+    deployed = _serve_files(_fed("local", n_rounds=2), paths)
+    local = _fed("local", n_rounds=2).fit(X, y, groups=groups, sample_weight=w)
+    assert_same_model(local, deployed)
+    unweighted = _fed("local", n_rounds=2).fit(X, y, groups=groups)
+    assert not np.array_equal(deployed.predict_proba(X), unweighted.predict_proba(X))
+
+
+def test_deployed_site_applies_a_dict_class_weight_and_refuses_balanced(spd, tmp_path):
+    """A dict ``class_weight`` weighs each label alike at every site, as on the local backend;
+    ``"balanced"`` needs the class counts of all the sites: the set-up fails, saying so."""
+    X, codes = spd
+    y, groups = np.array(["a", "b", "c"])[codes], np.repeat(np.arange(3), 20)
+    paths = _site_files(tmp_path, X, y, groups)
+    estimator = _estimator(class_weight={"a": 0.5, "b": 1.0, "c": 3.0})
+    deployed = _serve_files(_fed("local", estimator, n_rounds=2), paths)
+    assert_same_model(_fed("local", estimator, n_rounds=2).fit(X, y, groups=groups), deployed)
+    with pytest.raises(RuntimeError, match="failed the setup query: .*class_weight='balanced' is not supported on a "
+                                           "Flower deployment"):
+        _serve_files(_fed("local", _estimator(class_weight="balanced"), n_rounds=1), paths)
+
+
+@pytest.mark.parametrize("weights, problem", [
+    (lambda n: -np.ones(n), r"contains negative weights \(first at sample 0\)"),
+    (lambda n: np.where(np.arange(n) == 3, np.nan, 1.0), r"contains NaN or infinity \(first at sample 3\)"),
+    (lambda n: np.ones(n - 1), r"must be a 1-D array of 20 weights \(one per sample\), got shape \(19,\)"),
+    (lambda n: np.ones((n, 1)), r"must be a 1-D array of 20 weights \(one per sample\), got shape \(20, 1\)"),
+    (lambda n: np.float64(2.0), r"must be a 1-D array of 20 weights \(one per sample\), got shape \(\)"),
+    (lambda n: np.zeros(n), r"sums to 0"),
+    (lambda n: np.array(["heavy"] * n), r"must be numbers"),
+], ids=["negative", "nan", "length", "2-d", "scalar", "all-zero", "strings"])
+def test_bad_sample_weight_in_a_site_file_is_named(tmp_path, weights, problem):
+    X, y = make_spd_dataset(20, 4, 2, seed=0)
+    path = tmp_path / "site0.npz"
+    np.savez(path, X=X, y=y, sample_weight=weights(len(y)))
+    with pytest.raises(ValueError, match=rf"site data file {re.escape(str(path))}: sample_weight {problem}"):
+        _read(path)
+
+
+def test_bad_site_weights_fail_the_setup(spd, tmp_path):
+    """A site whose file has bad weights, whose training part has weight 0 (as the local
+    backend refuses it), or that has weights under DP fails the set-up: the run stops before
+    any round, with the site's reason."""
+    X, y = spd
+    groups, w = np.repeat(np.arange(3), 20), np.ones(len(y))
+    bad = w.copy()
+    bad[25] = -1.0
+    with pytest.raises(RuntimeError, match=r"failed the setup query: .*site1\.npz: sample_weight contains negative"):
+        _serve_files(_fed("local", n_rounds=1), _site_files(tmp_path, X, y, groups, bad))
+    seed = int(np.random.RandomState(0).randint(0, 2**31 - 1))  # what random_state=0 draws
+    site_codes = np.unique(y[groups == 1], return_inverse=True)[1]
+    _, validation = stratified_split(site_codes, 0.5, derive_seed(seed, 8, 1))  # client 1's split
+    validation_only = w.copy()
+    validation_only[groups == 1] = np.isin(np.arange(20), validation)
+    with pytest.raises(ValueError, match=r"training samples of clients \[1\] all have weight 0"):
+        _fed("local", n_rounds=1, validation_fraction=0.5).fit(X, y, groups=groups, sample_weight=validation_only)
+    with pytest.raises(RuntimeError, match=r"failed the setup query: .*training samples of client 1 all have weight 0"):
+        _serve_files(_fed("local", n_rounds=1, validation_fraction=0.5),
+                     _site_files(tmp_path, X, y, groups, validation_only))
+    with pytest.raises(RuntimeError, match="failed the setup query: .*sample_weight is not supported with dp_epsilon"):
+        _serve_files(_fed("local", _estimator(scaling="trace"), n_rounds=1, dp_epsilon=1.0, validation_fraction=0.0),
+                     _site_files(tmp_path, X, y, groups, w))
+
+
 def test_simulation_input_errors_as_local(spd):
     X, y = spd
     with pytest.raises(ValueError, match="'backend' parameter"):
@@ -213,6 +372,10 @@ def test_spec_round_trip():
         {k: v for k, v in fed.get_params(deep=False).items() if k != "estimator"}
     agreed = estimator_from_spec(estimator_to_spec(_fed("local", classes=np.array([2, 1]))))
     assert agreed.classes == [2, 1]  # an array of agreed classes travels as a list
+    for class_weight in ({0: 1.0, 1: 3.0}, {"left": 2, "right": 0.5}, {True: 1.0, False: 2.0}):
+        text = dumps(estimator_to_spec(_fed("local", estimator=_estimator(class_weight=class_weight))))
+        rebuilt = estimator_from_spec(loads(text)).estimator.class_weight
+        assert rebuilt == class_weight and [type(k) for k in rebuilt] == [type(k) for k in class_weight]
     with pytest.raises(TypeError, match="aggregation"):
         estimator_to_spec(_fed("local", aggregation=lambda *a: None))
     with pytest.raises(ValueError):
@@ -247,8 +410,8 @@ def _sites(monkeypatch, relabel=lambda cid, y: y):
 
     def make_client_app(load_site, **kwargs):
         def load(context):
-            cid, X, y = load_site(context)
-            return cid, X, relabel(cid, y)
+            cid, X, y, sample_weight = load_site(context)
+            return cid, X, relabel(cid, y), sample_weight
 
         app = real(load, **kwargs)
 

@@ -148,6 +148,7 @@ HOSTILE_TRAIN = {
     "wrong_dtype": (_set(HEAD, lambda a: a.astype(np.float32)), r"dtype float32, expected float64"),
     "inflated_num_examples": (_metric("num-examples", 10**9), r"num-examples 1000000000 is not an int between 1"),
     "float_num_examples": (_metric("num-examples", 1e9), r"num-examples 1000000000.0"),
+    "undeclared_weight": (_metric("weight", 1e9), r"carries a client weight but the client declared no sample weights"),
     "negative_train_loss": (_metric("train-loss", -5.0), r"train-loss -5.0"),
     "nan_train_loss": (_metric("train-loss", float("nan")), r"train-loss nan"),
     "negative_skipped": (_metric("skipped-batches", -1), r"skipped-batches -1"),
@@ -234,6 +235,8 @@ HOSTILE_SETUP = {
     "zero_num_examples": (_setup("num-examples", 0), r"client 1 declared invalid sample counts"),
     "other_shape": (_setup("shape", [7, 7]), r"samples differ in shape"),
     "duplicate_client_id": (_setup("client-id", 0), r"client id 0 is configured on two nodes"),
+    "negative_weight": (_setup("weight", -3.0), r"client 1 declared an invalid training weight -3.0"),
+    "nan_weight": (_setup("weight", float("nan")), r"client 1 declared an invalid training weight nan"),
 }
 
 

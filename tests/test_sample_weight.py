@@ -16,6 +16,9 @@ Design under test
   (``weighting="n_samples"``) is the SUM of its training samples' weights.
 * Bad weights (wrong length, negative, NaN, all zero) raise ``ValueError`` naming
   ``sample_weight``.
+* The Flower backend uses the same weights as the local backend, bit for bit (simulation,
+  a deployed site's data file, SecAgg+ sums): ``tests/test_flower.py``,
+  ``tests/test_secure_aggregation.py``.
 
 Why the equivalence tests are exact: float64, ``validation_fraction=0`` (a split would draw
 different samples from weighted and from repeated data) and ``batch_size`` at least the

@@ -1,8 +1,9 @@
 """Tests for secure aggregation on Flower (``skfedspd.flower.secure``, SecAgg+).
 
 In the in-process Flower simulation, ``secure_aggregation=True`` gives the plain global
-model within 1e-5 (ProjAvg and RLAvg, also with a site dropping out of a round), the
-server receives only masked vectors and totals, and the totals are checked by the engine.
+model within 1e-5 (ProjAvg and RLAvg, also with a site dropping out of a round, with sample
+weights and class weights), the server receives only masked vectors and totals, and the
+totals are checked by the engine.
 A few seconds per fit on two CPU cores.
 """
 
@@ -53,7 +54,7 @@ def assert_close_runs(plain, secured):
         assert b["clients"] == a["clients"]
         assert [(f["client"], f["stage"]) for f in b["failed_clients"]] == [
             (f["client"], f["stage"]) for f in a["failed_clients"]]
-        assert b["n_samples"] == [sum(a["n_samples"])]
+        assert b["n_samples"] == pytest.approx([sum(a["n_samples"])], rel=1e-12)  # counts, or sums of weights
         assert b["skipped_batches"] == a["skipped_batches"]
         np.testing.assert_allclose(b["train_loss"], a["train_loss"], rtol=0, atol=1e-4)
         np.testing.assert_allclose(b["val_loss"], a["val_loss"], rtol=0, atol=1e-4)
@@ -73,6 +74,29 @@ def test_secure_matches_plain(spd, aggregation, server):
     assert_close_runs(plain, secured)
     for name, value in plain.engine_.server_momentum_buffer.items():
         np.testing.assert_allclose(secured.engine_.server_momentum_buffer[name], value, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("aggregation, weights", [
+    ("projavg", dict(sample_weight=True)),
+    ("rlavg", dict(sample_weight=True, class_weight="balanced")),
+], ids=["projavg-sample_weight", "rlavg-both"])
+def test_secure_with_sample_weight_matches_plain(spd, aggregation, weights):
+    """Each site's weighted arrays and loss enter the masked sum with ``r_i = w_i / w_max``
+    (``w_i`` the sum of its training sample weights), and ``w_i / w_max`` gives the round's
+    total weight: the plain weighted model and totals."""
+    X, y = spd
+    last = y == y.max()
+    keep = ~last | (np.cumsum(last) % 2 == 1)  # half of the last class: the classes weigh apart
+    X, y = X[keep], y[keep]
+    w = np.random.default_rng(1).uniform(0.2, 3.0, len(y)) if weights.get("sample_weight") else None
+    estimator = SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, class_weight=weights.get("class_weight"))
+    plain = _fed("local", estimator=estimator, aggregation=aggregation).fit(X, y, sample_weight=w)
+    secured = _fed("flower", True, estimator=estimator, aggregation=aggregation).fit(X, y, sample_weight=w)
+    assert all(isinstance(n, float) for record in plain.history_ for n in record["n_samples"])
+    assert_close_runs(plain, secured)
+    unweighted = _fed("local", aggregation=aggregation).fit(X, y)
+    assert not np.allclose(unweighted.engine_.global_params["head.weight"], secured.engine_.global_params[
+        "head.weight"], rtol=0, atol=1e-3)
 
 
 def test_secure_dp_matches_plain_dp(spd):
@@ -242,6 +266,14 @@ def test_site_values_outside_the_range_fail_the_site():
     np.testing.assert_allclose(nan[2], [0.5, 0.5, 0.0, 1.0, 0.02])
     with pytest.raises(ValueError, match="val-f1 leaves"):
         secure.eval_vector({"stage": "evaluate", "n-max": 4}, 0.3, 1.5, 2)
+    weighted = dict(layout, **{"weight-max": 8.0})
+    params = {"W": np.eye(3, 2), "head": np.full(4, 3.0)}
+    np.testing.assert_allclose(secure.train_vector(weighted, params, 0.5, 0, 5, weight=2.0)[2],
+                               [0.25, 0.5, 0.25 * 0.5 / secure.LOSS_RANGE, 0.0, 0.0, 0.25])
+    unweighted_site = secure.train_vector(weighted, params, 0.5, 0, 5)[2]  # weighs its 5 samples
+    np.testing.assert_allclose(unweighted_site[[0, 5]], [5 / 8, 5 / 8])
+    with pytest.raises(ValueError, match=r"client weight outside \(0, 8\]"):
+        secure.train_vector(weighted, params, 0.5, 0, 5, weight=8.5)
 
 
 def _engine(**kwargs):
@@ -272,6 +304,20 @@ def test_engine_checks_the_totals():
         engine.finish_round_from_sum(record, [0, 1, 2], {}, n_examples=6.0, loss=0.5, f1=1.2)
     with pytest.raises(RuntimeError, match="client 1 failed to evaluate in round 0"):
         _engine().finish_round_from_sum(record, [0, 2], {}, n_examples=4.0, loss=0.5, f1=0.5)
+
+
+def test_engine_checks_the_total_weight():
+    """With sample weights the total weight is checked against the clients' declared sums
+    (a client without weights counts its training size) and recorded as ``n_samples``."""
+    engine = _engine(train_weights=[2.5, None, 12.0])
+    W = engine.global_params["W"]
+    args = dict(summed={"W": W, "b": np.ones(3)}, weight=1.0, n_examples=60.0, loss=0.5, n_nan_loss=0.0, n_skipped=0.0)
+    with pytest.raises(RuntimeError, match=r"client weight total 35.0 is not in \(0, 34.5\]"):
+        engine.aggregate_from_sum(0, [0, 1, 2], [0, 1, 2], {}, total_weight=35.0, **args)
+    with pytest.raises(RuntimeError, match="client weight total 0.0 is not in"):
+        engine.aggregate_from_sum(0, [0, 1, 2], [0, 1, 2], {}, total_weight=0.0, **args)
+    record = engine.aggregate_from_sum(0, [0, 1, 2], [0, 1, 2], {}, total_weight=30.25, **args)
+    assert record["n_samples"] == [30.25]
 
 
 def test_secure_configuration_errors(spd):

@@ -6,15 +6,25 @@ A site answers four messages; none of them carries its data out:
   split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
   id, the labels it holds (none when the set-up carries the agreed ``classes``: the site
   checks that its labels are among them, and fails otherwise), its sample shape, its
-  training and validation sizes and its input statistic (one scalar, e.g. the mean
-  log-trace that ``scaling="auto"`` pools);
-- ``train``: the local estimator's ``local_update`` (the one local-training routine) from
-  the broadcast global parameters, with the learning rate and seed of the round (and, in
-  DP mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies
-  the new parameters, its training size, the mean training loss and the number of
-  skipped batches;
-- ``evaluate``: the global model's loss and macro-F1 on the site's validation part
-  (:func:`skfedspd.training.evaluate`) and the validation size.
+  training and validation sizes, the sum of its training sample weights (``weight``, when
+  it has sample weights) and its input statistic (one scalar, e.g. the mean log-trace
+  that ``scaling="auto"`` pools; weighted by the sample weights);
+- ``train``: the local estimator's ``local_update`` (the one local-training routine,
+  through :func:`skfedspd.federated.client_update`) from the broadcast global parameters,
+  with the learning rate and seed of the round, the site's sample weights (and, in DP
+  mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies the
+  new parameters, its training size, the sum of its training sample weights (its
+  aggregation weight, when it has sample weights), the mean training loss and the number
+  of skipped batches;
+- ``evaluate``: the global model's loss (weighted by the site's sample weights) and
+  macro-F1 on the site's validation part (:func:`skfedspd.training.evaluate`) and the
+  validation size.
+
+A site's sample weights (``sample_weight``, see :func:`load_site_from_node_config`) are its
+training weights, times the local estimator's ``class_weight`` when that is a dict (label
+→ weight; ``"balanced"`` needs every site's class counts and is refused). They never leave
+the site; only their training sum does. The in-process simulation hands each site the
+weights the local backend computes (its ``class_weight`` included).
 
 The server checks every reply before it is used (:mod:`skfedspd.engine`).
 
@@ -43,7 +53,8 @@ from flwr.clientapp import ClientApp
 
 from .. import spec as _spec
 from .. import training
-from ..base import stratified_split
+from ..base import check_sample_weight, stratified_split, training_weights
+from ..federated import DP_SAMPLE_WEIGHT_ERROR, client_statistic, client_update
 from ..training import derive_seed
 
 __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "from_array_record"]
@@ -78,10 +89,22 @@ def from_array_record(record):
     return {name: array.numpy() for name, array in record.items()}
 
 
-class _PreparedSite:
-    """A site's data after the set-up: split, encoded, as tensors, with an estimator."""
+def _site_training_weights(est, y, sample_weight):
+    """The site's training weights: its ``sample_weight`` times the local estimator's
+    ``class_weight`` (a dict: the weight of each label, as on the local backend); None when
+    it has neither."""
+    class_weight = getattr(est, "class_weight", None)
+    if isinstance(class_weight, str) and class_weight == "balanced":
+        raise ValueError("class_weight='balanced' is not supported on a Flower deployment: it needs the class counts "
+                         "of every site's data, which no site knows; give class_weight as a dict (label -> weight) or "
+                         "put the weights in each site's sample_weight")
+    return training_weights(class_weight, y, sample_weight, all_data=False)
 
-    def __init__(self, cid, X, y, setup, estimator_factory):
+
+class _PreparedSite:
+    """A site's data after the set-up: split, encoded, weighted, as tensors, with an estimator."""
+
+    def __init__(self, cid, X, y, sample_weight, setup, estimator_factory):
         est = estimator_factory() if estimator_factory is not None else _spec.estimator_from_spec(setup["estimator"])
         X = est.check_inputs(X, reset=True)
         y = np.asarray(y)
@@ -91,13 +114,20 @@ class _PreparedSite:
             if unknown:
                 raise ValueError(f"this site holds labels {unknown} that are not in the agreed classes "
                                  f"{setup['classes']}")
+        w = _site_training_weights(est, y, sample_weight)
+        if w is not None and setup.get("private"):
+            raise ValueError(DP_SAMPLE_WEIGHT_ERROR)
         # The split sees the labels only through their order and counts, so the site's own
         # label codes give the split that the global codes give on the local backend.
         self.train, self.val = stratified_split(local_codes.reshape(-1), setup["validation_fraction"],
                                                 derive_seed(setup["seed"], 8, cid))
         self.n_train, self.n_val = len(self.train), len(self.val)
+        w_train = None if w is None else w[self.train]
+        if w_train is not None and not w_train.sum() > 0:
+            raise ValueError(f"sample_weight: the training samples of client {cid} all have weight 0")
+        self.weight = None if w is None else float(w_train.sum())  # the aggregation weight, as on the local backend
         self.shape = [int(s) for s in X.shape[1:]]
-        self.statistic = est.input_statistic(X[self.train])
+        self.statistic = client_statistic(est, X[self.train], w_train)
         self.est = None
         if setup["ready"]:
             est.set_classes(setup["classes"])
@@ -107,15 +137,35 @@ class _PreparedSite:
             self.est = est
             self.X_train, self.y_train = est.to_tensor(X[self.train]), torch.as_tensor(codes[self.train])
             self.X_val, self.y_val = est.to_tensor(X[self.val]), torch.as_tensor(codes[self.val])
+            self.w_train, self.w_val = (None, None) if w is None else (torch.as_tensor(w_train),
+                                                                       torch.as_tensor(w[self.val]))
+
+
+def _file_weights(sample_weight, n_samples, path):
+    """The ``sample_weight`` array of a site's data file, checked (None when it has none)."""
+    if sample_weight is None:
+        return None
+    try:
+        shape = np.shape(sample_weight)
+        if len(shape) != 1:
+            raise ValueError(f"sample_weight must be a 1-D array of {n_samples} weights (one per sample), got shape "
+                             f"{shape}")
+        return check_sample_weight(sample_weight, n_samples)
+    except ValueError as error:
+        raise ValueError(f"site data file {path}: {error}") from None
 
 
 def load_site_from_node_config(context):
-    """A site's ``(client_id, X, y)`` from its SuperNode's ``--node-config``.
+    """A site's ``(client_id, X, y, sample_weight)`` from its SuperNode's ``--node-config``.
 
     Keys: ``client-id`` (int, 0..N-1, unique in the federation), ``data-path`` (a ``.npz``
-    with arrays ``X`` and ``y``, read with ``allow_pickle=False``), and optionally
-    ``data-loader`` (``"module:function"``, called as ``function(data_path) -> (X, y)``, for
-    any other format). The path is read by the site only; the server never sees it.
+    with arrays ``X`` and ``y`` and optionally ``sample_weight``, read with
+    ``allow_pickle=False``), and optionally ``data-loader`` (``"module:function"``, called
+    as ``function(data_path) -> (X, y)`` or ``(X, y, sample_weight)``, for any other
+    format). ``sample_weight`` (None when absent) must be a 1-D array of one finite weight
+    ≥ 0 per sample, not all 0: otherwise a ValueError names the file and the problem (the
+    error of a failed set-up reaches the server). The path is otherwise read by the site
+    only; the server never sees it.
 
     Examples
     --------
@@ -134,9 +184,20 @@ def load_site_from_node_config(context):
     >>> np.savez(path, X=X, y=y)
     >>> context = Context(run_id=1, node_id=7, node_config={"client-id": 0, "data-path": path},
     ...                   state=RecordDict(), run_config={})
-    >>> client_id, X_site, y_site = load_site_from_node_config(context)
-    >>> client_id, X_site.shape, y_site.shape
-    (0, (10, 4, 4), (10,))
+    >>> client_id, X_site, y_site, weights = load_site_from_node_config(context)
+    >>> client_id, X_site.shape, y_site.shape, weights
+    (0, (10, 4, 4), (10,), None)
+
+    A file may carry the sites' sample weights:
+
+    >>> np.savez(path, X=X, y=y, sample_weight=np.repeat([1.0, 2.0], 5))
+    >>> load_site_from_node_config(context)[3]
+    array([1., 1., 1., 1., 1., 2., 2., 2., 2., 2.])
+    >>> np.savez(path, X=X, y=y, sample_weight=-np.ones(10))
+    >>> load_site_from_node_config(context)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: site data file .../site0.npz: sample_weight contains negative weights (first at sample 0)
     >>> folder.cleanup()
     """
     config = context.node_config
@@ -147,11 +208,17 @@ def load_site_from_node_config(context):
     loader = config.get("data-loader")
     if loader:
         module, _, name = str(loader).partition(":")
-        X, y = getattr(importlib.import_module(module), name)(path)
+        data = getattr(importlib.import_module(module), name)(path)
+        if not isinstance(data, tuple) or len(data) not in (2, 3):
+            raise TypeError(f"data-loader {loader} must return (X, y) or (X, y, sample_weight), got "
+                            f"{type(data).__name__} of length {len(data) if isinstance(data, tuple) else '?'}")
+        X, y, sample_weight = (*data, None)[:3]
     else:
         with np.load(path, allow_pickle=False) as data:
             X, y = data["X"], data["y"]
-    return int(config["client-id"]), np.asarray(X), np.asarray(y)
+            sample_weight = data["sample_weight"] if "sample_weight" in data.files else None
+    X = np.asarray(X)
+    return int(config["client-id"]), X, np.asarray(y), _file_weights(sample_weight, len(X), path)
 
 
 def make_client_app(load_site=load_site_from_node_config, estimator_factory=None):
@@ -160,8 +227,9 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     Parameters
     ----------
     load_site : callable
-        ``load_site(context) -> (client_id, X, y)``: the site's raw data (all of it; the
-        train/validation split is made here). Deployment: :func:`load_site_from_node_config`.
+        ``load_site(context) -> (client_id, X, y)`` or ``(client_id, X, y, sample_weight)``:
+        the site's raw data (all of it; the train/validation split is made here) and its
+        sample weights (None: unweighted). Deployment: :func:`load_site_from_node_config`.
     estimator_factory : callable or None
         Returns the unfitted local estimator; None: rebuilt from the set-up's JSON spec
         (deployment). The in-process simulation passes a ``clone`` of the server's.
@@ -204,8 +272,11 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
                     for old in [k for k in site_data if k[0] == context.node_id]:
                         del site_data[old]
                     site_data[data_key] = load_site(context)
-                cid, X, y = site_data[data_key]
-                cache[key] = (cid, _PreparedSite(cid, X, y, _spec.loads(setup_json), estimator_factory))
+                data = site_data[data_key]
+                if not isinstance(data, tuple) or len(data) not in (3, 4):
+                    raise TypeError("load_site must return (client_id, X, y) or (client_id, X, y, sample_weight)")
+                cid, X, y, sample_weight = (*data, None)[:4]
+                cache[key] = (cid, _PreparedSite(cid, X, y, sample_weight, _spec.loads(setup_json), estimator_factory))
             return cache[key]
 
     def check_client(message, cid):
@@ -218,6 +289,8 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         cid, prepared = site(context, message.content["config"]["setup"])
         setup = _spec.loads(message.content["config"]["setup"])
         info = {"client-id": cid, "shape": prepared.shape, "num-examples": prepared.n_train, "n-val": prepared.n_val}
+        if prepared.weight is not None:
+            info["weight"] = prepared.weight
         if setup["classes"] is None:  # agreed classes: the site's own labels stay on it
             info["labels"] = _spec.dumps(prepared.labels.tolist())
         if prepared.statistic is not None and not setup.get("private"):
@@ -244,17 +317,19 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         local = local_arrays(message, context, layout) or None
         dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
               if f"dp-{key.replace('_', '-')}" in config}
-        params, loss, skipped = prepared.est.local_update(
-            from_array_record(message.content["arrays"]), local, prepared.X_train, prepared.y_train,
-            lr=config["lr"], n_epochs=config["local-epochs"], seed=config["seed"], **({"dp": dp} if dp else {}))
+        reply = client_update(prepared.est, from_array_record(message.content["arrays"]), local, prepared.X_train,
+                              prepared.y_train, prepared.w_train, config["seed"], dp or None, lr=config["lr"],
+                              n_epochs=config["local-epochs"])
         if layout is not None:
-            vector = secure.train_vector(layout, params, float(loss), int(skipped), prepared.n_train)
+            vector = secure.train_vector(layout, reply.params, reply.loss, reply.n_skipped, reply.n_examples,
+                                         weight=reply.weight)
             context.state.array_records[secure.LOCAL_STATE_KEY] = to_array_record(
-                {name: params[name] for name, _ in layout["local"]})
+                {name: reply.params[name] for name, _ in layout["local"]})
             return Message(secure.site_reply(vector), reply_to=message)
-        metrics = MetricRecord({"client-id": cid, "num-examples": prepared.n_train,
-                                "train-loss": float(loss), "skipped-batches": int(skipped)})
-        return Message(RecordDict({"arrays": to_array_record(params), "metrics": metrics}), reply_to=message)
+        metrics = MetricRecord({"client-id": cid, "num-examples": reply.n_examples, "train-loss": reply.loss,
+                                "skipped-batches": reply.n_skipped,
+                                **({} if reply.weight is None else {"weight": reply.weight})})
+        return Message(RecordDict({"arrays": to_array_record(reply.params), "metrics": metrics}), reply_to=message)
 
     def validate(message, context, layout=None):
         """``(client id, loss, macro-F1, n_val)`` of the broadcast model on the site's validation part."""
@@ -265,7 +340,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         local = local_arrays(message, context, layout)
         if local:
             est.set_parameters(local)
-        loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val)
+        loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val, prepared.w_val)
         return cid, float(loss), float(f1), prepared.n_val
 
     @app.evaluate()

@@ -5,11 +5,13 @@
 replies of every round by two runs of Flower's SecAgg+ protocol (Bell et al., CCS 2020):
 
 - **train**: each selected site sends, masked, the vector ``r_i·θ_i / B`` for every
-  aggregated array (``r_i = n_i / n_max``; 1 under ``weighting="uniform"``), ``(n_i /
-  n_max)·λ_i / LOCAL_RANGE`` for every client-local array ``λ_i`` (FedBN statistics: the
-  site keeps its own in its Flower context state, and only this sum, the training-size
-  weighted pool the released model carries, leaves it), ``r_i``, ``n_i / n_max``,
-  ``r_i·loss_i / L``, a NaN-loss flag and ``skipped_i / S``;
+  aggregated array (``r_i = n_i / n_max``; with sample weights ``r_i = w_i / w_max``, ``w_i``
+  the sum of the site's training sample weights and ``w_max`` the largest the round's sites
+  declared at set-up; 1 under ``weighting="uniform"``), ``(n_i / n_max)·λ_i / LOCAL_RANGE``
+  for every client-local array ``λ_i`` (FedBN statistics: the site keeps its own in its
+  Flower context state, and only this sum, the training-size weighted pool the released
+  model carries, leaves it), ``r_i``, ``n_i / n_max``, ``r_i·loss_i / L``, a NaN-loss flag,
+  ``skipped_i / S`` and, with sample weights, ``w_i / w_max`` (the round's total weight);
 - **validation**: each site with validation data sends ``[m_i, m_i·loss_i / L,
   m_i·F1_i]`` with ``m_i = n_val_i / n_val_max``.
 
@@ -116,9 +118,10 @@ def _scaled(value, bound, what):
     return value / bound
 
 
-def train_vector(layout, params, loss, n_skipped, n_examples):
+def train_vector(layout, params, loss, n_skipped, n_examples, weight=None):
     """What a site puts into the train secure sum (entries in [-1, 1]; see the module
-    docstring). ``layout`` is the server's (``config["secure"]``, decoded).
+    docstring). ``layout`` is the server's (``config["secure"]``, decoded); ``weight``: the
+    sum of the site's training sample weights (None: it has none, it weighs ``n_examples``).
 
     Examples
     --------
@@ -136,11 +139,23 @@ def train_vector(layout, params, loss, n_skipped, n_examples):
     Traceback (most recent call last):
     ...
     ValueError: array 'W' leaves the secure-aggregation range ±1
+
+    With sample weights (the round's largest declared sum ``weight-max``), ``r = w / w_max``
+    and ``w / w_max`` joins the scalars:
+
+    >>> W, b, scalars = train_vector(dict(layout, **{"weight-max": 60.0}), params, 0.5, 0, 30, weight=15.0)
+    >>> b, scalars
+    (array([ 0.125 , -0.0625]), array([0.25  , 0.75  , 0.00125, 0.    , 0.    , 0.25  ]))
     """
     n_max = layout["n-max"]
     if not 1 <= n_examples <= n_max:
         raise ValueError(f"num-examples outside [1, {n_max}]")
-    r = n_examples / n_max if layout["weighting"] == "n_samples" else 1.0
+    weight_max = layout.get("weight-max")  # a run with sample weights
+    weight = n_examples if weight is None else weight
+    if weight_max is not None and not 0 < weight <= weight_max * (1 + 1e-9):
+        raise ValueError(f"client weight outside (0, {weight_max:g}]")
+    share = n_examples / n_max if weight_max is None else min(weight / weight_max, 1.0)
+    r = share if layout["weighting"] == "n_samples" else 1.0
     arrays = [r * _scaled(params[name], bound, f"array {name!r}") for name, bound in layout["arrays"]]
     # client-local arrays: pooled by training size whatever the weighting, as in plain mode
     arrays += [n_examples / n_max * _scaled(params[name], bound, f"local array {name!r}")
@@ -149,6 +164,7 @@ def train_vector(layout, params, loss, n_skipped, n_examples):
     nan_loss = not np.isfinite(loss)
     scalars = [r, n_examples / n_max, 0.0 if nan_loss else r * _scaled(loss, LOSS_RANGE, "train-loss"),
                float(nan_loss), _scaled(n_skipped, layout["skipped-range"], "skipped-batches")]
+    scalars += [] if weight_max is None else [share]
     return arrays + [np.asarray(scalars, dtype=np.float64)]
 
 
@@ -416,6 +432,8 @@ class SecureSPDnetStrategy(SPDnetStrategy):
         layout = {"stage": "train", "arrays": self.bounds, "local": self.local_bounds, "weighting": engine.weighting,
                   "n-max": max(engine.n_train[cid] for cid in selected),
                   "skipped-range": float(max(engine.n_train) * self.local_epochs)}
+        if engine.train_weights is not None:  # sample weights: the sites weigh the sums of their training weights
+            layout["weight-max"] = max(engine.declared_weight(cid) for cid in selected)
         clients, reasons, summed = self._secure(grid, messages, layout, 2 * self._round["t"])
         *params, scalars = summed
         names = [name for name, _ in self.bounds + self.local_bounds]
@@ -435,7 +453,8 @@ class SecureSPDnetStrategy(SPDnetStrategy):
             pooled_local={name: np.asarray(params[name] * bound / size) for name, bound in local.items()}
             if size > 0 else None,
             n_examples=float(scalars[1]) * n_max, loss=float(scalars[2]) * LOSS_RANGE,
-            n_nan_loss=float(scalars[3]), n_skipped=float(scalars[4]) * layout["skipped-range"])
+            n_nan_loss=float(scalars[3]), n_skipped=float(scalars[4]) * layout["skipped-range"],
+            total_weight=float(scalars[5]) * layout["weight-max"] if "weight-max" in layout else None)
         return self._after_train(record)
 
     def configure_evaluate(self, server_round, arrays, config, grid):

@@ -20,7 +20,7 @@ from sklearn.base import clone
 
 from .. import spec as _spec
 from ..classifier import SPDnetClassifier
-from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, pool_input_statistic
+from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, _is_real, pool_input_statistic
 from ..training import draw_seed
 from .client import from_array_record, to_array_record
 
@@ -158,7 +158,7 @@ class SPDnetStrategy(FedAvg):
             return None, None
         replies = self._replies(list(replies), self._round["selected"], lambda message, metrics: TrainReply(
             from_array_record(message.content["arrays"]), metrics["train-loss"], metrics["skipped-batches"],
-            metrics["num-examples"]))
+            metrics["num-examples"], metrics.get("weight")))
         return self._after_train(self.engine.aggregate(self._round["t"], self._round["selected"], replies))
 
     def _after_train(self, record):
@@ -259,10 +259,12 @@ def _label_kind(label):
 
 def _read_setup(infos, nodes, with_labels=True):
     """The sites' set-up declarations, checked: ``(node of each client id, shape, labels of
-    each client, n_train, n_val, input statistics)``. Any bad declaration raises a
-    ValueError naming the client (set-up failures end the run whatever the failure
-    policy: the federation's membership and data shape must be settled first).
-    ``with_labels=False`` (agreed ``classes``): the sites declare no labels (None each)."""
+    each client, n_train, n_val, input statistics, training weights)`` (a client's training
+    weight: the sum of its training sample weights, None when it has none; the list is None
+    when no client has any). Any bad declaration raises a ValueError naming the client
+    (set-up failures end the run whatever the failure policy: the federation's membership
+    and data shape must be settled first). ``with_labels=False`` (agreed ``classes``): the
+    sites declare no labels (None each)."""
     client_node = {}
     for node, info in infos.items():
         cid = info.get("client-id") if hasattr(info, "get") else None
@@ -274,7 +276,7 @@ def _read_setup(infos, nodes, with_labels=True):
     if sorted(client_node) != list(range(len(nodes))):
         raise ValueError(f"the sites' client ids must be 0..{len(nodes) - 1}, got {sorted(client_node)}")
     node_of = [client_node[cid] for cid in range(len(nodes))]
-    shapes, labels, n_train, n_val, stats = set(), [], [], [], []
+    shapes, labels, n_train, n_val, stats, weights = set(), [], [], [], [], []
     for cid, node in enumerate(node_of):
         info = infos[node]
         try:
@@ -291,18 +293,23 @@ def _read_setup(infos, nodes, with_labels=True):
         if not _count(info.get("num-examples"), 1) or not _count(info.get("n-val"), 0):
             raise ValueError(f"client {cid} declared invalid sample counts (num-examples "
                              f"{info.get('num-examples')!r}, n-val {info.get('n-val')!r})")
+        weight = info.get("weight")
+        if weight is not None and not (_is_real(weight) and np.isfinite(weight) and weight > 0):
+            raise ValueError(f"client {cid} declared an invalid training weight {weight!r} (the sum of its training "
+                             "sample weights: a finite number > 0)")
         shapes.add(shape)
         labels.append(declared)
         n_train.append(int(info["num-examples"]))
         n_val.append(int(info["n-val"]))
         stats.append(info.get("input-statistic"))
+        weights.append(None if weight is None else float(weight))
     if len(shapes) != 1:
         raise ValueError(f"the sites' samples differ in shape: {sorted(shapes)}")
     kinds = {cid: {_label_kind(label) for label in site} for cid, site in enumerate(labels) if site is not None}
     if with_labels and len(set().union(*kinds.values())) != 1:
         raise ValueError(f"the sites declare labels of different types: {kinds} (a label must mean the same "
                          "class at every site)")
-    return node_of, shapes.pop(), labels, n_train, n_val, stats
+    return node_of, shapes.pop(), labels, n_train, n_val, stats, None if weights == [None] * len(weights) else weights
 
 
 def _probe(shape):
@@ -383,7 +390,7 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
              "classes": agreed, "seed": seed, "validation_fraction": fed.validation_fraction,
              "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
-    node_of, shape, labels, n_train, n_val, stats = _read_setup(infos, nodes, with_labels=agreed is None)
+    node_of, shape, labels, n_train, n_val, stats, weights = _read_setup(infos, nodes, with_labels=agreed is None)
     known = est.classes_ if resume else None
     for cid, site in enumerate(labels if agreed is None else []):
         unknown = [] if known is None else sorted(set(site) - set(np.asarray(known).tolist()))
@@ -396,11 +403,13 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
         if agreed is None:
             est.set_classes(np.unique(np.concatenate([np.asarray(site) for site in labels])))
         # DP mode: the sites' input statistics are neither sent nor used (docs/privacy.md)
-        statistic = None if setup["private"] else pool_input_statistic(stats, n_train)
+        # pooled as on the local backend: by training size, or by the sum of the training weights
+        statistic = None if setup["private"] else pool_input_statistic(
+            stats, n_train if weights is None else [n if w is None else w for n, w in zip(n_train, weights)])
         est.set_input_statistic(statistic)
         est.init_module(seed)
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
-                                            input_statistic=statistic)
+                                            input_statistic=statistic, train_weights=weights)
     if resume:
         engine.load_state_dict(*fed.engine_.state_dict())
     # 2. from here on every message carries the complete set-up

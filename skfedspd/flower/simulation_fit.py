@@ -3,7 +3,9 @@
 :func:`fit_simulation` is the ``"flower"`` entry of :data:`skfedspd.federated.BACKENDS`.
 The data are split into clients exactly as on the local backend (``groups`` or the
 seeded partition, in :class:`~skfedspd.engine.FitTask`); virtual SuperNode ``i`` holds
-client ``i``'s samples and runs the FedSPDnet ClientApp; the ServerApp runs
+client ``i``'s samples, with their training weights when the fit has any (``sample_weight``
+times the local estimator's ``class_weight``, computed on all the labels as on the local
+backend), and runs the FedSPDnet ClientApp; the ServerApp runs
 :func:`skfedspd.flower.server.serve`. See :mod:`skfedspd.flower.simulation` for the
 runtime (no Ray).
 """
@@ -44,11 +46,11 @@ def fit_simulation(fed, task):
     """
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
-    if task.sample_weight is not None:
-        raise ValueError("sample_weight (or the local estimator's class_weight) is not supported by "
-                         "backend='flower' yet; use backend='local'")
-    sites = [(cid, task.X[idx], task.y[idx]) for cid, idx in enumerate(task.indices)]
+    w = task.sample_weight
+    sites = [(cid, task.X[idx], task.y[idx], None if w is None else w[idx]) for cid, idx in enumerate(task.indices)]
     template = clone(task.estimator)  # unfitted: each site builds its model from the set-up
+    if "class_weight" in template.get_params(deep=False):
+        template.set_params(class_weight=None)  # already in the sites' weights: not applied twice
     client_app = make_client_app(lambda context: sites[int(context.node_config["partition-id"])],
                                  estimator_factory=lambda: clone(template))
     server_app = ServerApp()
