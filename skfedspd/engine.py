@@ -47,6 +47,9 @@ __all__ = [
     "FederatedResult",
     "FitTask",
     "check_aggregate",
+    "client_statistic",
+    "client_update",
+    "is_positive_weight",
     "n_selected",
     "pool_input_statistic",
     "rule_name",
@@ -243,6 +246,19 @@ def pool_input_statistic(statistics, n_train):
 
 def _is_real(value):
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def is_positive_weight(value):
+    """Whether ``value`` is a client weight the server accepts: a real number (not a
+    boolean), finite and > 0.
+
+    Examples
+    --------
+    >>> from skfedspd.engine import is_positive_weight
+    >>> is_positive_weight(12), is_positive_weight(0.5), is_positive_weight(0), is_positive_weight(True)
+    (True, True, False, False)
+    """
+    return _is_real(value) and bool(np.isfinite(value)) and value > 0
 
 
 def _as_number(weight):
@@ -546,7 +562,7 @@ class FederatedEngine:
         if not _is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_train[cid]:
             return (f"num-examples {reply.n_examples!r} is not an int between 1 and the {self.n_train[cid]} "
                     "training samples declared at set-up")
-        if reply.weight is not None and not (_is_real(reply.weight) and np.isfinite(reply.weight) and reply.weight > 0):
+        if reply.weight is not None and not is_positive_weight(reply.weight):
             return f"client weight {reply.weight!r} is not a finite number > 0"
         declared = None if self.train_weights is None else self.train_weights[cid]
         if (declared is None) != (reply.weight is None):
@@ -842,3 +858,61 @@ class FederatedEngine:
         self.seed = int(meta["seed"])
         self.input_statistic = meta["input_statistic"]
         self.privacy = copy.deepcopy(meta.get("privacy"))
+
+
+# ---------------------------------------------------------------------- the client side
+#: Why ``dp_epsilon`` refuses sample weights (``fit``, and a Flower site whose data carry them).
+DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted "
+                          "samples")
+
+
+def client_statistic(est, X, sample_weight=None):
+    """A client's input statistic: the local estimator's ``input_statistic`` of its training
+    inputs, weighted by their sample weights when it has any (the local backend and every
+    Flower site call it).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.engine import client_statistic
+    >>> est = SPDnetClassifier()
+    >>> X = est.check_inputs(np.stack([np.eye(2), np.exp(2) * np.eye(2)]), reset=True)
+    >>> client_statistic(est, X), client_statistic(est, X, sample_weight=np.array([3.0, 1.0]))  # mean log(tr / n)
+    (1.0, 0.5)
+    """
+    # Estimators whose statistic ignores weights may omit the argument.
+    return est.input_statistic(X) if sample_weight is None else est.input_statistic(X, sample_weight=sample_weight)
+
+
+def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, **kwargs):
+    """One client's local training as a :class:`~skfedspd.engine.TrainReply`: the local
+    estimator's ``local_update`` (the one local-training routine) from the broadcast, with
+    the client's sample weights (its reply's weight is their sum) or DP settings. The local
+    backend's jobs and every Flower site call it; ``kwargs``: ``lr``, ``n_epochs``,
+    ``n_threads``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import torch
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.engine import client_update
+    >>> X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
+    >>> est = SPDnetClassifier()
+    >>> X = est.check_inputs(X, reset=True)
+    >>> est.set_classes(y)
+    >>> est.set_input_statistic(est.input_statistic(X))
+    >>> est.init_module(0)
+    >>> weights = torch.as_tensor(np.repeat([1.0, 2.0], 6))
+    >>> reply = client_update(est, est.get_parameters(), None, est.to_tensor(X), torch.as_tensor(est.encode_labels(y)),
+    ...                       weights, seed=1, dp=None, lr=0.01, n_epochs=1)
+    >>> reply.n_examples, reply.weight
+    (12, 18.0)
+    """
+    # Estimators without DP or sample weights keep the older signature.
+    extra = ({} if dp is None else {"dp": dp}) | ({} if sample_weight is None else {"sample_weight": sample_weight})
+    params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
+    return TrainReply(params, float(loss), int(n_skipped), len(y),
+                      None if sample_weight is None else float(sample_weight.sum()))

@@ -31,11 +31,13 @@ from .aggregation import AGGREGATIONS
 from .base import stratified_split, training_weights
 from .classifier import SPDnetClassifier
 from .engine import (
+    DP_SAMPLE_WEIGHT_ERROR,
     EvalReply,
     FederatedEngine,
     FederatedResult,
     FitTask,
-    TrainReply,
+    client_statistic,
+    client_update,
     n_selected,
     pool_input_statistic,
     rule_name,
@@ -43,8 +45,7 @@ from .engine import (
 from .persistence import load_bundle, save_bundle
 from .training import derive_seed, draw_seed, evaluate
 
-__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices",
-           "client_statistic", "client_update"]
+__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 
 #: Backends of ``FederatedSPDnetClassifier(backend=...)``: ``"module:function"``, called as
 #: ``function(fed, task) -> FederatedResult`` (imported when used: Flower is an extra).
@@ -53,9 +54,6 @@ BACKENDS = {"local": "skfedspd.federated:fit_local", "flower": "skfedspd.flower.
 CHECKPOINT_KIND = "federated-checkpoint"
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
 # The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
-#: Why ``dp_epsilon`` refuses sample weights (``fit``, and a Flower site whose data carry them).
-DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted "
-                          "samples")
 PROTOCOL = ["check_params", "check_inputs", "set_classes", "encode_labels", "input_statistic",
             "set_input_statistic", "to_tensor", "init_module", "get_parameters", "set_parameters",
             "parameter_kinds", "local_update", "fitted_state", "restore_fitted_state"]
@@ -804,60 +802,10 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
                             fingerprint=fingerprint)
 
 
-def client_statistic(est, X, sample_weight=None):
-    """A client's input statistic: the local estimator's ``input_statistic`` of its training
-    inputs, weighted by their sample weights when it has any (the local backend and every
-    Flower site call it).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.federated import client_statistic
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(np.stack([np.eye(2), np.exp(2) * np.eye(2)]), reset=True)
-    >>> client_statistic(est, X), client_statistic(est, X, sample_weight=np.array([3.0, 1.0]))  # mean log(tr / n)
-    (1.0, 0.5)
-    """
-    # Estimators whose statistic ignores weights may omit the argument.
-    return est.input_statistic(X) if sample_weight is None else est.input_statistic(X, sample_weight=sample_weight)
-
-
-def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, **kwargs):
-    """One client's local training as a :class:`~skfedspd.engine.TrainReply`: the local
-    estimator's ``local_update`` (the one local-training routine) from the broadcast, with
-    the client's sample weights (its reply's weight is their sum) or DP settings. The local
-    backend's jobs and every Flower site call it; ``kwargs``: ``lr``, ``n_epochs``,
-    ``n_threads``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.federated import client_update
-    >>> X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(X, reset=True)
-    >>> est.set_classes(y)
-    >>> est.set_input_statistic(est.input_statistic(X))
-    >>> est.init_module(0)
-    >>> weights = torch.as_tensor(np.repeat([1.0, 2.0], 6))
-    >>> reply = client_update(est, est.get_parameters(), None, est.to_tensor(X), torch.as_tensor(est.encode_labels(y)),
-    ...                       weights, seed=1, dp=None, lr=0.01, n_epochs=1)
-    >>> reply.n_examples, reply.weight
-    (12, 18.0)
-    """
-    # Estimators without DP or sample weights keep the older signature.
-    extra = ({} if dp is None else {"dp": dp}) | ({} if sample_weight is None else {"sample_weight": sample_weight})
-    params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
-    return TrainReply(params, float(loss), int(n_skipped), len(y),
-                      None if sample_weight is None else float(sample_weight.sum()))
 
 
 def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a :class:`TrainReply`
+    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a :class:`~skfedspd.engine.TrainReply`
     (:func:`client_update`) or the exception it raised (joblib-safe: the server applies the
     failure policy).
 

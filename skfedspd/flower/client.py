@@ -10,7 +10,7 @@ A site answers four messages; none of them carries its data out:
   it has sample weights) and its input statistic (one scalar, e.g. the mean log-trace
   that ``scaling="auto"`` pools; weighted by the sample weights);
 - ``train``: the local estimator's ``local_update`` (the one local-training routine,
-  through :func:`skfedspd.federated.client_update`) from the broadcast global parameters,
+  through :func:`skfedspd.engine.client_update`) from the broadcast global parameters,
   with the learning rate and seed of the round, the site's sample weights (and, in DP
   mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies the
   new parameters, its training size, the sum of its training sample weights (its
@@ -54,7 +54,7 @@ from flwr.clientapp import ClientApp
 from .. import spec as _spec
 from .. import training
 from ..base import check_sample_weight, stratified_split, training_weights
-from ..federated import DP_SAMPLE_WEIGHT_ERROR, client_statistic, client_update
+from ..engine import DP_SAMPLE_WEIGHT_ERROR, client_statistic, client_update
 from ..training import derive_seed
 
 __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "from_array_record"]

@@ -20,7 +20,7 @@ from sklearn.base import clone
 
 from .. import spec as _spec
 from ..classifier import SPDnetClassifier
-from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, _is_real, pool_input_statistic
+from ..engine import EvalReply, FederatedEngine, FederatedResult, TrainReply, is_positive_weight, pool_input_statistic
 from ..training import draw_seed
 from .client import from_array_record, to_array_record
 
@@ -294,7 +294,7 @@ def _read_setup(infos, nodes, with_labels=True):
             raise ValueError(f"client {cid} declared invalid sample counts (num-examples "
                              f"{info.get('num-examples')!r}, n-val {info.get('n-val')!r})")
         weight = info.get("weight")
-        if weight is not None and not (_is_real(weight) and np.isfinite(weight) and weight > 0):
+        if weight is not None and not is_positive_weight(weight):
             raise ValueError(f"client {cid} declared an invalid training weight {weight!r} (the sum of its training "
                              "sample weights: a finite number > 0)")
         shapes.add(shape)
