@@ -805,9 +805,9 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
 
 
 def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a :class:`~skfedspd.engine.TrainReply`
-    (:func:`client_update`) or the exception it raised (joblib-safe: the server applies the
-    failure policy).
+    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a
+    :class:`~skfedspd.engine.TrainReply` (:func:`~skfedspd.engine.client_update`) or the
+    exception it raised (joblib-safe: the server applies the failure policy).
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
     one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
