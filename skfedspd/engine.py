@@ -123,7 +123,7 @@ class FitTask:
     >>> from skfedspd.engine import FitTask
     >>> [field.name for field in dataclasses.fields(FitTask)]  # doctest: +NORMALIZE_WHITESPACE
     ['estimator', 'X', 'y', 'codes', 'indices', 'seed', 'resume', 'client_source', 'client_groups',
-     'sample_weight']
+     'sample_weight', 'validation_fraction']
     """
 
     estimator: object
@@ -136,6 +136,7 @@ class FitTask:
     client_source: str
     client_groups: list
     sample_weight: object = None  # ndarray of per-sample weights, or None (unweighted)
+    validation_fraction: float = None  # held out on each client (None: the estimator's parameter)
 
 
 @dataclass

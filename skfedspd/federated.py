@@ -28,7 +28,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, St
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS
-from .base import stratified_split, training_weights
+from .base import stratified_split, training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .engine import (
     DP_SAMPLE_WEIGHT_ERROR,
@@ -164,7 +164,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Client weights in the aggregation (training samples of each accepted reply; with
         ``sample_weight``, the sum of its training samples' weights).
     validation_fraction : float, default=0.1
-        Stratified share of each client's data kept on that client for validation.
+        Stratified share of each client's data kept on that client for validation, when
+        the local estimator's ``early_stopping`` rule holds one out for the federation as a
+        whole (:meth:`held_out_fraction`: with the default ``"auto"``, only when the pooled
+        part reaches ``max(50, 2 · n_classes)`` samples; otherwise every sample trains and
+        the last global model is kept). A deployment's sites hold it out as given.
     max_update_norm : float or None, default=1000.0
         A client reply whose array ``θ_i`` moved from the broadcast ``θ`` by more than
         ``max_update_norm · (1 + ‖θ‖_F)`` (Frobenius norm, per array) is rejected as a
@@ -549,7 +553,48 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         n_selected(self.clients_per_round, len(indices))
         return FitTask(estimator=est, X=X, y=np.asarray(y), codes=codes, indices=indices, seed=seed,
                        resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups,
-                       sample_weight=weights)
+                       sample_weight=weights, validation_fraction=self.held_out_fraction(est, len(codes)))
+
+    def held_out_fraction(self, est, n_samples):
+        """The share of each client's data held out for validation in a fit on ``n_samples``.
+
+        The local estimator's ``early_stopping`` rule, applied to the federation as a whole
+        (its pooled validation part drives the best-round selection and the round schedule):
+        ``"auto"`` holds out ``validation_fraction`` only when ``round(validation_fraction ·
+        n_samples)`` reaches ``max(50, 2 · n_classes)`` (:func:`skfedspd.base.uses_validation`),
+        otherwise nothing: every sample trains and the last global model is kept (a few
+        pooled validation trials would pick a round on noise); ``True``: always
+        ``validation_fraction``; ``False``: 0. A local estimator without ``early_stopping``
+        counts as ``True``.
+
+        Parameters
+        ----------
+        est : estimator
+            The local estimator, classes set.
+        n_samples : int
+            Training samples over all clients.
+
+        Returns
+        -------
+        float
+
+        Examples
+        --------
+        >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+        >>> est = SPDnetClassifier().set_params(early_stopping="auto")
+        >>> est.classes_ = [0, 1]
+        >>> fed = FederatedSPDnetClassifier(est)
+        >>> fed.held_out_fraction(est, 45), fed.held_out_fraction(est, 1000)
+        (0.0, 0.1)
+        >>> fed.held_out_fraction(est.set_params(early_stopping=True), 45)
+        0.1
+        """
+        rule = getattr(est, "early_stopping", True)
+        if rule == "auto":
+            keep = uses_validation(n_samples, len(est.classes_), self.validation_fraction)
+        else:
+            keep = bool(rule)
+        return float(self.validation_fraction) if keep else 0.0
 
     def agreed_classes(self, est, resume):
         """The ``classes`` parameter applied to the local estimator ``est``.
@@ -728,7 +773,8 @@ def fit_local(fed, task):
     (2, 2, (3,))
     """
     est, X, codes, seed = task.estimator, task.X, task.codes, task.seed
-    splits = [stratified_split(codes[idx], fed.validation_fraction, derive_seed(seed, 8, i))
+    fraction = fed.validation_fraction if task.validation_fraction is None else task.validation_fraction
+    splits = [stratified_split(codes[idx], fraction, derive_seed(seed, 8, i))
               for i, idx in enumerate(task.indices)]
     n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
     w = task.sample_weight

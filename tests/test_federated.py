@@ -41,7 +41,7 @@ def _data(n=60, n_classes=3, seed=0):
 
 
 def _estimator(**kwargs):
-    params = dict(hidden_dims=(3,), batch_size=8, lr=0.05)
+    params = dict(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True)  # validation on small data
     params.update(kwargs)
     return SPDnetClassifier(**params)
 
@@ -1194,3 +1194,19 @@ def test_stratified_partition_clamps_n_clients_to_the_smallest_class():
     assert len(clf.engine_.n_train) == 3
     for indices in partition_indices(clf.global_estimator_.encode_labels(y), 3, "stratified", 0.5, 0):
         assert len(np.unique(y[indices])) == 2
+
+
+@pytest.mark.parametrize("early_stopping, held_out", [("auto", 0.0), (True, 0.1), (False, 0.0)])
+def test_validation_is_held_out_by_the_local_estimators_rule(early_stopping, held_out):
+    """A few pooled validation trials would pick the released round on noise: with the
+    default rule ("auto") a small federation trains on everything and keeps the last round."""
+    X, y = make_spd_classification(n_matrices=45, n_channels=6, n_classes=2, seed=0)
+    fed = FederatedSPDnetClassifier(SPDnetClassifier(early_stopping=early_stopping), n_rounds=4, n_clients=3,
+                                    partition="stratified", random_state=0).fit(X, y)
+    assert fed.held_out_fraction(fed.global_estimator_, 45) == held_out
+    assert (sum(fed.engine_.n_val) > 0) == (held_out > 0)
+    if held_out == 0:
+        assert fed.engine_.best_round == 3 and all(np.isnan(h["val_f1"]) for h in fed.history_)
+        assert sum(fed.engine_.n_train) == 45
+    est = fed.global_estimator_.set_params(early_stopping="auto")
+    assert fed.held_out_fraction(est, 1000) == 0.1  # 100 pooled validation samples: enough

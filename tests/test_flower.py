@@ -44,7 +44,7 @@ N_CHANNELS = 6
 
 
 def _estimator(**kwargs):
-    params = dict(hidden_dims=(3,), batch_size=8, lr=0.05)
+    params = dict(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True)  # validation on small data
     params.update(kwargs)
     return SPDnetClassifier(**params)
 

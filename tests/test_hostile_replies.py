@@ -48,7 +48,7 @@ def _fed(backend, **kwargs):
     params = dict(n_rounds=2, local_epochs=1, n_clients=3, random_state=0, partition="stratified",
                   on_client_error="skip", backend=backend)
     params.update(kwargs)
-    return FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05), **params)
+    return FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True), **params)
 
 
 @pytest.fixture(scope="module")

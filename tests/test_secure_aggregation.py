@@ -40,7 +40,7 @@ def spd():
 def _fed(backend, secure_aggregation=False, estimator=None, **kwargs):
     params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
     params.update(kwargs)
-    estimator = estimator if estimator is not None else SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05)
+    estimator = estimator if estimator is not None else SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True)
     return FederatedSPDnetClassifier(estimator, backend=backend, secure_aggregation=secure_aggregation, **params)
 
 
@@ -89,7 +89,7 @@ def test_secure_with_sample_weight_matches_plain(spd, aggregation, weights):
     keep = ~last | (np.cumsum(last) % 2 == 1)  # half of the last class: the classes weigh apart
     X, y = X[keep], y[keep]
     w = np.random.default_rng(1).uniform(0.2, 3.0, len(y)) if weights.get("sample_weight") else None
-    estimator = SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, class_weight=weights.get("class_weight"))
+    estimator = SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True, class_weight=weights.get("class_weight"))
     plain = _fed("local", estimator=estimator, aggregation=aggregation).fit(X, y, sample_weight=w)
     secured = _fed("flower", True, estimator=estimator, aggregation=aggregation).fit(X, y, sample_weight=w)
     assert all(isinstance(n, float) for record in plain.history_ for n in record["n_samples"])
@@ -118,7 +118,7 @@ def test_secure_dp_matches_plain_dp(spd):
     # float64: in float32 a mean can sit exactly on a rounding midpoint, and local Adam turns
     # the last bit into an lr-sized step where a gradient is ~0 (bn1.bias, cancelled by bn2)
     EEGNetClassifier(batch_size=8, lr=1e-2, dtype="float64"),
-    SPDnetClassifier(hidden_dims=(3,), batchnorm="spd", batch_size=8, lr=0.05),
+    SPDnetClassifier(hidden_dims=(3,), batchnorm="spd", batch_size=8, lr=0.05, early_stopping=True),
 ], ids=["eegnet-batchnorm", "spdnet-batchnorm"])
 def test_secure_with_client_local_arrays_matches_plain(estimator):
     """Client-local arrays (BatchNorm statistics) stay on their site under secure

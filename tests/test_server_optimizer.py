@@ -179,7 +179,7 @@ def test_invalid_parameters(params):
 def _fed(**kwargs):
     params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
     params.update(kwargs)
-    return FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05), **params)
+    return FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True), **params)
 
 
 def test_defaults_are_the_paper_bit_for_bit(monkeypatch):

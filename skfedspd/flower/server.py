@@ -319,7 +319,7 @@ def _probe(shape):
 
 
 def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600.0, connect_timeout=600.0,
-          client_source=None, client_groups=None, on_round=None):
+          client_source=None, client_groups=None, on_round=None, validation_fraction=None):
     """Fit a :class:`~skfedspd.FederatedSPDnetClassifier`'s configuration through a Flower Grid.
 
     The ServerApp body of both the in-process simulation and a deployment. The client ids
@@ -341,6 +341,11 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
         None: ``"flower:client-id"`` and no groups.
     on_round : callable or None
         Called with each closed round's history record (the simulation's progress bar).
+    validation_fraction : float or None
+        Share of each site's data held out for validation (the simulation passes
+        :meth:`~skfedspd.FederatedSPDnetClassifier.held_out_fraction` of the whole data);
+        None: ``fed.validation_fraction`` (a deployment's server does not see the data, so
+        its sites hold out the fraction as given).
 
     Returns
     -------
@@ -387,7 +392,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     # its own against them), shapes, split sizes and input statistics
     agreed = fed.agreed_classes(est, resume)
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
-             "classes": agreed, "seed": seed, "validation_fraction": fed.validation_fraction,
+             "classes": agreed, "seed": seed,
+             "validation_fraction": fed.validation_fraction if validation_fraction is None else validation_fraction,
              "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
     node_of, shape, labels, n_train, n_val, stats, weights = _read_setup(infos, nodes, with_labels=agreed is None)
