@@ -1200,7 +1200,7 @@ def test_stratified_partition_clamps_n_clients_to_the_smallest_class():
 def test_validation_is_held_out_by_the_local_estimators_rule(early_stopping, held_out):
     """A few pooled validation trials would pick the released round on noise: with the
     default rule ("auto") a small federation trains on everything and keeps the last round."""
-    X, y = make_spd_classification(n_matrices=45, n_channels=6, n_classes=2, seed=0)
+    X, y = _data(45, n_classes=2)
     fed = FederatedSPDnetClassifier(SPDnetClassifier(early_stopping=early_stopping), n_rounds=4, n_clients=3,
                                     partition="stratified", random_state=0).fit(X, y)
     assert fed.held_out_fraction(fed.global_estimator_, 45) == held_out
