@@ -391,8 +391,8 @@ class SecureSPDnetStrategy(SPDnetStrategy):
     >>> clear = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=1, random_state=0).fit(X, y, groups=subjects)
     >>> bool(np.allclose(secure.predict_proba(X), clear.predict_proba(X), rtol=0, atol=1e-9))
     True
-    >>> secure.history_[0]["n_samples"]  # the server saw totals only: 3 sites of 11
-    [33]
+    >>> secure.history_[0]["n_samples"]  # the server saw totals only: 3 sites of 12 (too few to hold any out)
+    [36]
     """
 
     def __init__(self, engine, *, secure_sum=None, **kwargs):
