@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from joblib import Parallel, delayed
 from sklearn.metrics import f1_score
 
@@ -58,6 +59,7 @@ from benchmarks.tableone.protocols import LOCAL_EPOCHS, TRAINING, machine, physi
 from benchmarks.tableone.runner import client_split, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance
+from skfedspd.privacy import clip_and_sum, per_sample_gradients
 from skfedspd.training import torch_threads
 
 #: Rounds sized by ``--curve 80`` (module docstring): quick 50 (2 clients), full 70 (8 clients).
@@ -123,6 +125,34 @@ def chance_f1(y_test, seed, n_draws=1000):
     rng = np.random.default_rng(seed)
     draws = [f1_score(y_test, rng.choice(classes, len(y_test)), average="macro") for _ in range(n_draws)]
     return [float(np.mean(draws)), float(np.percentile(draws, 95))]
+
+
+def gradient_signal_to_noise(protocol, data, model, noise_multiplier, sample_rate):
+    """Why DP-SGD learns or not here: one DP step's signal against its noise, on site 0.
+
+    At the global model after one ε = ∞ round (seed 0), the per-sample gradients of an
+    expected batch of site 0 (Riemannian for the Stiefel weight) are clipped to ``C`` and
+    averaged: the norm of that mean is the step's signal (at most ``C``). The noise of the
+    same step has norm ``σ C √d / (q n)`` (``d`` trainable coordinates). Returns a dict.
+    """
+    X_cov, X_raw, y, subjects = data
+    X = X_raw if model == "eegnet" else X_cov
+    train, _ = client_split(y, subjects, 0)
+    with torch_threads(1):
+        est = estimator(protocol, model, math.inf, 1, 0).fit(X[train], y[train], groups=subjects[train]).global_estimator_
+        site = train[np.isin(subjects[train], np.unique(subjects)[:2])]
+        batch = site[np.random.default_rng(0).permutation(len(site))[:round(sample_rate * len(site))]]
+        module = est.module_.eval()  # BatchNorm on running statistics, as DP-SGD runs it; no dropout
+        if hasattr(module, "recenter_"):
+            module.recenter_()  # the gradient of V at V = 0 is the Riemannian gradient
+        grads, _ = per_sample_gradients(module, est.to_tensor(X[batch]),
+                                        torch.as_tensor(est.encode_labels(y[batch], len(batch))))
+    summed, norms = clip_and_sum(grads, CLIP_NORM)
+    d = sum(g[0].numel() for g in grads.values())
+    signal = float(torch.sqrt(sum((v / len(batch)).pow(2).sum() for v in summed.values())))
+    noise = noise_multiplier * CLIP_NORM * math.sqrt(d) / len(batch)
+    return dict(d=d, median_norm=float(norms.median()), clipped=float((norms > CLIP_NORM).float().mean()),
+                signal=signal, noise=noise)
 
 
 def convergence_curve(protocol, data, n_rounds, block=10, lr=LOCAL_LR):
@@ -191,6 +221,21 @@ def targets(results):
                          f"{chance:.1f}, its 95th percentile {high:.1f}: margin **{f1 - chance:+.1f} points** "
                          f"({f1 - high:+.1f} over the 95th percentile)")
     return lines
+
+
+def diagnosis(protocol, data, results):
+    """One line per model: a DP step's signal and noise at ε = 8 (:func:`gradient_signal_to_noise`)."""
+    lines = []
+    for model in ("spdnet-projavg", "eegnet"):
+        runs = results.get((model, "8"))
+        if runs:
+            seed0 = min(runs, key=lambda r: r["seed"])
+            g = gradient_signal_to_noise(protocol, data, model, seed0["noise_multipliers"][0], seed0["sample_rates"][0])
+            lines.append(f"- {LABELS[model]}, one DP step at ε = 8 (site 0, after 1 round): d = {g['d']} coordinates, "
+                         f"median per-sample gradient norm {g['median_norm']:.2f} ({100 * g['clipped']:.0f} % clipped "
+                         f"at C = {CLIP_NORM:g}); mean clipped gradient {g['signal']:.3f} vs noise "
+                         f"σC√d/(qn) = {g['noise']:.2f}: signal / noise = **{g['signal'] / g['noise']:.3f}** per step")
+    return ["Signal against noise:", *lines] if lines else []
 
 
 def budget_check(results):
@@ -318,7 +363,7 @@ def main(argv=None):
     report = [f"### Privacy-utility, {profile} profile", "", table(results), "",
               f"Test macro-F1 (%), mean ± std over n seeds; {title}; {n_train} training trials in all (seed 0); "
               f"setup {setup(budget['rounds'])}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
-              "Targets:", *targets(results), "", budget_check(results), "",
+              "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(protocol, data, results), "",
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
               f"1 torch thread each; {machine()}; {load_average()} at the end."]
