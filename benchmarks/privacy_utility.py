@@ -210,8 +210,12 @@ def targets(results):
                          f"**{100 * ratio:.0f} %** (target ≥ 80 %: {'met' if ratio >= 0.8 else 'MISSED'})")
         if len(private) and len(eeg):
             margin = private.mean() - eeg.mean()
+            high = 100 * np.mean([r["chance_f1"][1] for r in results[(model, "8")]])
+            caveat = "" if private.mean() > high else (
+                f"; but {LABELS[model]} is not above chance at ε = 8 (95th percentile of uniform guessing "
+                f"{high:.1f}): a margin between two models at chance level, not a utility result")
             lines.append(f"- {LABELS[model]} − DP-FedEEGNet at ε = 8: {private.mean():.1f} − {eeg.mean():.1f} = "
-                         f"**{margin:+.1f} points** (target ≥ +5: {'met' if margin >= 5 else 'MISSED'})")
+                         f"**{margin:+.1f} points** (target ≥ +5: {'met' if margin >= 5 else 'MISSED'}{caveat})")
         low = results.get((model, "1"), [])
         if low:
             f1 = 100 * np.mean([r["f1"] for r in low])

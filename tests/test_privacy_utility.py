@@ -43,6 +43,8 @@ def test_target_lines_compare_the_right_cells(private_f1, eeg_f1, ratio_ok, marg
     margin = next(line for line in lines if "DP-FedEEGNet at ε = 8" in line)
     assert f"**{100 * private_f1 / 0.5:.0f} %**" in ratio and ("met" if ratio_ok else "MISSED") in ratio
     assert f"**{100 * (private_f1 - eeg_f1):+.1f} points**" in margin and ("met" if margin_ok else "MISSED") in margin
+    # a margin over EEGNet is flagged when the DP model itself is not above chance (95th percentile 30 %)
+    assert ("not above chance" in margin) == (private_f1 <= 0.3)
     chance = next(line for line in lines if "at ε = 1" in line)
     assert "margin **+6.0 points**" in chance and "(+1.0 over the 95th percentile)" in chance
     # RLAvg has no runs: no line claims anything about it
