@@ -31,7 +31,7 @@ whose last 10 rounds' mean test macro-F1 is within 1 point of the best 10-round 
 no more rounds than that). The test curve of one seed of the ε = ∞ run is the only thing
 looked at; the DP columns never feed back into the setup.
 
-    python -m benchmarks.privacy_utility --quick                  # 4 subjects (2 clients), 1 seed, ~12 min on 2 cores
+    python -m benchmarks.privacy_utility --quick                  # 4 subjects (2 clients), 1 seed, ~5 min on 2 cores
     python -m benchmarks.privacy_utility --seeds 3 --models spdnet-projavg eegnet  # full, seeds 0-2
     python -m benchmarks.privacy_utility                          # full: 16 offline subjects, 10 seeds
     python -m benchmarks.privacy_utility --quick --curve 80       # the round-sizing run
