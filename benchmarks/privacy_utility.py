@@ -1,61 +1,102 @@
 """Privacy-utility trade-off: DP-FedSPDnet (ProjAvg, RLAvg) vs DP-FedEEGNet on PhysionetMI.
 
-The Table I protocol of ``benchmarks.tableone`` (clients of 2 subjects, each client's
-stratified 85/15 train/test split per seed, E = 2 local epochs, Adam, batch 64, full
-participation), in DP mode (``docs/privacy.md``): sample-level (ε, δ)-DP per site,
-``dp_delta`` fixed, clip norm 1, no validation split (DP mode keeps the last global model
-after a fixed number of rounds, so the 10 % validation part of Table I joins the training
-part), SPDnet with per-matrix ``scaling="trace"`` (nothing pooled). ε = ∞ is the same
-protocol without DP (no clipping, no noise; EEGNet with its BatchNorm trained as usual),
-so every column differs from its neighbour only by the privacy budget. DP-FedEEGNet runs
-with its BatchNorm frozen (affine weights trained privately: ``skfedspd.privacy``).
+Protocol: Table I of ``benchmarks.tableone`` (4 classes, clients of 2 subjects, each
+client's stratified 85/15 train/test split per seed, E = 2 local epochs, Adam 1e-3, batch
+64, full participation) with the package's recommended server optimizer (FedAvgM on the
+Stiefel manifold, ``server_momentum=0.9, server_lr=1.0``: ``docs/results.md``), in DP mode
+(``docs/privacy.md``): sample-level (ε, δ)-DP per site, δ = 1e-5, clip norm 1, no
+validation split (DP mode keeps the last global model after a fixed number of rounds, so
+the 10 % validation part of Table I joins the training part), SPDnet with per-matrix
+``scaling="trace"`` (nothing pooled). ε = ∞ is the same protocol without clipping or noise
+(EEGNet with its BatchNorm trained as usual), so the columns differ only by the privacy
+budget. DP-FedEEGNet runs with its BatchNorm frozen (affine weights trained privately:
+``skfedspd.privacy``), the same rounds, its own learning rate (1e-3: ``EEGNetClassifier``'s
+default and Table I's) and the same server momentum (FedAvgM on its Euclidean weights).
 
-    python -m benchmarks.privacy_utility --quick     # 4 subjects, 1 seed, <= 10 min on 2 cores
-    python -m benchmarks.privacy_utility --jobs 2    # full: offline subjects, 10 seeds, 150 rounds
+Why this setup (fixed before any DP run, never tuned on a DP result). Under a fixed ε the
+noise of each DP-SGD step grows with the number of steps (Abadi et al. 2016; De et al.
+2022; Ponomareva et al. 2023), so the budget goes to as few rounds as the *non-private*
+model needs, each made as effective as possible. Server momentum is post-processing of
+the released aggregates: free under DP, and it averages the per-round noise while it
+multiplies the steps along persistent directions by up to 1/(1 − β) = 10. The local
+learning rate stays Table I's Adam 1e-3, the one server momentum was validated with: with
+``SPDnetClassifier``'s centralized default lr = 1e-2 on top of β = 0.9 (an effective step
+of 0.1) the ε = ∞ training loss of the sizing run stalls near 0.8 and oscillates instead of
+decreasing (``--quick --curve 80 --curve-lr 0.01``; docs/privacy.md).
 
-Every (ε, model, seed) result is stored as JSON under ``--out``; a re-run skips what is done.
+Rounds (one rule, per profile): ``--curve`` fits the ε = ∞ ProjAvg model of seed 0 one round
+at a time and prints its training loss and test macro-F1; ``R`` is the first multiple of 10
+whose last 10 rounds' mean test macro-F1 is within 1 point of the best 10-round mean over
+80 rounds (the non-private model has stopped improving; DP runs then spend their budget on
+no more rounds than that). The test curve of one seed of the ε = ∞ run is the only thing
+looked at; the DP columns never feed back into the setup.
+
+    python -m benchmarks.privacy_utility --quick                  # 4 subjects (2 clients), 1 seed, ~5 min on 2 cores
+    python -m benchmarks.privacy_utility --seeds 3 --models spdnet-projavg eegnet  # full, seeds 0-2
+    python -m benchmarks.privacy_utility                          # full: 16 offline subjects, 10 seeds
+    python -m benchmarks.privacy_utility --quick --curve 80       # the round-sizing run
+
+Every (ε, model, seed) result is stored as JSON under ``--out`` with its setup; a re-run
+skips what is done with the same setup and refits the rest, so the full profile can be
+extended seed by seed.
 """
 
 import argparse
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
+import torch
 from joblib import Parallel, delayed
 from sklearn.metrics import f1_score
 
+from benchmarks.tableone.cells import SERVER_MOMENTUM
 from benchmarks.tableone.protocols import LOCAL_EPOCHS, TRAINING, machine, physionet_protocol
 from benchmarks.tableone.runner import client_split, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance
+from skfedspd.privacy import clip_and_sum, per_sample_gradients
 from skfedspd.training import torch_threads
 
+#: Rounds sized by ``--curve 80`` (module docstring): quick 50 (2 clients), full 70 (8 clients).
 PROFILES = {
-    "quick": dict(subjects=[1, 2, 3, 4], seeds=1, rounds=30),
-    "full": dict(subjects=None, seeds=10, rounds=150),
+    "quick": dict(subjects=[1, 2, 3, 4], seeds=1, rounds=50),
+    "full": dict(subjects=None, seeds=10, rounds=70),
+    "smoke": dict(subjects=[1, 2, 3, 4], seeds=1, rounds=1),  # the plumbing, not the science
 }
 EPSILONS = (1.0, 3.0, 8.0, math.inf)
 DELTA = 1e-5
 CLIP_NORM = 1.0
+LOCAL_LR = TRAINING["lr"]
+BATCH_SIZE = TRAINING["batch_size"]
 MODELS = ("spdnet-projavg", "spdnet-rlavg", "eegnet")
 LABELS = {"spdnet-projavg": "DP-FedSPDnet (ProjAvg)", "spdnet-rlavg": "DP-FedSPDnet (RLAvg)",
           "eegnet": "DP-FedEEGNet (FedAvg)"}
 
 
-def estimator(protocol, model, epsilon, rounds, seed):
-    train = {k: TRAINING[k] for k in ("lr", "batch_size")}
+def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL_LR):
+    """The federated estimator of one (model, ε, seed) run: the setup of the module docstring."""
     if model == "eegnet":
-        local = EEGNetClassifier(fs=protocol.fs, **train)
+        local = EEGNetClassifier(fs=protocol.fs, lr=lr, batch_size=BATCH_SIZE)
     else:
-        local = SPDnetClassifier(hidden_dims=(protocol.hidden_dim,), eps=protocol.eps, scaling="trace", **train)
+        local = SPDnetClassifier(hidden_dims=(protocol.hidden_dim,), eps=protocol.eps, scaling="trace", lr=lr,
+                                 batch_size=BATCH_SIZE)
     private = not math.isinf(epsilon)
     return FederatedSPDnetClassifier(
         local, aggregation="projavg" if model == "eegnet" else model.split("-")[1], n_rounds=rounds,
         local_epochs=LOCAL_EPOCHS, groups_per_client=2, validation_fraction=0.0, random_state=seed,
+        warm_start=warm_start, **SERVER_MOMENTUM,
         dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
+
+
+def setup(rounds):
+    """What a cached run was fitted with: a run of another setup is refitted, never reused."""
+    return dict(rounds=rounds, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
+                clip_norm=CLIP_NORM, **SERVER_MOMENTUM)
 
 
 def run_one(protocol, data, model, epsilon, seed, rounds, n_threads=None):
@@ -67,29 +108,153 @@ def run_one(protocol, data, model, epsilon, seed, rounds, n_threads=None):
         clf = estimator(protocol, model, epsilon, rounds, seed).fit(X[train], y[train], groups=subjects[train])
         pred = clf.predict(X[test])
     privacy = clf.privacy_
-    return {"model": model, "epsilon": epsilon if not math.isinf(epsilon) else "inf", "seed": seed,
+    return {"model": model, "epsilon": eps_key(epsilon), "seed": seed, "setup": setup(rounds),
             "f1": float(f1_score(y[test], pred, average="macro")), "rounds": rounds,
+            "chance_f1": chance_f1(y[test], seed),
             "fit_seconds": time.perf_counter() - start,
-            "max_epsilon_spent": max(s["epsilon"] for s in privacy["sites"]) if privacy else None,
-            "noise_multipliers": [s["noise_multiplier"] for s in privacy["sites"]] if privacy else None,
-            "sample_rates": [s["sample_rate"] for s in privacy["sites"]] if privacy else None,
-            "accountant": privacy["accountant"] if privacy else None}
+            "target_epsilon": None if privacy is None else privacy["target_epsilon"],
+            "epsilon_spent": None if privacy is None else [s["epsilon"] for s in privacy["sites"]],
+            "noise_multipliers": None if privacy is None else [s["noise_multiplier"] for s in privacy["sites"]],
+            "sample_rates": None if privacy is None else [s["sample_rate"] for s in privacy["sites"]],
+            "accountant": None if privacy is None else privacy["accountant"]}
+
+
+def chance_f1(y_test, seed, n_draws=1000):
+    """Macro-F1 of uniform random guessing on this test set: ``(mean, 95th percentile)`` over draws."""
+    classes = np.unique(y_test)
+    rng = np.random.default_rng(seed)
+    draws = [f1_score(y_test, rng.choice(classes, len(y_test)), average="macro") for _ in range(n_draws)]
+    return [float(np.mean(draws)), float(np.percentile(draws, 95))]
+
+
+def gradient_signal_to_noise(protocol, data, model, noise_multiplier, sample_rate):
+    """Why DP-SGD learns or not here: one DP step's signal against its noise, on site 0.
+
+    At the global model after one ε = ∞ round (seed 0), the per-sample gradients of an
+    expected batch of site 0 (Riemannian for the Stiefel weight) are clipped to ``C`` and
+    averaged: the norm of that mean is the step's signal (at most ``C``). The noise of the
+    same step has norm ``σ C √d / (q n)`` (``d`` trainable coordinates). Returns a dict.
+    """
+    X_cov, X_raw, y, subjects = data
+    X = X_raw if model == "eegnet" else X_cov
+    train, _ = client_split(y, subjects, 0)
+    with torch_threads(1):
+        est = estimator(protocol, model, math.inf, 1, 0).fit(X[train], y[train], groups=subjects[train]).global_estimator_
+        site = train[np.isin(subjects[train], np.unique(subjects)[:2])]
+        batch = site[np.random.default_rng(0).permutation(len(site))[:round(sample_rate * len(site))]]
+        module = est.module_.eval()  # BatchNorm on running statistics, as DP-SGD runs it; no dropout
+        if hasattr(module, "recenter_"):
+            module.recenter_()  # the gradient of V at V = 0 is the Riemannian gradient
+        grads, _ = per_sample_gradients(module, est.to_tensor(X[batch]),
+                                        torch.as_tensor(est.encode_labels(y[batch], len(batch))))
+    summed, norms = clip_and_sum(grads, CLIP_NORM)
+    d = sum(g[0].numel() for g in grads.values())
+    signal = float(torch.sqrt(sum((v / len(batch)).pow(2).sum() for v in summed.values())))
+    noise = noise_multiplier * CLIP_NORM * math.sqrt(d) / len(batch)
+    return dict(d=d, median_norm=float(norms.median()), clipped=float((norms > CLIP_NORM).float().mean()),
+                signal=signal, noise=noise)
+
+
+def convergence_curve(protocol, data, n_rounds, block=10, lr=LOCAL_LR):
+    """The round-sizing run: ε = ∞, ProjAvg, seed 0, one round at a time (warm start).
+
+    Returns one ``(round, training loss, test macro-F1)`` per round and the rule's ``R``:
+    the first multiple of ``block`` whose last ``block`` rounds' mean test macro-F1 is
+    within 1 point of the best ``block``-round mean of the curve.
+    """
+    X_cov, _, y, subjects = data
+    train, test = client_split(y, subjects, 0)
+    clf = estimator(protocol, "spdnet-projavg", math.inf, 1, 0, warm_start=True, lr=lr)
+    curve = []
+    for r in range(1, n_rounds + 1):
+        clf.fit(X_cov[train], y[train], groups=subjects[train])
+        curve.append((r, clf.history_[-1]["train_loss"], f1_score(y[test], clf.predict(X_cov[test]), average="macro")))
+    means = [np.mean([f1 for _, _, f1 in curve[i - block:i]]) for i in range(block, n_rounds + 1, block)]
+    sized = block * (1 + next(i for i, m in enumerate(means) if m >= max(means) - 0.01))
+    return curve, sized
 
 
 def eps_key(epsilon):
     return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
 
 
-def table(results, n_seeds):
-    lines = ["| model | " + " | ".join(f"ε = {eps_key(e).replace('inf', '∞')}" for e in EPSILONS) + " |",
+def eps_label(epsilon):
+    return "∞" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def f1_values(results, model, epsilon):
+    return 100 * np.array([r["f1"] for r in results.get((model, eps_key(epsilon)), [])])
+
+
+def table(results):
+    lines = ["| model | " + " | ".join(f"ε = {eps_label(e)}" for e in EPSILONS) + " |",
              "| --- |" + " --- |" * len(EPSILONS)]
     for model in MODELS:
         cells = []
         for e in EPSILONS:
-            f1 = [r["f1"] for r in results.get((model, eps_key(e)), [])]
-            cells.append(f"{100 * np.mean(f1):.1f} ± {100 * np.std(f1):.1f}" if f1 else "–")
+            f1 = f1_values(results, model, e)
+            cells.append(f"{f1.mean():.1f} ± {f1.std():.1f} (n={len(f1)})" if len(f1) else "–")
         lines.append(f"| {LABELS[model]} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+def targets(results):
+    """The issue's target lines, on the seeds present in every cell they compare."""
+    lines = []
+    for model in ("spdnet-projavg", "spdnet-rlavg"):
+        private, plain = f1_values(results, model, 8.0), f1_values(results, model, math.inf)
+        eeg = f1_values(results, "eegnet", 8.0)
+        if len(private) and len(plain):
+            ratio = private.mean() / plain.mean()
+            lines.append(f"- {LABELS[model]}, ε = 8 vs ε = ∞: {private.mean():.1f} / {plain.mean():.1f} = "
+                         f"**{100 * ratio:.0f} %** (target ≥ 80 %: {'met' if ratio >= 0.8 else 'MISSED'})")
+        if len(private) and len(eeg):
+            margin = private.mean() - eeg.mean()
+            high = 100 * np.mean([r["chance_f1"][1] for r in results[(model, "8")]])
+            caveat = "" if private.mean() > high else (
+                f"; but {LABELS[model]} is not above chance at ε = 8 (95th percentile of uniform guessing "
+                f"{high:.1f}): a margin between two models at chance level, not a utility result")
+            lines.append(f"- {LABELS[model]} − DP-FedEEGNet at ε = 8: {private.mean():.1f} − {eeg.mean():.1f} = "
+                         f"**{margin:+.1f} points** (target ≥ +5: {'met' if margin >= 5 else 'MISSED'}{caveat})")
+        low = results.get((model, "1"), [])
+        if low:
+            f1 = 100 * np.mean([r["f1"] for r in low])
+            chance = 100 * np.mean([r["chance_f1"][0] for r in low])
+            high = 100 * np.mean([r["chance_f1"][1] for r in low])
+            lines.append(f"- {LABELS[model]} at ε = 1: {f1:.1f}, chance (uniform guessing on the same test sets) "
+                         f"{chance:.1f}, its 95th percentile {high:.1f}: margin **{f1 - chance:+.1f} points** "
+                         f"({f1 - high:+.1f} over the 95th percentile)")
+    return lines
+
+
+def diagnosis(protocol, data, results):
+    """One line per model: a DP step's signal and noise at ε = 8 (:func:`gradient_signal_to_noise`)."""
+    lines = []
+    for model in ("spdnet-projavg", "eegnet"):
+        runs = results.get((model, "8"))
+        if runs:
+            seed0 = min(runs, key=lambda r: r["seed"])
+            g = gradient_signal_to_noise(protocol, data, model, seed0["noise_multipliers"][0], seed0["sample_rates"][0])
+            lines.append(f"- {LABELS[model]}, one DP step at ε = 8 (site 0, after 1 round): d = {g['d']} coordinates, "
+                         f"median per-sample gradient norm {g['median_norm']:.2f} ({100 * g['clipped']:.0f} % clipped "
+                         f"at C = {CLIP_NORM:g}); mean clipped gradient {g['signal']:.3f} vs noise "
+                         f"σC√d/(qn) = {g['noise']:.2f}: signal / noise = **{g['signal'] / g['noise']:.3f}** per step")
+    return ["Signal against noise:", *lines] if lines else []
+
+
+def budget_check(results):
+    """Every site's ε spent ≤ the requested ε, by the accountant's own computation."""
+    private = [r for rs in results.values() for r in rs if r["target_epsilon"] is not None]
+    if not private:
+        return "no DP run yet"
+    worst = max(max(r["epsilon_spent"]) / r["target_epsilon"] for r in private)
+    ok = all(max(r["epsilon_spent"]) <= r["target_epsilon"] for r in private)
+    sites = sum(len(r["epsilon_spent"]) for r in private)
+    accountant = private[0]["accountant"]
+    verdict = "every site's ε spent ≤ the requested ε" if ok else "A SITE SPENT MORE THAN THE REQUESTED ε"
+    return (f"Budget: {verdict}: {sites} (site, run) pairs over "
+            f"{len(private)} DP runs, largest spent / requested = {worst:.4f} ({accountant['cls']} "
+            f"{accountant['version']}, δ = {DELTA:g})")
 
 
 def plot(results, path, title):
@@ -101,35 +266,51 @@ def plot(results, path, title):
     positions = np.arange(len(EPSILONS))
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in MODELS:
-        f1 = [100 * np.array([r["f1"] for r in results.get((model, eps_key(e)), [])]) for e in EPSILONS]
+        f1 = [f1_values(results, model, e) for e in EPSILONS]
         mean = [v.mean() if len(v) else np.nan for v in f1]
         std = [v.std() if len(v) else np.nan for v in f1]
         ax.errorbar(positions, mean, yerr=std, marker="o", capsize=3, label=LABELS[model])
-    ax.set_xticks(positions, [eps_key(e).replace("inf", "∞ (no DP)") for e in EPSILONS])
+    chance = [r["chance_f1"][0] for rs in results.values() for r in rs]
+    if chance:
+        ax.axhline(100 * np.mean(chance), color="grey", ls="--", lw=1, label="chance (uniform guessing)")
+    ax.set_xticks(positions, [eps_label(e).replace("∞", "∞ (no DP)") for e in EPSILONS])
     ax.set_xlabel(f"ε (δ = {DELTA:g})")
     ax.set_ylabel("test macro-F1 (%)")
-    ax.set_title(title)
+    ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
+def load_average():
+    return "load average " + ", ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--quick", action="store_true", help="4 subjects (2 clients), 1 seed, 30 rounds")
+    parser.add_argument("--quick", action="store_true", help="the quick profile: 4 subjects (2 clients), 1 seed")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name (--quick: quick)")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS), help="models to fit")
     parser.add_argument("--out", type=Path, default=None, help="results folder (default results/privacy-<profile>)")
     parser.add_argument("--jobs", type=int, default=1, help="runs fitted in parallel processes")
     parser.add_argument("--report-only", action="store_true", help="train nothing: report the runs in --out")
+    parser.add_argument("--curve", type=int, default=None, metavar="ROUNDS",
+                        help="run the round-sizing curve (ε = ∞, ProjAvg, seed 0) for ROUNDS rounds and stop")
+    parser.add_argument("--curve-lr", type=float, default=LOCAL_LR,
+                        help="local learning rate of the --curve run only (the check behind the setup's lr)")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
-    profile = "quick" if args.quick else "full"
+    profile = args.profile or ("quick" if args.quick else "full")
     budget = PROFILES[profile]
+    seeds = budget["seeds"] if args.seeds is None else args.seeds
     out = args.out or Path("results") / f"privacy-{profile}"
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m benchmarks.privacy_utility", *(argv if argv is not None else sys.argv[1:])])
-    print(f"command: {command}\nmachine: {machine()}\nprofile: {profile} {budget}", flush=True)
+    print(f"command: {command}\nmachine: {machine()}; {load_average()} at start\nprofile: {profile} {budget}; "
+          f"setup {setup(budget['rounds'])}", flush=True)
     root = find_physionet_root()
     if root is not None:
         configure_offline(root)
@@ -141,39 +322,55 @@ def main(argv=None):
     data = (sample_covariance(X_raw), X_raw, y, subjects)
     n_clients = len(np.unique(subjects)) // 2
     print(f"{protocol.name}: {len(y)} trials, {len(np.unique(subjects))} subjects, {n_clients} clients", flush=True)
+    start = time.perf_counter()
 
-    runs = [(m, e, s) for s in range(budget["seeds"]) for e in EPSILONS for m in MODELS]
+    if args.curve:
+        curve, sized = convergence_curve(protocol, data, args.curve, lr=args.curve_lr)
+        for r, loss, f1 in curve:
+            print(f"  round {r:3d}: training loss {loss:.3f}, test macro-F1 {100 * f1:5.1f}")
+        print(f"R = {sized} (rule of the module docstring); {(time.perf_counter() - start) / 60:.1f} min, "
+              f"{load_average()}")
+        return 0
+
+    runs = [(m, e, s) for s in range(seeds) for e in EPSILONS for m in args.models]
 
     def path(model, epsilon, seed):
         return out / f"{model}__eps{eps_key(epsilon)}__seed{seed}.json"
 
-    todo = [] if args.report_only else [r for r in runs if not path(*r).exists()]
-    start = time.perf_counter()
+    def cached(model, epsilon, seed):
+        file = path(model, epsilon, seed)
+        record = json.loads(file.read_text()) if file.exists() else None
+        return record if record is not None and record.get("setup") == setup(budget["rounds"]) else None
+
+    todo = [] if args.report_only else [r for r in runs if cached(*r) is None]
+    print(f"{len(runs) - len(todo)} of {len(runs)} runs cached, {len(todo)} to fit", flush=True)
     replies = Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-        delayed(run_one)(protocol, data, m, e, s, budget["rounds"], n_threads=None if args.jobs == 1 else 1)
-        for m, e, s in todo)
+        delayed(run_one)(protocol, data, m, e, s, budget["rounds"], n_threads=1) for m, e, s in todo)
     for record in replies:
-        epsilon = math.inf if record["epsilon"] == "inf" else record["epsilon"]
+        epsilon = math.inf if record["epsilon"] == "inf" else float(record["epsilon"])
         path(record["model"], epsilon, record["seed"]).write_text(json.dumps(record))
-        spent = "" if record["max_epsilon_spent"] is None else f", ε spent ≤ {record['max_epsilon_spent']:.3f}"
-        print(f"  {record['model']:15s} ε={record['epsilon']!s:4s} seed {record['seed']}: macro-F1 "
+        spent = "" if record["epsilon_spent"] is None else f", ε spent ≤ {max(record['epsilon_spent']):.3f}"
+        print(f"  {record['model']:15s} ε={record['epsilon']:4s} seed {record['seed']}: macro-F1 "
               f"{100 * record['f1']:5.1f} ({record['fit_seconds']:.0f} s{spent})", flush=True)
     results = {}
     for m, e, s in runs:
-        if path(m, e, s).exists():
-            results.setdefault((m, eps_key(e)), []).append(json.loads(path(m, e, s).read_text()))
+        record = cached(m, e, s)
+        if record is not None:
+            results.setdefault((m, eps_key(e)), []).append(record)
     n_train = len(client_split(y, subjects, 0)[0])
-    title = f"PhysionetMI, {n_clients} clients, {budget['rounds']} rounds, {budget['seeds']} seed(s)"
+    n_seeds = max((len(rs) for rs in results.values()), default=0)
+    title = f"PhysionetMI, {n_clients} clients, {budget['rounds']} rounds, {n_seeds} seed(s)"
     figure = out / f"privacy_utility_{profile}.png"
     plot(results, figure, title)
-    sigmas = {f"{m} ε={k}": [round(v, 2) for v in rs[0]["noise_multipliers"]] for (m, k), rs in results.items()
+    sigmas = {f"ε={k}": [round(v, 2) for v in rs[0]["noise_multipliers"]] for (m, k), rs in results.items()
               if rs[0]["noise_multipliers"] and m == "spdnet-projavg"}
-    report = [f"### Privacy-utility, {profile} profile", "", table(results, budget["seeds"]), "",
-              f"Test macro-F1 (%), mean ± std over {budget['seeds']} seed(s); {title}; {n_train} training trials in "
-              f"all (seed 0), δ = {DELTA:g}, clip {CLIP_NORM}, RDP accountant (dp-accounting); every site's ε spent "
-              f"≤ the target (largest: {max((r['max_epsilon_spent'] or 0) for rs in results.values() for r in rs):.3f}"
-              f" at the largest target). Noise multipliers per site (ProjAvg): {sigmas}.", "",
-              f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min; {machine()}."]
+    report = [f"### Privacy-utility, {profile} profile", "", table(results), "",
+              f"Test macro-F1 (%), mean ± std over n seeds; {title}; {n_train} training trials in all (seed 0); "
+              f"setup {setup(budget['rounds'])}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
+              "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(protocol, data, results), "",
+              f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
+              f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
+              f"1 torch thread each; {machine()}; {load_average()} at the end."]
     text = "\n".join(report)
     print("\n" + text)
     (out / "report.md").write_text(text + "\n")

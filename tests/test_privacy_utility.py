@@ -1,0 +1,95 @@
+"""Tests of the privacy-utility benchmark (``benchmarks.privacy_utility``).
+
+The report's target lines and budget check on hand-made records (no fitting), and a smoke
+run of the entry point on the offline PhysioNet subjects 1-4 (1 round, ProjAvg only): the
+table, the target lines, the budget line, the figure, and a cache that refits only a run
+whose setup changed.
+"""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from benchmarks import privacy_utility as pu
+
+
+def record(model, epsilon, f1, seed=0, spent=None, chance=(0.25, 0.3)):
+    private = not math.isinf(epsilon)
+    return {"model": model, "epsilon": pu.eps_key(epsilon), "seed": seed, "f1": f1, "chance_f1": list(chance),
+            "target_epsilon": epsilon if private else None,
+            "epsilon_spent": (spent or [0.99 * epsilon, 0.98 * epsilon]) if private else None,
+            "noise_multipliers": [1.0, 1.0] if private else None,
+            "accountant": {"cls": "dp_accounting.rdp.RdpAccountant", "version": "x"} if private else None}
+
+
+def results_of(records):
+    results = {}
+    for r in records:
+        results.setdefault((r["model"], r["epsilon"]), []).append(r)
+    return results
+
+
+@pytest.mark.parametrize("private_f1, eeg_f1, ratio_ok, margin_ok", [
+    (0.45, 0.30, True, True),  # 90 % of 0.50, +15 points
+    (0.35, 0.33, False, False),  # 70 %, +2 points
+])
+def test_target_lines_compare_the_right_cells(private_f1, eeg_f1, ratio_ok, margin_ok):
+    results = results_of([record("spdnet-projavg", math.inf, 0.50), record("spdnet-projavg", 8.0, private_f1),
+                          record("eegnet", 8.0, eeg_f1), record("spdnet-projavg", 1.0, 0.31)])
+    lines = pu.targets(results)
+    ratio = next(line for line in lines if "vs ε = ∞" in line)
+    margin = next(line for line in lines if "DP-FedEEGNet at ε = 8" in line)
+    assert f"**{100 * private_f1 / 0.5:.0f} %**" in ratio and ("met" if ratio_ok else "MISSED") in ratio
+    assert f"**{100 * (private_f1 - eeg_f1):+.1f} points**" in margin and ("met" if margin_ok else "MISSED") in margin
+    # a margin over EEGNet is flagged when the DP model itself is not above chance (95th percentile 30 %)
+    assert ("not above chance" in margin) == (private_f1 <= 0.3)
+    chance = next(line for line in lines if "at ε = 1" in line)
+    assert "margin **+6.0 points**" in chance and "(+1.0 over the 95th percentile)" in chance
+    # RLAvg has no runs: no line claims anything about it
+    assert not any("RLAvg" in line for line in lines)
+
+
+def test_budget_check_flags_a_site_over_its_epsilon():
+    ok = results_of([record("spdnet-projavg", 8.0, 0.4), record("eegnet", 1.0, 0.3)])
+    assert "every site's ε spent ≤ the requested ε: 4 (site, run) pairs over 2 DP runs" in pu.budget_check(ok)
+    over = results_of([record("spdnet-projavg", 8.0, 0.4, spent=[7.9, 8.02])])
+    assert "A SITE SPENT MORE" in pu.budget_check(over) and "= 1.0025" in pu.budget_check(over)
+    assert pu.budget_check(results_of([record("eegnet", math.inf, 0.5)])) == "no DP run yet"
+
+
+def test_table_shows_mean_std_and_seed_count():
+    results = results_of([record("eegnet", 3.0, 0.2, seed=0), record("eegnet", 3.0, 0.4, seed=1)])
+    row = next(line for line in pu.table(results).splitlines() if line.startswith("| DP-FedEEGNet"))
+    assert "30.0 ± 10.0 (n=2)" in row and row.count("–") == 3
+
+
+def test_chance_is_uniform_guessing():
+    y = np.repeat(np.arange(4), 25)
+    mean, high = pu.chance_f1(y, seed=0, n_draws=300)
+    assert 0.2 < mean < 0.3 < high < 0.4
+
+
+def test_smoke_run_reports_and_caches(physionet_root, tmp_path, capsys):
+    out = tmp_path / "privacy"
+    args = ["--profile", "smoke", "--models", "spdnet-projavg", "--out", str(out), "--docs", str(tmp_path / "docs")]
+    assert pu.main(args) == 0
+    text = capsys.readouterr().out
+    assert "0 of 4 runs cached, 4 to fit" in text
+    assert "| DP-FedSPDnet (ProjAvg) |" in text and "(n=1)" in text
+    assert "ε = 8 vs ε = ∞" in text and "at ε = 1" in text and "every site's ε spent ≤ the requested ε" in text
+    assert "signal / noise = " in text
+    assert "command: python -m benchmarks.privacy_utility --profile smoke" in text and "machine:" in text
+    assert (out / "privacy_utility_smoke.png").stat().st_size > 0
+    assert (tmp_path / "docs" / "privacy_utility_smoke.png").exists()
+    for file in out.glob("*.json"):
+        stored = json.loads(file.read_text())
+        if stored["target_epsilon"] is not None:
+            assert max(stored["epsilon_spent"]) <= stored["target_epsilon"]
+    # a run stored with another setup is refitted, the others are reused
+    stale = out / "spdnet-projavg__epsinf__seed0.json"
+    stored = json.loads(stale.read_text())
+    stale.write_text(json.dumps(dict(stored, setup=dict(stored["setup"], lr=1.0))))
+    assert pu.main(args) == 0
+    assert "3 of 4 runs cached, 1 to fit" in capsys.readouterr().out
