@@ -38,8 +38,9 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 MIN_VALIDATION_SAMPLES = 50
 
 
-def uses_validation(n_samples, n_classes, fraction):
-    """Whether ``fit`` holds out a validation part: ``round(fraction · n) ≥ max(50, 2 · n_classes)``.
+def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
+    """Whether ``fit`` holds out a validation part: ``round(fraction · n) ≥ max(50, 2 · n_classes)``
+    under ``early_stopping="auto"``; with ``True`` / ``False``, whenever ``fraction > 0`` / never.
 
     A smaller part judges early stopping, the learning-rate schedule and restore-best on
     noise: on 36 and 144 training trials (split of 4 and 14) the 10 % split restored a
@@ -52,7 +53,11 @@ def uses_validation(n_samples, n_classes, fraction):
     >>> from skfedspd.base import uses_validation
     >>> uses_validation(144, 4, 0.1), uses_validation(500, 4, 0.1), uses_validation(500, 4, 0.0)
     (False, True, False)
+    >>> uses_validation(144, 4, 0.1, early_stopping=True), uses_validation(500, 4, 0.1, early_stopping=False)
+    (True, False)
     """
+    if early_stopping != "auto":
+        return fraction > 0 and bool(early_stopping)
     n_val = int(round(fraction * n_samples))
     return fraction > 0 and n_val >= max(MIN_VALIDATION_SAMPLES, 2 * n_classes)
 
@@ -683,10 +688,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 self.init_module(seed)
             self._start_session(seed)
             # Subclasses without these parameters (third-party protocol estimators) get the defaults.
-            early_stopping = getattr(self, "early_stopping", "auto")
-            self.validation_used_ = self.validation_fraction > 0 and (
-                uses_validation(len(codes), len(self.classes_), self.validation_fraction)
-                if early_stopping == "auto" else bool(early_stopping))
+            self.validation_used_ = uses_validation(len(codes), len(self.classes_), self.validation_fraction,
+                                                    getattr(self, "early_stopping", "auto"))
             if self.validation_used_:
                 train, val = stratified_split(codes, self.validation_fraction, seed)
             else:

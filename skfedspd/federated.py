@@ -589,11 +589,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         >>> fed.held_out_fraction(est.set_params(early_stopping=True), 45)
         0.1
         """
-        rule = getattr(est, "early_stopping", True)
-        if rule == "auto":
-            keep = uses_validation(n_samples, len(est.classes_), self.validation_fraction)
-        else:
-            keep = bool(rule)
+        keep = uses_validation(n_samples, len(est.classes_), self.validation_fraction,
+                               getattr(est, "early_stopping", True))
         return float(self.validation_fraction) if keep else 0.0
 
     def agreed_classes(self, est, resume):
@@ -773,7 +770,8 @@ def fit_local(fed, task):
     (2, 2, (3,))
     """
     est, X, codes, seed = task.estimator, task.X, task.codes, task.seed
-    fraction = fed.validation_fraction if task.validation_fraction is None else task.validation_fraction
+    fraction = (fed.held_out_fraction(est, len(codes)) if task.validation_fraction is None
+                else task.validation_fraction)
     splits = [stratified_split(codes[idx], fraction, derive_seed(seed, 8, i))
               for i, idx in enumerate(task.indices)]
     n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
