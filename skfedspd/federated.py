@@ -15,6 +15,8 @@ import hashlib
 import importlib
 import json
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from numbers import Integral, Real
@@ -28,7 +30,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, St
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS
-from .base import stratified_split, training_weights, uses_validation
+from .base import _as_tensor, stratified_split, training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .engine import (
     DP_SAMPLE_WEIGHT_ERROR,
@@ -43,7 +45,7 @@ from .engine import (
     rule_name,
 )
 from .persistence import load_bundle, save_bundle
-from .training import derive_seed, draw_seed, evaluate
+from .training import derive_seed, draw_seed, evaluate, torch_threads
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 
@@ -190,7 +192,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Server momentum ``β``; the buffer is part of the checkpoint
         (``engine_.state_dict()``), so a resumed run continues bit for bit.
     n_jobs : int or None, default=None
-        joblib workers for the clients' local training (each worker runs one torch thread).
+        Processes for the clients' local training: this one and ``n_jobs − 1`` joblib
+        workers, each training an equal share of the round's clients with one torch thread
+        (None or 1: serial, in this process). The model is the same bit for bit; with
+        ``n_jobs > 1`` each record's ``wall_time`` also covers the next round's training, which
+        runs beside its validation.
     random_state : int, RandomState instance or None, default=None
     verbose : bool, default=False
         A progress bar over rounds with the global validation macro-F1 (both backends).
@@ -806,84 +812,172 @@ def fit_local(fed, task):
 
 
 def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
-    parallel = fed.n_jobs not in (None, 1)
-    # What each client's job receives. In parallel, CPU tensors go as numpy arrays made
-    # once per fit: joblib memory-maps arrays over 1 MB, and writes each array object to
-    # its memmap folder only once per ``Parallel`` context, so the client data are not
-    # pickled again every round (torch tensors would be). Default Parallel settings on
-    # purpose: other settings (e.g. mmap_mode) make joblib restart the reusable workers
-    # whenever a call with different settings (sklearn's, the user's) comes in between.
-    data = [(Xt.numpy(), yt.numpy(), None if wt is None else wt.numpy()) if parallel and Xt.device.type == "cpu"
-            else (Xt, yt, wt) for Xt, yt, _, _, wt, _ in clients]
     rounds = range(engine.next_round, last_round)
     if fed.verbose:
         from tqdm.auto import tqdm
 
         rounds = tqdm(rounds, desc="federated rounds", leave=False)
-    with Parallel(n_jobs=fed.n_jobs if parallel else 1) as pool:
+
+    def close(record, start, evaluations):
+        record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
+        if fed.verbose:
+            rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
+        if fingerprint:
+            save_bundle(os.fspath(fed.checkpoint_path), *engine.state_dict(), kind=CHECKPOINT_KIND,
+                        fingerprint=fingerprint)
+
+    if fed.n_jobs in (None, 1):
         for t in rounds:
             if engine.should_stop:
                 break
             start = time.perf_counter()
             selected, seeds = engine.select(t)
-            tasks = [(engine.local_state(i) or None, *data[i], seed, engine.dp_settings(i))
-                     for i, seed in zip(selected, seeds)]
-            common = dict(lr=engine.lr, n_epochs=fed.local_epochs, n_threads=1 if parallel else None)
-            if parallel:  # one job per worker, each running its share of the clients in turn
-                chunks = np.array_split(np.arange(len(tasks)), min(len(tasks), effective_n_jobs(fed.n_jobs)))
-                batches = pool(delayed(_client_batch)(est, engine.global_params, [tasks[k] for k in chunk], **common)
-                               for chunk in chunks)
-                replies = [reply for batch in batches for reply in batch]
-            else:
-                replies = _client_batch(est, engine.global_params, tasks, **common)
+            replies, _ = _client_jobs(est, engine.global_params, _train_tasks(engine, clients, selected, seeds), [],
+                                      lr=engine.lr, n_epochs=fed.local_epochs)
             record = engine.aggregate(t, selected, replies)
-            evaluations = _evaluate_clients(est, engine, clients)
-            record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
-            if fed.verbose:
-                rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
-            if fingerprint:
-                save_bundle(os.fspath(fed.checkpoint_path), *engine.state_dict(), kind=CHECKPOINT_KIND,
-                            fingerprint=fingerprint)
+            close(record, start, _client_jobs(est, engine.global_params, [],
+                                             _eval_tasks(engine, clients, engine.evaluated_clients()))[1])
+    else:
+        _run_parallel_rounds(fed, est, engine, clients, rounds, close)
 
 
+def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
+    """The rounds on ``n_jobs`` processes: this one and ``n_jobs − 1`` joblib workers.
+
+    Each round's training is split into equal shares of the clients, one per process, and
+    only the workers' shares travel. This process trains its share instead of waiting, then
+    validates (a forward pass on a tenth of the data): it finishes last, so it does not wait
+    on joblib's 10 ms polling of the workers. The validation of round ``t``'s global model
+    rides with round ``t + 1``'s training, which starts from the same model: one dispatch
+    per round, and no serial validation while the workers wait. That training uses the
+    learning rate from before the validation, so it is speculative: when the validation
+    changes the rate (ReduceLROnPlateau), round ``t + 1`` is trained again at the new rate,
+    and when it stops the run (``patience``), its replies are dropped. The result is bit
+    for bit that of the serial loop.
+    """
+    n_processes = effective_n_jobs(fed.n_jobs)
+    evaluated = engine.evaluated_clients()
+
+    def run(pool, shared, train, seeds, evaluations, lr):
+        """``(train replies, evaluation replies)`` of clients ``train`` (local-training seeds
+        ``seeds``) and ``evaluations``."""
+        shares = np.array_split(np.arange(len(train)), min(n_processes, max(len(train), 1)))
+        kwargs = dict(lr=lr, n_epochs=fed.local_epochs, n_threads=1)
+        remote = pool(delayed(_client_jobs)(est, engine.global_params,
+                                            _train_tasks(engine, shared, [train[k] for k in share],
+                                                         [seeds[k] for k in share]), [], **kwargs)
+                      for share in shares[:-1])  # a generator: dispatched now
+        own = _client_jobs(est, engine.global_params, _train_tasks(engine, clients, [train[k] for k in shares[-1]],
+                                                                   [seeds[k] for k in shares[-1]]),
+                           _eval_tasks(engine, clients, evaluations), **kwargs)
+        return [r for job in [*remote, own] for r in job[0]], own[1]
+
+    with _SharedClients(clients) as shared, Parallel(n_jobs=fed.n_jobs, return_as="generator") as pool:
+        pending = None  # (record, start) of the round whose validation rides with the next dispatch
+        for t in rounds:
+            if pending is None and engine.should_stop:
+                break
+            start = time.perf_counter()
+            (selected, seeds), lr = engine.select(t), engine.lr
+            replies, evaluations = run(pool, shared, selected, seeds, evaluated if pending else [], lr)
+            if pending:
+                close(*pending, evaluations)
+                pending = None
+                if engine.should_stop:
+                    break
+                if engine.lr != lr:
+                    replies, _ = run(pool, shared, selected, seeds, [], engine.lr)
+            pending = engine.aggregate(t, selected, replies), start
+        if pending:
+            close(*pending, _client_jobs(est, engine.global_params, [], _eval_tasks(engine, clients, evaluated),
+                                         n_threads=1)[1])
 
 
-def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a
-    :class:`~skfedspd.engine.TrainReply` (:func:`~skfedspd.engine.client_update`) or the
-    exception it raised (joblib-safe: the server applies the failure policy).
+def _train_tasks(engine, clients, ids, seeds):
+    """Clients ``ids``' ``(local_state, X, y, sample_weight, seed, dp)``."""
+    return [(engine.local_state(i) or None, clients[i][0], clients[i][1], clients[i][4], seed, engine.dp_settings(i))
+            for i, seed in zip(ids, seeds)]
 
-    Every client starts from the broadcast and its own seed, so running them in one job, on
-    one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
+
+def _eval_tasks(engine, clients, ids):
+    """Clients ``ids``' ``(local_state, X_val, y_val, sample_weight_val)``."""
+    return [(engine.local_state(i) or None, clients[i][2], clients[i][3], clients[i][5]) for i in ids]
+
+
+def _client_jobs(est, global_params, train, evaluations, *, lr=None, n_epochs=None, n_threads=None):
+    """Clients' work on one estimator: ``(train replies, evaluation replies)``.
+
+    ``train``: :func:`~skfedspd.engine.client_update` of each task, a
+    :class:`~skfedspd.engine.TrainReply`. ``evaluations``: each client's validation of
+    ``global_params`` with its own local arrays (the loss weighted by its sample weights),
+    an :class:`~skfedspd.engine.EvalReply`; clients without local arrays validate the same
+    model, loaded once. A client that raises gets its exception instead (joblib-safe: the
+    server applies the failure policy). Every client starts from the broadcast and its own
+    seed, so running several in one job gives the same replies as one job each.
     """
     replies = []
-    for local_state, X, y, w, seed, dp in tasks:
+    for local_state, X, y, w, seed, dp in train:
         try:
-            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, **kwargs))
+            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, lr=lr,
+                                         n_epochs=n_epochs, n_threads=n_threads))
         except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
             replies.append(error)
-    return replies
+    scores, global_loaded = [], False
+    with torch_threads(n_threads):
+        for local_state, X, y, w in evaluations:
+            try:
+                if local_state or not global_loaded:
+                    global_loaded = False
+                    est.set_parameters({**global_params, **(local_state or {})})
+                    global_loaded = not local_state
+                loss, f1 = evaluate(est.module_, *map(_as_tensor, (X, y, w)))
+                scores.append(EvalReply(loss, f1, len(y)))
+            except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
+                scores.append(error)
+    return replies, scores
 
 
-def _evaluate_clients(est, engine, clients):
-    """Each evaluated client's validation of the new global model (its own local arrays
-    loaded; the loss weighted by the client's sample weights), an :class:`EvalReply` or the
-    exception it raised. Clients without local arrays of their own validate the same
-    model: it is loaded once for all of them."""
-    replies, global_loaded = [], False
-    for cid in engine.evaluated_clients():
-        _, _, X_val, y_val, _, w_val = clients[cid]
-        try:
-            own = bool(engine.local_state(cid))
-            if own or not global_loaded:
-                global_loaded = False
-                est.set_parameters(engine.evaluation_params(cid))
-                global_loaded = not own
-            loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
-            replies.append(EvalReply(loss, f1, len(y_val)))
-        except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
-            replies.append(error)
-    return replies
+class _SharedClients:
+    """The clients' arrays as the workers get them (``shared[i]``, made when first asked):
+    each CPU tensor over 1 MiB as a memory-mapped ``.npy`` file, written once per fit and
+    removed after it.
+
+    joblib sends a memory-mapped array to its workers as a reference to its file, so no
+    round pickles client data. joblib would map large arrays itself, but it removes its
+    files when its ``Parallel`` context closes, waiting on its resource tracker (about
+    0.1 s per fit). Copy-on-write mode: a worker wraps the map in a tensor without a copy,
+    and nothing it does reaches the file. A client that always trains in this process is
+    never written.
+    """
+
+    def __init__(self, clients):
+        self.clients, self.shared = clients, {}
+
+    def __enter__(self):
+        size = sum(a.numel() * a.element_size() for arrays in self.clients for a in arrays
+                   if isinstance(a, torch.Tensor))
+        shm = "/dev/shm"  # memory-backed, as joblib prefers it, when it has room
+        use_shm = os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * size
+        self.folder = tempfile.mkdtemp(prefix="skfedspd-", dir=shm if use_shm else None)
+        return self
+
+    def __exit__(self, *exc):
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __getitem__(self, i):
+        if i not in self.shared:
+            self.shared[i] = tuple(self._share(a, f"{i}-{j}") for j, a in enumerate(self.clients[i]))
+        return self.shared[i]
+
+    def _share(self, a, name):
+        if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
+            return a
+        a = a.numpy()
+        if a.nbytes <= 2**20:  # pickled with the job, as joblib does
+            return a
+        path = os.path.join(self.folder, f"{name}.npy")
+        np.save(path, a)
+        return np.load(path, mmap_mode="c")
 
 
 # ---------------------------------------------------------------------- checkpoints

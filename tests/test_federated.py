@@ -10,6 +10,7 @@ import copy
 import os
 import pickle
 import re
+import tempfile
 import warnings
 
 import joblib
@@ -500,17 +501,34 @@ def test_weighting(weighting):
 # ---------------------------------------------------------------------------------------------
 
 
-def test_reproducible_serial_and_parallel():
-    """Same random_state: bit-identical with one or two joblib workers (the only test that
-    starts loky workers), also when the charts are re-centred every few steps."""
+def _temp_folders():
+    return {os.path.join(d, f) for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)
+            for f in os.listdir(d) if f.startswith("skfedspd-")}
+
+
+@pytest.mark.parametrize("est_params, fed_params", [
+    # re-centred charts, partial participation
+    (dict(recenter_every=3, batch_size=16), dict(n_rounds=3, clients_per_round=2)),
+    # the learning rate halves and the run stops early: the parallel loop's speculative
+    # training is redone at the new rate, then dropped
+    (dict(batch_size=16, lr=0.5), dict(n_rounds=12, lr_patience=0, patience=2)),
+    # client-local arrays (SPD batch norm statistics) in training and validation
+    (dict(batchnorm="spd", batch_size=16), dict(n_rounds=3)),
+])
+def test_reproducible_serial_and_parallel(est_params, fed_params):
+    """Same random_state: bit-identical with one or two processes (the only test that starts
+    loky workers); the workers' data files are removed after the fit."""
     X, y = _data(n=60)
-    est = _estimator(recenter_every=3, batch_size=16)
-    serial = _fed(est, n_rounds=3, n_jobs=1, clients_per_round=2).fit(X, y)
-    parallel = _fed(est, n_rounds=3, n_jobs=2, clients_per_round=2).fit(X, y)
+    est = _estimator(**est_params)
+    before = _temp_folders()
+    serial = _fed(est, n_jobs=1, **fed_params).fit(X, y)
+    parallel = _fed(est, n_jobs=2, **fed_params).fit(X, y)
+    assert _temp_folders() <= before
     np.testing.assert_array_equal(serial.decision_function(X), parallel.decision_function(X))
-    assert [r["clients"] for r in serial.history_] == [r["clients"] for r in parallel.history_]
-    assert [r["val_loss"] for r in serial.history_] == [r["val_loss"] for r in parallel.history_]
-    assert [r["train_loss"] for r in serial.history_] == [r["train_loss"] for r in parallel.history_]
+    assert _without_time(serial.history_) == _without_time(parallel.history_)
+    if "patience" in fed_params:  # the paths this case is for were taken
+        lrs = [r["lr"] for r in serial.history_]
+        assert len(set(lrs)) > 1 and len(lrs) < fed_params["n_rounds"]
 
 
 def test_reproducible_refit_and_seed_matters(fitted):
