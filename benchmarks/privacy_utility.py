@@ -78,8 +78,9 @@ LABELS = {"spdnet-projavg": "DP-FedSPDnet (ProjAvg)", "spdnet-rlavg": "DP-FedSPD
           "eegnet": "DP-FedEEGNet (FedAvg)"}
 
 
-def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL_LR):
-    """The federated estimator of one (model, ε, seed) run: the setup of the module docstring."""
+def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL_LR, subjects_per_site=2):
+    """The federated estimator of one (model, ε, seed) run: the setup of the module docstring
+    (sites of ``subjects_per_site`` subjects; Table I: 2)."""
     if model == "eegnet":
         local = EEGNetClassifier(fs=protocol.fs, lr=lr, batch_size=BATCH_SIZE)
     else:
@@ -88,27 +89,28 @@ def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL
     private = not math.isinf(epsilon)
     return FederatedSPDnetClassifier(
         local, aggregation="projavg" if model == "eegnet" else model.split("-")[1], n_rounds=rounds,
-        local_epochs=LOCAL_EPOCHS, groups_per_client=2, validation_fraction=0.0, random_state=seed,
+        local_epochs=LOCAL_EPOCHS, groups_per_client=subjects_per_site, validation_fraction=0.0, random_state=seed,
         warm_start=warm_start, **SERVER_MOMENTUM,
         dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
 
 
-def setup(rounds):
+def setup(rounds, subjects_per_site=2):
     """What a cached run was fitted with: a run of another setup is refitted, never reused."""
-    return dict(rounds=rounds, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
+    return dict(rounds=rounds, subjects_per_site=subjects_per_site, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
                 clip_norm=CLIP_NORM, **SERVER_MOMENTUM)
 
 
-def run_one(protocol, data, model, epsilon, seed, rounds, n_threads=None):
+def run_one(protocol, data, model, epsilon, seed, rounds, n_threads=None, subjects_per_site=2):
     X_cov, X_raw, y, subjects = data
     train, test = client_split(y, subjects, seed)
     X = X_raw if model == "eegnet" else X_cov
     start = time.perf_counter()
     with torch_threads(n_threads):
-        clf = estimator(protocol, model, epsilon, rounds, seed).fit(X[train], y[train], groups=subjects[train])
+        clf = estimator(protocol, model, epsilon, rounds, seed, subjects_per_site=subjects_per_site).fit(
+            X[train], y[train], groups=subjects[train])
         pred = clf.predict(X[test])
     privacy = clf.privacy_
-    return {"model": model, "epsilon": eps_key(epsilon), "seed": seed, "setup": setup(rounds),
+    return {"model": model, "epsilon": eps_key(epsilon), "seed": seed, "setup": setup(rounds, subjects_per_site),
             "f1": float(f1_score(y[test], pred, average="macro")), "rounds": rounds,
             "chance_f1": chance_f1(y[test], seed),
             "fit_seconds": time.perf_counter() - start,
@@ -127,7 +129,7 @@ def chance_f1(y_test, seed, n_draws=1000):
     return [float(np.mean(draws)), float(np.percentile(draws, 95))]
 
 
-def gradient_signal_to_noise(protocol, data, model, noise_multiplier, sample_rate):
+def gradient_signal_to_noise(protocol, data, model, noise_multiplier, sample_rate, subjects_per_site=2):
     """Why DP-SGD learns or not here: one DP step's signal against its noise, on site 0.
 
     At the global model after one ε = ∞ round (seed 0), the per-sample gradients of an
@@ -139,8 +141,9 @@ def gradient_signal_to_noise(protocol, data, model, noise_multiplier, sample_rat
     X = X_raw if model == "eegnet" else X_cov
     train, _ = client_split(y, subjects, 0)
     with torch_threads(1):
-        est = estimator(protocol, model, math.inf, 1, 0).fit(X[train], y[train], groups=subjects[train]).global_estimator_
-        site = train[np.isin(subjects[train], np.unique(subjects)[:2])]
+        est = estimator(protocol, model, math.inf, 1, 0, subjects_per_site=subjects_per_site).fit(
+            X[train], y[train], groups=subjects[train]).global_estimator_
+        site = train[np.isin(subjects[train], np.unique(subjects)[:subjects_per_site])]
         batch = site[np.random.default_rng(0).permutation(len(site))[:round(sample_rate * len(site))]]
         module = est.module_.eval()  # BatchNorm on running statistics, as DP-SGD runs it; no dropout
         if hasattr(module, "recenter_"):
@@ -227,14 +230,15 @@ def targets(results):
     return lines
 
 
-def diagnosis(protocol, data, results):
+def diagnosis(protocol, data, results, subjects_per_site=2):
     """One line per model: a DP step's signal and noise at ε = 8 (:func:`gradient_signal_to_noise`)."""
     lines = []
     for model in ("spdnet-projavg", "eegnet"):
         runs = results.get((model, "8"))
         if runs:
             seed0 = min(runs, key=lambda r: r["seed"])
-            g = gradient_signal_to_noise(protocol, data, model, seed0["noise_multipliers"][0], seed0["sample_rates"][0])
+            g = gradient_signal_to_noise(protocol, data, model, seed0["noise_multipliers"][0], seed0["sample_rates"][0],
+                                         subjects_per_site)
             lines.append(f"- {LABELS[model]}, one DP step at ε = 8 (site 0, after 1 round): d = {g['d']} coordinates, "
                          f"median per-sample gradient norm {g['median_norm']:.2f} ({100 * g['clipped']:.0f} % clipped "
                          f"at C = {CLIP_NORM:g}); mean clipped gradient {g['signal']:.3f} vs noise "
@@ -301,16 +305,22 @@ def main(argv=None):
                         help="run the round-sizing curve (ε = ∞, ProjAvg, seed 0) for ROUNDS rounds and stop")
     parser.add_argument("--curve-lr", type=float, default=LOCAL_LR,
                         help="local learning rate of the --curve run only (the check behind the setup's lr)")
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS),
+                        help="privacy budgets to fit (inf: no DP; default: 1 3 8 inf)")
+    parser.add_argument("--subjects-per-site", type=int, default=2,
+                        help="federate sites of this many subjects (Table I: 2); the test sets stay those of "
+                             "Table I's clients of 2, so site sizes compare on the same trials")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
     profile = args.profile or ("quick" if args.quick else "full")
     budget = PROFILES[profile]
     seeds = budget["seeds"] if args.seeds is None else args.seeds
-    out = args.out or Path("results") / f"privacy-{profile}"
+    k = args.subjects_per_site
+    out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else ""))
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m benchmarks.privacy_utility", *(argv if argv is not None else sys.argv[1:])])
     print(f"command: {command}\nmachine: {machine()}; {load_average()} at start\nprofile: {profile} {budget}; "
-          f"setup {setup(budget['rounds'])}", flush=True)
+          f"setup {setup(budget['rounds'], k)}", flush=True)
     root = find_physionet_root()
     if root is not None:
         configure_offline(root)
@@ -320,7 +330,7 @@ def main(argv=None):
         return 1
     X_raw, y, subjects = loaded
     data = (sample_covariance(X_raw), X_raw, y, subjects)
-    n_clients = len(np.unique(subjects)) // 2
+    n_clients = len(np.unique(subjects)) // k
     print(f"{protocol.name}: {len(y)} trials, {len(np.unique(subjects))} subjects, {n_clients} clients", flush=True)
     start = time.perf_counter()
 
@@ -332,7 +342,7 @@ def main(argv=None):
               f"{load_average()}")
         return 0
 
-    runs = [(m, e, s) for s in range(seeds) for e in EPSILONS for m in args.models]
+    runs = [(m, e, s) for s in range(seeds) for e in args.epsilons for m in args.models]
 
     def path(model, epsilon, seed):
         return out / f"{model}__eps{eps_key(epsilon)}__seed{seed}.json"
@@ -340,12 +350,12 @@ def main(argv=None):
     def cached(model, epsilon, seed):
         file = path(model, epsilon, seed)
         record = json.loads(file.read_text()) if file.exists() else None
-        return record if record is not None and record.get("setup") == setup(budget["rounds"]) else None
+        return record if record is not None and record.get("setup") == setup(budget["rounds"], k) else None
 
     todo = [] if args.report_only else [r for r in runs if cached(*r) is None]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs cached, {len(todo)} to fit", flush=True)
     replies = Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-        delayed(run_one)(protocol, data, m, e, s, budget["rounds"], n_threads=1) for m, e, s in todo)
+        delayed(run_one)(protocol, data, m, e, s, budget["rounds"], n_threads=1, subjects_per_site=k) for m, e, s in todo)
     for record in replies:
         epsilon = math.inf if record["epsilon"] == "inf" else float(record["epsilon"])
         path(record["model"], epsilon, record["seed"]).write_text(json.dumps(record))
@@ -359,15 +369,15 @@ def main(argv=None):
             results.setdefault((m, eps_key(e)), []).append(record)
     n_train = len(client_split(y, subjects, 0)[0])
     n_seeds = max((len(rs) for rs in results.values()), default=0)
-    title = f"PhysionetMI, {n_clients} clients, {budget['rounds']} rounds, {n_seeds} seed(s)"
+    title = f"PhysionetMI, {n_clients} clients of {k} subjects, {budget['rounds']} rounds, {n_seeds} seed(s)"
     figure = out / f"privacy_utility_{profile}.png"
     plot(results, figure, title)
     sigmas = {f"ε={k}": [round(v, 2) for v in rs[0]["noise_multipliers"]] for (m, k), rs in results.items()
               if rs[0]["noise_multipliers"] and m == "spdnet-projavg"}
     report = [f"### Privacy-utility, {profile} profile", "", table(results), "",
               f"Test macro-F1 (%), mean ± std over n seeds; {title}; {n_train} training trials in all (seed 0); "
-              f"setup {setup(budget['rounds'])}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
-              "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(protocol, data, results), "",
+              f"setup {setup(budget['rounds'], k)}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
+              "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(protocol, data, results, k), "",
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
               f"1 torch thread each; {machine()}; {load_average()} at the end."]
