@@ -40,7 +40,6 @@ from sklearn.pipeline import make_pipeline
 
 from _machine import cpu_name
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-from skfedspd.base import _as_tensor
 from skfedspd.datasets import configure_offline, find_physionet_root, load_physionet_mi
 from skfedspd.training import seeded_torch, torch_threads, train_epochs
 
@@ -57,8 +56,7 @@ class PersistentAdamSPDnet(SPDnetClassifier):
                      sample_weight=None):
         if local_state or dp is not None or sample_weight is not None:
             raise ValueError("this ablation covers plain SPDnet clients only")
-        key = id(X)
-        X, y = _as_tensor(X), _as_tensor(y)
+        key = id(X)  # the serial loop passes each client's own tensors
         with torch_threads(n_threads), seeded_torch(seed):
             self.set_parameters(global_params)
             optimizer = torch.optim.Adam(self.module_.parameters(), lr=lr)

@@ -30,7 +30,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, St
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS
-from .base import _as_tensor, stratified_split, training_weights, uses_validation
+from .base import stratified_split, training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .engine import (
     DP_SAMPLE_WEIGHT_ERROR,
@@ -930,7 +930,7 @@ def _client_jobs(est, global_params, train, evaluations, *, lr=None, n_epochs=No
                     global_loaded = False
                     est.set_parameters({**global_params, **(local_state or {})})
                     global_loaded = not local_state
-                loss, f1 = evaluate(est.module_, *map(_as_tensor, (X, y, w)))
+                loss, f1 = evaluate(est.module_, X, y, w)
                 scores.append(EvalReply(loss, f1, len(y)))
             except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
                 scores.append(error)
