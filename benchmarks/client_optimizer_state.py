@@ -12,8 +12,12 @@ Protocols (PhysionetMI left/right, offline copy, ROC-AUC %):
 
 * ``--protocol cross``: leave one subject out within each group of subjects given, the
   training subjects as FedSPDnet's clients (MOABB CrossSubject's split);
-* ``--protocol within``: per subject, StratifiedKFold(5, shuffle, random_state=42), FedSPDnet's
-  default stratified partition (MOABB WithinSession's split).
+* ``--protocol within``: per subject, the folds of ``benchmarks/defaults_ablation.py``
+  (StratifiedKFold(5, shuffle, random_state=42)), FedSPDnet's default stratified partition.
+
+Covariances: ``load_physionet_mi`` (sample covariance), as in ``defaults_ablation.py``, whose
+TS+LR this is; MOABB's pipelines in ``moabb_evaluation.py`` estimate their own (OAS), so their
+TS+LR differs (e.g. 74.1 against 72.1 cross-subject on subjects 1–4).
 
 Rows: ``SPDnetClassifier()``, ``FederatedSPDnetClassifier()`` (both with their defaults),
 the same with persistent client Adam, TS+LR. ``random_state=0`` everywhere.
@@ -35,10 +39,10 @@ import torch
 from pyriemann.tangentspace import TangentSpace
 from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import StratifiedKFold
 from sklearn.pipeline import make_pipeline
 
 from _machine import cpu_name
+from defaults_ablation import folds
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import configure_offline, find_physionet_root, load_physionet_mi
 from skfedspd.training import seeded_torch, torch_threads, train_epochs
@@ -75,7 +79,8 @@ MODELS = {
     "FedSPDnet": lambda: FederatedSPDnetClassifier(random_state=0, partition="stratified"),
     "FedSPDnet, persistent client Adam": lambda: FederatedSPDnetClassifier(PersistentAdamSPDnet(), random_state=0,
                                                                            partition="stratified"),
-    "TS+LR": lambda: make_pipeline(TangentSpace(), LogisticRegression()),
+    # as benchmarks/defaults_ablation.py, on the same covariances
+    "TS+LR": lambda: make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(C=1.0, max_iter=1000)),
 }
 
 
@@ -111,7 +116,7 @@ def main(argv=None):
         units = []
         for s in args.subjects:
             X, y, _, _ = load_physionet_mi([s], n_classes=2)
-            units.append((s, list(StratifiedKFold(5, shuffle=True, random_state=42).split(X, y)), X, y, None))
+            units.append((s, folds(y), X, y, None))
     for subject, splits, X, y, groups in units:
         per = {name: np.mean([auc(make, name, X[tr], y[tr], None if groups is None else groups[tr], X[te], y[te])
                               for tr, te in splits]) for name, make in MODELS.items()}

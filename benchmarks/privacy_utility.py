@@ -95,12 +95,14 @@ def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL
 
 
 def setup(rounds, subjects_per_site=2):
-    """What a cached run was fitted with: a run of another setup is refitted, never reused."""
-    return dict(rounds=rounds, subjects_per_site=subjects_per_site, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
+    """What a cached run was fitted with: a run of another setup is refitted, never reused.
+    Table I's sites of 2 subjects leave the key out, as the runs cached before it existed."""
+    sites = {} if subjects_per_site == 2 else {"subjects_per_site": subjects_per_site}
+    return dict(rounds=rounds, **sites, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
                 clip_norm=CLIP_NORM, **SERVER_MOMENTUM)
 
 
-def run_one(protocol, data, model, epsilon, seed, rounds, n_threads=None, subjects_per_site=2):
+def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_per_site=2):
     X_cov, X_raw, y, subjects = data
     train, test = client_split(y, subjects, seed)
     X = X_raw if model == "eegnet" else X_cov
@@ -316,6 +318,9 @@ def main(argv=None):
     budget = PROFILES[profile]
     seeds = budget["seeds"] if args.seeds is None else args.seeds
     k = args.subjects_per_site
+    if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)):
+        parser.error("--curve sizes the rounds of Table I's protocol (ε = ∞, ProjAvg, sites of 2): "
+                     "no --subjects-per-site, --epsilons or --models with it")
     out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else ""))
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m benchmarks.privacy_utility", *(argv if argv is not None else sys.argv[1:])])

@@ -832,11 +832,10 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
                 break
             start = time.perf_counter()
             selected, seeds = engine.select(t)
-            replies, _ = _client_jobs(est, engine.global_params, _train_tasks(engine, clients, selected, seeds), [],
-                                      lr=engine.lr, n_epochs=fed.local_epochs)
+            replies = _client_batch(est, engine.global_params, _train_tasks(engine, clients, selected, seeds),
+                                    lr=engine.lr, n_epochs=fed.local_epochs)
             record = engine.aggregate(t, selected, replies)
-            close(record, start, _client_jobs(est, engine.global_params, [],
-                                             _eval_tasks(engine, clients, engine.evaluated_clients()))[1])
+            close(record, start, _evaluate_clients(est, engine, clients))
     else:
         _run_parallel_rounds(fed, est, engine, clients, rounds, close)
 
@@ -856,21 +855,20 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
     for bit that of the serial loop.
     """
     n_processes = effective_n_jobs(fed.n_jobs)
-    evaluated = engine.evaluated_clients()
 
-    def run(pool, shared, train, seeds, evaluations, lr):
-        """``(train replies, evaluation replies)`` of clients ``train`` (local-training seeds
-        ``seeds``) and ``evaluations``."""
+    def run(pool, shared, train, seeds, validate, lr):
+        """Train replies of clients ``train`` (local-training seeds ``seeds``) and, if
+        ``validate``, every client's validation of the broadcast model."""
         shares = np.array_split(np.arange(len(train)), min(n_processes, max(len(train), 1)))
         kwargs = dict(lr=lr, n_epochs=fed.local_epochs, n_threads=1)
-        remote = pool(delayed(_client_jobs)(est, engine.global_params,
-                                            _train_tasks(engine, shared, [train[k] for k in share],
-                                                         [seeds[k] for k in share]), [], **kwargs)
+        remote = pool(delayed(_client_batch)(est, engine.global_params,
+                                             _train_tasks(engine, shared, [train[k] for k in share],
+                                                          [seeds[k] for k in share]), **kwargs)
                       for share in shares[:-1])  # a generator: dispatched now
-        own = _client_jobs(est, engine.global_params, _train_tasks(engine, clients, [train[k] for k in shares[-1]],
-                                                                   [seeds[k] for k in shares[-1]]),
-                           _eval_tasks(engine, clients, evaluations), **kwargs)
-        return [r for job in [*remote, own] for r in job[0]], own[1]
+        own = _client_batch(est, engine.global_params, _train_tasks(engine, clients, [train[k] for k in shares[-1]],
+                                                                    [seeds[k] for k in shares[-1]]), **kwargs)
+        evaluations = _evaluate_clients(est, engine, clients, n_threads=1) if validate else []
+        return [r for batch in [*remote, own] for r in batch], evaluations
 
     with _SharedClients(clients) as shared, Parallel(n_jobs=fed.n_jobs, return_as="generator") as pool:
         pending = None  # (record, start) of the round whose validation rides with the next dispatch
@@ -879,18 +877,17 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
                 break
             start = time.perf_counter()
             (selected, seeds), lr = engine.select(t), engine.lr
-            replies, evaluations = run(pool, shared, selected, seeds, evaluated if pending else [], lr)
+            replies, evaluations = run(pool, shared, selected, seeds, pending is not None, lr)
             if pending:
                 close(*pending, evaluations)
                 pending = None
                 if engine.should_stop:
                     break
                 if engine.lr != lr:
-                    replies, _ = run(pool, shared, selected, seeds, [], engine.lr)
+                    replies, _ = run(pool, shared, selected, seeds, False, engine.lr)
             pending = engine.aggregate(t, selected, replies), start
         if pending:
-            close(*pending, _client_jobs(est, engine.global_params, [], _eval_tasks(engine, clients, evaluated),
-                                         n_threads=1)[1])
+            close(*pending, _evaluate_clients(est, engine, clients, n_threads=1))
 
 
 def _train_tasks(engine, clients, ids, seeds):
@@ -899,42 +896,43 @@ def _train_tasks(engine, clients, ids, seeds):
             for i, seed in zip(ids, seeds)]
 
 
-def _eval_tasks(engine, clients, ids):
-    """Clients ``ids``' ``(local_state, X_val, y_val, sample_weight_val)``."""
-    return [(engine.local_state(i) or None, clients[i][2], clients[i][3], clients[i][5]) for i in ids]
+def _client_batch(est, global_params, tasks, **kwargs):
+    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a
+    :class:`~skfedspd.engine.TrainReply` (:func:`~skfedspd.engine.client_update`) or the
+    exception it raised (joblib-safe: the server applies the failure policy).
 
-
-def _client_jobs(est, global_params, train, evaluations, *, lr=None, n_epochs=None, n_threads=None):
-    """Clients' work on one estimator: ``(train replies, evaluation replies)``.
-
-    ``train``: :func:`~skfedspd.engine.client_update` of each task, a
-    :class:`~skfedspd.engine.TrainReply`. ``evaluations``: each client's validation of
-    ``global_params`` with its own local arrays (the loss weighted by its sample weights),
-    an :class:`~skfedspd.engine.EvalReply`; clients without local arrays validate the same
-    model, loaded once. A client that raises gets its exception instead (joblib-safe: the
-    server applies the failure policy). Every client starts from the broadcast and its own
-    seed, so running several in one job gives the same replies as one job each.
+    Every client starts from the broadcast and its own seed, so running them in one job, on
+    one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
     """
     replies = []
-    for local_state, X, y, w, seed, dp in train:
+    for local_state, X, y, w, seed, dp in tasks:
         try:
-            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, lr=lr,
-                                         n_epochs=n_epochs, n_threads=n_threads))
+            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, **kwargs))
         except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
             replies.append(error)
-    scores, global_loaded = [], False
+    return replies
+
+
+def _evaluate_clients(est, engine, clients, n_threads=None):
+    """Each evaluated client's validation of the new global model (its own local arrays
+    loaded; the loss weighted by the client's sample weights), an :class:`EvalReply` or the
+    exception it raised. Clients without local arrays of their own validate the same
+    model: it is loaded once for all of them."""
+    replies, global_loaded = [], False
     with torch_threads(n_threads):
-        for local_state, X, y, w in evaluations:
+        for cid in engine.evaluated_clients():
+            _, _, X_val, y_val, _, w_val = clients[cid]
             try:
-                if local_state or not global_loaded:
+                own = bool(engine.local_state(cid))
+                if own or not global_loaded:
                     global_loaded = False
-                    est.set_parameters({**global_params, **(local_state or {})})
-                    global_loaded = not local_state
-                loss, f1 = evaluate(est.module_, X, y, w)
-                scores.append(EvalReply(loss, f1, len(y)))
+                    est.set_parameters(engine.evaluation_params(cid))
+                    global_loaded = not own
+                loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
+                replies.append(EvalReply(loss, f1, len(y_val)))
             except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
-                scores.append(error)
-    return replies, scores
+                replies.append(error)
+    return replies
 
 
 class _SharedClients:

@@ -705,6 +705,8 @@ class FederatedModule(nn.Module):
         return self._exported_state()
 
     def _load_array(self, name, value, state):
+        if not state[name].dtype.is_floating_point:
+            value = value.round()  # a pooled count (a weighted mean, or a quantized secure sum)
         state[name].copy_(value)
 
 

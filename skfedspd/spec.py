@@ -35,8 +35,10 @@ def _encode(value, where):
         return {"__tuple__": [_encode(v, where) for v in value]}
     if isinstance(value, dict):  # keys of any JSON type (labels), in order
         return {"__dict__": [[_encode(k, where), _encode(v, where)] for k, v in value.items()]}
-    if isinstance(value, (list, np.ndarray)):  # an array (agreed classes) travels as a list
-        return [_encode(v, where) for v in (value.tolist() if isinstance(value, np.ndarray) else value)]
+    if isinstance(value, np.ndarray):  # an array (agreed classes) travels as a list
+        return _encode(value.tolist(), where)
+    if isinstance(value, list):
+        return [_encode(v, where) for v in value]
     if isinstance(value, np.generic):
         return value.item()
     if value is None or isinstance(value, (bool, int, float, str)):
@@ -45,13 +47,20 @@ def _encode(value, where):
                     "(an aggregation rule by name, an int random_state)")
 
 
+def _is_pair_list(pairs):
+    """Whether an encoded dict is a list of ``[key, value]`` pairs with scalar keys."""
+    return isinstance(pairs, list) and all(
+        isinstance(p, list) and len(p) == 2 and (p[0] is None or isinstance(p[0], (bool, int, float, str)))
+        for p in pairs)
+
+
 def _decode(value):
     if isinstance(value, dict):
         if "__estimator__" in value:
             return estimator_from_spec(value["__estimator__"])
-        if "__tuple__" in value:
+        if "__tuple__" in value and isinstance(value["__tuple__"], list):
             return tuple(_decode(v) for v in value["__tuple__"])
-        if "__dict__" in value:
+        if "__dict__" in value and _is_pair_list(value["__dict__"]):
             return {_decode(k): _decode(v) for k, v in value["__dict__"]}
         raise ValueError(f"unexpected object in an estimator spec: {value!r}")
     if isinstance(value, list):

@@ -108,6 +108,15 @@ def test_parameter_kinds():
     assert sum(kind == "local" for kind in kinds.values()) == 9
 
 
+@pytest.mark.parametrize("pooled, expected", [(6.9999999, 7), (7.0000001, 7), (6.5000001, 7), (12.25, 12)])
+def test_a_pooled_count_loads_rounded(pooled, expected):
+    """A pooled num_batches_tracked (a weighted mean, or a quantized secure sum that lands a
+    hair below an integer) loads as the nearest count, not truncated."""
+    model = EEGNet(*SMALL)
+    model.set_parameters({"bn1.num_batches_tracked": torch.tensor(pooled, dtype=torch.float64).numpy()})
+    assert int(model.bn1.num_batches_tracked) == expected
+
+
 def _row_norms(weight):
     return weight.detach().flatten(1).norm(dim=1)
 

@@ -382,6 +382,16 @@ def test_spec_round_trip():
         estimator_from_spec({"class": "os.system", "params": {}})
 
 
+@pytest.mark.parametrize("class_weight", [{"__dict__": 5}, {"__dict__": [[1]]}, {"__dict__": [[[0], 1.0]]},
+                                          {"__tuple__": 5}])
+def test_malformed_spec_is_a_value_error(class_weight):
+    """A spec comes from a run config or a file: a malformed encoded dict or tuple is a
+    ValueError naming it, not a TypeError from inside the decoder."""
+    spec = {"class": "SPDnetClassifier", "params": {"class_weight": class_weight}}
+    with pytest.raises(ValueError, match="unexpected object in an estimator spec"):
+        estimator_from_spec(spec)
+
+
 def test_written_app_is_a_valid_flower_app(tmp_path):
     from flwr.cli.config_utils import load_and_validate
 

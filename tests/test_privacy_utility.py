@@ -34,6 +34,7 @@ def results_of(records):
 @pytest.mark.parametrize("private_f1, eeg_f1, ratio_ok, margin_ok", [
     (0.45, 0.30, True, True),  # 90 % of 0.50, +15 points
     (0.35, 0.33, False, False),  # 70 %, +2 points
+    (0.28, 0.20, False, True),  # +8 points, but between two models at chance
 ])
 def test_target_lines_compare_the_right_cells(private_f1, eeg_f1, ratio_ok, margin_ok):
     results = results_of([record("spdnet-projavg", math.inf, 0.50), record("spdnet-projavg", 8.0, private_f1),

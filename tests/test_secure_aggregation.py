@@ -136,6 +136,22 @@ def test_secure_with_client_local_arrays_matches_plain(estimator):
     assert_close_runs(plain, secured)
 
 
+def test_secure_bounds_of_a_count_grow_with_the_rounds():
+    """BatchNorm's num_batches_tracked only grows: its secure-sum bound covers what it can
+    reach by each round (at most one batch per sample and epoch), however long the run,
+    while the running statistics keep LOCAL_RANGE."""
+    X, y = make_eeg_timeseries(n_trials=60, n_channels=4, n_times=64, n_classes=2, seed=0)
+    engine = _fed("local", estimator=EEGNetClassifier(batch_size=8), n_rounds=1).fit(X, y).engine_
+    strategy = secure.SecureSPDnetStrategy(engine, nodes=[1, 2, 3], setup_json="{}", local_epochs=2)
+    batches = max(engine.n_train) * 2
+    for t in (0, 10_000):
+        bounds = dict(strategy.local_bounds(t, batches))
+        counts = {n: b for n, b in bounds.items() if n.endswith("num_batches_tracked")}
+        assert counts and all(b == max(secure.LOCAL_RANGE, (t + 1) * batches) for b in counts.values())
+        assert all(b == secure.LOCAL_RANGE for n, b in bounds.items() if n not in counts)
+    assert max(counts.values()) > secure.LOCAL_RANGE  # where a fixed range failed the site
+
+
 def test_progress_advances_every_secure_round(spd, monkeypatch):
     """verbose: the simulation's bar takes one step per secure round, with the pooled
     validation macro-F1; a deployment's bar reads the same from the server's log."""

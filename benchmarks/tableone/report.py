@@ -44,7 +44,6 @@ def table_one(tables, budget):
                 ("Full", (FEDEEG["full"], FED["full", "projavg"], FED["full", "rlavg"])),
                 ("Half", (FEDEEG["half"], FED["half", "projavg"], FED["half", "rlavg"])))
         for row, cells in rows:
-            cells = tuple(c for c in cells if c is not None)
             scores = [mean_f1(results, c) for c in cells]
             best = np.nanmax(scores) if not np.isnan(scores).all() else None
             shown = [f"**{cell(c)}**" if v == best else cell(c) for c, v in zip(cells, scores)]

@@ -31,8 +31,9 @@ cryptography of our own.
 Quantization. Every entry is scaled into ``[-1, 1]`` (``clipping_range = 1``) by a bound
 ``B``: a Stiefel array has orthonormal columns, so its entries lie in ``[-1, 1]`` (``B =
 1``); Euclidean arrays (the head) have no such bound and must stay within
-``±EUCLIDEAN_RANGE``, client-local arrays (BatchNorm statistics and counts) within
-``±LOCAL_RANGE``; losses within ``LOSS_RANGE``. A site whose values leave these ranges
+``±EUCLIDEAN_RANGE``, client-local arrays (BatchNorm statistics) within
+``±LOCAL_RANGE``, and counts (BatchNorm's ``num_batches_tracked``, which only grows) within
+what they can reach by the round (``SecureSPDnetStrategy.local_bounds``); losses within ``LOSS_RANGE``. A site whose values leave these ranges
 fails (its reply is an error: the server sees a dropped site, never a clipped value).
 Flower quantizes to ``2**QUANTIZATION_BITS`` levels (24 bits) with masks modulo ``2**32``:
 one quantization step is ``2B / 2**24`` (1.2e-7 for Stiefel entries, 1.9e-6 for the head),
@@ -76,7 +77,7 @@ __all__ = ["SecureSum", "SecureSPDnetStrategy", "secure_mod", "train_vector", "e
 QUANTIZATION_BITS = 24
 MODULUS = 2**32
 EUCLIDEAN_RANGE = 16.0
-LOCAL_RANGE = 2.0**16  # BatchNorm running variances and batch counts: wide, still ~1e-9 with two limbs
+LOCAL_RANGE = 2.0**16  # BatchNorm running statistics: wide, still ~1e-9 with two limbs (counts: local_bounds)
 LOSS_RANGE = 100.0
 RECONSTRUCTION_THRESHOLD = 2 / 3
 MAX_SITES = MODULUS // (2**QUANTIZATION_BITS + 1)
@@ -401,7 +402,15 @@ class SecureSPDnetStrategy(SPDnetStrategy):
         self.secure_sum = secure_sum if secure_sum is not None else SecureSum()
         self.bounds = [(name, 1.0 if kind == "stiefel" else EUCLIDEAN_RANGE)
                        for name, kind in engine.kinds.items() if kind != "local"]
-        self.local_bounds = [(name, LOCAL_RANGE) for name, kind in engine.kinds.items() if kind == "local"]
+        self.local_names = [name for name, kind in engine.kinds.items() if kind == "local"]
+
+    def local_bounds(self, t, batches_per_round):
+        """Round ``t``'s bound of each client-local array: ``LOCAL_RANGE`` for statistics,
+        and for a count (an integer array: BatchNorm's ``num_batches_tracked``, which grows
+        by the batches of every round) the most it can reach after this round."""
+        return [(name, max(LOCAL_RANGE, (t + 1) * batches_per_round)
+                 if np.issubdtype(self.engine.template[name][1], np.integer) else LOCAL_RANGE)
+                for name in self.local_names]
 
     def start(self, grid, initial_arrays, num_rounds=3, timeout=3600, **kwargs):
         self.secure_sum.timeout = timeout  # each protocol stage waits as long as a plain round
@@ -429,14 +438,15 @@ class SecureSPDnetStrategy(SPDnetStrategy):
             return []
         engine = self.engine
         selected = self._round["selected"]
-        layout = {"stage": "train", "arrays": self.bounds, "local": self.local_bounds, "weighting": engine.weighting,
-                  "n-max": max(engine.n_train[cid] for cid in selected),
-                  "skipped-range": float(max(engine.n_train) * self.local_epochs)}
+        batches = float(max(engine.n_train) * self.local_epochs)  # at most one batch per sample and epoch
+        layout = {"stage": "train", "arrays": self.bounds, "local": self.local_bounds(self._round["t"], batches),
+                  "weighting": engine.weighting, "n-max": max(engine.n_train[cid] for cid in selected),
+                  "skipped-range": batches}
         if engine.train_weights is not None:  # sample weights: the sites weigh the sums of their training weights
             layout["weight-max"] = max(engine.declared_weight(cid) for cid in selected)
         clients, reasons, summed = self._secure(grid, messages, layout, 2 * self._round["t"])
         *params, scalars = summed
-        names = [name for name, _ in self.bounds + self.local_bounds]
+        names = [name for name, _ in self.bounds + layout["local"]]
         self._round["sum"] = (clients, reasons, dict(zip(names, params)), scalars, layout)
         return []
 
@@ -445,7 +455,7 @@ class SecureSPDnetStrategy(SPDnetStrategy):
             return None, None
         clients, reasons, params, scalars, layout = self._round["sum"]
         n_max, weight, size = layout["n-max"], float(scalars[0]), float(scalars[1])
-        bounds, local = dict(self.bounds), dict(self.local_bounds)
+        bounds, local = dict(self.bounds), dict(layout["local"])
         params = {name: value.reshape(self.engine.template[name][0]) for name, value in params.items()}
         record = self.engine.aggregate_from_sum(
             self._round["t"], self._round["selected"], clients, reasons,
