@@ -57,14 +57,12 @@ from sklearn.pipeline import make_pipeline  # noqa: E402
 
 import skfedspd.base  # noqa: E402
 from skfedspd import SPDnetClassifier  # noqa: E402
-from skfedspd.datasets import find_physionet_root, load_physionet_mi  # noqa: E402
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, find_physionet_root, load_physionet_mi  # noqa: E402
 from skfedspd.training import PlateauSchedule  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name  # noqa: E402
 
-SENSORIMOTOR_16 = ["FC3", "FC1", "FCz", "FC2", "FC4", "C5", "C3", "C1", "Cz", "C2", "C4", "C6",
-                   "CP3", "CP1", "CP2", "CP4"]
 SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
 READING = "## Reading and recommendation"
 N_MIN_VALIDATION = 50  # smallest validation split worth selecting weights on (accuracy SE <= 0.07)
@@ -343,7 +341,7 @@ def main(argv=None):
         evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
                          {"pooled": (X, y)}, pooled_rules, log, args.jobs, args.cache)
 
-        for names in (SENSORIMOTOR_16, SENSORIMOTOR_3):
+        for names in (SENSORIMOTOR_CHANNELS, SENSORIMOTOR_3):
             idx = [ch_names.index(c) for c in names]
             sub = {s: (Xs[:, idx][:, :, idx], ys) for s, (Xs, ys) in within.items()}
             n = len(idx)

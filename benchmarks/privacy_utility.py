@@ -58,7 +58,7 @@ from benchmarks.tableone.cells import SERVER_MOMENTUM
 from benchmarks.tableone.protocols import LOCAL_EPOCHS, TRAINING, machine, physionet_protocol
 from benchmarks.tableone.runner import client_split, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
-from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, configure_offline, find_physionet_root, sample_covariance
 from skfedspd.privacy import clip_and_sum, per_sample_gradients
 from skfedspd.training import torch_threads
 
@@ -94,15 +94,17 @@ def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL
         dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
 
 
-def setup(rounds, subjects_per_site=2):
+def setup(rounds, subjects_per_site=2, channels="all"):
     """What a cached run was fitted with: a run of another setup is refitted, never reused.
-    Table I's sites of 2 subjects leave the key out, as the runs cached before it existed."""
+    Table I's sites of 2 subjects and all channels leave their keys out, as the runs cached
+    before those keys existed."""
     sites = {} if subjects_per_site == 2 else {"subjects_per_site": subjects_per_site}
-    return dict(rounds=rounds, **sites, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
+    montage = {} if channels == "all" else {"channels": channels}
+    return dict(rounds=rounds, **sites, **montage, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
                 clip_norm=CLIP_NORM, **SERVER_MOMENTUM)
 
 
-def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_per_site=2):
+def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_per_site=2, channels="all"):
     X_cov, X_raw, y, subjects = data
     train, test = client_split(y, subjects, seed)
     X = X_raw if model == "eegnet" else X_cov
@@ -112,7 +114,8 @@ def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_pe
             X[train], y[train], groups=subjects[train])
         pred = clf.predict(X[test])
     privacy = clf.privacy_
-    return {"model": model, "epsilon": eps_key(epsilon), "seed": seed, "setup": setup(rounds, subjects_per_site),
+    return {"model": model, "epsilon": eps_key(epsilon), "seed": seed,
+            "setup": setup(rounds, subjects_per_site, channels),
             "f1": float(f1_score(y[test], pred, average="macro")), "rounds": rounds,
             "chance_f1": chance_f1(y[test], seed),
             "fit_seconds": time.perf_counter() - start,
@@ -191,12 +194,19 @@ def f1_values(results, model, epsilon):
     return 100 * np.array([r["f1"] for r in results.get((model, eps_key(epsilon)), [])])
 
 
+def epsilons_present(results):
+    """The budgets of the table and figure: the default ones and any other fitted."""
+    fitted = {math.inf if k == "inf" else float(k) for _, k in results}
+    return sorted(set(EPSILONS) | fitted)
+
+
 def table(results):
-    lines = ["| model | " + " | ".join(f"ε = {eps_label(e)}" for e in EPSILONS) + " |",
-             "| --- |" + " --- |" * len(EPSILONS)]
+    epsilons = epsilons_present(results)
+    lines = ["| model | " + " | ".join(f"ε = {eps_label(e)}" for e in epsilons) + " |",
+             "| --- |" + " --- |" * len(epsilons)]
     for model in MODELS:
         cells = []
-        for e in EPSILONS:
+        for e in epsilons:
             f1 = f1_values(results, model, e)
             cells.append(f"{f1.mean():.1f} ± {f1.std():.1f} (n={len(f1)})" if len(f1) else "–")
         lines.append(f"| {LABELS[model]} | " + " | ".join(cells) + " |")
@@ -269,17 +279,18 @@ def plot(results, path, title):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    positions = np.arange(len(EPSILONS))
+    epsilons = epsilons_present(results)
+    positions = np.arange(len(epsilons))
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in MODELS:
-        f1 = [f1_values(results, model, e) for e in EPSILONS]
+        f1 = [f1_values(results, model, e) for e in epsilons]
         mean = [v.mean() if len(v) else np.nan for v in f1]
         std = [v.std() if len(v) else np.nan for v in f1]
         ax.errorbar(positions, mean, yerr=std, marker="o", capsize=3, label=LABELS[model])
     chance = [r["chance_f1"][0] for rs in results.values() for r in rs]
     if chance:
         ax.axhline(100 * np.mean(chance), color="grey", ls="--", lw=1, label="chance (uniform guessing)")
-    ax.set_xticks(positions, [eps_label(e).replace("∞", "∞ (no DP)") for e in EPSILONS])
+    ax.set_xticks(positions, [eps_label(e).replace("∞", "∞ (no DP)") for e in epsilons])
     ax.set_xlabel(f"ε (δ = {DELTA:g})")
     ax.set_ylabel("test macro-F1 (%)")
     ax.set_title(title, fontsize=9)
@@ -312,24 +323,32 @@ def main(argv=None):
     parser.add_argument("--subjects-per-site", type=int, default=2,
                         help="federate sites of this many subjects (Table I: 2); the test sets stay those of "
                              "Table I's clients of 2, so site sizes compare on the same trials")
+    parser.add_argument("--channels", choices=("all", "sensorimotor"), default="all",
+                        help="EEG channels: all 64 (Table I) or the 16 sensorimotor ones "
+                             "(skfedspd.datasets.SENSORIMOTOR_CHANNELS; SPDnet's hidden size by its 'auto' rule)")
+    parser.add_argument("--rounds", type=int, default=None,
+                        help="federated rounds (default: the profile's, sized by --curve for all channels)")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
     profile = args.profile or ("quick" if args.quick else "full")
-    budget = PROFILES[profile]
+    budget = dict(PROFILES[profile])
+    if args.rounds is not None:
+        budget["rounds"] = args.rounds
     seeds = budget["seeds"] if args.seeds is None else args.seeds
-    k = args.subjects_per_site
+    k, channels = args.subjects_per_site, args.channels
     if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)):
         parser.error("--curve sizes the rounds of Table I's protocol (ε = ∞, ProjAvg, sites of 2): "
                      "no --subjects-per-site, --epsilons or --models with it")
-    out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else ""))
+    out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else "")
+                                         + (f"-{channels}" if channels != "all" else ""))
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m benchmarks.privacy_utility", *(argv if argv is not None else sys.argv[1:])])
     print(f"command: {command}\nmachine: {machine()}; {load_average()} at start\nprofile: {profile} {budget}; "
-          f"setup {setup(budget['rounds'], k)}", flush=True)
+          f"setup {setup(budget['rounds'], k, channels)}", flush=True)
     root = find_physionet_root()
     if root is not None:
         configure_offline(root)
-    protocol = physionet_protocol(4, budget["subjects"])
+    protocol = physionet_protocol(4, budget["subjects"], None if channels == "all" else SENSORIMOTOR_CHANNELS)
     loaded = load_or_skip(protocol)
     if loaded is None:
         return 1
@@ -355,12 +374,13 @@ def main(argv=None):
     def cached(model, epsilon, seed):
         file = path(model, epsilon, seed)
         record = json.loads(file.read_text()) if file.exists() else None
-        return record if record is not None and record.get("setup") == setup(budget["rounds"], k) else None
+        return record if record is not None and record.get("setup") == setup(budget["rounds"], k, channels) else None
 
     todo = [] if args.report_only else [r for r in runs if cached(*r) is None]
     print(f"{len(runs) - len(todo)} of {len(runs)} runs cached, {len(todo)} to fit", flush=True)
     replies = Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-        delayed(run_one)(protocol, data, m, e, s, budget["rounds"], n_threads=1, subjects_per_site=k) for m, e, s in todo)
+        delayed(run_one)(protocol, data, m, e, s, budget["rounds"], n_threads=1, subjects_per_site=k, channels=channels)
+        for m, e, s in todo)
     for record in replies:
         epsilon = math.inf if record["epsilon"] == "inf" else float(record["epsilon"])
         path(record["model"], epsilon, record["seed"]).write_text(json.dumps(record))
@@ -374,14 +394,15 @@ def main(argv=None):
             results.setdefault((m, eps_key(e)), []).append(record)
     n_train = len(client_split(y, subjects, 0)[0])
     n_seeds = max((len(rs) for rs in results.values()), default=0)
-    title = f"PhysionetMI, {n_clients} clients of {k} subjects, {budget['rounds']} rounds, {n_seeds} seed(s)"
+    title = (f"PhysionetMI, {X_raw.shape[1]} channels, {n_clients} clients of {k} subjects, {budget['rounds']} rounds, "
+             f"{n_seeds} seed(s)")
     figure = out / f"privacy_utility_{profile}.png"
     plot(results, figure, title)
     sigmas = {f"ε={k}": [round(v, 2) for v in rs[0]["noise_multipliers"]] for (m, k), rs in results.items()
               if rs[0]["noise_multipliers"] and m == "spdnet-projavg"}
     report = [f"### Privacy-utility, {profile} profile", "", table(results), "",
               f"Test macro-F1 (%), mean ± std over n seeds; {title}; {n_train} training trials in all (seed 0); "
-              f"setup {setup(budget['rounds'], k)}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
+              f"setup {setup(budget['rounds'], k, channels)}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
               "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(protocol, data, results, k), "",
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "

@@ -45,6 +45,7 @@ import numpy as np
 __all__ = [
     "PHYSIONET_OFFLINE_SUBJECTS",
     "PHYSIONET_SFREQ",
+    "SENSORIMOTOR_CHANNELS",
     "find_physionet_root",
     "configure_offline",
     "physionet_runs_present",
@@ -62,6 +63,12 @@ PHYSIONET_OFFLINE_SUBJECTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15,
 #: Sampling rate of the recordings (Hz); subject 88, not in the offline copy, is the
 #: only one recorded at 128 Hz.
 PHYSIONET_SFREQ = 160.0
+
+#: 16 channels over the sensorimotor cortices (10-10 names as MOABB gives them), the
+#: montage motor-imagery decoders commonly keep: fronto-central, central and
+#: centro-parietal rows around C3, Cz and C4.
+SENSORIMOTOR_CHANNELS = ("FC3", "FC1", "FCz", "FC2", "FC4", "C5", "C3", "C1", "Cz", "C2", "C4", "C6",
+                         "CP3", "CP1", "CP2", "CP4")
 
 _ENV_ROOT = "SKFEDSPD_DATA"
 _MNE_FOLDER = "MNE-eegbci-data"
@@ -300,6 +307,17 @@ def _runs_for(subject, root, n_classes):
     return tuple(hand), tuple(feet) if n_classes == 4 else ()
 
 
+def _channel_picks(ch_names, channels):
+    """Indices of ``channels`` in ``ch_names``; a ValueError names unknown or repeated ones."""
+    channels = [str(c) for c in channels]
+    unknown = [c for c in channels if c not in ch_names]
+    if unknown:
+        raise ValueError(f"channels {unknown} are not in the recordings (their channels: {ch_names})")
+    if len(set(channels)) != len(channels) or not channels:
+        raise ValueError(f"channels must be distinct names, at least one, got {channels}")
+    return [ch_names.index(c) for c in channels]
+
+
 def _channel_names(dataset, subject, run):
     """EEG channel names in the order MOABB returns them (header read only)."""
     import mne
@@ -320,6 +338,7 @@ def load_physionet_mi(
     root=None,
     return_raw=False,
     n_times=None,
+    channels=None,
     verbose=False,
 ):
     """Load PhysioNet motor-imagery trials offline as covariance matrices or epochs.
@@ -364,6 +383,9 @@ def load_physionet_mi(
         If True, return the band-passed epochs instead of covariance matrices.
     n_times : int | None
         If given, keep only the first ``n_times`` samples of each trial.
+    channels : sequence of str | None
+        EEG channels to keep, in this order (e.g. :data:`SENSORIMOTOR_CHANNELS`); None
+        keeps all 64. A covariance of a subset is the sub-matrix of the full one.
     verbose : bool
         If False, silence MNE/MOABB logging and their deprecation warnings.
 
@@ -377,7 +399,7 @@ def load_physionet_mi(
         for covariances, traces around 1e-8 for 64 channels at 8-32 Hz): MOABB
         multiplies arrays by the dataset's ``unit_factor`` (1e6, microvolts) by
         default; this function disables that. Scaling belongs to the classifier.
-        n_channels is 64.
+        n_channels is 64, or ``len(channels)``.
     y : ndarray of str, shape (n_trials,)
         Class labels.
     subjects : ndarray of int, shape (n_trials,)
@@ -395,7 +417,8 @@ def load_physionet_mi(
         needed kind) is missing offline; the message names the subject and path.
     ValueError
         For invalid arguments (``n_classes`` not in {2, 4}, duplicated subjects,
-        ``n_times`` larger than the trials).
+        ``n_times`` larger than the trials, a channel name the recordings do not have or
+        given twice).
 
     Examples
     --------
@@ -467,6 +490,9 @@ def load_physionet_mi(
                 per_subject[s] = (Xg[keep], yg[keep], mg.iloc[keep])
 
     X = _first_samples(np.concatenate([per_subject[s][0] for s in subjects], axis=0), n_times)
+    if channels is not None:
+        picks = _channel_picks(ch_names, channels)
+        X, ch_names = X[:, picks], [ch_names[i] for i in picks]
     y = np.concatenate([per_subject[s][1] for s in subjects])
     meta = pd.concat([per_subject[s][2] for s in subjects], ignore_index=True)
     subj = meta["subject"].to_numpy().astype(int)

@@ -15,6 +15,7 @@ import pytest
 
 from skfedspd.datasets import (
     PHYSIONET_OFFLINE_SUBJECTS,
+    SENSORIMOTOR_CHANNELS,
     configure_offline,
     find_physionet_root,
     load_physionet_mi,
@@ -192,6 +193,29 @@ def test_two_class(cov2):
     # feet_runs=[] for every subject: only runs 4, 8, 12 are read
     assert set(meta["physionet_run"]) == {4, 8, 12}
     _assert_spd_volts(C)
+
+
+@real_eeg
+def test_channel_subset_is_the_sub_matrix(physionet_root, cov2):
+    C, y, subjects, meta = cov2
+    C16, y16, subjects16, meta16 = load_physionet_mi(
+        subjects=[4, 2], n_classes=2, root=physionet_root, channels=SENSORIMOTOR_CHANNELS
+    )
+    picks = [meta.attrs["ch_names"].index(c) for c in SENSORIMOTOR_CHANNELS]
+    assert meta16.attrs["ch_names"] == list(SENSORIMOTOR_CHANNELS)
+    np.testing.assert_allclose(C16, C[:, picks][:, :, picks], rtol=1e-12)
+    np.testing.assert_array_equal(y16, y)
+    np.testing.assert_array_equal(subjects16, subjects)
+
+
+@real_eeg
+@pytest.mark.parametrize(
+    "channels, match",
+    [(["C3", "Cx9"], r"\['Cx9'\] are not in the recordings"), (["C3", "C3"], "distinct"), ([], "at least one")],
+)
+def test_bad_channels_raise(physionet_root, channels, match):
+    with pytest.raises(ValueError, match=match):
+        load_physionet_mi(subjects=[1], n_classes=2, root=physionet_root, channels=channels)
 
 
 @real_eeg

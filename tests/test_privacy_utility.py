@@ -94,3 +94,26 @@ def test_smoke_run_reports_and_caches(physionet_root, tmp_path, capsys):
     stale.write_text(json.dumps(dict(stored, setup=dict(stored["setup"], lr=1.0))))
     assert pu.main(args) == 0
     assert "3 of 4 runs cached, 1 to fit" in capsys.readouterr().out
+
+
+def test_table_adds_a_column_for_another_budget():
+    results = results_of([record("spdnet-projavg", 20.0, 0.4), record("spdnet-projavg", math.inf, 0.5)])
+    header, _, row, *_ = pu.table(results).splitlines()
+    assert header.split(" | ")[1:] == ["ε = 1", "ε = 3", "ε = 8", "ε = 20", "ε = ∞ |"]
+    assert "| 40.0 ± 0.0 (n=1) | 50.0 ± 0.0 (n=1) |" in row
+
+
+def test_setup_names_only_what_differs_from_table_one():
+    assert "channels" not in pu.setup(70) and "subjects_per_site" not in pu.setup(70)
+    assert pu.setup(70, 4, "sensorimotor") == dict(pu.setup(70), subjects_per_site=4, channels="sensorimotor")
+
+
+def test_smoke_run_on_the_sensorimotor_channels(physionet_root, tmp_path, capsys):
+    out = tmp_path / "privacy"
+    args = ["--profile", "smoke", "--models", "spdnet-projavg", "--epsilons", "20", "inf", "--channels",
+            "sensorimotor", "--rounds", "2", "--out", str(out)]
+    assert pu.main(args) == 0
+    text = capsys.readouterr().out
+    assert "PhysionetMI-16ch" in text and "16 channels" in text and "'rounds': 2" in text
+    assert "| DP-FedSPDnet (ProjAvg) | – | – | – |" in text and "(n=1)" in text
+    assert sorted(json.loads(f.read_text())["setup"]["channels"] for f in out.glob("*.json")) == ["sensorimotor"] * 2

@@ -14,6 +14,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.classifier import auto_hidden_dim
 from skfedspd.datasets import (
     PHYSIONET_OFFLINE_SUBJECTS,
     WEIBO2014_EVENTS,
@@ -130,12 +131,14 @@ class Protocol:
 PHYSIONET_EXCLUDED = (88,)
 
 
-def physionet_protocol(n_classes=4, subjects=None):
+def physionet_protocol(n_classes=4, subjects=None, channels=None):
     """PhysionetMI: 4 classes (left / right hand, hands, feet) or 2 (left / right hand).
 
     ``subjects`` None means the offline subset. When every subject is offline, trials come
     from :func:`load_physionet_mi` (never downloads; runs picked from what is present),
-    otherwise from MOABB's download, resampled to 160 Hz.
+    otherwise from MOABB's download, resampled to 160 Hz. ``channels`` (names) keeps those
+    EEG channels in that order (None: all 64); the network's hidden size follows the
+    package's ``hidden_dims="auto"`` rule (18 at 64 channels, the paper's).
     """
     subjects = list(PHYSIONET_OFFLINE_SUBJECTS if subjects is None else subjects)
     excluded = sorted(set(subjects) & set(PHYSIONET_EXCLUDED))
@@ -152,7 +155,8 @@ def physionet_protocol(n_classes=4, subjects=None):
         on_disk = offline()
         dataset = PhysionetMI(imagined=True)
         dataset.subject_list = subjects
-        common = dict(fmin=8, fmax=32, resample=None if on_disk else 160.0)
+        common = dict(fmin=8, fmax=32, resample=None if on_disk else 160.0,
+                      channels=None if channels is None else list(channels))
         if n_classes == 2:
             dataset.feet_runs = []
             return dataset, LeftRightImagery(**common)
@@ -162,11 +166,12 @@ def physionet_protocol(n_classes=4, subjects=None):
 
     def load():
         if offline():
-            return load_physionet_mi(subjects, n_classes=n_classes, return_raw=True, n_times=480)[:3]
+            return load_physionet_mi(subjects, n_classes=n_classes, return_raw=True, n_times=480, channels=channels)[:3]
         return load_moabb(*moabb(), n_times=480)[:3]
 
-    name = "PhysionetMI" if n_classes == 4 else "PhysionetMI-2class"
-    return Protocol(name, hidden_dim=18, eps=1e-2, fs=160.0, n_times=480, moabb=moabb, load=load, offline=offline,
+    name = ("PhysionetMI" if n_classes == 4 else "PhysionetMI-2class") + ("" if channels is None else f"-{len(channels)}ch")
+    hidden = 18 if channels is None else auto_hidden_dim(len(channels))
+    return Protocol(name, hidden_dim=hidden, eps=1e-2, fs=160.0, n_times=480, moabb=moabb, load=load, offline=offline,
                     subjects=tuple(subjects))
 
 
