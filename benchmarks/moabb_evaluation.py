@@ -141,6 +141,67 @@ def table(scores, metric):
     return "\n".join(lines)
 
 
+#: Issue 10's targets: (evaluation, pipeline, reference, margin in points): pipeline ≥ reference + margin.
+TARGETS = [
+    ("WithinSession", "SPDnet", "TS+LR", 0.0),
+    ("WithinSession", "FedSPDnet", "SPDnet", -3.0),
+    ("CrossSubject", "SPDnet + domain BN", "Recenter+TS+LR", 0.0),
+    ("CrossSubject", "FedSPDnet + domain BN", "Recenter+TS+LR", 0.0),
+    ("CrossSubject", "SPDnet + domain BN", "SPDnet", 5.0),
+    ("CrossSubject", "FedSPDnet + domain BN", "FedSPDnet", 5.0),
+]
+
+
+def target_lines(scores):
+    """One line per target of :data:`TARGETS` on the subjects both pipelines have: the two
+    means, their paired difference ± its standard error over subjects, and how many
+    subjects the pipeline wins."""
+    per_subject = scores.groupby(["evaluation", "pipeline", "subject"])["score"].mean()
+    lines = []
+    for evaluation, name, reference, margin in TARGETS:
+        try:
+            a, b = 100 * per_subject.loc[evaluation, name], 100 * per_subject.loc[evaluation, reference]
+        except KeyError:
+            continue
+        diff = (a - b).dropna()
+        se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+        verdict = "met" if diff.mean() >= margin else "MISSED"
+        goal = f"≥ {reference}" + (f" {margin:+g}" if margin else "")
+        lines.append(f"- {evaluation}, {name} {goal}: {a[diff.index].mean():.1f} vs {b[diff.index].mean():.1f}, "
+                     f"difference **{diff.mean():+.1f}** ± {se:.1f} (SE over {len(diff)} subjects; higher on "
+                     f"{int((diff > 0).sum())}): {verdict}")
+    return lines
+
+
+def combine(folders):
+    """The scores of earlier runs on disjoint subject sets, as one table."""
+    import pandas as pd
+
+    scores = pd.concat([pd.read_csv(Path(f) / "scores.csv") for f in folders], ignore_index=True)
+    keys = ["task", "evaluation", "pipeline", "subject", "session"]
+    repeated = scores.groupby(keys).size().pipe(lambda n: n[n > 1])  # MOABB stores one row per session
+    if len(repeated):
+        raise SystemExit(f"--combine needs disjoint subject sets; repeated: {list(repeated.index[:3])}")
+    return scores
+
+
+def report_combined(folders, out, command):
+    """``--combine``: one table and the target lines over the subjects of every folder."""
+    scores = combine(folders)
+    lines = [f"# MOABB evaluation, {len(folders)} runs combined\n", f"command: `{command}`  ",
+             f"runs: {', '.join(f'`{f}`' for f in folders)}"]
+    for label, task in scores.groupby("task", sort=False):
+        metric = "ROC-AUC" if label == "left/right" else "accuracy"
+        subjects = sorted(int(s) for s in task["subject"].unique())
+        lines += ["", f"## PhysionetMI {label}, subjects {subjects}: mean {metric} over subjects (MOABB's score; "
+                  "± sd over subjects)", "", table(task, metric), "", "Targets (issue 10):", *target_lines(task)]
+    text = "\n".join(lines)
+    print(text)
+    (out / "report.md").write_text(text + "\n")
+    scores.to_csv(out / "scores.csv", index=False)
+    return 0
+
+
 def quiet_libraries(log_path):
     """MNE / MOABB messages and warnings go to ``log_path``, not to the console."""
     import mne
@@ -168,11 +229,15 @@ def main(argv=None):
                              "not on the code: only when the package has not changed since)")
     parser.add_argument("--subjects", type=int, nargs="+", default=None,
                         help="left/right subjects (default: 1-4 with --quick, else the 16 offline ones)")
+    parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="DIR",
+                        help="fit nothing: report the scores.csv of earlier runs on disjoint subject sets as one table")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     out = args.out or Path("results/moabb-evaluation" + ("-quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     command = "nice python " + " ".join(["benchmarks/moabb_evaluation.py"] + (argv if argv is not None else sys.argv[1:]))
+    if args.combine:
+        return report_combined(args.combine, out, command)
 
     from skfedspd.datasets import configure_offline, find_physionet_root
 
@@ -223,7 +288,8 @@ def main(argv=None):
         scores["task"] = label
         all_scores.append(scores)
         report += ["", f"## PhysionetMI {label}, subjects {dataset.subject_list}: mean {metric} over subjects "
-                   "(MOABB's score; ± sd over subjects)", "", table(scores, metric)]
+                   "(MOABB's score; ± sd over subjects)", "", table(scores, metric), "", "Targets (issue 10):",
+                   *target_lines(scores)]
         print(report[-1], flush=True)
 
     pd.concat(all_scores, ignore_index=True).to_csv(out / "scores.csv", index=False)

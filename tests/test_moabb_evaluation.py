@@ -1,0 +1,41 @@
+"""Tests of the MOABB evaluation benchmark's report (``benchmarks/moabb_evaluation.py``) on
+hand-made score tables: the issue's target lines and ``--combine`` (no fitting, no data)."""
+
+import pandas as pd
+import pytest
+
+from benchmarks import moabb_evaluation as me
+
+
+def scores(values, subjects=(1, 2, 3), evaluation="WithinSession"):
+    """MOABB-like rows: ``values`` maps a pipeline to its per-subject scores."""
+    return pd.DataFrame([
+        {"score": v, "time": 1.0, "subject": s, "session": "0", "pipeline": name, "evaluation": evaluation,
+         "task": "left/right"}
+        for name, per_subject in values.items() for s, v in zip(subjects, per_subject)])
+
+
+def test_target_lines_are_paired_over_subjects():
+    table = scores({"SPDnet": [0.80, 0.70, 0.60], "TS+LR": [0.70, 0.72, 0.59], "FedSPDnet": [0.75, 0.66, 0.58]})
+    lines = me.target_lines(table)
+    assert len(lines) == 2  # no CrossSubject rows: no CrossSubject claim
+    spdnet, fed = lines
+    assert "SPDnet ≥ TS+LR: 70.0 vs 67.0, difference **+3.0** ± 3.6 (SE over 3 subjects; higher on 2): met" in spdnet
+    assert "FedSPDnet ≥ SPDnet -3: 66.3 vs 70.0, difference **-3.7**" in fed and fed.endswith("MISSED")
+
+
+def test_a_subject_missing_from_one_pipeline_is_left_out_of_the_pair():
+    table = pd.concat([scores({"SPDnet + domain BN": [0.9, 0.8]}, subjects=(1, 2), evaluation="CrossSubject"),
+                       scores({"SPDnet": [0.7, 0.7, 0.1]}, evaluation="CrossSubject")])
+    line = next(line for line in me.target_lines(table) if "≥ SPDnet +5" in line)
+    assert "85.0 vs 70.0, difference **+15.0**" in line and "over 2 subjects" in line
+
+
+def test_combine_refuses_overlapping_subject_sets(tmp_path):
+    for name, subjects in (("a", (1, 2)), ("b", (3, 4)), ("c", (2, 5))):
+        (tmp_path / name).mkdir()
+        scores({"TS+LR": [0.5, 0.6]}, subjects=subjects).to_csv(tmp_path / name / "scores.csv", index=False)
+    combined = me.combine([tmp_path / "a", tmp_path / "b"])
+    assert sorted(combined["subject"]) == [1, 2, 3, 4]
+    with pytest.raises(SystemExit, match="disjoint subject sets"):
+        me.combine([tmp_path / "a", tmp_path / "c"])
