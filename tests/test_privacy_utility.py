@@ -81,6 +81,7 @@ def test_smoke_run_reports_and_caches(physionet_root, tmp_path, capsys):
     assert "| DP-FedSPDnet (ProjAvg) |" in text and "(n=1)" in text
     assert "ε = 8 vs ε = ∞" in text and "at ε = 1" in text and "every site's ε spent ≤ the requested ε" in text
     assert "signal / noise = " in text
+    assert "Non-private centralized TS+LR on the same trials (seeds 0–0): " in text
     assert "command: python -m benchmarks.privacy_utility --profile smoke" in text and "machine:" in text
     assert (out / "privacy_utility_smoke.png").stat().st_size > 0
     assert (tmp_path / "docs" / "privacy_utility_smoke.png").exists()
