@@ -480,9 +480,10 @@ def load_physionet_mi(
             dataset = PhysionetMI(imagined=True)
             dataset.hand_runs = list(hand)
             dataset.feet_runs = list(feet)
-            Xg, yg, sg, mg = _get_volts(dataset, paradigm, group)
-            if ch_names is None:
+            if ch_names is None:  # from one header: a bad channel name fails before any data loads
                 ch_names = _channel_names(dataset, group[0], hand[0])
+                picks = None if channels is None else _channel_picks(ch_names, channels)
+            Xg, yg, sg, mg = _get_volts(dataset, paradigm, group)
             run_numbers = np.asarray(list(hand) + list(feet))
             mg["physionet_run"] = run_numbers[mg["run"].astype(int).to_numpy()]
             for s in group:
@@ -490,8 +491,7 @@ def load_physionet_mi(
                 per_subject[s] = (Xg[keep], yg[keep], mg.iloc[keep])
 
     X = _first_samples(np.concatenate([per_subject[s][0] for s in subjects], axis=0), n_times)
-    if channels is not None:
-        picks = _channel_picks(ch_names, channels)
+    if picks is not None:
         X, ch_names = X[:, picks], [ch_names[i] for i in picks]
     y = np.concatenate([per_subject[s][1] for s in subjects])
     meta = pd.concat([per_subject[s][2] for s in subjects], ignore_index=True)
