@@ -54,9 +54,10 @@ import torch
 from joblib import Parallel, delayed
 from sklearn.metrics import f1_score
 
-from benchmarks.tableone.cells import SERVER_MOMENTUM
+from benchmarks.tableone.cells import SERVER_MOMENTUM, Cell
 from benchmarks.tableone.protocols import LOCAL_EPOCHS, TRAINING, machine, physionet_protocol
-from benchmarks.tableone.runner import client_split, load_or_skip
+from benchmarks.tableone.protocols import PROFILES as TABLE_ONE_PROFILES
+from benchmarks.tableone.runner import client_split, fit_cell, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, configure_offline, find_physionet_root, sample_covariance
 from skfedspd.privacy import clip_and_sum, per_sample_gradients
@@ -126,21 +127,11 @@ def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_pe
             "accountant": None if privacy is None else privacy["accountant"]}
 
 
-def tslr_reference(data, seeds):
-    """Non-private centralized TS+LR (pyRiemann) on the same training and test trials:
-    test macro-F1 per seed, on trace-normalised covariances (SPDnet's ``scaling="trace"``)."""
-    from pyriemann.tangentspace import TangentSpace
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
-    X_cov, _, y, subjects = data
-    X = X_cov / (np.trace(X_cov, axis1=1, axis2=2) / X_cov.shape[1])[:, None, None]
-    scores = []
-    for seed in seeds:
-        train, test = client_split(y, subjects, seed)
-        model = make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000)).fit(X[train], y[train])
-        scores.append(f1_score(y[test], model.predict(X[test]), average="macro"))
-    return np.array(scores)
+def tslr_reference(protocol, data, seeds):
+    """Table I's non-private centralized TS+LR cell on the same training and test trials:
+    test macro-F1 per seed."""
+    cell, budget = Cell("centralized", "ts-lr"), TABLE_ONE_PROFILES["full"]  # the budget sizes networks only
+    return np.array([fit_cell(protocol, cell, data, seed, budget)["f1"] for seed in seeds])
 
 
 def chance_f1(y_test, seed, n_draws=1000):
@@ -353,9 +344,10 @@ def main(argv=None):
         budget["rounds"] = args.rounds
     seeds = budget["seeds"] if args.seeds is None else args.seeds
     k, channels = args.subjects_per_site, args.channels
-    if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)):
+    if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)
+                       or args.rounds is not None):
         parser.error("--curve sizes the rounds of Table I's protocol (ε = ∞, ProjAvg, sites of 2): "
-                     "no --subjects-per-site, --epsilons or --models with it")
+                     "no --subjects-per-site, --epsilons, --models or --rounds with it")
     out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else "")
                                          + (f"-{channels}" if channels != "all" else ""))
     out.mkdir(parents=True, exist_ok=True)
@@ -414,7 +406,7 @@ def main(argv=None):
     title = (f"PhysionetMI, {X_raw.shape[1]} channels, {n_clients} clients of {k} subjects, {budget['rounds']} rounds, "
              f"{n_seeds} seed(s)")
     figure = out / f"privacy_utility_{profile}.png"
-    reference = tslr_reference(data, range(max(n_seeds, 1)))
+    reference = tslr_reference(protocol, data, range(max(n_seeds, 1)))
     plot(results, figure, title)
     sigmas = {f"ε={k}": [round(v, 2) for v in rs[0]["noise_multipliers"]] for (m, k), rs in results.items()
               if rs[0]["noise_multipliers"] and m == "spdnet-projavg"}

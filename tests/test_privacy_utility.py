@@ -118,3 +118,11 @@ def test_smoke_run_on_the_sensorimotor_channels(physionet_root, tmp_path, capsys
     assert "PhysionetMI-16ch" in text and "16 channels" in text and "'rounds': 2" in text
     assert "| DP-FedSPDnet (ProjAvg) | – | – | – |" in text and "(n=1)" in text
     assert sorted(json.loads(f.read_text())["setup"]["channels"] for f in out.glob("*.json")) == ["sensorimotor"] * 2
+
+
+@pytest.mark.parametrize("extra", [["--rounds", "20"], ["--subjects-per-site", "4"], ["--epsilons", "8"],
+                                   ["--models", "eegnet"]])
+def test_curve_refuses_options_it_would_ignore(extra, tmp_path, capsys):
+    with pytest.raises(SystemExit) as stop:
+        pu.main(["--quick", "--curve", "10", "--out", str(tmp_path), *extra])
+    assert stop.value.code == 2 and "--curve sizes the rounds" in capsys.readouterr().err
