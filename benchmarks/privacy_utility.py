@@ -91,7 +91,7 @@ def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL
     return FederatedSPDnetClassifier(
         local, aggregation="projavg" if model == "eegnet" else model.split("-")[1], n_rounds=rounds,
         local_epochs=LOCAL_EPOCHS, groups_per_client=subjects_per_site, validation_fraction=0.0, random_state=seed,
-        warm_start=warm_start, **SERVER_MOMENTUM,
+        warm_start=warm_start, client_optimizer_state="reset", **SERVER_MOMENTUM,
         dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
 
 

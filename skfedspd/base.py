@@ -23,6 +23,8 @@ from .training import (
     derive_seed,
     draw_seed,
     evaluate,
+    load_optimizer_arrays,
+    optimizer_arrays,
     predict_logits,
     seeded_torch,
     torch_threads,
@@ -389,11 +391,12 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return self.module_.parameter_kinds()
 
     def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None, dp=None,
-                     sample_weight=None):
+                     sample_weight=None, optimizer_state=None):
         """One client's work in a federated round: the one local-training routine.
 
         Loads the broadcast ``global_params`` (then the client's own ``local_state``),
-        creates a fresh Adam optimizer with learning rate ``lr`` and runs ``n_epochs``
+        creates an Adam optimizer with learning rate ``lr`` (resuming the client's
+        ``optimizer_state`` when one is given) and runs ``n_epochs``
         epochs of :func:`~skfedspd.training.train_epochs` (minibatches of ``batch_size``)
         under ``seed`` — or, with ``dp``, of :func:`~skfedspd.privacy.dp_train_epochs`
         (DP-SGD: Poisson sampling, per-sample clipping, Gaussian noise, Adam on the
@@ -421,6 +424,13 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         sample_weight : torch.Tensor, ndarray or None
             The client's training sample weights (the minibatch loss is their weighted mean);
             they never leave the client.
+        optimizer_state : dict of str to ndarray or None, default=None
+            The client's Adam state after its previous round
+            (:func:`~skfedspd.training.optimizer_arrays`; ``{}`` before its first round):
+            Adam resumes its moments and step count from it at the learning rate ``lr``, and
+            the dict is replaced in place by the state after this round. None: a fresh Adam,
+            nothing kept (the paper's clients). It is the client's own and is not returned
+            with the parameters.
 
         Returns
         -------
@@ -441,6 +451,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 self.set_parameters(local_state)
             generator = torch.Generator().manual_seed(seed)
             optimizer = torch.optim.Adam(self.module_.parameters(), lr=lr)
+            if optimizer_state:
+                load_optimizer_arrays(optimizer, optimizer_state)
             if dp is not None:
                 if sample_weight is not None:
                     raise ValueError("sample_weight is not supported with differential privacy (dp)")
@@ -449,10 +461,14 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 dp_train_epochs(self.module_, X, y, n_epochs=n_epochs, sample_rate=dp["sample_rate"],
                                 clip_norm=dp["clip_norm"], noise_multiplier=dp["noise_multiplier"], lr=None,
                                 generator=generator, optimizer=optimizer)
-                return self.get_parameters(), float("nan"), 0
-            loss, skipped = train_epochs(self.module_, optimizer, X, y, n_epochs=n_epochs,
-                                         batch_size=self.batch_size, generator=generator,
-                                         sample_weight=sample_weight)
+                loss, skipped = float("nan"), 0
+            else:
+                loss, skipped = train_epochs(self.module_, optimizer, X, y, n_epochs=n_epochs,
+                                             batch_size=self.batch_size, generator=generator,
+                                             sample_weight=sample_weight)
+            if optimizer_state is not None:
+                optimizer_state.clear()
+                optimizer_state.update(optimizer_arrays(optimizer))
             return self.get_parameters(), loss, skipped
 
     # ------------------------------------------------------------------ protocol: state
@@ -480,11 +496,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 "attributes": {name: getattr(self, name) for name in self._fitted_attributes() if hasattr(self, name)},
                 "optimizer": None}
         if getattr(self, "_optimizer", None) is not None:
-            state = self._optimizer.state_dict()
-            for index, tensors in state["state"].items():
-                for name, value in tensors.items():
-                    arrays[f"optimizer.{index}.{name}"] = value.detach().cpu().numpy()
-            meta["optimizer"] = state["param_groups"]
+            arrays.update({f"optimizer.{k}": v for k, v in optimizer_arrays(self._optimizer).items()})
+            meta["optimizer"] = self._optimizer.state_dict()["param_groups"]
             arrays["rng.torch"] = self._rng_state["torch"].numpy()
             arrays["rng.shuffle"] = self._rng_state["shuffle"].numpy()
         return arrays, meta
@@ -585,18 +598,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 or any(set(g) != expected_keys or g["params"] != f["params"]
                        for g, f in zip(param_groups, fresh["param_groups"]))):
             raise ValueError("the optimizer state does not match the module's parameters")
-        params = list(self.module_.parameters())
-        state = {}
-        for key, value in arrays.items():
-            if key.startswith("optimizer."):
-                _, index, name = key.split(".", 2)
-                if not index.isdigit() or int(index) >= len(params):
-                    raise ValueError(f"optimizer state {key!r} names no parameter")
-                if name != "step" and value.shape != tuple(params[int(index)].shape):
-                    raise ValueError(f"optimizer state {key!r} has shape {value.shape}, expected "
-                                     f"{tuple(params[int(index)].shape)}")
-                state.setdefault(int(index), {})[name] = torch.from_numpy(value)
-        self._optimizer.load_state_dict({"state": state, "param_groups": param_groups})
+        load_optimizer_arrays(self._optimizer, arrays, param_groups=param_groups, prefix="optimizer.")
         rng = {}
         for name in ("torch", "shuffle"):
             value = arrays.get(f"rng.{name}")

@@ -70,7 +70,11 @@ class TrainReply:
     of the model, ``"local"`` ones included), ``loss`` (mean training loss), ``n_skipped``
     (batches with a non-finite loss or gradient), ``n_examples`` (training samples) and
     ``weight`` (the sum of its training samples' weights when it trained with
-    ``sample_weight``; None: ``n_examples``), its aggregation weight.
+    ``sample_weight``; None: ``n_examples``), its aggregation weight; and, from a client
+    simulated by the local backend that keeps its optimizer state, ``optimizer_state``
+    (its Adam state after the round), which no server step reads: the engine only keeps it
+    for that client (:attr:`FederatedEngine.client_optimizer_states`). A Flower site
+    keeps its own and never sends it.
 
     Examples
     --------
@@ -88,6 +92,7 @@ class TrainReply:
     n_skipped: int
     n_examples: int
     weight: float = None
+    optimizer_state: dict = None
 
 
 @dataclass
@@ -379,6 +384,13 @@ class FederatedEngine:
         clients' arrays, for the released model).
     local_states : dict of int to dict
         Each client's ``"local"`` arrays.
+    client_optimizer_states : dict of int to dict
+        The Adam state of each client simulated by the local backend with
+        ``client_optimizer_state="keep"`` (:func:`~skfedspd.training.optimizer_arrays`),
+        stored after each of its accepted rounds and handed back to it only. Not
+        aggregated, not in the global model; kept here during a fit so that a checkpoint
+        holds it (the local backend empties it when the fit ends). Empty on the Flower
+        backend (sites keep theirs).
     server_momentum_buffer : dict
         The server optimizer's momentum (:mod:`skfedspd.server_optimizer`), tangent at the
         global model for Stiefel arrays; empty while it is zero or unused.
@@ -465,6 +477,7 @@ class FederatedEngine:
         self.global_params = {n: np.array(initial_params[n], copy=True) for n in self.kinds}
         self.schedule.best_state = copy.deepcopy(self.global_params)
         self.local_states = {}
+        self.client_optimizer_states = {}
         self.history = []
         self.privacy = None
 
@@ -550,6 +563,10 @@ class FederatedEngine:
     def local_state(self, cid):
         """Client ``cid``'s ``"local"`` arrays (empty before its first round)."""
         return self.local_states.get(int(cid), {})
+
+    def client_optimizer_state(self, cid):
+        """A copy of client ``cid``'s kept Adam state (empty before its first round)."""
+        return dict(self.client_optimizer_states.get(int(cid), {}))
 
     def evaluation_params(self, cid):
         """What client ``cid`` validates: the global model with its own ``"local"`` arrays
@@ -642,8 +659,11 @@ class FederatedEngine:
         local_states = {cid: {n: reply.params[n] for n in local_names} for cid, reply in accepted} if local_names else {}
         losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
         train_loss = float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan")
-        return self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
-                            int(sum(r.n_skipped for _, r in accepted)), local_states)
+        record = self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
+                              int(sum(r.n_skipped for _, r in accepted)), local_states)
+        self.client_optimizer_states.update({cid: r.optimizer_state for cid, r in accepted
+                                             if r.optimizer_state is not None})
+        return record
 
     def aggregate_from_sum(self, t, selected, clients, reasons, *, summed, weight, n_examples, loss, n_nan_loss,
                            n_skipped, pooled_local=None, total_weight=None):
@@ -803,6 +823,8 @@ class FederatedEngine:
         arrays.update({f"momentum/{n}": v for n, v in self.server_momentum_buffer.items()})
         for cid, state in self.local_states.items():
             arrays.update({f"local/{cid}/{n}": v for n, v in state.items()})
+        for cid, state in self.client_optimizer_states.items():
+            arrays.update({f"optimizer/{cid}/{n}": v for n, v in state.items()})
         schedule = self.schedule.state_dict()
         best = schedule.pop("best_state", None)
         if best is not None:
@@ -827,13 +849,21 @@ class FederatedEngine:
         global_params = {n[len("global/"):]: v for n, v in arrays.items() if n.startswith("global/")}
         best = {n[len("best/"):]: v for n, v in arrays.items() if n.startswith("best/")}
         momentum = {n[len("momentum/"):]: v for n, v in arrays.items() if n.startswith("momentum/")}
-        local_states = {}
+        local_states, optimizer_states = {}, {}
         for key, value in arrays.items():
             if key.startswith("local/"):
                 _, cid, name = key.split("/", 2)
                 if not cid.isdigit() or int(cid) >= self.n_clients or self.kinds.get(name) != "local":
                     raise ValueError(f"engine state has an unexpected array {key!r}")
                 local_states.setdefault(int(cid), {})[name] = value
+            elif key.startswith("optimizer/"):
+                # Checked against the model when the client's optimizer loads it.
+                _, cid, name = key.split("/", 2)
+                if not cid.isdigit() or int(cid) >= self.n_clients:
+                    raise ValueError(f"engine state has an unexpected array {key!r}")
+                if value.dtype.kind != "f" or not np.isfinite(value).all():
+                    raise ValueError(f"engine state does not fit the model: {key!r} is not a finite floating array")
+                optimizer_states.setdefault(int(cid), {})[name] = value
         local_template = {n: s for n, s in shapes.items() if self.kinds[n] == "local"}
         reason = _check_arrays(global_params, shapes, what="global arrays") or (
             _check_arrays(best, shapes, what="best arrays") if meta.get("has_best") else None) or (
@@ -845,7 +875,8 @@ class FederatedEngine:
             raise ValueError(f"engine state does not fit the model: {reason}")
         unknown = set(arrays) - {f"global/{n}" for n in global_params} - {f"best/{n}" for n in best} - {
             f"momentum/{n}" for n in momentum} - {
-            f"local/{c}/{n}" for c, s in local_states.items() for n in s}
+            f"local/{c}/{n}" for c, s in local_states.items() for n in s} - {
+            f"optimizer/{c}/{n}" for c, s in optimizer_states.items() for n in s}
         if unknown:
             raise ValueError(f"engine state has unexpected arrays {sorted(unknown)}")
         # The schedule's progress from the state, its configuration (patience...) this engine's.
@@ -854,6 +885,7 @@ class FederatedEngine:
         self.schedule.load_state_dict(schedule)
         self.global_params = global_params
         self.local_states = local_states
+        self.client_optimizer_states = optimizer_states
         self.server_momentum_buffer = momentum
         self.history = copy.deepcopy(meta["history"])
         self.seed = int(meta["seed"])
@@ -886,12 +918,13 @@ def client_statistic(est, X, sample_weight=None):
     return est.input_statistic(X) if sample_weight is None else est.input_statistic(X, sample_weight=sample_weight)
 
 
-def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, **kwargs):
+def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, optimizer_state=None, **kwargs):
     """One client's local training as a :class:`~skfedspd.engine.TrainReply`: the local
     estimator's ``local_update`` (the one local-training routine) from the broadcast, with
-    the client's sample weights (its reply's weight is their sum) or DP settings. The local
-    backend's jobs and every Flower site call it; ``kwargs``: ``lr``, ``n_epochs``,
-    ``n_threads``.
+    the client's sample weights (its reply's weight is their sum) or DP settings, resuming
+    its ``optimizer_state`` when given (a dict, ``{}`` on its first round; the reply's
+    ``optimizer_state`` is the state after the round, a new dict). The local backend's
+    jobs and every Flower site call it; ``kwargs``: ``lr``, ``n_epochs``, ``n_threads``.
 
     Examples
     --------
@@ -912,8 +945,10 @@ def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp
     >>> reply.n_examples, reply.weight
     (12, 18.0)
     """
-    # Estimators without DP or sample weights keep the older signature.
-    extra = ({} if dp is None else {"dp": dp}) | ({} if sample_weight is None else {"sample_weight": sample_weight})
+    # Estimators without DP, sample weights or kept optimizer state keep the older signature.
+    state = None if optimizer_state is None else dict(optimizer_state)
+    extra = ({} if dp is None else {"dp": dp}) | ({} if sample_weight is None else {"sample_weight": sample_weight}) | (
+        {} if state is None else {"optimizer_state": state})
     params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
     return TrainReply(params, float(loss), int(n_skipped), len(y),
-                      None if sample_weight is None else float(sample_weight.sum()))
+                      None if sample_weight is None else float(sample_weight.sum()), optimizer_state=state)

@@ -191,6 +191,21 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     server_momentum : float in [0, 1), default=0.0
         Server momentum ``β``; the buffer is part of the checkpoint
         (``engine_.state_dict()``), so a resumed run continues bit for bit.
+    client_optimizer_state : {"keep", "reset"}, default="keep"
+        Whether each client's Adam optimizer keeps its moments and step count from one of
+        its rounds to the next (``"keep"``; the learning rate is the round's) or starts
+        afresh every round (``"reset"``: the paper's protocol). A small site trains one or
+        two minibatches a round, and a fresh Adam's first step is ``lr · sign(g)`` on every
+        coordinate: reset every round, local training is sign-SGD at the full learning
+        rate, where centralized Adam averages its moments over hundreds of steps
+        (``docs/ablation-defaults.md``). The state never leaves its client: it is not
+        aggregated, not part of the global model nor of the fitted estimator, not in any
+        secure sum. It lasts one fit: the local backend keeps each simulated client's in the
+        engine during the fit (a checkpoint holds it, so a resumed fit continues bit for
+        bit), a Flower site in its SuperNode's context (a restarted SuperNode starts
+        afresh); a ``warm_start`` fit starts fresh optimizers, as scikit-learn's
+        ``MLPClassifier`` does. Under DP-SGD the moments are of privatized gradients
+        (post-processing: no budget is spent).
     n_jobs : int or None, default=None
         Processes for the clients' local training: this one and ``n_jobs − 1`` joblib
         workers, each training an equal share of the round's clients with one torch thread
@@ -372,6 +387,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "max_update_norm": [None, Interval(Real, 0, None, closed="neither")],
         "server_lr": [Interval(Real, 0, None, closed="neither")],
         "server_momentum": [Interval(Real, 0, 1, closed="left")],
+        "client_optimizer_state": [StrOptions({"keep", "reset"})],
         "n_jobs": [None, Integral],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
@@ -405,6 +421,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         max_update_norm=1e3,
         server_lr=1.0,
         server_momentum=0.0,
+        client_optimizer_state="keep",
         n_jobs=None,
         random_state=None,
         verbose=False,
@@ -435,6 +452,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.max_update_norm = max_update_norm
         self.server_lr = server_lr
         self.server_momentum = server_momentum
+        self.client_optimizer_state = client_optimizer_state
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
@@ -807,6 +825,7 @@ def fit_local(fed, task):
     if fingerprint:
         _resume_from_checkpoint(os.fspath(fed.checkpoint_path), fingerprint, engine)
     _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, fingerprint)
+    engine.client_optimizer_states.clear()  # the clients' own, for this fit only (see client_optimizer_state)
     est.set_parameters(engine.best_params)
     return FederatedResult(est, engine, task.client_source, task.client_groups)
 
@@ -832,7 +851,7 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
                 break
             start = time.perf_counter()
             selected, seeds = engine.select(t)
-            replies = _client_batch(est, engine.global_params, _train_tasks(engine, clients, selected, seeds),
+            replies = _client_batch(est, engine.global_params, _train_tasks(fed, engine, clients, selected, seeds),
                                     lr=engine.lr, n_epochs=fed.local_epochs)
             record = engine.aggregate(t, selected, replies)
             close(record, start, _evaluate_clients(est, engine, clients))
@@ -862,10 +881,11 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
         shares = np.array_split(np.arange(len(train)), min(n_processes, max(len(train), 1)))
         kwargs = dict(lr=lr, n_epochs=fed.local_epochs, n_threads=1)
         remote = pool(delayed(_client_batch)(est, engine.global_params,
-                                             _train_tasks(engine, shared, [train[k] for k in share],
+                                             _train_tasks(fed, engine, shared, [train[k] for k in share],
                                                           [seeds[k] for k in share]), **kwargs)
                       for share in shares[:-1])  # a generator: dispatched now
-        own = _client_batch(est, engine.global_params, _train_tasks(engine, clients, [train[k] for k in shares[-1]],
+        own = _client_batch(est, engine.global_params, _train_tasks(fed, engine, clients,
+                                                                    [train[k] for k in shares[-1]],
                                                                     [seeds[k] for k in shares[-1]]), **kwargs)
         evaluations = _evaluate_clients(est, engine, clients, n_threads=1) if validate else []
         return [r for batch in [*remote, own] for r in batch], evaluations
@@ -890,14 +910,17 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
             close(*pending, _evaluate_clients(est, engine, clients, n_threads=1))
 
 
-def _train_tasks(engine, clients, ids, seeds):
-    """Clients ``ids``' ``(local_state, X, y, sample_weight, seed, dp)``."""
-    return [(engine.local_state(i) or None, clients[i][0], clients[i][1], clients[i][4], seed, engine.dp_settings(i))
+def _train_tasks(fed, engine, clients, ids, seeds):
+    """Clients ``ids``' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)``
+    (the last None when clients reset their optimizer every round)."""
+    keep = fed.client_optimizer_state == "keep"
+    return [(engine.local_state(i) or None, clients[i][0], clients[i][1], clients[i][4], seed, engine.dp_settings(i),
+             engine.client_optimizer_state(i) if keep else None)
             for i, seed in zip(ids, seeds)]
 
 
 def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, sample_weight, seed, dp)`` in turn, each a
+    """Several clients' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)`` in turn, each a
     :class:`~skfedspd.engine.TrainReply` (:func:`~skfedspd.engine.client_update`) or the
     exception it raised (joblib-safe: the server applies the failure policy).
 
@@ -905,9 +928,10 @@ def _client_batch(est, global_params, tasks, **kwargs):
     one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
     """
     replies = []
-    for local_state, X, y, w, seed, dp in tasks:
+    for local_state, X, y, w, seed, dp, optimizer_state in tasks:
         try:
-            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, **kwargs))
+            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, optimizer_state,
+                                         **kwargs))
         except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
             replies.append(error)
     return replies

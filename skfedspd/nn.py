@@ -249,7 +249,8 @@ class BiMap(nn.Module):
     :meth:`set_weight` (the federated broadcast) does it as well. Optimizer state attached to ``V`` (Adam moments) is kept across a
     re-centring: it is expressed in ambient coordinates, and the projection ``P_{W_ref}``
     in the forward pass maps it to the new tangent space, whose difference from the old one
-    is of the order of one step. A new optimizer (each federated round) starts from zero.
+    is of the order of one step. The same holds for a federated client that keeps its Adam state
+    from one round to the next (the broadcast moves the chart by one round's aggregate step).
 
     Examples
     --------

@@ -14,7 +14,8 @@ import numpy as np
 import torch
 from sklearn.utils.validation import check_random_state
 
-__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads"]
+__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads",
+           "optimizer_arrays", "load_optimizer_arrays"]
 
 
 def derive_seed(*entropy):
@@ -170,6 +171,58 @@ def _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator, samp
             total += float(loss.detach()) * size
             count += size
     return (total / count if count else float("nan")), skipped
+
+
+def optimizer_arrays(optimizer):
+    """A torch optimizer's per-parameter state as named numpy copies, ``"<index>.<name>"``
+    (``index``: the parameter's position in the optimizer; for Adam ``name`` is ``step``,
+    ``exp_avg`` or ``exp_avg_sq``). Its hyper-parameters are not part of it.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.training import optimizer_arrays
+    >>> w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    >>> optimizer = torch.optim.Adam([w], lr=0.1)
+    >>> optimizer_arrays(optimizer)  # no step yet
+    {}
+    >>> w.sum().backward(); optimizer.step()
+    >>> sorted(optimizer_arrays(optimizer)), optimizer_arrays(optimizer)["0.exp_avg"]
+    (['0.exp_avg', '0.exp_avg_sq', '0.step'], array([0.1, 0.1, 0.1]))
+    """
+    return {f"{index}.{name}": value.detach().cpu().numpy().copy()
+            for index, tensors in optimizer.state_dict()["state"].items() for name, value in tensors.items()}
+
+
+def load_optimizer_arrays(optimizer, arrays, param_groups=None, prefix=""):
+    """Load :func:`optimizer_arrays` into ``optimizer`` (the inverse). Its hyper-parameters
+    (learning rate...) stay its own unless ``param_groups`` (a state dict's) are given.
+    With ``prefix``, the names of ``arrays`` that start with it are loaded (the others are
+    ignored), and errors name them whole.
+
+    Raises
+    ------
+    ValueError
+        For a name that is not ``"<index>.<name>"`` of one of the optimizer's parameters,
+        a state array whose shape is not its parameter's, or a non-finite value.
+    """
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    state = {}
+    for key, value in arrays.items():
+        if not key.startswith(prefix):
+            continue
+        index, _, name = key[len(prefix):].partition(".")
+        if not index.isdigit() or int(index) >= len(params) or not name:
+            raise ValueError(f"optimizer state {key!r} names no parameter")
+        value = np.asarray(value)
+        if name != "step" and value.shape != tuple(params[int(index)].shape):
+            raise ValueError(f"optimizer state {key!r} has shape {value.shape}, expected "
+                             f"{tuple(params[int(index)].shape)}")
+        if value.dtype.kind != "f" or not np.isfinite(value).all():
+            raise ValueError(f"optimizer state {key!r} is not a finite floating array")
+        state.setdefault(int(index), {})[name] = torch.from_numpy(np.array(value, copy=True))
+    groups = optimizer.state_dict()["param_groups"] if param_groups is None else param_groups
+    optimizer.load_state_dict({"state": state, "param_groups": groups})
 
 
 def cross_entropy(logits, y, sample_weight=None):

@@ -82,6 +82,36 @@ def test_protocol_end_to_end(doc_example, which):
 
 
 @pytest.mark.parametrize("which", [0, 1, 2], ids=["spdnet", "eegnet", "third-party"])
+def test_local_update_resumes_and_refreshes_the_clients_optimizer_state(doc_example, which):
+    est, X, y = _estimators(doc_example)[which]
+    est = clone(est).set_params(batch_size=8)
+    Xc = est.check_inputs(X, reset=True)
+    est.set_classes(y)
+    est.set_input_statistic(est.input_statistic(Xc))
+    est.init_module(seed=5)
+    Xt = est.to_tensor(Xc)
+    codes, broadcast = torch.as_tensor(est.encode_labels(y)), est.get_parameters()
+    steps_per_round = -(-len(y) // 8)
+
+    def update(state, seed=1):
+        return est.local_update(broadcast, None, Xt, codes, lr=1e-2, n_epochs=1, seed=seed, optimizer_state=state)
+
+    state = {}
+    first = update(state)
+    fresh = update(None)
+    for name in broadcast:  # an empty state is a fresh Adam
+        np.testing.assert_array_equal(first[0][name], fresh[0][name])
+    assert {float(v) for k, v in state.items() if k.endswith(".step")} == {steps_per_round}
+    kept = {k: v.copy() for k, v in state.items()}
+    resumed = update(state)
+    assert {float(v) for k, v in state.items() if k.endswith(".step")} == {2 * steps_per_round}
+    assert any(not np.array_equal(resumed[0][n], fresh[0][n]) for n in broadcast)  # the moments were used
+    again = update(dict(kept))
+    for name in broadcast:  # resuming is deterministic
+        np.testing.assert_array_equal(again[0][name], resumed[0][name])
+
+
+@pytest.mark.parametrize("which", [0, 1, 2], ids=["spdnet", "eegnet", "third-party"])
 def test_fitted_state_round_trip(doc_example, which):
     template, X, y = _estimators(doc_example)[which]
     fitted = clone(template).set_params(max_epochs=3).fit(X, y)

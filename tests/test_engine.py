@@ -283,6 +283,64 @@ def test_local_arrays_stay_per_client_and_are_pooled_for_the_release():
     assert engine.evaluation_params(2)["bn"].tolist() == [2, 2]
 
 
+def _with_optimizer_state(reply, step):
+    reply.optimizer_state = {"0.step": np.array(float(step), np.float32), "0.exp_avg": np.full(3, float(step))}
+    return reply
+
+
+def test_client_optimizer_state_is_kept_per_accepted_client_and_never_aggregated():
+    seen = []
+
+    def rule(client_params, weights, previous, kinds):
+        seen.append([set(p) for p in client_params])
+        return projavg(client_params, weights, previous, kinds)
+
+    engine = _engine(aggregation=rule)
+    bad = _with_optimizer_state(_tampered(engine, 1, _set("b", np.zeros(7))), step=9)
+    with pytest.warns(RuntimeWarning, match="client 1 left out"):
+        engine.aggregate(0, [0, 1, 2], [_with_optimizer_state(_honest(engine, 0), 1), bad, _honest(engine, 2)])
+    assert seen == [[{"W", "b", "bn"}] * 2]  # parameters only
+    assert sorted(engine.client_optimizer_states) == [0]  # refused (1) and stateless (2) replies keep nothing
+    state = engine.client_optimizer_state(0)
+    assert state["0.exp_avg"].tolist() == [1.0, 1.0, 1.0]
+    state.clear()  # a copy: the engine's is untouched
+    assert engine.client_optimizer_state(0) and engine.client_optimizer_state(2) == {}
+    assert "0.step" not in engine.global_params
+
+
+def test_failed_round_keeps_no_client_optimizer_state():
+    engine = _engine(aggregation=lambda client_params, weights, previous, kinds: {"W": np.ones((5, 2))})
+    with pytest.raises(ValueError, match="invalid global model"):
+        engine.aggregate(0, [0, 1, 2], [_with_optimizer_state(_honest(engine, c), 1) for c in range(3)])
+    assert engine.client_optimizer_states == {}
+
+
+def test_client_optimizer_state_round_trip():
+    engine = _engine()
+    engine.aggregate(0, [0, 1, 2], [_with_optimizer_state(_honest(engine, c), c + 1) for c in range(3)])
+    arrays, meta = engine.state_dict()
+    assert "optimizer/2/0.exp_avg" in arrays
+    restored = _engine()
+    restored.load_state_dict(arrays, json.loads(json.dumps(meta)))
+    for cid in range(3):
+        for name, value in engine.client_optimizer_state(cid).items():
+            np.testing.assert_array_equal(restored.client_optimizer_state(cid)[name], value, strict=True)
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("optimizer/3/0.exp_avg", np.zeros(3), "unexpected array 'optimizer/3/0.exp_avg'"),
+    ("optimizer/x/0.exp_avg", np.zeros(3), "unexpected array 'optimizer/x/0.exp_avg'"),
+    ("optimizer/0/0.exp_avg", np.full(3, np.nan), "'optimizer/0/0.exp_avg' is not a finite floating array"),
+    ("optimizer/0/0.step", np.array(1), "'optimizer/0/0.step' is not a finite floating array"),
+])
+def test_load_state_dict_rejects_a_bad_client_optimizer_state(key, value, message):
+    engine = _engine()
+    arrays, meta = engine.state_dict()
+    arrays[key] = value
+    with pytest.raises(ValueError, match=re.escape(message)):
+        _engine().load_state_dict(arrays, meta)
+
+
 def test_select_is_seeded_and_sorted():
     a, b = _engine(clients_per_round=2), _engine(clients_per_round=2)
     assert [a.select(t) for t in range(5)] == [b.select(t) for t in range(5)]

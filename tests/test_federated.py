@@ -709,12 +709,84 @@ def test_warm_start_continues():
         np.testing.assert_array_equal(rule.calls[2]["previous"][name], value)
 
 
-def test_warm_start_equals_uninterrupted(fitted):
-    reference, X, y = fitted  # n_rounds=4
-    clf = _fed(n_rounds=2, warm_start=True)
+def test_warm_start_equals_uninterrupted_with_fresh_client_optimizers():
+    """A warm start continues the global model; the clients' optimizers start afresh (their
+    state lasts one fit), so it equals an uninterrupted fit when they reset every round."""
+    X, y = _data()
+    reference = _fed(n_rounds=4, client_optimizer_state="reset").fit(X, y)
+    clf = _fed(n_rounds=2, warm_start=True, client_optimizer_state="reset")
     clf.fit(X, y).fit(X, y)
     np.testing.assert_array_equal(clf.decision_function(X), reference.decision_function(X))
     assert [r["val_loss"] for r in clf.history_] == [r["val_loss"] for r in reference.history_]
+
+
+def _recording_optimizer_states(monkeypatch):
+    """Wrap ``local_update``: record each call's incoming optimizer state (None: not kept;
+    else the step count of its first parameter, 0 when empty) and its seed."""
+    original = SPDnetClassifier.local_update
+    calls = []
+
+    def wrapper(self, global_params, local_state, X, y, **kwargs):
+        state = kwargs.get("optimizer_state")
+        calls.append(None if state is None else float(state.get("0.step", 0)))
+        return original(self, global_params, local_state, X, y, **kwargs)
+
+    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
+    return calls
+
+
+def test_kept_optimizer_state_returns_to_its_own_client_only(monkeypatch):
+    """(The parallel workers get and return the same states: test_reproducible_serial_and_parallel.)"""
+    X, y = _data(n=60)
+    calls = _recording_optimizer_states(monkeypatch)
+    clf = _fed(n_rounds=4, clients_per_round=2, estimator=_estimator(batch_size=8)).fit(X, y)
+    steps = -(-clf.engine_.n_train[0] // 8)  # minibatches per local epoch (equal clients)
+    assert len(set(clf.engine_.n_train)) == 1
+    rounds_so_far, expected = {}, []
+    for record in clf.history_:
+        for cid in record["clients"]:
+            expected.append(float(steps * rounds_so_far.get(cid, 0)))
+            rounds_so_far[cid] = rounds_so_far.get(cid, 0) + 1
+    assert calls == expected and max(rounds_so_far.values()) > 1
+    assert clf.engine_.client_optimizer_states == {}  # it ended with the fit
+    arrays, _ = clf.fitted_state()
+    assert not [k for k in arrays if "optimizer" in k]
+
+
+def test_reset_passes_no_optimizer_state_and_keep_changes_the_model(monkeypatch, fitted):
+    keep, X, y = fitted
+    calls = _recording_optimizer_states(monkeypatch)
+    reset = _fed(n_rounds=4, client_optimizer_state="reset").fit(X, y)
+    assert calls == [None] * 12
+    assert not np.array_equal(reset.decision_function(X), keep.decision_function(X))
+
+
+def test_warm_start_starts_fresh_client_optimizers(monkeypatch):
+    X, y = _data(n=30)
+    clf = _fed(n_rounds=2, warm_start=True).fit(X, y)
+    calls = _recording_optimizer_states(monkeypatch)
+    clf.fit(X, y)
+    assert calls[:3] == [0.0] * 3 and all(c > 0 for c in calls[3:])
+
+
+def test_skipped_client_keeps_its_previous_optimizer_state(monkeypatch):
+    """A reply refused under on_client_error="skip" leaves its client's kept state as it was."""
+    X, y = _data(n=30)
+    original = SPDnetClassifier.local_update
+    calls = []
+
+    def wrapper(self, global_params, local_state, X, y, **kwargs):
+        calls.append(float(kwargs["optimizer_state"].get("0.step", 0)))
+        params = original(self, global_params, local_state, X, y, **kwargs)
+        if len(calls) == 4:  # round 1, client 0: a reply the engine refuses
+            params[0]["head.bias"] = params[0]["head.bias"] * np.nan
+        return params
+
+    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
+    with pytest.warns(RuntimeWarning, match="client 0 left out"):
+        _fed(n_rounds=3, on_client_error="skip", estimator=_estimator(batch_size=64)).fit(X, y)
+    assert calls[3] == 1.0 and calls[6] == 1.0  # round 2, client 0: still its round-0 state
+    assert calls[7] == 2.0
 
 
 def test_warm_start_false_restarts():

@@ -172,6 +172,31 @@ def test_simulation_warm_start_continues_like_local(spd):
     assert_same_model(local, flower)
 
 
+def test_sites_keep_their_optimizer_state_for_one_fit_only(spd):
+    """Two fits served one after the other to the same SuperNodes (one Flower run): the
+    second starts fresh client optimizers (the sites tag their state with the fit), so it
+    equals a fit on its own, and both equal the local backend."""
+    X, y = spd
+    parts = np.array_split(np.arange(len(y)), 3)
+    server_app, results = ServerApp(), []
+
+    @server_app.main()
+    def main(grid, context):
+        for _ in range(2):
+            results.append(serve(_fed("flower"), grid, n_sites=3, connect_timeout=30.0))
+
+    client_app = make_client_app(lambda context: (context.node_config["partition-id"],
+                                                  X[parts[context.node_config["partition-id"]]],
+                                                  y[parts[context.node_config["partition-id"]]]),
+                                 estimator_factory=_estimator)
+    with quiet_flower_logs():
+        run_inprocess_simulation(server_app, client_app, 3)
+    first, second = (_fed("flower").set_result(result) for result in results)
+    assert_same_model(first, second)
+    local = _fed("local", partition="contiguous").fit(X, y)
+    np.testing.assert_array_equal(second.decision_function(X), local.decision_function(X))
+
+
 def _frozen(client_params, weights, previous, kinds):
     """A rule that keeps the previous global model: every round scores the same."""
     return {name: value.copy() for name, value in previous.items()}

@@ -5,7 +5,7 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from skfedspd.training import PlateauSchedule, draw_seed, evaluate, macro_f1
+from skfedspd.training import PlateauSchedule, draw_seed, evaluate, load_optimizer_arrays, macro_f1, optimizer_arrays
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -87,3 +87,45 @@ def test_draw_seed_as_sklearn_draws(random_state):
     assert draw_seed(random_state) == draw_seed(random_state) == expected
     rs = np.random.RandomState(random_state)
     assert draw_seed(rs) == expected and draw_seed(rs) != expected  # a RandomState advances
+
+
+def _stepped_adam(n_steps=2):
+    w = torch.nn.Parameter(torch.linspace(-1, 1, 6, dtype=torch.float64).reshape(2, 3))
+    b = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    optimizer = torch.optim.Adam([w, b], lr=0.1)
+    for _ in range(n_steps):
+        optimizer.zero_grad()
+        ((w ** 3).sum() + b.sum()).backward()
+        optimizer.step()
+    return optimizer
+
+
+def test_optimizer_arrays_round_trip_keeps_the_new_learning_rate():
+    source = _stepped_adam()
+    arrays = optimizer_arrays(source)
+    assert sorted(arrays) == ["0.exp_avg", "0.exp_avg_sq", "0.step", "1.exp_avg", "1.exp_avg_sq", "1.step"]
+    assert float(arrays["0.step"]) == 2.0
+    target = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2, 3, dtype=torch.float64)),
+                               torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))], lr=0.5)
+    load_optimizer_arrays(target, arrays)
+    assert target.param_groups[0]["lr"] == 0.5
+    for name, value in optimizer_arrays(target).items():
+        np.testing.assert_array_equal(value, arrays[name], strict=True)
+    arrays["0.exp_avg"][:] = 7.0  # the loaded state is a copy
+    assert not (optimizer_arrays(target)["0.exp_avg"] == 7.0).any()
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("2.exp_avg", np.zeros(3), "optimizer state 'opt.2.exp_avg' names no parameter"),
+    ("x.exp_avg", np.zeros(3), "'opt.x.exp_avg' names no parameter"),
+    ("0", np.zeros(3), "'opt.0' names no parameter"),
+    ("0.exp_avg", np.zeros(3), r"'opt.0.exp_avg' has shape \(3,\), expected \(2, 3\)"),
+    ("1.exp_avg_sq", np.full(2, np.inf), "'opt.1.exp_avg_sq' is not a finite floating array"),
+    ("1.step", np.array(1), "'opt.1.step' is not a finite floating array"),
+])
+def test_load_optimizer_arrays_names_the_bad_array(key, value, message):
+    arrays = {f"opt.{k}": v for k, v in optimizer_arrays(_stepped_adam()).items()}
+    arrays[f"opt.{key}"] = value
+    target = _stepped_adam(0)
+    with pytest.raises(ValueError, match=message):
+        load_optimizer_arrays(target, {**arrays, "other": np.zeros(1)}, prefix="opt.")

@@ -220,12 +220,14 @@ def eegnet(protocol, seed, epochs, verbose=False):
 
 def federated(local, aggregation, participation, rounds, seed, verbose=False, server=None):
     """``local`` (a fresh local model) trained by T = ``rounds`` rounds of E = 2 local
-    epochs on clients of 2 subjects, a fraction ``participation`` of them per round.
+    epochs on clients of 2 subjects, a fraction ``participation`` of them per round, each
+    with a fresh Adam every round (the paper's clients).
     ``server``: server-optimizer parameters (None: the paper's, the aggregate as is)."""
     return FederatedSPDnetClassifier(
         local.set_params(verbose=False), aggregation=aggregation, n_rounds=rounds, local_epochs=LOCAL_EPOCHS,
         clients_per_round=None if participation == 1.0 else participation, groups_per_client=2,
-        validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose, **(server or {}),
+        validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose, client_optimizer_state="reset",
+        **(server or {}),
     ).set_params(**federated_schedule(participation))
 
 

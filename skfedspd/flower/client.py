@@ -35,9 +35,14 @@ carries the validation): the server sees only their sums. Client-local arrays th
 the site, in its Flower context state (kept by the SuperNode for the run); a site without
 them yet (first round, restarted SuperNode) starts from the broadcast pooled ones.
 
-Every message carries the run's set-up (a JSON string), so a site keeps no state between
-messages: the SuperNode may start a new ClientApp process for each one, and a restarted
-SuperNode rejoins without losing anything. Client-local arrays (BatchNorm statistics of
+When the set-up says ``"client_optimizer_state": "keep"``, a site keeps its Adam state
+between its rounds in its Flower context state (tagged with the set-up's ``fit``, a token
+new for every fit, so another fit on the same SuperNodes starts afresh); it is never sent.
+A site without it (first round, restarted SuperNode) starts a fresh Adam.
+
+Every message carries the run's set-up (a JSON string), so a site keeps no other state
+between messages: the SuperNode may start a new ClientApp process for each one, and a
+restarted SuperNode rejoins without losing anything but its optimizer state. Client-local arrays (BatchNorm statistics of
 EEGNet) go back to the server with the parameters, exactly as on the local backend, which
 returns them to that client only (under secure aggregation: see above).
 """
@@ -58,6 +63,10 @@ from ..engine import DP_SAMPLE_WEIGHT_ERROR, client_statistic, client_update
 from ..training import derive_seed
 
 __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "from_array_record"]
+
+# A site's Adam state and the fit it belongs to, in its Flower context state (one
+# namespace: the two records need distinct keys).
+OPTIMIZER_STATE_KEY, OPTIMIZER_FIT_KEY = "skfedspd.client-optimizer", "skfedspd.client-optimizer-fit"
 
 
 def to_array_record(params):
@@ -305,6 +314,20 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         record = context.state.array_records.get(secure.LOCAL_STATE_KEY)
         return {} if record is None else from_array_record(record)
 
+    def kept_optimizer_state(context, setup):
+        """The site's Adam state from its previous round of this fit (``{}``: none yet),
+        or None when the set-up resets the clients' optimizers every round."""
+        if setup.get("client_optimizer_state", "reset") != "keep":
+            return None
+        tag = context.state.config_records.get(OPTIMIZER_FIT_KEY)
+        if tag is None or tag["fit"] != setup["fit"]:
+            return {}
+        return from_array_record(context.state.array_records[OPTIMIZER_STATE_KEY])
+
+    def keep_optimizer_state(context, setup, state):
+        context.state.array_records[OPTIMIZER_STATE_KEY] = to_array_record(state)
+        context.state.config_records[OPTIMIZER_FIT_KEY] = ConfigRecord({"fit": setup["fit"]})
+
     @app.train()
     def train(message, context):
         config = message.content["config"]
@@ -317,9 +340,12 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         local = local_arrays(message, context, layout) or None
         dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
               if f"dp-{key.replace('_', '-')}" in config}
+        setup = _spec.loads(config["setup"])
         reply = client_update(prepared.est, from_array_record(message.content["arrays"]), local, prepared.X_train,
-                              prepared.y_train, prepared.w_train, config["seed"], dp or None, lr=config["lr"],
-                              n_epochs=config["local-epochs"])
+                              prepared.y_train, prepared.w_train, config["seed"], dp or None,
+                              kept_optimizer_state(context, setup), lr=config["lr"], n_epochs=config["local-epochs"])
+        if reply.optimizer_state is not None:
+            keep_optimizer_state(context, setup, reply.optimizer_state)
         if layout is not None:
             vector = secure.train_vector(layout, reply.params, reply.loss, reply.n_skipped, reply.n_examples,
                                          weight=reply.weight)

@@ -10,6 +10,7 @@ malformed), so that the same ``random_state`` gives the same model bit for bit o
 
 import copy
 import numbers
+import secrets
 import time
 
 import numpy as np
@@ -394,7 +395,9 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
              "classes": agreed, "seed": seed,
              "validation_fraction": fed.validation_fraction if validation_fraction is None else validation_fraction,
-             "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None}
+             "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None,
+             # sites tag the optimizer state they keep with this fit's token
+             "client_optimizer_state": fed.client_optimizer_state, "fit": secrets.token_hex(8)}
     infos = _query(grid, nodes, "setup", {node: {"setup": _spec.dumps(setup)} for node in nodes}, "site", timeout)
     node_of, shape, labels, n_train, n_val, stats, weights = _read_setup(infos, nodes, with_labels=agreed is None)
     known = est.classes_ if resume else None
