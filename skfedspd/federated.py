@@ -317,7 +317,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     client's validation part; the global validation macro-F1 is the mean of the clients'
     macro-F1 weighted by their validation sizes (loss likewise). This score drives, in
     rounds, ReduceLROnPlateau (``lr_patience``, ``lr_factor``: the learning rate of the
-    clients' fresh optimizers) and early stopping (``patience``), and the best global model
+    clients' optimizers) and early stopping (``patience``), and the best global model
     is kept. Defaults: ``lr_patience=20`` and ``lr_factor=0.5`` are the values the
     meta-estimator used before (then read from the local estimator); ``patience=None``
     (previously the local estimator's 75, in rounds) runs all ``n_rounds`` as in the paper
