@@ -16,7 +16,10 @@ and MDM pipelines; SCM covariances for SPDnet, as in the paper):
 * TS+LR, TS+SVM, MDM (pyRiemann);
 * Recenter+TS+LR: ``skfedspd.Recenter`` (each subject re-centred to the identity) before the
   tangent space; the row is skipped, with a printed line, when ``skfedspd.Recenter`` does not
-  exist yet;
+  exist yet. In CrossSubject, MOABB passes the training subjects (``fit(subjects=...)``) to
+  the pipelines whose routing asks for them: ``Recenter``, ``SPDnetClassifier`` and the
+  federated estimator do by default (since session 7; before, only the federated one did,
+  so Recenter and SPDnet + domain BN treated the training subjects as one domain);
 * SPDnet, FedSPDnet: ``SPDnetClassifier()`` and ``FederatedSPDnetClassifier()`` with their
   default constructors (``random_state=0``). In CrossSubject, MOABB routes the training
   subjects to ``fit`` (metadata routing, key ``subjects``): each subject is one client. In

@@ -32,7 +32,7 @@ from .training import (
     warn_skipped,
 )
 
-__all__ = ["TorchClassifierBase", "check_sample_weight", "training_weights", "uses_validation"]
+__all__ = ["TorchClassifierBase", "check_sample_weight", "resolve_groups", "training_weights", "uses_validation"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -131,6 +131,27 @@ def training_weights(class_weight, y, sample_weight, *, all_data=True):
             raise ValueError(f"sample_weight leaves a positive weight to one class only ({kept.tolist()}): "
                              "at least two classes are needed")
     return w
+
+
+def resolve_groups(groups, subjects):
+    """``groups``, or its alias ``subjects`` (MOABB's ``CrossSubjectEvaluation`` routes the
+    training subjects to ``fit`` under that key). Both given: they must be equal.
+
+    Examples
+    --------
+    >>> from skfedspd.base import resolve_groups
+    >>> resolve_groups(None, [1, 1, 2])
+    [1, 1, 2]
+    >>> resolve_groups([1, 2], [2, 1])
+    Traceback (most recent call last):
+    ...
+    ValueError: groups and subjects (its alias) differ: pass one of them
+    """
+    if groups is None:
+        return subjects
+    if subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
+        raise ValueError("groups and subjects (its alias) differ: pass one of them")
+    return groups
 
 
 def _progress(iterable, enabled, desc):

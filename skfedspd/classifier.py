@@ -9,7 +9,7 @@ from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .base import TorchClassifierBase
+from .base import TorchClassifierBase, resolve_groups
 from .nn import DomainBatch, SPDNet, domain_codes
 from .training import predict_logits
 
@@ -177,8 +177,8 @@ class SPDnetClassifier(TorchClassifierBase):
         re-centred by their own mean (unlabeled test-time adaptation). So ``predict(X)``
         of a matrix depends on the other matrices of ``X``: predict one new subject or
         session per call. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one
-        unseen subject (what the method is for; route ``subjects`` as ``groups`` with
-        ``set_fit_request(groups="subjects")``); under ``WithinSessionEvaluation`` the
+        unseen subject (what the method is for; MOABB routes the training subjects to
+        ``fit(subjects=...)``, each a domain); under ``WithinSessionEvaluation`` the
         held-out fold of a session is re-centred by its own mean (a handful of trials:
         a noisy mean). In a Pipeline it behaves like :class:`skfedspd.Recenter` inside
         the network. Same behaviour in ``decision_function`` and ``predict_proba``.
@@ -278,11 +278,12 @@ class SPDnetClassifier(TorchClassifierBase):
         self.class_weight = class_weight
         self.batchnorm = batchnorm
 
-    # Domains of batchnorm="domain": requested from metadata routing by default.
-    __metadata_request__fit = {"groups": True}
+    # Domains of batchnorm="domain": requested from metadata routing by default, under
+    # both keys (MOABB's CrossSubject routes the training subjects as "subjects").
+    __metadata_request__fit = {"groups": True, "subjects": True}
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, groups=None, sample_weight=None):
+    def fit(self, X, y, groups=None, sample_weight=None, subjects=None):
         """Train on ``(X, y)``; validation split and early stopping only on enough data.
 
         See :meth:`TorchClassifierBase.fit` and ``validation_fraction``.
@@ -301,11 +302,16 @@ class SPDnetClassifier(TorchClassifierBase):
             ``scaling="auto"`` statistic is their weighted mean (integer weights = repeated
             matrices); multiplied by ``class_weight``. Under metadata routing, request it
             with ``set_fit_request(sample_weight=True)``.
+        subjects : array-like of shape (n_matrices,), default=None
+            Alias of ``groups``: MOABB's ``CrossSubjectEvaluation`` routes the training
+            subjects under this key, so each training subject is a domain there with no
+            ``set_fit_request`` call. Requested by default.
 
         Returns
         -------
         self
         """
+        groups = resolve_groups(groups, subjects)
         if self.batchnorm != "domain" or groups is None:
             return self._fit(X, y, sample_weight=sample_weight)
         return self._fit(X, y, domain_codes(groups, len(X)), sample_weight=sample_weight)

@@ -30,7 +30,7 @@ from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, St
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS
-from .base import stratified_split, training_weights, uses_validation
+from .base import resolve_groups, stratified_split, training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .engine import (
     DP_SAMPLE_WEIGHT_ERROR,
@@ -557,7 +557,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
             raise ValueError("groups and subjects were both given and differ; pass one of them")
-        groups = groups if groups is not None else subjects
+        groups = resolve_groups(groups, subjects)
         if self.dp_epsilon is not None:
             self._check_dp_mode(self.estimator if self.estimator is not None else SPDnetClassifier())
         resume = self.warm_start and self.__sklearn_is_fitted__()

@@ -8,6 +8,7 @@ from sklearn.base import BaseEstimator, TransformerMixin
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
+from .base import resolve_groups
 from .classifier import check_spd_batch
 from .functional import karcher_mean, sqrtm_invsqrtm
 
@@ -125,9 +126,9 @@ class Recenter(TransformerMixin, BaseEstimator):
     so under ``sklearn.set_config(enable_metadata_routing=True)`` ``Pipeline``,
     ``GridSearchCV`` and ``cross_validate(..., params={"groups": g})`` route it here
     (also to a ``GroupKFold`` splitter). Without routing pass it directly
-    (``fit_transform(X, groups=g)``, ``pipeline.fit(X, y, recenter__groups=g)``). MOABB
-    routes the training subjects as ``subjects`` (CrossSubject, under routing): alias them,
-    ``Recenter().set_fit_request(groups="subjects").set_transform_request(groups="subjects")``.
+    (``fit_transform(X, groups=g)``, ``pipeline.fit(X, y, recenter__groups=g)``). MOABB's
+    CrossSubject routes the training subjects as ``subjects``, an alias of ``groups`` that
+    ``fit`` also requests by default: each training subject is re-centred by its own mean.
 
     Attributes
     ----------
@@ -160,10 +161,10 @@ class Recenter(TransformerMixin, BaseEstimator):
     (80, 4, 4)
     """
 
-    __metadata_request__fit = {"groups": True}
+    __metadata_request__fit = {"groups": True, "subjects": True}
     __metadata_request__transform = {"groups": True}
 
-    def fit(self, X, y=None, groups=None):
+    def fit(self, X, y=None, groups=None, subjects=None):
         """Check ``X`` (and ``groups``); store the matrix size.
 
         Parameters
@@ -173,13 +174,16 @@ class Recenter(TransformerMixin, BaseEstimator):
         y : ignored
         groups : array-like of shape (n_matrices,), default=None
             Domain of each matrix (checked here; used by ``fit_transform``).
+        subjects : array-like of shape (n_matrices,), default=None
+            Alias of ``groups`` (MOABB's ``CrossSubjectEvaluation`` routes the training
+            subjects under this key). Requested by default.
 
         Returns
         -------
         self
         """
         X = check_spd_batch(X)
-        _group_labels(groups, len(X))
+        _group_labels(resolve_groups(groups, subjects), len(X))
         self.n_features_in_ = X.shape[1]
         return self
 
@@ -201,11 +205,12 @@ class Recenter(TransformerMixin, BaseEstimator):
         check_is_fitted(self)
         return recenter_groups(check_spd_batch(X, self.n_features_in_), groups)
 
-    def fit_transform(self, X, y=None, groups=None):
-        """``fit(X, y, groups).transform(X, groups)`` with one validation pass."""
+    def fit_transform(self, X, y=None, groups=None, subjects=None):
+        """``fit(X, y, groups).transform(X, groups)`` with one validation pass (``subjects``:
+        alias of ``groups``, as in :meth:`fit`)."""
         X = check_spd_batch(X)
         self.n_features_in_ = X.shape[1]
-        return recenter_groups(X, groups)
+        return recenter_groups(X, resolve_groups(groups, subjects))
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "n_features_in_")

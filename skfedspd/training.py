@@ -205,6 +205,25 @@ def load_optimizer_arrays(optimizer, arrays, param_groups=None, prefix=""):
     ValueError
         For a name that is not ``"<index>.<name>"`` of one of the optimizer's parameters,
         a state array whose shape is not its parameter's, or a non-finite value.
+
+    Examples
+    --------
+    A client's Adam state carried to its next round's optimizer, at that round's rate:
+
+    >>> import torch
+    >>> from skfedspd.training import load_optimizer_arrays, optimizer_arrays
+    >>> w = torch.nn.Parameter(torch.zeros(3, dtype=torch.float64))
+    >>> first = torch.optim.Adam([w], lr=0.1)
+    >>> w.sum().backward(); first.step()
+    >>> state = optimizer_arrays(first)
+    >>> second = torch.optim.Adam([w], lr=0.05)
+    >>> load_optimizer_arrays(second, state)
+    >>> float(second.state[w]["step"]), second.param_groups[0]["lr"]
+    (1.0, 0.05)
+    >>> load_optimizer_arrays(second, {"0.exp_avg": torch.zeros(2).numpy()})
+    Traceback (most recent call last):
+    ...
+    ValueError: optimizer state '0.exp_avg' has shape (2,), expected (3,)
     """
     params = [p for group in optimizer.param_groups for p in group["params"]]
     state = {}

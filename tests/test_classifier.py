@@ -1415,7 +1415,7 @@ def test_groups_routed_through_pipeline_and_cross_validate(spd_domains):
 
     X, y, groups = spd_domains(n_groups=3, n_per_group=20)
     clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3})
-    assert clf.get_metadata_routing().fit.requests == {"groups": True, "sample_weight": None}
+    assert clf.get_metadata_routing().fit.requests == {"groups": True, "sample_weight": None, "subjects": True}
     result = cross_validate(make_pipeline(Recenter(), clf), X, y, cv=GroupKFold(n_splits=3),
                             params={"groups": groups}, return_estimator=True)
     _, first_test = next(GroupKFold(n_splits=3).split(X, y, groups))
@@ -1428,19 +1428,21 @@ def test_groups_routed_through_pipeline_and_cross_validate(spd_domains):
 
 
 @pytest.mark.usefixtures("routing")
-def test_moabb_style_subjects_alias(spd_domains):
-    """MOABB routes ``subjects`` (not ``groups``): alias the request."""
+def test_moabb_style_subjects_are_the_domains(spd_domains):
+    """MOABB's CrossSubject routes ``subjects`` (not ``groups``), which SPDnet and Recenter
+    request by default as an alias of ``groups``: each training subject is a domain."""
     from skfedspd import Recenter
 
     X, y, groups = spd_domains(n_groups=3, n_per_group=20)
-    clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3}).set_fit_request(groups="subjects")
-    recenter = Recenter().set_fit_request(groups="subjects").set_transform_request(groups="subjects")
-    pipe = make_pipeline(recenter, clf).fit(X, y, subjects=groups)
+    pipe = make_pipeline(Recenter(), SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3}))
+    pipe.fit(X, y, subjects=groups)
     with sklearn.config_context(enable_metadata_routing=False):
         direct = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3}).fit(
             Recenter().fit_transform(X, groups=groups), y, groups=groups)
     for name, value in pipe[-1].get_parameters().items():
         np.testing.assert_allclose(value, direct.get_parameters()[name], rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="groups and subjects"):
+        SPDnetClassifier(batchnorm="domain", **BN).fit(X, y, groups=groups, subjects=groups[::-1])
 
 
 @pytest.mark.parametrize("batchnorm", ["spd", "domain"])

@@ -39,3 +39,17 @@ def test_combine_refuses_overlapping_subject_sets(tmp_path):
     assert sorted(combined["subject"]) == [1, 2, 3, 4]
     with pytest.raises(SystemExit, match="disjoint subject sets"):
         me.combine([tmp_path / "a", tmp_path / "c"])
+
+
+def test_cross_subject_rows_that_use_domains_get_the_training_subjects():
+    """MOABB's CrossSubject passes ``subjects`` to ``fit`` only to pipelines whose routing
+    consumes it (its own check, under metadata routing): every row that re-centres or
+    federates by subject must, the tangent-space and MDM rows need not."""
+    from sklearn import config_context
+    from sklearn.utils.metadata_routing import get_routing_for_object
+
+    with config_context(enable_metadata_routing=True):
+        consumes = {name: bool(get_routing_for_object(pipe).consumes("fit", {"subjects"}))
+                    for name, pipe in me.pipelines(quick=True).items()}
+    assert consumes == {"TS+LR": False, "MDM": False, "Recenter+TS+LR": True, "SPDnet": True, "FedSPDnet": True,
+                        "SPDnet + domain BN": True, "FedSPDnet + domain BN": True}

@@ -172,8 +172,23 @@ def routing():
 
 def test_requests_groups_by_default():
     routing = Recenter().get_metadata_routing()
-    assert routing.fit.requests == {"groups": True}
+    assert routing.fit.requests == {"groups": True, "subjects": True}
     assert routing.transform.requests == {"groups": True}
+
+
+@pytest.mark.usefixtures("routing")
+def test_subjects_as_moabb_routes_them_are_the_groups(spd_domains):
+    """MOABB's CrossSubject fits ``pipeline.fit(X, y, subjects=...)`` under routing: each
+    training subject is re-centred by its own mean, as with ``groups``."""
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20, seed=9)
+    pipe = make_pipeline(Recenter(), TangentSpace(), LogisticRegression())
+    by_subjects = clone(pipe).fit(X, y, subjects=groups)
+    by_groups = clone(pipe).fit(X, y, groups=groups)
+    np.testing.assert_array_equal(_lr_coef(by_subjects), _lr_coef(by_groups))
+    np.testing.assert_array_equal(Recenter().fit(X, subjects=groups).transform(X), Recenter().fit(X).transform(X))
+    np.testing.assert_array_equal(Recenter().fit_transform(X, subjects=groups), recenter_groups(X, groups))
+    with pytest.raises(ValueError, match="groups and subjects"):
+        Recenter().fit_transform(X, groups=groups, subjects=groups[::-1])
 
 
 def _lr_coef(pipe):
@@ -262,4 +277,4 @@ def test_clone_and_pickle(spd_domains):
     assert not hasattr(clone(rc), "n_features_in_")
     restored = pickle.loads(pickle.dumps(rc))
     np.testing.assert_array_equal(restored.transform(X, groups=groups), rc.transform(X, groups=groups))
-    assert restored.get_metadata_routing().fit.requests == {"groups": True}
+    assert restored.get_metadata_routing().fit.requests == {"groups": True, "subjects": True}
