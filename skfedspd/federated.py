@@ -555,8 +555,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     def _prepare(self, X, y, groups, subjects, sample_weight=None):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
-        if groups is not None and subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
-            raise ValueError("groups and subjects were both given and differ; pass one of them")
         groups = resolve_groups(groups, subjects)
         if self.dp_epsilon is not None:
             self._check_dp_mode(self.estimator if self.estimator is not None else SPDnetClassifier())
