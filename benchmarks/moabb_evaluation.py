@@ -37,6 +37,9 @@ score plots (``moabb.analysis.plotting.score_plot``) as PNG, MOABB's results sto
 
     nice python benchmarks/moabb_evaluation.py --quick    # subjects 1-4, left/right, 5 pipelines
     nice python benchmarks/moabb_evaluation.py            # 16 subjects, + 4 classes, all pipelines
+    # unseen subjects with 12 training subjects per fold (the quick pipelines):
+    nice python benchmarks/moabb_evaluation.py --quick --subjects 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 42 \
+        --evaluations CrossSubject --cross-folds 4
 """
 
 import argparse
@@ -57,6 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name  # noqa: E402
 
 FOUR_CLASS_SUBJECTS = [1, 4, 15, 42]  # all six imagery runs present offline
+EVALUATIONS = ("WithinSession", "CrossSubject")
 QUICK_SUBJECTS = [1, 2, 3, 4]
 
 
@@ -234,8 +238,15 @@ def main(argv=None):
                         help="left/right subjects (default: 1-4 with --quick, else the 16 offline ones)")
     parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="DIR",
                         help="fit nothing: report the scores.csv of earlier runs on disjoint subject sets as one table")
+    parser.add_argument("--evaluations", nargs="+", choices=EVALUATIONS, default=list(EVALUATIONS),
+                        help="which MOABB evaluations to run (default: both)")
+    parser.add_argument("--cross-folds", type=int, default=None, metavar="K",
+                        help="CrossSubject by GroupKFold(K) over the subjects (default: leave-one-subject-out with "
+                             "--quick, K = 4 otherwise)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
+    if args.cross_folds is not None and args.cross_folds < 2:
+        parser.error("--cross-folds must be at least 2")
     out = args.out or Path("results/moabb-evaluation" + ("-quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     command = "nice python " + " ".join(["benchmarks/moabb_evaluation.py"] + (argv if argv is not None else sys.argv[1:]))
@@ -269,13 +280,16 @@ def main(argv=None):
     for label, dataset, paradigm in datasets(args.quick, args.subjects):
         metric = "ROC-AUC" if label == "left/right" else "accuracy"
         runs = []
-        for kind, evaluation in (
-            ("WithinSession", WithinSessionEvaluation(paradigm=paradigm, datasets=[dataset], overwrite=not args.reuse,
-                                                      random_state=42, hdf5_path=str(out / "hdf5"))),
-            ("CrossSubject", CrossSubjectEvaluation(paradigm=paradigm, datasets=[dataset], overwrite=not args.reuse,
-                                                    random_state=42, n_splits=None if args.quick else 4,
-                                                    hdf5_path=str(out / "hdf5"))),
-        ):
+        cross_folds = args.cross_folds or (None if args.quick else 4)
+        evaluations = {
+            "WithinSession": lambda: WithinSessionEvaluation(paradigm=paradigm, datasets=[dataset],
+                                                             overwrite=not args.reuse, random_state=42,
+                                                             hdf5_path=str(out / "hdf5")),
+            "CrossSubject": lambda: CrossSubjectEvaluation(paradigm=paradigm, datasets=[dataset],
+                                                           overwrite=not args.reuse, random_state=42,
+                                                           n_splits=cross_folds, hdf5_path=str(out / "hdf5")),
+        }
+        for kind, evaluation in ((k, evaluations[k]()) for k in EVALUATIONS if k in args.evaluations):
             t0 = time.perf_counter()
             print(f"{label}: {kind} on subjects {dataset.subject_list} ...", flush=True)
             scores = evaluation.process(pipes)

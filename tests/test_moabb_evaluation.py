@@ -53,3 +53,11 @@ def test_cross_subject_rows_that_use_domains_get_the_training_subjects():
                     for name, pipe in me.pipelines(quick=True).items()}
     assert consumes == {"TS+LR": False, "MDM": False, "Recenter+TS+LR": True, "SPDnet": True, "FedSPDnet": True,
                         "SPDnet + domain BN": True, "FedSPDnet + domain BN": True}
+
+
+@pytest.mark.parametrize("argv, message", [(["--cross-folds", "1"], "--cross-folds must be at least 2"),
+                                           (["--evaluations", "CrossSession"], "invalid choice: 'CrossSession'")])
+def test_bad_evaluation_options_are_refused(argv, message, capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        me.main(argv + ["--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
