@@ -285,8 +285,11 @@ def main(argv=None):
             "WithinSession": lambda: WithinSessionEvaluation(paradigm=paradigm, datasets=[dataset],
                                                              overwrite=not args.reuse, random_state=42,
                                                              hdf5_path=str(out / "hdf5")),
+            # GroupKFold (K folds) is deterministic: MOABB would hand it the random_state, which
+            # sklearn refuses without shuffling.
             "CrossSubject": lambda: CrossSubjectEvaluation(paradigm=paradigm, datasets=[dataset],
-                                                           overwrite=not args.reuse, random_state=42,
+                                                           overwrite=not args.reuse,
+                                                           random_state=42 if cross_folds is None else None,
                                                            n_splits=cross_folds, hdf5_path=str(out / "hdf5")),
         }
         for kind, evaluation in ((k, evaluations[k]()) for k in EVALUATIONS if k in args.evaluations):

@@ -187,7 +187,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         the defaults (``η = 1``, ``β = 0``) the aggregate is the new global model exactly
         (the paper). The step uses only the aggregate and the server's own state, so it
         keeps the round a function of the clients' weighted sum (secure aggregation).
-        Recommended: ``server_momentum=0.9`` with ``server_lr=1.0`` (``docs/results.md``).
+        With the paper's clients (``client_optimizer_state="reset"``), ``server_momentum=0.9``
+        with ``server_lr=1.0`` is recommended (Table I, ``docs/results.md``); with clients that
+        keep their Adam state (the default) it is not validated on EEG, and on a small synthetic
+        problem the two momenta together learned less than either alone.
     server_momentum : float in [0, 1), default=0.0
         Server momentum ``β``; the buffer is part of the checkpoint
         (``engine_.state_dict()``), so a resumed run continues bit for bit.
