@@ -67,6 +67,7 @@ def test_federated_schedule_is_set_in_one_place(local, participation, lr_patienc
     schedule = protocols.federated_schedule(participation)
     assert {k: fed.get_params()[k] for k in schedule} == schedule
     assert (fed.patience, fed.lr_patience, fed.lr_factor) == (None, lr_patience, 0.5)  # in rounds
+    assert fed.client_optimizer_state == "reset"  # the paper's clients: a fresh Adam every round
 
 
 def test_cells_are_frozen_dataclasses():
