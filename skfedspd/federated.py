@@ -45,7 +45,7 @@ from .engine import (
     rule_name,
 )
 from .persistence import load_bundle, save_bundle
-from .training import derive_seed, draw_seed, evaluate, torch_threads
+from .training import derive_seed, draw_seed, evaluate, load_optimizer_arrays, torch_threads
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 
@@ -825,6 +825,7 @@ def fit_local(fed, task):
     fingerprint = _fingerprint(fed, clients, seed, first_round) if fed.checkpoint_path else None
     if fingerprint:
         _resume_from_checkpoint(os.fspath(fed.checkpoint_path), fingerprint, engine)
+        _check_client_optimizer_states(os.fspath(fed.checkpoint_path), engine, est)
     _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, fingerprint)
     engine.client_optimizer_states.clear()  # the clients' own, for this fit only (see client_optimizer_state)
     est.set_parameters(engine.best_params)
@@ -1024,6 +1025,16 @@ def _fingerprint(fed, clients, seed, first_round):
     text = json.dumps({"params": params, "seed": int(seed), "first_round": int(first_round),
                        "data": data.hexdigest()}, sort_keys=True, default=repr)
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _check_client_optimizer_states(path, engine, est):
+    """The clients' Adam states a checkpoint brought must fit the model's parameters: a bad
+    one is named now, not by a client failing in every round it trains."""
+    for cid, state in engine.client_optimizer_states.items():
+        try:
+            load_optimizer_arrays(torch.optim.Adam(est.module_.parameters()), state)
+        except ValueError as error:
+            raise ValueError(f"checkpoint {path} does not fit this run: client {cid}'s {error}") from None
 
 
 def _resume_from_checkpoint(path, fingerprint, engine):

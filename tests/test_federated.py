@@ -842,6 +842,24 @@ def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, recenter_ever
     assert resumed.best_round_ == uninterrupted.best_round_
 
 
+def test_checkpoint_with_a_bad_client_optimizer_state_is_named(tmp_path):
+    from safetensors import safe_open
+
+    from skfedspd.persistence import save_bundle
+
+    X, y = _data(n=30)
+    path = tmp_path / "ckpt"
+    _fed(n_rounds=2, checkpoint_path=str(path)).fit(X, y)
+    arrays, meta = load_bundle(path, kind="federated-checkpoint")
+    with safe_open(path, framework="numpy") as f:  # the run's fingerprint, from the file's header
+        fingerprint = f.metadata()["fingerprint"]
+    assert "optimizer/1/0.exp_avg" in arrays  # the clients' states are in the checkpoint
+    arrays["optimizer/1/0.exp_avg"] = np.zeros(3)
+    save_bundle(path, arrays, meta, kind="federated-checkpoint", fingerprint=fingerprint)
+    with pytest.raises(ValueError, match=r"does not fit this run: client 1's optimizer state '0.exp_avg' has shape"):
+        _fed(n_rounds=2, checkpoint_path=str(path)).fit(X, y)
+
+
 def test_checkpoint_of_other_configuration_ignored(tmp_path, monkeypatch):
     X, y = _data(n=30)
     path = str(tmp_path / "ckpt")
