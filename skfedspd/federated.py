@@ -189,8 +189,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         keeps the round a function of the clients' weighted sum (secure aggregation).
         With the paper's clients (``client_optimizer_state="reset"``), ``server_momentum=0.9``
         with ``server_lr=1.0`` is recommended (Table I, ``docs/results.md``); with clients that
-        keep their Adam state (the default) it is not validated on EEG, and on a small synthetic
-        problem the two momenta together learned less than either alone.
+        keep their Adam state (the default) it is not validated.
     server_momentum : float in [0, 1), default=0.0
         Server momentum ``β``; the buffer is part of the checkpoint
         (``engine_.state_dict()``), so a resumed run continues bit for bit.

@@ -42,8 +42,8 @@ A site without it (first round, restarted SuperNode) starts a fresh Adam.
 
 Every message carries the run's set-up (a JSON string), so a site keeps no other state
 between messages: the SuperNode may start a new ClientApp process for each one, and a
-restarted SuperNode rejoins without losing anything but its optimizer state. Client-local arrays (BatchNorm statistics of
-EEGNet) go back to the server with the parameters, exactly as on the local backend, which
+restarted SuperNode rejoins without losing anything but its optimizer state. Client-local
+arrays (BatchNorm statistics of EEGNet) go back to the server with the parameters, exactly as on the local backend, which
 returns them to that client only (under secure aggregation: see above).
 """
 
@@ -138,6 +138,7 @@ class _PreparedSite:
         self.shape = [int(s) for s in X.shape[1:]]
         self.statistic = client_statistic(est, X[self.train], w_train)
         self.est = None
+        self.setup = setup
         if setup["ready"]:
             est.set_classes(setup["classes"])
             codes = est.encode_labels(y, len(X))
@@ -340,7 +341,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         local = local_arrays(message, context, layout) or None
         dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
               if f"dp-{key.replace('_', '-')}" in config}
-        setup = _spec.loads(config["setup"])
+        setup = prepared.setup
         reply = client_update(prepared.est, from_array_record(message.content["arrays"]), local, prepared.X_train,
                               prepared.y_train, prepared.w_train, config["seed"], dp or None,
                               kept_optimizer_state(context, setup), lr=config["lr"], n_epochs=config["local-epochs"])
