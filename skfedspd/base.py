@@ -18,6 +18,7 @@ from sklearn.utils.class_weight import compute_sample_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
+from .nn import DomainBatch
 from .training import (
     PlateauSchedule,
     derive_seed,
@@ -693,8 +694,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         return self._fit(X, y, sample_weight=sample_weight)
 
-    def _fit(self, X, y, groups=None, sample_weight=None):
-        """:meth:`fit`, with the training samples' ``groups`` for :meth:`_module_input`."""
+    def _fit(self, X, y, domains=None, sample_weight=None):
+        """:meth:`fit`, with the training samples' ``domains`` (:meth:`fit_domains`)."""
         with self._atomic():
             warm = self.warm_start and self.__sklearn_is_fitted__()
             if warm:  # check_inputs(reset=True) runs check_params otherwise
@@ -717,15 +718,12 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 train, val = stratified_split(codes, self.validation_fraction, seed)
             else:
                 train, val = np.arange(len(codes)), np.arange(0)
-            X_train = self.to_tensor(X[train])
-            self._warn_about_input(X_train)
+            X_train, X_val = self.module_input(X, train, domains), self.module_input(X, val, domains)
+            self._warn_about_input(self.to_tensor(X[train[:256]]))
             schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
                                        lr_patience=self.lr_patience, lr_factor=self.lr_factor,
                                        monitor=getattr(self, "validation_metric", "loss"))
             first_epoch = len(self.history_)
-            X_val = self.to_tensor(X[val])
-            if groups is not None:
-                X_train, X_val = self._module_input(X_train, groups, train), self._module_input(X_val, groups, val)
             w_train, w_val = (None, None) if w is None else (torch.as_tensor(w[train]), torch.as_tensor(w[val]))
             self._train(X_train, torch.as_tensor(codes[train]), X_val, torch.as_tensor(codes[val]),
                         n_epochs=self.max_epochs, schedule=schedule, w_train=w_train, w_val=w_val)
@@ -834,10 +832,40 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     def _warn_about_input(self, Xt):
         """Subclass hook: warn about inputs that will train badly."""
 
-    def _module_input(self, Xt, groups, rows):
-        """Subclass hook: the module's input for the tensor ``Xt`` of samples ``rows`` of a
-        fit whose samples have ``groups`` (default: ``Xt``, groups unused)."""
-        return Xt
+    def fit_domains(self, groups, n_samples):
+        """Subclass hook: the per-sample domain codes that the module trains with, from the
+        ``groups`` of a fit (centralized, or one federated client's), or None (default: the
+        module takes no domains).
+
+        Parameters
+        ----------
+        groups : array-like of shape (n_samples,) or None
+        n_samples : int
+
+        Returns
+        -------
+        ndarray of int of shape (n_samples,) or None
+        """
+        return None
+
+    def module_input(self, X, rows, domains=None):
+        """The module's input for the samples ``rows`` of the validated ``X``: their tensor
+        (:meth:`to_tensor`), carrying their domain codes when ``domains`` (from
+        :meth:`fit_domains`) is given. The centralized fit and every federated client
+        (local and Flower) build their training data here.
+
+        Parameters
+        ----------
+        X : ndarray
+        rows : array of int
+        domains : ndarray of int of shape (len(X),) or None
+
+        Returns
+        -------
+        torch.Tensor or skfedspd.nn.DomainBatch
+        """
+        Xt = self.to_tensor(X[rows])
+        return Xt if domains is None else DomainBatch(Xt, np.asarray(domains)[rows])
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

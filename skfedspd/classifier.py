@@ -10,7 +10,7 @@ from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .base import TorchClassifierBase, resolve_groups
-from .nn import DomainBatch, SPDNet, domain_codes
+from .nn import SPDNet, domain_codes
 from .training import predict_logits
 
 __all__ = ["SPDnetClassifier", "check_spd_batch", "auto_hidden_dim"]
@@ -311,10 +311,8 @@ class SPDnetClassifier(TorchClassifierBase):
         -------
         self
         """
-        groups = resolve_groups(groups, subjects)
-        if self.batchnorm != "domain" or groups is None:
-            return self._fit(X, y, sample_weight=sample_weight)
-        return self._fit(X, y, domain_codes(groups, len(X)), sample_weight=sample_weight)
+        domains = self.fit_domains(resolve_groups(groups, subjects), len(X))
+        return self._fit(X, y, domains, sample_weight=sample_weight)
 
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
@@ -414,8 +412,12 @@ class SPDnetClassifier(TorchClassifierBase):
             recenter_every=self.recenter_every, seed=seed, dtype=self.torch_dtype_, batchnorm=self.batchnorm,
         )
 
-    def _module_input(self, Xt, groups, rows):
-        return DomainBatch(Xt, groups[rows])
+    def fit_domains(self, groups, n_samples):
+        """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise or
+        without groups (one domain). See :meth:`TorchClassifierBase.fit_domains`."""
+        if self.batchnorm != "domain" or groups is None:
+            return None
+        return domain_codes(groups, n_samples)
 
     def _logits(self, X):
         if self.batchnorm != "domain":

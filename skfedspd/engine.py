@@ -128,7 +128,7 @@ class FitTask:
     >>> from skfedspd.engine import FitTask
     >>> [field.name for field in dataclasses.fields(FitTask)]  # doctest: +NORMALIZE_WHITESPACE
     ['estimator', 'X', 'y', 'codes', 'indices', 'seed', 'resume', 'client_source', 'client_groups',
-     'sample_weight', 'validation_fraction']
+     'sample_weight', 'validation_fraction', 'groups']
     """
 
     estimator: object
@@ -142,6 +142,7 @@ class FitTask:
     client_groups: list
     sample_weight: object = None  # ndarray of per-sample weights, or None (unweighted)
     validation_fraction: float = None  # held out on each client (None: the estimator's parameter)
+    groups: object = None  # ndarray of per-sample groups (subjects), or None: the domains of batchnorm="domain"
 
 
 @dataclass

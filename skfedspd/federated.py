@@ -44,6 +44,7 @@ from .engine import (
     pool_input_statistic,
     rule_name,
 )
+from .nn import DomainBatch
 from .persistence import load_bundle, save_bundle
 from .training import derive_seed, draw_seed, evaluate, load_optimizer_arrays, torch_threads
 
@@ -149,7 +150,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``lr_factor`` (torch's ``ReduceLROnPlateau`` semantics).
     lr_factor : float in (0, 1], default=0.5
     groups_per_client : int, default=1
-        Sorted groups (subjects) are merged this many at a time into one client.
+        Sorted groups (subjects) are merged this many at a time into one client. With a
+        local estimator that uses domains (``SPDnetClassifier(batchnorm="domain")``) each
+        group of a client stays a domain of its own (:meth:`~skfedspd.SPDnetClassifier.fit_domains`).
     n_clients : int, default=5
         Number of clients when ``fit`` gets no groups. A stratified partition (the default)
         makes at most as many clients as the smallest class has samples, so that every
@@ -577,7 +580,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         n_selected(self.clients_per_round, len(indices))
         return FitTask(estimator=est, X=X, y=np.asarray(y), codes=codes, indices=indices, seed=seed,
                        resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups,
-                       sample_weight=weights, validation_fraction=self.held_out_fraction(est, len(codes)))
+                       sample_weight=weights, validation_fraction=self.held_out_fraction(est, len(codes)),
+                       groups=None if groups is None else np.asarray(groups))
 
     def held_out_fraction(self, est, n_samples):
         """The share of each client's data held out for validation in a fit on ``n_samples``.
@@ -816,8 +820,10 @@ def fit_local(fed, task):
                                             train_weights=None if w is None else client_weights)
     if task.resume is not None:
         engine.load_state_dict(*task.resume.state_dict())
-    clients = [(est.to_tensor(X[idx[tr]]), torch.as_tensor(codes[idx[tr]]),
-                est.to_tensor(X[idx[va]]), torch.as_tensor(codes[idx[va]]),
+    # A client of several groups (groups_per_client > 1) keeps each group a domain of its own.
+    domains = est.fit_domains(task.groups, len(X))
+    clients = [(est.module_input(X, idx[tr], domains), torch.as_tensor(codes[idx[tr]]),
+                est.module_input(X, idx[va], domains), torch.as_tensor(codes[idx[va]]),
                 None if w is None else torch.as_tensor(w[idx[tr]]), None if w is None else torch.as_tensor(w[idx[va]]))
                for idx, (tr, va) in zip(task.indices, splits)]
     first_round = engine.next_round
@@ -1015,9 +1021,9 @@ def _fingerprint(fed, clients, seed, first_round):
                            "params": est.get_params(deep=False)}
     data = hashlib.sha256()
     for arrays in clients:
-        for a in arrays:
-            if a is None:  # unweighted
-                continue
+        # None: unweighted; a DomainBatch: its matrices and their domains.
+        tensors = [t for a in arrays if a is not None for t in ((a.X, a.domains) if isinstance(a, DomainBatch) else (a,))]
+        for a in tensors:
             a = a.detach().cpu().numpy()
             data.update(f"{a.dtype}{a.shape}".encode())
             data.update(np.ascontiguousarray(a).tobytes())

@@ -1479,3 +1479,21 @@ def test_batchnorm_local_update_protocol(data, batchnorm):
     assert local == (["batchnorms.0.running_mean"] if batchnorm == "spd" else [])
     for name in local:
         assert not np.allclose(params[name], start[name])
+
+
+@pytest.mark.parametrize("batchnorm, groups, expected", [
+    ("domain", ["b", "a", "b", "c"], [1, 0, 1, 2]), ("domain", None, None), (None, ["b", "a", "b", "c"], None),
+    ("spd", ["b", "a", "b", "c"], None),
+])
+def test_fit_domains_and_module_input(batchnorm, groups, expected):
+    """Domains only for batchnorm="domain" with groups; module_input carries the rows' domains."""
+    clf = SPDnetClassifier(batchnorm=batchnorm)
+    X = clf.check_inputs(np.stack([np.eye(3) * (1 + i) for i in range(4)]), reset=True)
+    clf.set_input_statistic(clf.input_statistic(X))
+    domains = clf.fit_domains(groups, 4)
+    assert (domains is None) if expected is None else (domains.tolist() == expected)
+    rows = np.array([3, 0, 2])
+    batch = clf.module_input(X, rows, domains)
+    torch.testing.assert_close(batch.X if expected else batch, clf.to_tensor(X[rows]))
+    if expected:
+        assert isinstance(batch, DomainBatch) and batch.domains.tolist() == [1, 0, 0]  # c, b, b: coded within the rows

@@ -29,6 +29,7 @@ from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import projavg
 from skfedspd.federated import make_clients, partition_indices
+from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
 from skfedspd.stiefel import orthonormality_error
 
@@ -514,15 +515,18 @@ def _temp_folders():
     (dict(batch_size=16, lr=0.5), dict(n_rounds=12, lr_patience=0, patience=2)),
     # client-local arrays (SPD batch norm statistics) in training and validation
     (dict(batchnorm="spd", batch_size=16), dict(n_rounds=3)),
+    # clients of two groups, each group a domain (their matrices go to the workers with their domains)
+    (dict(batchnorm="domain", batch_size=16), dict(n_rounds=3, groups_per_client=2)),
 ])
 def test_reproducible_serial_and_parallel(est_params, fed_params):
     """Same random_state: bit-identical with one or two processes (the only test that starts
     loky workers); the workers' data files are removed after the fit."""
     X, y = _data(n=60)
+    groups = np.arange(len(y)) % 4 if "groups_per_client" in fed_params else None
     est = _estimator(**est_params)
     before = _temp_folders()
-    serial = _fed(est, n_jobs=1, **fed_params).fit(X, y)
-    parallel = _fed(est, n_jobs=2, **fed_params).fit(X, y)
+    serial = _fed(est, n_jobs=1, **fed_params).fit(X, y, groups=groups)
+    parallel = _fed(est, n_jobs=2, **fed_params).fit(X, y, groups=groups)
     assert _temp_folders() <= before
     np.testing.assert_array_equal(serial.decision_function(X), parallel.decision_function(X))
     assert _without_time(serial.history_) == _without_time(parallel.history_)
@@ -1318,3 +1322,36 @@ def test_validation_is_held_out_by_the_local_estimators_rule(early_stopping, hel
         assert sum(fed.engine_.n_train) == 45
     est = fed.global_estimator_.set_params(early_stopping="auto")
     assert fed.held_out_fraction(est, 1000) == 0.1  # 100 pooled validation samples: enough
+
+
+@pytest.mark.parametrize("groups_per_client", [1, 2, 4])
+def test_domain_batchnorm_keeps_each_group_of_a_client_a_domain(spd_domains, monkeypatch, groups_per_client):
+    """With ``batchnorm="domain"`` a client of several groups (subjects) trains and validates
+    with each group a domain, as the centralized fit does: not with the client as one domain."""
+    X, y, groups = spd_domains(n_groups=4, n_per_group=20)
+    seen = []
+    forward = SPDNet.forward
+
+    def spy(self, X, domains=None):
+        seen.append(len(torch.unique(X.domains)) if isinstance(X, DomainBatch) else None)
+        return forward(self, X, domains)
+
+    monkeypatch.setattr(SPDNet, "forward", spy)
+    est = SPDnetClassifier(batchnorm="domain", batch_size=1000, early_stopping=True, validation_fraction=0.2)
+    FederatedSPDnetClassifier(est, n_rounds=2, groups_per_client=groups_per_client,
+                              random_state=0).fit(X, y, groups=groups + 10)
+    assert seen and set(seen) == {groups_per_client}
+
+
+def test_domain_batchnorm_client_domains_change_the_model(spd_domains):
+    """The groups inside a client matter: the same clients, each one domain, train another model."""
+    X, y, groups = spd_domains(n_groups=4, n_per_group=20)
+    fed = FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain", batch_size=1000), n_rounds=2,
+                                    random_state=0)
+    per_group = clone(fed).set_params(groups_per_client=2).fit(X, y, groups=groups)
+    per_client = clone(fed).fit(X, y, groups=groups // 2)
+    assert per_group.client_groups_ == [(0, 1), (2, 3)] and per_client.client_groups_ == [(0,), (1,)]
+    assert not np.allclose(per_group.decision_function(X), per_client.decision_function(X))
+    plain = FederatedSPDnetClassifier(SPDnetClassifier(batch_size=1000), n_rounds=2, random_state=0)
+    np.testing.assert_array_equal(clone(plain).set_params(groups_per_client=2).fit(X, y, groups=groups)
+                                  .decision_function(X), clone(plain).fit(X, y, groups=groups // 2).decision_function(X))

@@ -94,6 +94,8 @@ def spd():
     dict(groups=False, clients_per_round=1, aggregation="rlavg", weighting="uniform", partition="dirichlet"),
     dict(groups=False, clients_per_round=None, validation_fraction=0.0),
     dict(groups=False, clients_per_round=2, estimator=_estimator(recenter_every=3, batch_size=16)),
+    # clients of two subjects: each subject a domain of the site's domain batch norm
+    dict(groups=True, groups_per_client=2, estimator=_estimator(batchnorm="domain")),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd
@@ -295,7 +297,8 @@ def test_site_data_file_sample_weight_is_read_and_used(spd, tmp_path):
     X, y = spd
     groups, w = np.repeat(np.arange(3), 20), _weights(len(y))
     paths = _site_files(tmp_path, X, y, groups, w)
-    site_id, _, _, read = _read(paths[1], cid=1)
+    site_id, _, _, read, groups_read = _read(paths[1], cid=1)
+    assert groups_read is None
     assert site_id == 1
     np.testing.assert_array_equal(read, w[groups == 1], strict=True)
     deployed = _serve_files(_fed("local", n_rounds=2), paths)
@@ -303,6 +306,34 @@ def test_site_data_file_sample_weight_is_read_and_used(spd, tmp_path):
     assert_same_model(local, deployed)
     unweighted = _fed("local", n_rounds=2).fit(X, y, groups=groups)
     assert not np.array_equal(deployed.predict_proba(X), unweighted.predict_proba(X))
+
+
+def test_site_data_file_groups_are_the_sites_domains(spd, tmp_path):
+    """A site file's ``groups`` (two subjects per site) are its domains of batch
+    normalization, as ``groups_per_client=2`` makes them on the local backend."""
+    X, y = spd
+    subjects = np.repeat(np.arange(4), 15)
+    paths = []
+    for site in range(2):
+        rows = subjects // 2 == site
+        paths.append(tmp_path / f"site{site}.npz")
+        np.savez(paths[-1], X=X[rows], y=y[rows], groups=subjects[rows])
+    np.testing.assert_array_equal(_read(paths[1], cid=1)[4], subjects[subjects >= 2], strict=True)
+    estimator = _estimator(batchnorm="domain")
+    deployed = _serve_files(_fed("local", estimator, n_rounds=2), paths)
+    assert_same_model(_fed("local", estimator, n_rounds=2, groups_per_client=2).fit(X, y, groups=subjects), deployed)
+    one_domain = _fed("local", estimator, n_rounds=2).fit(X, y, groups=subjects // 2)
+    assert not np.array_equal(deployed.predict_proba(X), one_domain.predict_proba(X))
+
+
+@pytest.mark.parametrize("groups, shape", [(np.zeros(19), r"\(19,\)"), (np.zeros((20, 1)), r"\(20, 1\)")])
+def test_site_data_file_bad_groups_named(spd, tmp_path, groups, shape):
+    X, y = spd
+    path = tmp_path / "site0.npz"
+    np.savez(path, X=X[:20], y=y[:20], groups=groups)
+    with pytest.raises(ValueError, match=rf"site0.npz: groups must be a 1-D array of 20 labels \(one per sample\), "
+                                         rf"got shape {shape}"):
+        _read(path)
 
 
 def test_deployed_site_applies_a_dict_class_weight_and_refuses_balanced(spd, tmp_path):
@@ -445,8 +476,8 @@ def _sites(monkeypatch, relabel=lambda cid, y: y):
 
     def make_client_app(load_site, **kwargs):
         def load(context):
-            cid, X, y, sample_weight = load_site(context)
-            return cid, X, relabel(cid, y), sample_weight
+            cid, X, y, sample_weight, groups = load_site(context)
+            return cid, X, relabel(cid, y), sample_weight, groups
 
         app = real(load, **kwargs)
 

@@ -113,7 +113,7 @@ def _site_training_weights(est, y, sample_weight):
 class _PreparedSite:
     """A site's data after the set-up: split, encoded, weighted, as tensors, with an estimator."""
 
-    def __init__(self, cid, X, y, sample_weight, setup, estimator_factory):
+    def __init__(self, cid, X, y, sample_weight, groups, setup, estimator_factory):
         est = estimator_factory() if estimator_factory is not None else _spec.estimator_from_spec(setup["estimator"])
         X = est.check_inputs(X, reset=True)
         y = np.asarray(y)
@@ -145,8 +145,10 @@ class _PreparedSite:
             est.set_input_statistic(setup["input_statistic"])
             est.init_module(setup["seed"])
             self.est = est
-            self.X_train, self.y_train = est.to_tensor(X[self.train]), torch.as_tensor(codes[self.train])
-            self.X_val, self.y_val = est.to_tensor(X[self.val]), torch.as_tensor(codes[self.val])
+            # The site's groups (subjects, sessions) are domains of batchnorm="domain", as on the local backend.
+            domains = est.fit_domains(groups, len(X))
+            self.X_train, self.y_train = est.module_input(X, self.train, domains), torch.as_tensor(codes[self.train])
+            self.X_val, self.y_val = est.module_input(X, self.val, domains), torch.as_tensor(codes[self.val])
             self.w_train, self.w_val = (None, None) if w is None else (torch.as_tensor(w_train),
                                                                        torch.as_tensor(w[self.val]))
 
@@ -165,17 +167,32 @@ def _file_weights(sample_weight, n_samples, path):
         raise ValueError(f"site data file {path}: {error}") from None
 
 
+def _file_groups(groups, n_samples, path):
+    """The ``groups`` array of a site's data file, checked (None when it has none)."""
+    if groups is None:
+        return None
+    groups = np.asarray(groups)
+    if groups.shape != (n_samples,):
+        raise ValueError(f"site data file {path}: groups must be a 1-D array of {n_samples} labels (one per sample), "
+                         f"got shape {groups.shape}")
+    return groups
+
+
 def load_site_from_node_config(context):
-    """A site's ``(client_id, X, y, sample_weight)`` from its SuperNode's ``--node-config``.
+    """A site's ``(client_id, X, y, sample_weight, groups)`` from its SuperNode's ``--node-config``.
 
     Keys: ``client-id`` (int, 0..N-1, unique in the federation), ``data-path`` (a ``.npz``
-    with arrays ``X`` and ``y`` and optionally ``sample_weight``, read with
+    with arrays ``X`` and ``y`` and optionally ``sample_weight`` and ``groups``, read with
     ``allow_pickle=False``), and optionally ``data-loader`` (``"module:function"``, called
-    as ``function(data_path) -> (X, y)`` or ``(X, y, sample_weight)``, for any other
-    format). ``sample_weight`` (None when absent) must be a 1-D array of one finite weight
-    ≥ 0 per sample, not all 0: otherwise a ValueError names the file and the problem (the
-    error of a failed set-up reaches the server). The path is otherwise read by the site
-    only; the server never sees it.
+    as ``function(data_path) -> (X, y)``, ``(X, y, sample_weight)`` or ``(X, y,
+    sample_weight, groups)``, for any other format). ``sample_weight`` (None when absent)
+    must be a 1-D array of one finite weight ≥ 0 per sample, not all 0; ``groups`` (None
+    when absent: the site is one domain) labels each sample's subject or session, the
+    domains of ``batchnorm="domain"`` (as ``fit(..., groups=...)`` with
+    ``groups_per_client`` > 1 on the local backend), and must be a 1-D array of one label
+    per sample. Otherwise a ValueError names the file and the problem (the error of a
+    failed set-up reaches the server). The path is otherwise read by the site only; the
+    server never sees it.
 
     Examples
     --------
@@ -194,15 +211,18 @@ def load_site_from_node_config(context):
     >>> np.savez(path, X=X, y=y)
     >>> context = Context(run_id=1, node_id=7, node_config={"client-id": 0, "data-path": path},
     ...                   state=RecordDict(), run_config={})
-    >>> client_id, X_site, y_site, weights = load_site_from_node_config(context)
-    >>> client_id, X_site.shape, y_site.shape, weights
-    (0, (10, 4, 4), (10,), None)
+    >>> client_id, X_site, y_site, weights, groups = load_site_from_node_config(context)
+    >>> client_id, X_site.shape, y_site.shape, weights, groups
+    (0, (10, 4, 4), (10,), None, None)
 
     A file may carry the sites' sample weights:
 
     >>> np.savez(path, X=X, y=y, sample_weight=np.repeat([1.0, 2.0], 5))
     >>> load_site_from_node_config(context)[3]
     array([1., 1., 1., 1., 1., 2., 2., 2., 2., 2.])
+    >>> np.savez(path, X=X, y=y, groups=np.repeat(["s1", "s2"], 5))  # two subjects: two domains
+    >>> load_site_from_node_config(context)[4]
+    array(['s1', 's1', 's1', 's1', 's1', 's2', 's2', 's2', 's2', 's2'], dtype='<U2')
     >>> np.savez(path, X=X, y=y, sample_weight=-np.ones(10))
     >>> load_site_from_node_config(context)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -219,16 +239,18 @@ def load_site_from_node_config(context):
     if loader:
         module, _, name = str(loader).partition(":")
         data = getattr(importlib.import_module(module), name)(path)
-        if not isinstance(data, tuple) or len(data) not in (2, 3):
-            raise TypeError(f"data-loader {loader} must return (X, y) or (X, y, sample_weight), got "
-                            f"{type(data).__name__} of length {len(data) if isinstance(data, tuple) else '?'}")
-        X, y, sample_weight = (*data, None)[:3]
+        if not isinstance(data, tuple) or len(data) not in (2, 3, 4):
+            raise TypeError(f"data-loader {loader} must return (X, y), (X, y, sample_weight) or (X, y, sample_weight, "
+                            f"groups), got {type(data).__name__} of length "
+                            f"{len(data) if isinstance(data, tuple) else '?'}")
+        X, y, sample_weight, groups = (*data, None, None)[:4]
     else:
         with np.load(path, allow_pickle=False) as data:
             X, y = data["X"], data["y"]
-            sample_weight = data["sample_weight"] if "sample_weight" in data.files else None
+            sample_weight, groups = (data[key] if key in data.files else None for key in ("sample_weight", "groups"))
     X = np.asarray(X)
-    return int(config["client-id"]), X, np.asarray(y), _file_weights(sample_weight, len(X), path)
+    return (int(config["client-id"]), X, np.asarray(y), _file_weights(sample_weight, len(X), path),
+            _file_groups(groups, len(X), path))
 
 
 def make_client_app(load_site=load_site_from_node_config, estimator_factory=None):
@@ -237,9 +259,10 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     Parameters
     ----------
     load_site : callable
-        ``load_site(context) -> (client_id, X, y)`` or ``(client_id, X, y, sample_weight)``:
-        the site's raw data (all of it; the train/validation split is made here) and its
-        sample weights (None: unweighted). Deployment: :func:`load_site_from_node_config`.
+        ``load_site(context) -> (client_id, X, y)``, ``(client_id, X, y, sample_weight)`` or
+        ``(client_id, X, y, sample_weight, groups)``: the site's raw data (all of it; the
+        train/validation split is made here), its sample weights (None: unweighted) and its
+        samples' groups (None: the site is one domain of ``batchnorm="domain"``). Deployment: :func:`load_site_from_node_config`.
     estimator_factory : callable or None
         Returns the unfitted local estimator; None: rebuilt from the set-up's JSON spec
         (deployment). The in-process simulation passes a ``clone`` of the server's.
@@ -283,10 +306,12 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
                         del site_data[old]
                     site_data[data_key] = load_site(context)
                 data = site_data[data_key]
-                if not isinstance(data, tuple) or len(data) not in (3, 4):
-                    raise TypeError("load_site must return (client_id, X, y) or (client_id, X, y, sample_weight)")
-                cid, X, y, sample_weight = (*data, None)[:4]
-                cache[key] = (cid, _PreparedSite(cid, X, y, sample_weight, _spec.loads(setup_json), estimator_factory))
+                if not isinstance(data, tuple) or len(data) not in (3, 4, 5):
+                    raise TypeError("load_site must return (client_id, X, y), (client_id, X, y, sample_weight) or "
+                                    "(client_id, X, y, sample_weight, groups)")
+                cid, X, y, sample_weight, groups = (*data, None, None)[:5]
+                cache[key] = (cid, _PreparedSite(cid, X, y, sample_weight, groups, _spec.loads(setup_json),
+                                                 estimator_factory))
             return cache[key]
 
     def check_client(message, cid):

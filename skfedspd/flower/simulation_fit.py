@@ -5,7 +5,7 @@ The data are split into clients exactly as on the local backend (``groups`` or t
 seeded partition, in :class:`~skfedspd.engine.FitTask`); virtual SuperNode ``i`` holds
 client ``i``'s samples, with their training weights when the fit has any (``sample_weight``
 times the local estimator's ``class_weight``, computed on all the labels as on the local
-backend), and runs the FedSPDnet ClientApp; the ServerApp runs
+backend) and their groups (the domains of ``batchnorm="domain"``), and runs the FedSPDnet ClientApp; the ServerApp runs
 :func:`skfedspd.flower.server.serve`. See :mod:`skfedspd.flower.simulation` for the
 runtime (no Ray).
 """
@@ -46,8 +46,9 @@ def fit_simulation(fed, task):
     """
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
-    w = task.sample_weight
-    sites = [(cid, task.X[idx], task.y[idx], None if w is None else w[idx]) for cid, idx in enumerate(task.indices)]
+    w, groups = task.sample_weight, task.groups
+    sites = [(cid, task.X[idx], task.y[idx], None if w is None else w[idx], None if groups is None else groups[idx])
+             for cid, idx in enumerate(task.indices)]
     template = clone(task.estimator)  # unfitted: each site builds its model from the set-up
     if "class_weight" in template.get_params(deep=False):
         template.set_params(class_weight=None)  # already in the sites' weights: not applied twice
