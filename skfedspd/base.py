@@ -719,7 +719,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             else:
                 train, val = np.arange(len(codes)), np.arange(0)
             X_train, X_val = self.module_input(X, train, domains), self.module_input(X, val, domains)
-            self._warn_about_input(self.to_tensor(X[train[:256]]))
+            self._warn_about_input(X_train.X if isinstance(X_train, DomainBatch) else X_train)
             schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
                                        lr_patience=self.lr_patience, lr_factor=self.lr_factor,
                                        monitor=getattr(self, "validation_metric", "loss"))
