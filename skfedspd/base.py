@@ -191,7 +191,10 @@ def _check_labels(y, n_samples):
 
 def _as_tensor(a):
     """A tensor sharing a writable numpy array's memory, or a copy of a read-only one (joblib
-    memory-maps): torch has no read-only tensors. Tensors pass through."""
+    memory-maps): torch has no read-only tensors. Tensors pass through; a DomainBatch gets
+    its matrices converted."""
+    if isinstance(a, DomainBatch):
+        return DomainBatch(_as_tensor(a.X), a.domains)
     if not isinstance(a, np.ndarray):
         return a
     return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)

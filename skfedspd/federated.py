@@ -966,6 +966,16 @@ def _evaluate_clients(est, engine, clients, n_threads=None):
     return replies
 
 
+def _tensors(arrays):
+    """The tensors of one client's arrays: None (unweighted) has none, a DomainBatch two
+    (its matrices and their domain codes)."""
+    for a in arrays:
+        if isinstance(a, DomainBatch):
+            yield from (a.X, a.domains)
+        elif isinstance(a, torch.Tensor):
+            yield a
+
+
 class _SharedClients:
     """The clients' arrays as the workers get them (``shared[i]``, made when first asked):
     each CPU tensor over 1 MiB as a memory-mapped ``.npy`` file, written once per fit and
@@ -983,8 +993,7 @@ class _SharedClients:
         self.clients, self.shared = clients, {}
 
     def __enter__(self):
-        size = sum(a.numel() * a.element_size() for arrays in self.clients for a in arrays
-                   if isinstance(a, torch.Tensor))
+        size = sum(a.numel() * a.element_size() for arrays in self.clients for a in _tensors(arrays))
         shm = "/dev/shm"  # memory-backed, as joblib prefers it, when it has room
         use_shm = os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * size
         self.folder = tempfile.mkdtemp(prefix="skfedspd-", dir=shm if use_shm else None)
@@ -999,6 +1008,8 @@ class _SharedClients:
         return self.shared[i]
 
     def _share(self, a, name):
+        if isinstance(a, DomainBatch):  # its matrices as any tensor; its domain codes go with the job
+            return DomainBatch(self._share(a.X, name), a.domains)
         if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
             return a
         a = a.numpy()
@@ -1021,9 +1032,7 @@ def _fingerprint(fed, clients, seed, first_round):
                            "params": est.get_params(deep=False)}
     data = hashlib.sha256()
     for arrays in clients:
-        # None: unweighted; a DomainBatch: its matrices and their domains.
-        tensors = [t for a in arrays if a is not None for t in ((a.X, a.domains) if isinstance(a, DomainBatch) else (a,))]
-        for a in tensors:
+        for a in _tensors(arrays):
             a = a.detach().cpu().numpy()
             data.update(f"{a.dtype}{a.shape}".encode())
             data.update(np.ascontiguousarray(a).tobytes())

@@ -1355,3 +1355,20 @@ def test_domain_batchnorm_client_domains_change_the_model(spd_domains):
     plain = FederatedSPDnetClassifier(SPDnetClassifier(batch_size=1000), n_rounds=2, random_state=0)
     np.testing.assert_array_equal(clone(plain).set_params(groups_per_client=2).fit(X, y, groups=groups)
                                   .decision_function(X), clone(plain).fit(X, y, groups=groups // 2).decision_function(X))
+
+
+def test_shared_clients_map_a_domain_batch_and_the_worker_gets_it_back():
+    """A client's DomainBatch reaches the workers with its matrices memory-mapped (as plain
+    tensors are) and its domains, and local training receives it as a DomainBatch of tensors."""
+    from skfedspd.base import _as_tensor
+    from skfedspd.federated import _SharedClients
+
+    X = torch.randn(200, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # 1.6 MiB
+    batch = DomainBatch(X, np.arange(200) % 3)
+    with _SharedClients([(batch, torch.zeros(200, dtype=torch.long), None)]) as shared:
+        sent, labels, weights = shared[0]
+        assert isinstance(sent, DomainBatch) and isinstance(sent.X, np.memmap) and weights is None
+        received = _as_tensor(pickle.loads(pickle.dumps(sent)))
+        assert isinstance(received, DomainBatch) and isinstance(received.X, torch.Tensor)
+        torch.testing.assert_close(received.X, X, rtol=0, atol=0)
+        assert torch.equal(received.domains, batch.domains)
