@@ -194,7 +194,8 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     Each site saves its data for its SuperNode (``--node-config 'client-id=<i>
     data-path="site<i>.npz"'``, ``docs/deployment.md``; optionally with a ``sample_weight``
     array, which the site trains with as ``fit(..., sample_weight=...)`` does on the local
-    backend); the researcher then submits the
+    backend, and a ``groups`` array, its subjects or sessions: the domains of
+    ``batchnorm="domain"``); the researcher then submits the
     run to the SuperLink. That step needs a running deployment and is skipped here
     (:class:`~skfedspd.flower.loopback.LoopbackDeployment` starts one on this machine):
 
