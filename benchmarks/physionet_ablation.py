@@ -9,12 +9,21 @@ re-runs the cells it affects on the same client splits and seeds:
   learning-rate patience counted in plain rounds (20) instead of rounds of full
   participation (40 at M = N/2);
 * EEGNet, centralized and FedAvg Full, with each channel z-scored on its own
-  (``standardize="channel"``) instead of the whole trial (the default, ``"trial"``).
+  (``standardize="channel"``) instead of the whole trial (the default, ``"trial"``);
+* FedSPDnet Full and Half, with and without server momentum, with clients that keep their
+  Adam state between rounds (``client_optimizer_state="keep"``, the package's default)
+  instead of the paper's fresh Adam every round (session 8: server momentum was recommended
+  with the paper's clients and not validated with kept client state).
+
+``--variants`` runs some of them (default: all).
 
 The protocol's own cells are read from the main experiment's cache (``--main-out``) and
 fitted there when missing, so the two commands share their records.
 
     python -m benchmarks.physionet_ablation --seeds 3 --jobs 2
+    python -m benchmarks.physionet_ablation --seeds 10 --jobs 2 --variants protocol "protocol + server momentum" \
+        "kept client Adam" "server momentum, kept client Adam" --main-out results/ablation-8/protocol \
+        --out results/ablation-8
 """
 
 import argparse
@@ -38,6 +47,8 @@ log = logging.getLogger("benchmarks.tableone.ablation")
 CENTRALIZED_SPDNET, CENTRALIZED_EEGNET = Cell("centralized", "spdnet"), Cell("centralized", "eegnet")
 FULL, HALF = Cell("full", "spdnet", "projavg"), Cell("half", "spdnet", "projavg")
 FULL_EEGNET = Cell("full", "eegnet", "projavg")
+FULL_SM, HALF_SM = Cell("full+sm", "spdnet", "projavg"), Cell("half+sm", "spdnet", "projavg")
+KEEP = {"federated": {"client_optimizer_state": "keep"}}
 # name -> (cells, estimator parameter overrides; None: the protocol itself)
 VARIANTS = {
     "protocol": ((CENTRALIZED_SPDNET, FULL, HALF), None),
@@ -46,6 +57,9 @@ VARIANTS = {
     "Half, LR patience 20 rounds": ((HALF,), {"federated": {"lr_patience": 20}}),
     "protocol (EEGNet)": ((CENTRALIZED_EEGNET, FULL_EEGNET), None),
     "EEGNet standardize='channel'": ((CENTRALIZED_EEGNET, FULL_EEGNET), {"local": {"standardize": "channel"}}),
+    "protocol + server momentum": ((FULL_SM, HALF_SM), None),
+    "kept client Adam": ((FULL, HALF), KEEP),
+    "server momentum, kept client Adam": ((FULL_SM, HALF_SM), KEEP),
 }
 
 
@@ -60,6 +74,8 @@ def main(argv=None):
     parser.add_argument("--eegnet-seeds", type=int, default=2, help="EEGNet seeds (default 2)")
     parser.add_argument("--rounds", type=int, default=150)
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), metavar="NAME",
+                        help="the variants to run (default: all): " + "; ".join(VARIANTS))
     parser.add_argument("--out", type=Path, default=Path("results/ablation"))
     parser.add_argument("--main-out", type=Path, default=Path("results/experiment-full/PhysionetMI"),
                         help="cache of the main experiment's protocol cells (shared)")
@@ -81,7 +97,8 @@ def main(argv=None):
                                      seeds=args.seeds, eegnet_seeds=args.eegnet_seeds)
         start = time.perf_counter()
         rows = []
-        for name, (cells, params) in VARIANTS.items():
+        for name in args.variants:
+            cells, params = VARIANTS[name]
             out = args.main_out if params is None else args.out / folder(name)
             results = run_table(protocol, data, budget, out, cells, jobs=args.jobs, params=params,
                                 log_file=log_file)
