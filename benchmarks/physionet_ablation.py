@@ -29,6 +29,7 @@ fitted there when missing, so the two commands share their records.
 import argparse
 import dataclasses
 import logging
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -83,7 +84,7 @@ def main(argv=None):
     args = parser.parse_args(argv)
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
-        command = "python -m benchmarks.physionet_ablation " + " ".join(argv)
+        command = "python -m benchmarks.physionet_ablation " + shlex.join(argv)
         log.info(f"command: {command.strip()}\nmachine: {machine()}\nlibrary output: {log_file}")
         root = find_physionet_root()
         if root is None:

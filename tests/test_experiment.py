@@ -354,3 +354,29 @@ def test_report_only_without_results_says_so(fake_weibo, tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == [f"FakeWeibo: no results in {out / 'FakeWeibo'}; nothing to report for it.", "Nothing to report."]
     assert not (out / "FakeWeibo").exists()
+
+
+@pytest.mark.parametrize("name, setting, momentum", [
+    ("kept client Adam", "full", 0.0), ("server momentum, kept client Adam", "half+sm", 0.9),
+    ("protocol + server momentum", "full+sm", 0.9),
+])
+def test_physionet_ablation_client_state_variants(name, setting, momentum):
+    """The session-8 variants change the clients' optimizer state only: server momentum as
+    in the protocol's "+sm" cells, the paper's fresh client Adam unless the variant keeps it."""
+    from benchmarks import physionet_ablation as pa
+    from benchmarks.tableone.protocols import PROFILES, PROTOCOLS
+    from benchmarks.tableone.runner import build
+
+    cells, params = pa.VARIANTS[name]
+    (cell,) = [c for c in cells if c.setting == setting]
+    clf = build(PROTOCOLS["PhysionetMI"], cell, 0, PROFILES["full"], params)
+    assert clf.client_optimizer_state == ("keep" if "kept" in name else "reset")
+    assert clf.server_momentum == momentum and clf.local_epochs == 2
+
+
+def test_physionet_ablation_refuses_an_unknown_variant(capsys):
+    from benchmarks import physionet_ablation as pa
+
+    with pytest.raises(SystemExit):
+        pa.main(["--variants", "E=16 local epochs"])
+    assert "invalid choice: 'E=16 local epochs'" in capsys.readouterr().err
