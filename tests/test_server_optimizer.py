@@ -254,3 +254,18 @@ def test_saved_estimator_keeps_the_momentum(tmp_path):
     for name, value in fitted.engine_.server_momentum_buffer.items():
         np.testing.assert_array_equal(loaded.engine_.server_momentum_buffer[name], value)
     np.testing.assert_array_equal(loaded.decision_function(X), fitted.decision_function(X))
+
+
+@pytest.mark.parametrize("momentum, state, warns", [(0.9, "keep", True), (0.5, "keep", True), (0.9, "reset", False),
+                                                    (0.0, "keep", False)])
+def test_server_momentum_with_kept_client_state_warns(momentum, state, warns):
+    """The pair measured bad in Table I (docs/ablation-defaults.md) is named at fit."""
+    import warnings
+
+    from skfedspd.federated import KEEP_WITH_SERVER_MOMENTUM_WARNING
+
+    X, y = make_spd_dataset(40, 4, 2, seed=0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fed(n_rounds=1, server_momentum=momentum, client_optimizer_state=state).fit(X, y)
+    assert (KEEP_WITH_SERVER_MOMENTUM_WARNING in [str(w.message) for w in caught]) == warns
