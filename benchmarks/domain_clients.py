@@ -41,6 +41,10 @@ from moabb_evaluation import combine, datasets, quiet_libraries, table  # noqa: 
 
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier  # noqa: E402
 
+#: The rows, in the order ``--rows`` numbers them (see :func:`pipelines`).
+ROWS = ("TS+LR", "Recenter+TS+LR", "FedSPDnet", "FedSPDnet + domain BN, each subject a domain",
+        "FedSPDnet + domain BN, each client one domain")
+
 #: (row, reference): the paired differences reported.
 COMPARISONS = [
     ("FedSPDnet + domain BN, each subject a domain", "FedSPDnet + domain BN, each client one domain"),
@@ -73,7 +77,7 @@ def pipelines(k):
     def domain_bn():
         return SPDnetClassifier(batchnorm="domain")
 
-    return {
+    rows = {
         "TS+LR": make_pipeline(Covariances("oas"), TangentSpace(metric="riemann"), LogisticRegression(C=1.0)),
         "Recenter+TS+LR": make_pipeline(Covariances("oas"), Recenter(), TangentSpace(metric="riemann"),
                                         LogisticRegression(C=1.0)),
@@ -83,6 +87,8 @@ def pipelines(k):
         "FedSPDnet + domain BN, each client one domain": make_pipeline(
             Covariances("scm"), ClientDomainFederated(domain_bn(), groups_per_client=k, random_state=0)),
     }
+    assert tuple(rows) == ROWS
+    return rows
 
 
 def paired_lines(scores):
@@ -112,7 +118,9 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--subjects", type=int, nargs="+", default=None, help="default: the 16 offline subjects")
     parser.add_argument("--groups-per-client", type=int, default=2, metavar="K")
-    parser.add_argument("--rows", type=int, nargs="+", default=None, help="indices of the rows to run (default: all)")
+    parser.add_argument("--rows", type=int, nargs="+", choices=range(len(ROWS)), default=None,
+                        help="indices of the rows to run (default: all): " + "; ".join(
+                            f"{i} {name}" for i, name in enumerate(ROWS)))
     parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="DIR",
                         help="fit nothing: report the scores.csv of earlier runs (different rows) together")
     parser.add_argument("--out", type=Path, default=Path("results/domain-clients"))
@@ -137,8 +145,7 @@ def main(argv=None):
     from moabb.evaluations import CrossSubjectEvaluation
 
     rows = pipelines(args.groups_per_client)
-    names = list(rows)
-    chosen = {names[i]: rows[names[i]] for i in (args.rows if args.rows is not None else range(len(names)))}
+    chosen = {ROWS[i]: rows[ROWS[i]] for i in (args.rows if args.rows is not None else range(len(ROWS)))}
     print(f"command: {command}\nmachine: {cpu_name()}, 1 process, torch {torch.__version__}", flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     (_, dataset, paradigm), *_ = datasets(quick=True, subjects=args.subjects or list(PHYSIONET_OFFLINE_SUBJECTS))

@@ -200,7 +200,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         With the paper's clients (``client_optimizer_state="reset"``), ``server_momentum=0.9``
         with ``server_lr=1.0`` is recommended (Table I, ``docs/results.md``). Not with clients
         that keep their Adam state (the default): in Table I that pair fell to 31.2 macro-F1
-        against 55.8 with fresh clients (``docs/ablation-defaults.md``), and ``fit`` warns.
+        against 55.8 with fresh clients (``docs/ablation-defaults.md``); ``fit`` and
+        :func:`skfedspd.flower.fit_federated` warn (:meth:`warn_about_settings`).
     server_momentum : float in [0, 1), default=0.0
         Server momentum ``β``; the buffer is part of the checkpoint
         (``engine_.state_dict()``), so a resumed run continues bit for bit.
@@ -517,8 +518,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
                              "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
         task = self._prepare(X, y, groups, subjects, sample_weight)
-        if self.server_momentum > 0 and self.client_optimizer_state == "keep":
-            warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=2)
+        self.warn_about_settings()
         if self.dp_epsilon is not None and task.sample_weight is not None:
             raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
                                                        if sample_weight is None else ""))
@@ -552,6 +552,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         est.check_params()
         if self.dp_epsilon is not None:
             self._check_dp_mode(est)
+
+    def warn_about_settings(self):
+        """Warn about parameter pairs measured to train badly; ``fit`` and
+        :func:`skfedspd.flower.fit_federated` call it before training.
+
+        Server momentum with clients that keep their Adam state
+        (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/ablation-defaults.md``).
+        """
+        if self.server_momentum > 0 and self.client_optimizer_state == "keep":
+            warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
         """DP mode shares nothing outside the budget: refuse what would (docs/privacy.md)."""

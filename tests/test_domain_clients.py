@@ -44,3 +44,9 @@ def test_bad_groups_per_client_refused(k, capsys, tmp_path):
     with pytest.raises(SystemExit):
         dc.main(["--groups-per-client", str(k), "--out", str(tmp_path)])
     assert "--groups-per-client must be at least 1" in capsys.readouterr().err
+
+
+def test_a_row_out_of_range_is_refused(capsys, tmp_path):
+    with pytest.raises(SystemExit):
+        dc.main(["--rows", "5", "--out", str(tmp_path)])
+    assert "invalid choice: 5" in capsys.readouterr().err

@@ -4,6 +4,8 @@ unit step reproduces the rule, the geometry (orthonormality, tangent momentum, e
 retraction), checkpoint resume, the secure-aggregation property (weighted sum only) and
 convergence on a small federated problem."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -269,3 +271,16 @@ def test_server_momentum_with_kept_client_state_warns(momentum, state, warns):
         warnings.simplefilter("always")
         _fed(n_rounds=1, server_momentum=momentum, client_optimizer_state=state).fit(X, y)
     assert (KEEP_WITH_SERVER_MOMENTUM_WARNING in [str(w.message) for w in caught]) == warns
+
+
+def test_fit_federated_warns_about_server_momentum_with_kept_client_state(tmp_path):
+    """A deployed run is warned before it is submitted, as ``fit`` is."""
+    pytest.importorskip("flwr")
+    from skfedspd.federated import KEEP_WITH_SERVER_MOMENTUM_WARNING
+    from skfedspd.flower import fit_federated
+
+    taken = tmp_path / "model.skfedspd"
+    taken.write_text("an earlier model")
+    with pytest.warns(UserWarning, match=re.escape(KEEP_WITH_SERVER_MOMENTUM_WARNING)):
+        with pytest.raises(FileExistsError):  # stops before anything is submitted
+            fit_federated(_fed(server_momentum=0.9), "127.0.0.1:1", 2, taken)

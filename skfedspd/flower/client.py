@@ -43,8 +43,9 @@ A site without it (first round, restarted SuperNode) starts a fresh Adam.
 Every message carries the run's set-up (a JSON string), so a site keeps no other state
 between messages: the SuperNode may start a new ClientApp process for each one, and a
 restarted SuperNode rejoins without losing anything but its optimizer state. Client-local
-arrays (BatchNorm statistics of EEGNet) go back to the server with the parameters, exactly as on the local backend, which
-returns them to that client only (under secure aggregation: see above).
+arrays (BatchNorm statistics of EEGNet) go back to the server with the parameters, exactly as
+on the local backend, which returns them to that client only (under secure aggregation: see
+above).
 """
 
 import importlib
@@ -262,7 +263,8 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         ``load_site(context) -> (client_id, X, y)``, ``(client_id, X, y, sample_weight)`` or
         ``(client_id, X, y, sample_weight, groups)``: the site's raw data (all of it; the
         train/validation split is made here), its sample weights (None: unweighted) and its
-        samples' groups (None: the site is one domain of ``batchnorm="domain"``). Deployment: :func:`load_site_from_node_config`.
+        samples' groups (None: the site is one domain of ``batchnorm="domain"``).
+        Deployment: :func:`load_site_from_node_config`.
     estimator_factory : callable or None
         Returns the unfitted local estimator; None: rebuilt from the set-up's JSON spec
         (deployment). The in-process simulation passes a ``clone`` of the server's.

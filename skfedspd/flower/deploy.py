@@ -224,6 +224,7 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
     if insecure and root_certificates:
         raise ValueError("pass either insecure=True or root_certificates, not both")
+    estimator.warn_about_settings()
     if secure_aggregation is not None:
         estimator = clone(estimator).set_params(secure_aggregation=bool(secure_aggregation))
     output = Path(output).absolute()
