@@ -1,0 +1,13 @@
+"""Accuracy experiments on the offline PhysioNet EEG: one harness, named experiments.
+
+``python -m benchmarks.experiments NAME [options]`` runs the experiment ``NAME`` (``--help``
+lists them). The pieces every experiment shares live here, once:
+
+* :mod:`.data`: the left/right imagery of the 40 offline subjects as covariance matrices
+  (cached under ``results/cache``), trials in recording order;
+* :mod:`.pipelines`: the named pipelines (TS+LR, Recenter+TS+LR, SPDnet and FedSPDnet with
+  and without domain batch norm) built from the package's public API;
+* :mod:`.report`: per-subject balanced accuracy (the decision a user gets) with ROC-AUC beside
+  it, paired differences ± standard error with the number of subjects won, the report header
+  (command, package version, machine).
+"""

@@ -1,0 +1,37 @@
+"""``python -m benchmarks.experiments NAME``: run a named accuracy experiment."""
+
+import argparse
+import logging
+import os
+import warnings
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per process: a shared machine
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+import torch  # noqa: E402
+
+from . import unseen_subjects  # noqa: E402
+
+EXPERIMENTS = {
+    "unseen-subjects": unseen_subjects,
+}
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.experiments", description=__doc__)
+    commands = parser.add_subparsers(dest="experiment", required=True)
+    for name, module in EXPERIMENTS.items():
+        module.add_arguments(commands.add_parser(name, help=module.__doc__.split("\n")[0],
+                                                 description=module.__doc__))
+    args = parser.parse_args(argv)
+    torch.set_num_threads(1)
+    # Library noise (MNE's per-recording montage warnings, MOABB's logging) stays out of the console.
+    logging.getLogger("mne").setLevel(logging.ERROR)
+    logging.getLogger("moabb").setLevel(logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", module="mne")
+        EXPERIMENTS[args.experiment].run(args)
+
+
+if __name__ == "__main__":
+    main()

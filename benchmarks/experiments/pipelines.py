@@ -1,0 +1,70 @@
+"""The named pipelines every accuracy experiment draws from, built from the public API only."""
+
+import numpy as np
+import sklearn
+from pyriemann.tangentspace import TangentSpace
+from sklearn.linear_model import LogisticRegression
+from sklearn.pipeline import make_pipeline
+from sklearn.utils.metadata_routing import get_routing_for_object
+
+from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier
+
+
+def ts_lr(seed):
+    """pyRiemann's tangent space at the training mean + logistic regression."""
+    return make_pipeline(TangentSpace(), LogisticRegression(max_iter=1000))
+
+
+def recenter_ts_lr(seed):
+    """:class:`skfedspd.Recenter` (each domain to the identity) before TS+LR."""
+    return make_pipeline(Recenter(), TangentSpace(), LogisticRegression(max_iter=1000))
+
+
+def spdnet(seed, **params):
+    """``SPDnetClassifier`` with the package defaults (``params`` override them)."""
+    return SPDnetClassifier(random_state=seed, **params)
+
+
+def fedspdnet(seed, groups_per_client=2, **params):
+    """``FederatedSPDnetClassifier`` with the package defaults, clients of ``groups_per_client``
+    subjects; ``params`` go to the local ``SPDnetClassifier``."""
+    return FederatedSPDnetClassifier(SPDnetClassifier(**params), groups_per_client=groups_per_client,
+                                     random_state=seed)
+
+
+#: name -> factory(seed) of the pipelines the experiments compare.
+PIPELINES = {
+    "TS+LR": ts_lr,
+    "Recenter+TS+LR": recenter_ts_lr,
+    "SPDnet": spdnet,
+    "SPDnet+dBN": lambda seed: spdnet(seed, batchnorm="domain"),
+    "FedSPDnet": fedspdnet,
+    "FedSPDnet+dBN": lambda seed: fedspdnet(seed, batchnorm="domain"),
+}
+
+
+def fit(model, X, y, groups):
+    """Fit ``model``, handing it ``groups`` only if its routing asks for them (as MOABB does)."""
+    with sklearn.config_context(enable_metadata_routing=True):
+        wants = get_routing_for_object(model).consumes("fit", {"groups"})
+        return model.fit(X, y, **({"groups": groups} if wants else {}))
+
+
+def client_domains(groups, groups_per_client=2):
+    """Each sample's client index, the clients formed from ``groups`` as
+    ``FederatedSPDnetClassifier(groups_per_client=...)`` forms them: passed as ``groups`` to a
+    federated model with ``groups_per_client=1``, each client becomes one domain (the
+    ablation of per-subject domains)."""
+    from skfedspd.federated import make_clients
+
+    labels = np.empty(len(groups), dtype=np.intp)
+    for client, rows in enumerate(make_clients(groups, groups_per_client)[0]):
+        labels[rows] = client
+    return labels
+
+
+#: Pipelines trained on other groups than the subjects: name -> (factory, groups map).
+ABLATIONS = {
+    "FedSPDnet+dBN, client domains": (lambda seed: fedspdnet(seed, groups_per_client=1, batchnorm="domain"),
+                                      client_domains),
+}

@@ -1,0 +1,82 @@
+"""Per-subject scores and paired comparisons, as every unseen-subject figure is reported.
+
+Decisions are what a calibration-free user gets, so the headline metric is the balanced
+accuracy of each unseen subject; ROC-AUC stands beside it (it ranks one subject's trials
+against each other and cannot see a shift of that subject's whole score distribution).
+"""
+
+import platform
+import shlex
+import sys
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+
+import skfedspd
+
+from .._machine import cpu_name
+
+
+def header():
+    """The lines every report opens with: command, package version, machine."""
+    command = " ".join(shlex.quote(a) for a in [sys.executable.rsplit("/", 1)[-1], "-m",
+                                                 "benchmarks.experiments"] + sys.argv[1:])
+    return [f"command : `{command}`",
+            f"package : skfedspd {skfedspd.__version__}, torch {torch.__version__}, "
+            f"python {platform.python_version()}",
+            f"machine : {cpu_name()}, 1 thread per process"]
+
+
+def subject_scores(predictions):
+    """One row per (pipeline, subject): balanced accuracy and ROC-AUC (in %).
+
+    ``predictions``: DataFrame with columns ``pipeline``, ``subject``, ``y`` (0/1),
+    ``pred`` (0/1) and ``score`` (decision value or probability of class 1).
+    """
+    rows = []
+    for (name, subject), part in predictions.groupby(["pipeline", "subject"], sort=False):
+        rows.append({"pipeline": name, "subject": subject,
+                     "balanced_accuracy": 100 * balanced_accuracy_score(part["y"], part["pred"]),
+                     "roc_auc": 100 * roc_auc_score(part["y"], part["score"])})
+    return pd.DataFrame(rows)
+
+
+def paired(a, b):
+    """``(mean, standard error, wins, n)`` of the paired differences ``a − b``."""
+    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
+    return float(d.mean()), float(se), int((d > 0).sum()), len(d)
+
+
+def format_paired(a, b):
+    """``"+1.2 ± 0.4 (higher on 25 of 40)"``."""
+    mean, se, wins, n = paired(a, b)
+    return f"{mean:+.1f} ± {se:.1f} (higher on {wins} of {n})"
+
+
+def score_table(scores, order):
+    """Markdown table: mean ± sd over subjects of each metric, per pipeline in ``order``."""
+    lines = ["| pipeline | balanced accuracy % | ROC-AUC % | subjects |", "| --- | --- | --- | --- |"]
+    for name in order:
+        part = scores[scores["pipeline"] == name]
+        if len(part):
+            ba, auc = part["balanced_accuracy"], part["roc_auc"]
+            lines.append(f"| {name} | {ba.mean():.1f} ± {ba.std(ddof=1):.1f} | "
+                         f"{auc.mean():.1f} ± {auc.std(ddof=1):.1f} | {len(part)} |")
+    return lines
+
+
+def paired_lines(scores, pairs):
+    """Markdown bullet per ``(a, b)`` of ``pairs``: paired differences in both metrics."""
+    wide = {m: scores.pivot(index="subject", columns="pipeline", values=m)
+            for m in ("balanced_accuracy", "roc_auc")}
+    lines = []
+    for a, b in pairs:
+        if a in wide["balanced_accuracy"] and b in wide["balanced_accuracy"]:
+            both = wide["balanced_accuracy"][[a, b]].dropna().index
+            ba = format_paired(wide["balanced_accuracy"].loc[both, a], wide["balanced_accuracy"].loc[both, b])
+            auc = format_paired(wide["roc_auc"].loc[both, a], wide["roc_auc"].loc[both, b])
+            lines.append(f"- {a} − {b}: balanced accuracy {ba}; ROC-AUC {auc}")
+    return lines
