@@ -2,11 +2,15 @@
 
 MOABB's ``WithinSessionEvaluation`` (5-fold per subject and session) and
 ``CrossSubjectEvaluation`` (unseen subjects: leave-one-subject-out in ``--quick``,
-``GroupKFold(4)`` otherwise) on ``PhysionetMI(imagined=True)`` read from the offline copy
-(``../shared/data`` or ``$SKFEDSPD_DATA``; never downloads):
+``GroupKFold(--cross-folds)`` otherwise, 5 by default) on ``PhysionetMI(imagined=True)`` read
+from the offline copy (``../shared/data`` or ``$SKFEDSPD_DATA``; never downloads).
 
-* left/right hand (``LeftRightImagery``, ROC-AUC, MOABB's score for two classes), the 16
-  offline subjects (``--quick``: subjects 1-4);
+Scores: balanced accuracy per subject (the decision a user gets: the headline metric for
+unseen subjects, where a shift of a subject's whole score distribution costs decisions but
+not ranks) with ROC-AUC beside it for two classes (MOABB's convention) and accuracy for four.
+Paired differences ± standard error over subjects, with the number of subjects won.
+
+* left/right hand (``LeftRightImagery``), the 40 offline subjects (``--quick``: subjects 1-4);
 * 4 classes (``MotorImagery``, accuracy) on subjects 1, 4, 15 and 42, the only ones whose six
   imagery runs are all present (full run only).
 
@@ -15,31 +19,30 @@ and MDM pipelines; SCM covariances for SPDnet, as in the paper):
 
 * TS+LR, TS+SVM, MDM (pyRiemann);
 * Recenter+TS+LR: ``skfedspd.Recenter`` (each subject re-centred to the identity) before the
-  tangent space; the row is skipped, with a printed line, when ``skfedspd.Recenter`` does not
-  exist yet. In CrossSubject, MOABB passes the training subjects (``fit(subjects=...)``) to
-  the pipelines whose routing asks for them: ``Recenter``, ``SPDnetClassifier`` and the
-  federated estimator do by default (since session 7; before, only the federated one did,
-  so Recenter and SPDnet + domain BN treated the training subjects as one domain);
+  tangent space. In CrossSubject, MOABB passes the training subjects (``fit(subjects=...)``)
+  to the pipelines whose routing asks for them: ``Recenter``, ``SPDnetClassifier`` and the
+  federated estimator do by default;
 * SPDnet, FedSPDnet: ``SPDnetClassifier()`` and ``FederatedSPDnetClassifier()`` with their
   default constructors (``random_state=0``). In CrossSubject, MOABB routes the training
-  subjects to ``fit`` (metadata routing, key ``subjects``): each subject is one client. In
+  subjects to ``fit`` (metadata routing, key ``subjects``): clients of ``--groups-per-client``
+  subjects (2 by default), each subject a domain. In
   WithinSession no subjects reach ``fit``: the federated estimator falls back to its
   ``n_clients`` partition;
-* SPDnet + domain BN, FedSPDnet + domain BN: ``batchnorm="domain"``, only when
-  ``SPDnetClassifier`` has that parameter (detected with ``get_params``);
+* SPDnet + domain BN, FedSPDnet + domain BN: ``batchnorm="domain"``;
 * EEGNet: ``EEGNetClassifier(fs=160)`` on the band-passed epochs (full run only).
 
 Output under ``--out`` (default ``results/moabb-evaluation``, ``results/moabb-evaluation-quick``
-with ``--quick``): MOABB's scores (``scores.csv``), ``report.md`` (a table of the mean score
-over subjects per pipeline and evaluation, the command, the machine and the time), MOABB's
+with ``--quick``): MOABB's scores (``scores.csv``, one column per metric), ``report.md`` (the mean
+scores over subjects per pipeline and evaluation, the paired target lines, the command, the
+machine and the time), MOABB's
 score plots (``moabb.analysis.plotting.score_plot``) as PNG, MOABB's results store
 (``hdf5_path``) and the MNE/MOABB log (``moabb.log``; library noise stays out of the console).
 
     nice python benchmarks/moabb_evaluation.py --quick    # subjects 1-4, left/right, 5 pipelines
-    nice python benchmarks/moabb_evaluation.py            # 16 subjects, + 4 classes, all pipelines
-    # unseen subjects with 12 training subjects per fold (the quick pipelines):
-    nice python benchmarks/moabb_evaluation.py --quick --subjects 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 42 \
-        --evaluations CrossSubject --cross-folds 4
+    nice python benchmarks/moabb_evaluation.py            # 40 subjects, + 4 classes, all pipelines
+    # unseen subjects only, 40 subjects in GroupKFold(5) (the quick pipelines):
+    nice python benchmarks/moabb_evaluation.py --quick --subjects 1 2 ... 39 42 \
+        --evaluations CrossSubject --cross-folds 5
 """
 
 import argparse
@@ -64,7 +67,7 @@ EVALUATIONS = ("WithinSession", "CrossSubject")
 QUICK_SUBJECTS = [1, 2, 3, 4]
 
 
-def pipelines(quick, candidate=False):
+def pipelines(quick, candidate=False, groups_per_client=2):
     """name -> sklearn pipeline; skipped rows are printed."""
     from pyriemann.classification import MDM
     from pyriemann.estimation import Covariances
@@ -83,24 +86,18 @@ def pipelines(quick, candidate=False):
     if not quick:
         out["TS+SVM"] = ts(SVC(kernel="linear", C=1.0))
     out["MDM"] = make_pipeline(Covariances("oas"), MDM(metric="riemann"))
-    if hasattr(skfedspd, "Recenter"):
-        out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), skfedspd.Recenter(),
-                                              TangentSpace(metric="riemann"), LogisticRegression(C=1.0))
-    else:
-        print("Recenter+TS+LR: skipped (skfedspd.Recenter does not exist in this version)")
+    out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), skfedspd.Recenter(),
+                                          TangentSpace(metric="riemann"), LogisticRegression(C=1.0))
     out["SPDnet"] = make_pipeline(Covariances("scm"), SPDnetClassifier(random_state=0))
-    out["FedSPDnet"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(random_state=0))
+    out["FedSPDnet"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(
+        groups_per_client=groups_per_client, random_state=0))
     if candidate:
         from defaults_ablation import ProposedDefaults
 
         out["SPDnet (proposed defaults)"] = make_pipeline(Covariances("scm"), ProposedDefaults(random_state=0))
-    if "batchnorm" in SPDnetClassifier().get_params():
-        out["SPDnet + domain BN"] = make_pipeline(
-            Covariances("scm"), SPDnetClassifier(batchnorm="domain", random_state=0))
-        out["FedSPDnet + domain BN"] = make_pipeline(
-            Covariances("scm"), FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain"), random_state=0))
-    else:
-        print("SPDnet + domain BN, FedSPDnet + domain BN: skipped (SPDnetClassifier has no batchnorm parameter)")
+    out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), SPDnetClassifier(batchnorm="domain", random_state=0))
+    out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(
+        SPDnetClassifier(batchnorm="domain"), groups_per_client=groups_per_client, random_state=0))
     if not quick:
         out["EEGNet"] = EEGNetClassifier(fs=160.0, random_state=0)
     return out
@@ -111,63 +108,71 @@ def datasets(quick, subjects=None):
     from moabb.datasets import PhysionetMI
     from moabb.paradigms import LeftRightImagery, MotorImagery
 
-    from skfedspd.datasets import PHYSIONET_OFFLINE_SUBJECTS
+    from skfedspd.datasets import PHYSIONET_LEFT_RIGHT_SUBJECTS
 
     two = PhysionetMI(imagined=True)
-    two.subject_list = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_OFFLINE_SUBJECTS))
-    missing = sorted(set(two.subject_list) - set(PHYSIONET_OFFLINE_SUBJECTS))
+    two.subject_list = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_LEFT_RIGHT_SUBJECTS))
+    missing = sorted(set(two.subject_list) - set(PHYSIONET_LEFT_RIGHT_SUBJECTS))
     if missing:
-        raise SystemExit(f"subjects {missing} are not in the offline copy ({list(PHYSIONET_OFFLINE_SUBJECTS)})")
+        raise SystemExit(f"subjects {missing} are not in the offline copy ({list(PHYSIONET_LEFT_RIGHT_SUBJECTS)})")
     two.feet_runs = []  # left/right runs only: every offline subject has them
-    out = [("left/right", two, LeftRightImagery(fmin=8, fmax=32))]
+    out = [("left/right", two, LeftRightImagery(fmin=8, fmax=32, scorer=list(METRICS["left/right"])))]
     if not quick:
         four = PhysionetMI(imagined=True)
         four.subject_list = FOUR_CLASS_SUBJECTS
         out.append(("4 classes", four, MotorImagery(n_classes=4, events=["left_hand", "right_hand", "feet", "hands"],
-                                                     fmin=8, fmax=32)))
+                                                     fmin=8, fmax=32, scorer=list(METRICS["4 classes"]))))
     return out
 
 
-def table(scores, metric):
-    """Markdown: mean (± sd) of MOABB's score over subjects, per evaluation and pipeline."""
+#: MOABB scorers per task (the first is MOABB's ``score`` column), with their labels.
+METRICS = {"left/right": {"balanced_accuracy": "balanced accuracy", "roc_auc": "ROC-AUC"},
+           "4 classes": {"balanced_accuracy": "balanced accuracy", "accuracy": "accuracy"}}
+
+
+def per_subject(scores, scorer):
+    """Mean of one scorer's column per (evaluation, pipeline, subject), in %."""
+    return 100 * scores.groupby(["evaluation", "pipeline", "subject"])[f"score_{scorer}"].mean()
+
+
+def table(scores, task):
+    """Markdown: mean ± sd over subjects of every metric, per evaluation and pipeline."""
     evaluations = list(dict.fromkeys(scores["evaluation"]))
-    per_subject = scores.groupby(["evaluation", "pipeline", "subject"])["score"].mean()
+    means = {scorer: per_subject(scores, scorer) for scorer in METRICS[task]}
     names = list(dict.fromkeys(scores["pipeline"]))
-    lines = ["| pipeline | " + " | ".join(f"{e} {metric} (%)" for e in evaluations) + " | fit time per fold (s) |",
-             "| --- |" + " --- |" * (len(evaluations) + 1)]
+    heads = [f"{e} {label} (%)" for e in evaluations for label in METRICS[task].values()]
+    lines = ["| pipeline | " + " | ".join(heads) + " | fit time per fold (s) |", "| --- |" + " --- |" * (len(heads) + 1)]
     for name in names:
         cells = []
         for e in evaluations:
-            if (e, name) in per_subject.index.droplevel(2):
-                s = per_subject.loc[e, name]
-                cells.append(f"{100 * s.mean():.1f} ± {100 * s.std(ddof=0):.1f}")
-            else:
-                cells.append("-")
+            for scorer in METRICS[task]:
+                s = means[scorer].get((e, name))
+                cells.append("-" if s is None else f"{s.mean():.1f} ± {s.std(ddof=1):.1f}")
         fit_time = scores.loc[scores["pipeline"] == name, "time"].mean()
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {fit_time:.1f} |")
     return "\n".join(lines)
 
 
-#: Issue 10's targets: (evaluation, pipeline, reference, margin in points): pipeline ≥ reference + margin.
+#: Targets, in balanced accuracy per subject: (evaluation, pipeline, reference, margin in
+#: points), the pipeline ≥ reference + margin.
 TARGETS = [
     ("WithinSession", "SPDnet", "TS+LR", 0.0),
     ("WithinSession", "FedSPDnet", "SPDnet", -3.0),
-    ("CrossSubject", "SPDnet + domain BN", "Recenter+TS+LR", 0.0),
-    ("CrossSubject", "FedSPDnet + domain BN", "Recenter+TS+LR", 0.0),
-    ("CrossSubject", "SPDnet + domain BN", "SPDnet", 5.0),
-    ("CrossSubject", "FedSPDnet + domain BN", "FedSPDnet", 5.0),
+    ("CrossSubject", "SPDnet + domain BN", "Recenter+TS+LR", 2.0),
+    ("CrossSubject", "FedSPDnet + domain BN", "Recenter+TS+LR", 2.0),
+    ("CrossSubject", "FedSPDnet + domain BN", "SPDnet + domain BN", -1.0),
 ]
 
 
-def target_lines(scores):
-    """One line per target of :data:`TARGETS` on the subjects both pipelines have: the two
-    means, their paired difference ± its standard error over subjects, and how many
-    subjects the pipeline wins."""
-    per_subject = scores.groupby(["evaluation", "pipeline", "subject"])["score"].mean()
+def target_lines(scores, scorer="balanced_accuracy"):
+    """One line per target of :data:`TARGETS` on the subjects both pipelines have, in
+    ``scorer``: the two means, their paired difference ± its standard error over subjects,
+    and how many subjects the pipeline wins."""
+    means = per_subject(scores, scorer)
     lines = []
     for evaluation, name, reference, margin in TARGETS:
         try:
-            a, b = 100 * per_subject.loc[evaluation, name], 100 * per_subject.loc[evaluation, reference]
+            a, b = means.loc[evaluation, name], means.loc[evaluation, reference]
         except KeyError:
             continue
         diff = (a - b).dropna()
@@ -198,10 +203,9 @@ def report_combined(folders, out, command):
     lines = [f"# MOABB evaluation, {len(folders)} runs combined\n", f"command: `{command}`  ",
              f"runs: {', '.join(f'`{f}`' for f in folders)}"]
     for label, task in scores.groupby("task", sort=False):
-        metric = "ROC-AUC" if label == "left/right" else "accuracy"
         subjects = sorted(int(s) for s in task["subject"].unique())
-        lines += ["", f"## PhysionetMI {label}, subjects {subjects}: mean {metric} over subjects (MOABB's score; "
-                  "± sd over subjects)", "", table(task, metric), "", "Targets (issue 10):", *target_lines(task)]
+        lines += ["", f"## PhysionetMI {label}, subjects {subjects}: mean over subjects (± sd over subjects)", "",
+                  table(task, label), "", "Targets (balanced accuracy, paired over subjects):", *target_lines(task)]
     text = "\n".join(lines)
     print(text)
     (out / "report.md").write_text(text + "\n")
@@ -235,14 +239,16 @@ def main(argv=None):
                         help="reuse MOABB's stored results of unchanged pipelines (MOABB keys them on get_params, "
                              "not on the code: only when the package has not changed since)")
     parser.add_argument("--subjects", type=int, nargs="+", default=None,
-                        help="left/right subjects (default: 1-4 with --quick, else the 16 offline ones)")
+                        help="left/right subjects (default: 1-4 with --quick, else the 40 offline ones)")
+    parser.add_argument("--groups-per-client", type=int, default=2,
+                        help="subjects per client of the federated rows in CrossSubject (default: 2)")
     parser.add_argument("--combine", type=Path, nargs="+", default=None, metavar="DIR",
                         help="fit nothing: report the scores.csv of earlier runs on disjoint subject sets as one table")
     parser.add_argument("--evaluations", nargs="+", choices=EVALUATIONS, default=list(EVALUATIONS),
                         help="which MOABB evaluations to run (default: both)")
     parser.add_argument("--cross-folds", type=int, default=None, metavar="K",
                         help="CrossSubject by GroupKFold(K) over the subjects (default: leave-one-subject-out with "
-                             "--quick, K = 4 otherwise)")
+                             "--quick, K = 5 otherwise)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.cross_folds is not None and args.cross_folds < 2:
@@ -273,14 +279,13 @@ def main(argv=None):
 
     print(f"command: {command}\nmachine: {cpu_name()}, torch {torch.__version__}\noutput: {out}", flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
-    pipes = pipelines(args.quick, args.candidate)
+    pipes = pipelines(args.quick, args.candidate, args.groups_per_client)
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores = []
     for label, dataset, paradigm in datasets(args.quick, args.subjects):
-        metric = "ROC-AUC" if label == "left/right" else "accuracy"
         runs = []
-        cross_folds = args.cross_folds or (None if args.quick else 4)
+        cross_folds = args.cross_folds or (None if args.quick else 5)
         evaluations = {
             "WithinSession": lambda: WithinSessionEvaluation(paradigm=paradigm, datasets=[dataset],
                                                              overwrite=not args.reuse, random_state=42,
@@ -307,9 +312,9 @@ def main(argv=None):
         scores = pd.concat(runs, ignore_index=True)
         scores["task"] = label
         all_scores.append(scores)
-        report += ["", f"## PhysionetMI {label}, subjects {dataset.subject_list}: mean {metric} over subjects "
-                   "(MOABB's score; ± sd over subjects)", "", table(scores, metric), "", "Targets (issue 10):",
-                   *target_lines(scores)]
+        report += ["", f"## PhysionetMI {label}, subjects {dataset.subject_list}: mean over subjects "
+                   "(± sd over subjects)", "", table(scores, label), "",
+                   "Targets (balanced accuracy, paired over subjects):", *target_lines(scores)]
         print(report[-1], flush=True)
 
     pd.concat(all_scores, ignore_index=True).to_csv(out / "scores.csv", index=False)

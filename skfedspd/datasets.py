@@ -44,6 +44,7 @@ import numpy as np
 
 __all__ = [
     "PHYSIONET_OFFLINE_SUBJECTS",
+    "PHYSIONET_LEFT_RIGHT_SUBJECTS",
     "PHYSIONET_SFREQ",
     "SENSORIMOTOR_CHANNELS",
     "find_physionet_root",
@@ -57,8 +58,12 @@ __all__ = [
     "make_spd_classification",
 ]
 
-#: Subjects whose EDF files are in the offline copy (``../shared/data``).
+#: Subjects of the offline copy (``../shared/data``) with four-class imagery runs (the
+#: four-class protocols use these 16).
 PHYSIONET_OFFLINE_SUBJECTS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 42)
+
+#: Every subject of the offline copy: all have the left/right imagery runs 4, 8 and 12.
+PHYSIONET_LEFT_RIGHT_SUBJECTS = tuple(range(1, 40)) + (42,)
 
 #: Sampling rate of the recordings (Hz); subject 88, not in the offline copy, is the
 #: only one recorded at 128 Hz.

@@ -1,5 +1,5 @@
 """Tests of the MOABB evaluation benchmark's report (``benchmarks/moabb_evaluation.py``) on
-hand-made score tables: the issue's target lines and ``--combine`` (no fitting, no data)."""
+hand-made score tables: the target lines, the table and ``--combine`` (no fitting, no data)."""
 
 import pandas as pd
 import pytest
@@ -10,8 +10,8 @@ from benchmarks import moabb_evaluation as me
 def scores(values, subjects=(1, 2, 3), evaluation="WithinSession"):
     """MOABB-like rows: ``values`` maps a pipeline to its per-subject scores."""
     return pd.DataFrame([
-        {"score": v, "time": 1.0, "subject": s, "session": "0", "pipeline": name, "evaluation": evaluation,
-         "task": "left/right"}
+        {"score": v, "score_balanced_accuracy": v, "score_roc_auc": min(1.0, v + 0.1), "time": 1.0, "subject": s,
+         "session": "0", "pipeline": name, "evaluation": evaluation, "task": "left/right"}
         for name, per_subject in values.items() for s, v in zip(subjects, per_subject)])
 
 
@@ -26,9 +26,25 @@ def test_target_lines_are_paired_over_subjects():
 
 def test_a_subject_missing_from_one_pipeline_is_left_out_of_the_pair():
     table = pd.concat([scores({"SPDnet + domain BN": [0.9, 0.8]}, subjects=(1, 2), evaluation="CrossSubject"),
-                       scores({"SPDnet": [0.7, 0.7, 0.1]}, evaluation="CrossSubject")])
-    line = next(line for line in me.target_lines(table) if "≥ SPDnet +5" in line)
-    assert "85.0 vs 70.0, difference **+15.0**" in line and "over 2 subjects" in line
+                       scores({"Recenter+TS+LR": [0.7, 0.7, 0.1]}, evaluation="CrossSubject")])
+    line = next(line for line in me.target_lines(table) if "≥ Recenter+TS+LR +2" in line)
+    assert "85.0 vs 70.0, difference **+15.0**" in line and "over 2 subjects" in line and line.endswith("met")
+
+
+def test_target_lines_read_the_named_metric():
+    table = scores({"SPDnet": [0.60, 0.60, 0.60], "TS+LR": [0.55, 0.65, 0.65]})
+    balanced, auc = me.target_lines(table)[0], me.target_lines(table, "roc_auc")[0]
+    assert "60.0 vs 61.7" in balanced and balanced.endswith("MISSED")
+    assert "70.0 vs 71.7" in auc
+
+
+def test_table_shows_every_metric_per_evaluation():
+    table = me.table(pd.concat([scores({"TS+LR": [0.5, 0.6, 0.7]}),
+                                scores({"TS+LR": [0.6, 0.6, 0.6]}, evaluation="CrossSubject")]), "left/right")
+    head, _, row = table.splitlines()
+    assert head.startswith("| pipeline | WithinSession balanced accuracy (%) | WithinSession ROC-AUC (%) | "
+                           "CrossSubject balanced accuracy (%) | CrossSubject ROC-AUC (%)")
+    assert row.startswith("| TS+LR | 60.0 ± 10.0 | 70.0 ± 10.0 | 60.0 ± 0.0 | 70.0 ± 0.0 |")
 
 
 def test_combine_refuses_overlapping_subject_sets(tmp_path):

@@ -5,8 +5,7 @@ from pathlib import Path
 
 import numpy as np
 
-#: Every offline subject with the three left/right imagery runs (4, 8, 12).
-LEFT_RIGHT_SUBJECTS = tuple(range(1, 40)) + (42,)
+from skfedspd.datasets import PHYSIONET_LEFT_RIGHT_SUBJECTS as LEFT_RIGHT_SUBJECTS
 CACHE = Path(os.environ.get("SKFEDSPD_CACHE", "results/cache"))
 
 
