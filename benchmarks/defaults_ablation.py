@@ -282,7 +282,7 @@ def main(argv=None):
     parser.add_argument("--extra", action="store_true",
                         help="also the pooled setting, the channel subsets of (a) and two more budget rows")
     parser.add_argument("--cache", type=Path, default=Path("results/ablation-defaults-cache"))
-    parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
+    parser.add_argument("--out", type=Path, default=Path("results/ablation-defaults.md"))
     args = parser.parse_args(argv)
     command = "nice python " + " ".join(["benchmarks/defaults_ablation.py"] + (argv if argv is not None else sys.argv[1:]))
     lines = []

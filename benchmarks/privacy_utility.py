@@ -3,8 +3,8 @@
 Protocol: Table I of ``benchmarks.tableone`` (4 classes, clients of 2 subjects, each
 client's stratified 85/15 train/test split per seed, E = 2 local epochs, Adam 1e-3, batch
 64, full participation) with the package's recommended server optimizer (FedAvgM on the
-Stiefel manifold, ``server_momentum=0.9, server_lr=1.0``: ``docs/results.md``), in DP mode
-(``docs/privacy.md``): sample-level (ε, δ)-DP per site, δ = 1e-5, clip norm 1, no
+Stiefel manifold, ``server_momentum=0.9, server_lr=1.0``: ``docs/design-decisions.md``), in DP mode
+(``docs/guide/privacy.md``): sample-level (ε, δ)-DP per site, δ = 1e-5, clip norm 1, no
 validation split (DP mode keeps the last global model after a fixed number of rounds, so
 the 10 % validation part of Table I joins the training part), SPDnet with per-matrix
 ``scaling="trace"`` (nothing pooled). ε = ∞ is the same protocol without clipping or noise
@@ -22,7 +22,7 @@ multiplies the steps along persistent directions by up to 1/(1 − β) = 10. The
 learning rate stays Table I's Adam 1e-3, the one server momentum was validated with: with
 ``SPDnetClassifier``'s centralized default lr = 1e-2 on top of β = 0.9 (an effective step
 of 0.1) the ε = ∞ training loss of the sizing run stalls near 0.8 and oscillates instead of
-decreasing (``--quick --curve 80 --curve-lr 0.01``; docs/privacy.md).
+decreasing (``--quick --curve 80 --curve-lr 0.01``; docs/design-decisions.md).
 
 Rounds (one rule, per profile): ``--curve`` fits the ε = ∞ ProjAvg model of seed 0 one round
 at a time and prints its training loss and test macro-F1; ``R`` is the first multiple of 10

@@ -57,7 +57,7 @@ autosummary_context = {}  # filled below: "reexports"
 numpydoc_show_class_members = False  # the class template lists the methods
 numpydoc_class_members_toctree = False
 
-# -- Markdown pages (docs/*.md) -----------------------------------------------------------
+# -- Markdown pages (guide/, benchmarks/, design-decisions.md) ---------------------------
 myst_enable_extensions = ["dollarmath", "colon_fence"]
 myst_heading_anchors = 3
 
@@ -155,41 +155,6 @@ def _resolve_reexport(app, env, node, contnode):
                                           node["reftarget"], node, contnode)
 
 
-# -- the experiment's reports (docs/results-*.md, written by benchmarks/) start at level 2: they
-# get a page title here, the files stay as the experiment writes them ------------------------
-_PAGE_TITLES = {
-    "results-full": "Results: full protocol (``make experiment-full``)",
-    "results-quick": "Results: quick budget (``make experiment``)",
-}
-
-
-def _add_page_title(app, docname, source):
-    text = source[0]
-    if not app.env.doc2path(docname).suffix == ".md":
-        return
-    first = next((line for line in text.splitlines() if line.startswith("#")), "# ")
-    if not first.startswith("# "):
-        title = _PAGE_TITLES.get(docname, docname.replace("-", " ").capitalize())
-        source[0] = f"# {title.replace('``', '`')}\n\n{text}"
-
-
-# -- the user guide: every docs/*.md page, these first, any new page after them ------------------
-_GUIDE_ORDER = ["design", "deployment", "privacy", "results", "results-full", "results-quick"]
-_NOT_GUIDE = {"changelog"}
-
-
-def _user_guide_pages():
-    pages = {p.stem for p in Path(__file__).parent.glob("*.md")} - _NOT_GUIDE
-    return [p for p in _GUIDE_ORDER if p in pages] + sorted(pages - set(_GUIDE_ORDER))
-
-
-def _fill_user_guide(app, docname, source):
-    if docname == "index":
-        source[0] = source[0].replace("@USER_GUIDE_PAGES@", "\n   ".join(_user_guide_pages()))
-
-
 def setup(app):
-    app.connect("source-read", _fill_user_guide)
     app.connect("missing-reference", _resolve_reexport)
-    app.connect("source-read", _add_page_title)
     app.connect("autodoc-skip-member", _skip_member)

@@ -3,7 +3,7 @@ The same federated run as a Flower simulation
 =============================================
 
 `Flower <https://flower.ai>`_ is the framework that runs FedSPDnet across real sites
-(:doc:`/deployment`). ``FederatedSPDnetClassifier(backend="flower")`` runs the rounds of
+(:doc:`/guide/deployment`). ``FederatedSPDnetClassifier(backend="flower")`` runs the rounds of
 ``fit`` as an in-process Flower simulation: a ServerApp with skfedspd's strategy
 (:class:`~skfedspd.flower.SPDnetStrategy`) and one virtual SuperNode per client, each running
 the same local-training routine as the local backend. Server logic, client selection,
@@ -58,4 +58,4 @@ print("same history:        ", [r["clients"] for r in fits["local"].history_]
 # What the Flower run adds is the message passing: the server only ever receives each
 # client's parameters, its training loss and its validation scores, never a sample. On a
 # deployment, each site's SuperNode reads its own data file; see the next example and
-# :doc:`/deployment`.
+# :doc:`/guide/deployment`.

@@ -5,7 +5,7 @@ A Flower deployment on one machine: SuperLink, SuperNodes and ``fit_federated``
 On a real deployment each site runs a Flower **SuperNode** next to its data, the server runs
 a **SuperLink**, and the researcher submits the run with
 :func:`skfedspd.flower.fit_federated`; the fitted model comes back as a
-:class:`~skfedspd.FederatedSPDnetClassifier` (:doc:`/deployment` has the multi-machine set-up,
+:class:`~skfedspd.FederatedSPDnetClassifier` (:doc:`/guide/deployment` has the multi-machine set-up,
 TLS included). :class:`~skfedspd.flower.loopback.LoopbackDeployment` starts the same processes
 on 127.0.0.1, one per site and one for the SuperLink, each with its own Flower home, and stops
 them (by PID) when the ``with`` block ends: the way to try a deployment before going

@@ -58,7 +58,7 @@ test = ~train
 # 20 % of each client's trials: with 36 training trials per subject, 10 % would leave each
 # client 3-4 validation trials, too few for the best-round choice to mean anything. The
 # budget is short for a documentation build; the paper's protocol (150 rounds, 16 subjects,
-# converged) is run by ``make experiment-full``, results in :doc:`/results`.
+# converged) is run by ``make experiment-full``, results in :doc:`/benchmarks/tableone`.
 local_model = SPDnetClassifier(hidden_dims=(8,), lr=5e-3, lr_patience=15, patience=40)
 models = {
     "FedSPDnet (ProjAvg, 4 clients)": FederatedSPDnetClassifier(

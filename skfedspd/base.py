@@ -48,7 +48,7 @@ def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
     A smaller part judges early stopping, the learning-rate schedule and restore-best on
     noise: on 36 and 144 training trials (split of 4 and 14) the 10 % split restored a
     near-untrained epoch and scored at chance, while training the fixed budget with the last
-    weights scored above tangent space + logistic regression (``docs/ablation-defaults.md``).
+    weights scored above tangent space + logistic regression (``docs/design-decisions.md``).
     50 samples bound the standard error of a validation accuracy by 0.07.
 
     Examples
@@ -203,7 +203,7 @@ def _as_tensor(a):
 class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     """Base for torch classifiers trained by :func:`skfedspd.training.train_epochs`.
 
-    It implements the local-estimator protocol (``docs/protocol.md``): the public methods
+    It implements the local-estimator protocol (``docs/guide/protocol.md``): the public methods
     that the federated meta-estimator, the engine and the Flower apps call, and nothing
     else. Subclasses provide ``_check_array(X, reset)`` (a validated float64 array; with
     ``reset`` it records ``n_features_in_``), :meth:`input_statistic`,

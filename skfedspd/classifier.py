@@ -24,7 +24,7 @@ def auto_hidden_dim(n_channels):
     8 channels or fewer are not compressed (at C3, Cz, C4 the pure ratio's d = 1 lost 15
     ROC-AUC points against d = 3); a BiMap cannot widen, hence the cap at ``n_channels``.
     3 → 3, 8 → 8, 16 → 8, 22 → 8, 32 → 9, 60 → 17, 64 → 18, 128 → 36
-    (``docs/ablation-defaults.md``).
+    (``docs/design-decisions.md``).
 
     Examples
     --------
@@ -120,7 +120,7 @@ class SPDnetClassifier(TorchClassifierBase):
     lr : float, default=1e-2
         Initial Adam learning rate (> 0); the learning rate of every ``partial_fit`` epoch
         and of the clients of :class:`~skfedspd.FederatedSPDnetClassifier`. 1e-2 learns on
-        one subject's 36 trials and on 144 pooled ones (``docs/ablation-defaults.md``:
+        one subject's 36 trials and on 144 pooled ones (``docs/design-decisions.md``:
         82.2 / 80.0 ROC-AUC against 81.0 / 78.3 at 1e-3, both with the validation rule
         below); the paper's 1e-3 is what ``benchmarks/tableone`` pins.
     batch_size : int, default=64
@@ -132,7 +132,7 @@ class SPDnetClassifier(TorchClassifierBase):
         subject (36 trials, a 4-trial split) or four (144 trials, 14) the split made the
         default model stop early and restore a near-untrained epoch (chance level), while
         training every sample for ``max_epochs`` at the constant ``lr`` and keeping the last
-        weights beat tangent space + logistic regression (``docs/ablation-defaults.md``).
+        weights beat tangent space + logistic regression (``docs/design-decisions.md``).
         ``validation_used_`` records which regime ran; 0 never splits.
     early_stopping : "auto" or bool, default="auto"
         Whether ``fit`` holds out ``validation_fraction`` for early stopping, the LR schedule

@@ -472,7 +472,7 @@ class EEGNetClassifier(TorchClassifierBase):
         samples), which keeps the channels' relative power, the lateralised band power
         that motor imagery is decoded from. ``"channel"`` divides each channel by its
         own standard deviation, which erases it (PhysionetMI figures for both in
-        ``docs/results.md``).
+        ``docs/design-decisions.md``).
     lr, batch_size, max_epochs, validation_fraction, early_stopping, validation_metric, patience, lr_patience,
     lr_factor, dtype, device, random_state, verbose, warm_start, class_weight
         As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here, ``lr``

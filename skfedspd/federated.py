@@ -122,7 +122,7 @@ def partition_indices(y, n_clients, partition, alpha, seed):
 #: ``fit``'s warning for server momentum with clients that keep their Adam state.
 KEEP_WITH_SERVER_MOMENTUM_WARNING = (
     "server_momentum > 0 with client_optimizer_state='keep': in Table I this pair fell to 31.2 macro-F1, "
-    "against 55.8 with client_optimizer_state='reset' (docs/ablation-defaults.md); use "
+    "against 55.8 with client_optimizer_state='reset' (docs/design-decisions.md); use "
     "client_optimizer_state='reset' with server momentum")
 
 
@@ -134,7 +134,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     estimator : TorchClassifierBase, default=None
         The local model and its training parameters (``SPDnetClassifier()`` when None),
         reachable as ``estimator__lr`` etc. Used through its public protocol
-        (``docs/design.md``): the architecture, ``lr`` (initial learning rate of the
+        (``docs/guide/protocol.md``): the architecture, ``lr`` (initial learning rate of the
         clients), ``batch_size``, ``dtype``, ``device``, the input scaling. Not used: its
         epoch-level ``max_epochs``, ``patience``, ``lr_patience``, ``lr_factor``,
         ``validation_fraction``, ``warm_start``, ``verbose``, ``random_state`` (this
@@ -198,9 +198,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         (the paper). The step uses only the aggregate and the server's own state, so it
         keeps the round a function of the clients' weighted sum (secure aggregation).
         With the paper's clients (``client_optimizer_state="reset"``), ``server_momentum=0.9``
-        with ``server_lr=1.0`` is recommended (Table I, ``docs/results.md``). Not with clients
+        with ``server_lr=1.0`` is recommended (Table I, ``docs/benchmarks/tableone.md``). Not with clients
         that keep their Adam state (the default): in Table I that pair fell to 31.2 macro-F1
-        against 55.8 with fresh clients (``docs/ablation-defaults.md``); ``fit`` and
+        against 55.8 with fresh clients (``docs/design-decisions.md``); ``fit`` and
         :func:`skfedspd.flower.fit_federated` warn (:meth:`warn_about_settings`).
     server_momentum : float in [0, 1), default=0.0
         Server momentum ``β``; the buffer is part of the checkpoint
@@ -212,7 +212,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         two minibatches a round, and a fresh Adam's first step is ``lr · sign(g)`` on every
         coordinate: reset every round, local training is sign-SGD at the full learning
         rate, where centralized Adam averages its moments over hundreds of steps
-        (``docs/ablation-defaults.md``). The state never leaves its client: it is not
+        (``docs/design-decisions.md``). The state never leaves its client: it is not
         aggregated, not part of the global model nor of the fitted estimator, not in any
         secure sum. It lasts one fit: the local backend keeps each simulated client's in the
         engine during the fit (a checkpoint holds it, so a resumed fit continues bit for
@@ -251,7 +251,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         in-process Flower simulation (one virtual SuperNode per client, the ``flower``
         extra); the same ``random_state`` gives a bit-identical model on both backends
         (``n_jobs`` and ``checkpoint_path`` are local-only). Real multi-site deployments
-        use :func:`skfedspd.flower.fit_federated` (``docs/deployment.md``).
+        use :func:`skfedspd.flower.fit_federated` (``docs/guide/deployment.md``).
     secure_aggregation : bool, default=False
         Flower only (``backend="flower"`` or :func:`~skfedspd.flower.fit_federated`):
         every round's train and validation replies reach the server only as sums, by
@@ -264,9 +264,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         added on the site before the sum).
         ``history_`` then holds totals only (``n_samples``: the one-element total, of the
         clients' weights with ``sample_weight``).
-        Threat model and what leaves a site: ``docs/privacy.md``.
+        Threat model and what leaves a site: ``docs/guide/privacy.md``.
     dp_epsilon : float or None, default=None
-        Sample-level differential privacy (``docs/privacy.md``): every site's local training
+        Sample-level differential privacy (``docs/guide/privacy.md``): every site's local training
         runs DP-SGD (:func:`skfedspd.privacy.dp_train_epochs`: Poisson sampling at
         ``q = batch_size / n_site``, per-sample gradients — Riemannian for the Stiefel
         weights — clipped jointly to ``dp_clip_norm``, Gaussian noise projected to the
@@ -292,7 +292,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         among them (a ValueError naming the unknown labels otherwise; on Flower that site
         fails the set-up). A class that no site holds remains a class of the model (its
         head is never trained): the server cannot tell, by design. Needed for the label set
-        to stay private (``docs/privacy.md``); with ``warm_start`` it must equal the fitted
+        to stay private (``docs/guide/privacy.md``); with ``warm_start`` it must equal the fitted
         ``classes_``.
 
     Attributes
@@ -340,7 +340,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     client updates, so a patience meant for full participation cuts the learning rate too
     early: scale ``lr_patience`` (and ``patience``) by ``N / M``. On PhysionetMI at M = N/2
     this took the learning rate from 2-4 halvings in 150 rounds to 0-1 (seeds 0-2,
-    ``benchmarks/physionet_ablation.py``; ``docs/results.md``).
+    ``benchmarks/physionet_ablation.py``; ``docs/design-decisions.md``).
 
     Examples
     --------
@@ -507,7 +507,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             ``backend="flower"`` the weights travel with each site's data and the model is
             the local backend's, bit for bit (under ``secure_aggregation`` the weighted sums
             are masked). A real deployment reads each site's weights from its data file
-            (``docs/deployment.md``). Not with ``dp_epsilon``.
+            (``docs/guide/deployment.md``). Not with ``dp_epsilon``.
 
         Returns
         -------
@@ -558,13 +558,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         :func:`skfedspd.flower.fit_federated` call it before training.
 
         Server momentum with clients that keep their Adam state
-        (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/ablation-defaults.md``).
+        (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``).
         """
         if self.server_momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
-        """DP mode shares nothing outside the budget: refuse what would (docs/privacy.md)."""
+        """DP mode shares nothing outside the budget: refuse what would (docs/guide/privacy.md)."""
         if self.validation_fraction != 0:
             raise ValueError(f"dp_epsilon needs validation_fraction=0 (got {self.validation_fraction}): per-site "
                              "validation scores would steer the schedule and the released model outside the privacy "

@@ -104,7 +104,7 @@ def _recentre(module):
 
 # Samples per batched backward of method="batched": each of its c cotangents runs through
 # the whole chunk's graph (c² work in the BiMap and spectral backward), against c× fewer calls;
-# 8 was fastest for St(64, 18) at batch 64 (docs/privacy.md).
+# 8 was fastest for St(64, 18) at batch 64 (docs/benchmarks/speed.md).
 _BACKWARD_CHUNK = 8
 
 
@@ -669,7 +669,7 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     ----------
     n_train_per_site : sequence of int
         Training-set size of each site (the data DP-SGD runs on; validation data is not
-        covered and must not leave the site, see docs/privacy.md).
+        covered and must not leave the site, see docs/guide/privacy.md).
     batch_size : int
         Expected batch size ``b`` (``q_i = b / n_i``).
     local_epochs, n_rounds : int

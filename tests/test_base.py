@@ -1,4 +1,4 @@
-"""The local-estimator protocol (``skfedspd.base.TorchClassifierBase``, ``docs/protocol.md``):
+"""The local-estimator protocol (``skfedspd.base.TorchClassifierBase``, ``docs/guide/protocol.md``):
 the documented third-party example runs, and every estimator implements the protocol."""
 
 import pathlib
@@ -12,12 +12,12 @@ from sklearn.base import clone
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import EEGNetClassifier, SPDnetClassifier
 
-DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "protocol.md"
+DOC = pathlib.Path(__file__).resolve().parents[1] / "docs" / "guide" / "protocol.md"
 
 
 @pytest.fixture(scope="module")
 def doc_example():
-    """The namespace of the Python example in docs/protocol.md, after running it."""
+    """The namespace of the Python example in docs/guide/protocol.md, after running it."""
     code = re.search(r"```python\n(.*?)```", DOC.read_text(), re.S).group(1)
     namespace = {"__name__": "protocol_example"}
     exec(compile(code, str(DOC), "exec"), namespace)  # noqa: S102 - our own documentation

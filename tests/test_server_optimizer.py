@@ -261,7 +261,7 @@ def test_saved_estimator_keeps_the_momentum(tmp_path):
 @pytest.mark.parametrize("momentum, state, warns", [(0.9, "keep", True), (0.5, "keep", True), (0.9, "reset", False),
                                                     (0.0, "keep", False)])
 def test_server_momentum_with_kept_client_state_warns(momentum, state, warns):
-    """The pair measured bad in Table I (docs/ablation-defaults.md) is named at fit."""
+    """The pair measured bad in Table I (docs/design-decisions.md) is named at fit."""
     import warnings
 
     from skfedspd.federated import KEEP_WITH_SERVER_MOMENTUM_WARNING

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 #: participation with the recommended server optimizer (``SERVER_MOMENTUM``), beside the
 #: paper-faithful settings (server step = the aggregate).
 PARTICIPATION = {"full": 1.0, "half": 0.5, "full+sm": 1.0, "half+sm": 0.5}
-#: The recommended server-optimizer setting (docs/results.md: FedAvgM, eta = 1, beta = 0.9).
+#: The recommended server-optimizer setting (docs/design-decisions.md: FedAvgM, eta = 1, beta = 0.9).
 SERVER_MOMENTUM = {"server_lr": 1.0, "server_momentum": 0.9}
 MODELS = ("ts-lr", "mdm", "spdnet", "eegnet")
 AGGREGATIONS = ("projavg", "rlavg")

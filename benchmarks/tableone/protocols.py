@@ -93,7 +93,7 @@ QUICK_SUBJECTS = (1, 2, 3, 4, 5, 6, 15, 42)
 PROFILES = {
     # Sized by convergence, not by rounds: every federated model runs 450 rounds (the
     # FedSPDnet validation curve of the 16-subject protocol still rises at the paper's
-    # T = 150 and flattens near round 425; docs/results.md), on half the subjects and one
+    # T = 150 and flattens near round 425; docs/benchmarks/tableone.md), on half the subjects and one
     # seed so that it fits in 10 min on 2 cores. Offline datasets only.
     "quick": Budget(seeds=1, rounds=450, eegnet_seeds=1, eegnet_rounds=450, unseen_folds=0, unseen_rounds=450,
                     unseen_eegnet=False, offline_only=True, subjects=QUICK_SUBJECTS, centralized_seeds=3),

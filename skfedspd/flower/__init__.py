@@ -3,7 +3,7 @@
 - ``FederatedSPDnetClassifier(backend="flower").fit(X, y, groups=...)``: an in-process
   Flower simulation (:mod:`.simulation_fit`);
 - :func:`fit_federated`: a run on a real SuperLink with one SuperNode per site
-  (``docs/deployment.md``); :mod:`.app` holds the deployed ServerApp and ClientApp;
+  (``docs/guide/deployment.md``); :mod:`.app` holds the deployed ServerApp and ClientApp;
 - :class:`SPDnetStrategy` / :func:`make_client_app`: the glue (a Strategy whose aggregation
   is :mod:`skfedspd.aggregation`, a ClientApp running the local estimator's ``local_update``); the server state is
   :class:`skfedspd.engine.FederatedEngine`'s.

@@ -1,6 +1,6 @@
 """Launch a FedSPDnet run on a Flower deployment and get the fitted model back.
 
-The sites run SuperNodes that hold their data (``docs/deployment.md``); the researcher
+The sites run SuperNodes that hold their data (``docs/guide/deployment.md``); the researcher
 calls :func:`fit_federated`, which writes the Flower App (:func:`write_app`: a
 ``pyproject.toml`` naming :mod:`skfedspd.flower.app`), submits it with ``flwr run`` to
 the SuperLink, writes the server's streamed log to a file while a progress bar shows the
@@ -181,7 +181,7 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         nothing else reaches the console.
     secure_aggregation : bool or None
         Run the rounds under Flower's SecAgg+ (the server sees only sums; see
-        ``docs/privacy.md``); None: the estimator's own ``secure_aggregation``. It travels
+        ``docs/guide/privacy.md``); None: the estimator's own ``secure_aggregation``. It travels
         in the run configuration with the estimator's spec.
 
     Returns
@@ -192,7 +192,7 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     Examples
     --------
     Each site saves its data for its SuperNode (``--node-config 'client-id=<i>
-    data-path="site<i>.npz"'``, ``docs/deployment.md``; optionally with a ``sample_weight``
+    data-path="site<i>.npz"'``, ``docs/guide/deployment.md``; optionally with a ``sample_weight``
     array, which the site trains with as ``fit(..., sample_weight=...)`` does on the local
     backend, and a ``groups`` array, its subjects or sessions: the domains of
     ``batchnorm="domain"``); the researcher then submits the

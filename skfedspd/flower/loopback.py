@@ -1,7 +1,7 @@
 """A Flower deployment on this machine: one SuperLink and one SuperNode per site, each a
 separate process on 127.0.0.1 with its own ``FLWR_HOME``, stopped by PID.
 
-For the deployment test, the benchmark and trying the setup of ``docs/deployment.md``
+For the deployment test, the benchmark and trying the setup of ``docs/guide/deployment.md``
 before going multi-machine. Plain HTTP (``--insecure``) because everything stays on the
 loopback interface; real sites use TLS (see the guide).
 """

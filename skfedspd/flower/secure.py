@@ -47,7 +47,7 @@ so at most 255 sites per round.
 
 Dropouts: every selected site is every other's neighbour (``num_shares = M``), and a secret
 is recovered from ``round(RECONSTRUCTION_THRESHOLD · M)`` shares (at least 2), so a round
-survives ``M − threshold`` dropouts (1 of 3 or 4 sites, 2 of 5). See ``docs/privacy.md``
+survives ``M − threshold`` dropouts (1 of 3 or 4 sites, 2 of 5). See ``docs/guide/privacy.md``
 for the threat model.
 """
 

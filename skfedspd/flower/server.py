@@ -411,7 +411,7 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     else:
         if agreed is None:
             est.set_classes(np.unique(np.concatenate([np.asarray(site) for site in labels])))
-        # DP mode: the sites' input statistics are neither sent nor used (docs/privacy.md)
+        # DP mode: the sites' input statistics are neither sent nor used (docs/guide/privacy.md)
         # pooled as on the local backend: by training size, or by the sum of the training weights
         statistic = None if setup["private"] else pool_input_statistic(
             stats, n_train if weights is None else [n if w is None else w for n, w in zip(n_train, weights)])
