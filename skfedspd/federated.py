@@ -540,7 +540,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
             result = backend(self, task)
-        fit_domain_prior(self, result.estimator, task)
+        set_global_domain_prior(self, result.estimator, task)
         return self.set_result(result)
 
     def check_params(self):
@@ -861,7 +861,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return tags
 
 
-def fit_domain_prior(fed, est, task):
+def set_global_domain_prior(fed, est, task):
     """Give the trained global model ``est`` its domain prior (``batchnorm="domain"``).
 
     Computed where the training data are in this process (the local backend and Flower

@@ -246,6 +246,8 @@ class DomainStatistics:
 
     def start(self, prior_weight):
         """The statistics of a new domain: the prior with ``prior_weight``, or empty."""
+        if not prior_weight > 0:  # set_params after fit is not validated until the next fit
+            raise ValueError(f"domain_prior_weight must be > 0, got {prior_weight!r}")
         if self.prior is None:
             return [RunningMean(torch.eye(n, dtype=self.dtype, device=self.device), 0.0) for n in self.sizes]
         return [RunningMean(M, prior_weight) for M in self.prior]

@@ -251,13 +251,20 @@ class Recenter(TransformerMixin, BaseEstimator):
         else:
             names, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
-        stats = self.domain_statistics_
+        stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight))
         with torch.no_grad():
             stats.add_in_order(work, labels, torch.as_tensor(X), 0)
         if keep:
             stats.commit(work)
+            self.domain_statistics_ = stats
         return X, work, labels
+
+    def _domain_statistics(self):
+        """The stored statistics; for a Recenter pickled before they existed, an empty
+        store without a prior (stored only by a call that updates it)."""
+        stats = getattr(self, "domain_statistics_", None)
+        return DomainStatistics([self.n_features_in_], torch.float64) if stats is None else stats
 
     def transform(self, X, groups=None, domain=None):
         """Update the domains of ``X``'s matrices, then re-centre each by its domain's mean.
@@ -279,7 +286,7 @@ class Recenter(TransformerMixin, BaseEstimator):
             Re-centred matrices.
         """
         X, work, labels = self._update(X, domain, groups, keep=domain is not None)
-        stats = self.domain_statistics_
+        stats = self._domain_statistics()
         if stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING.replace("fit_domain_prior(X_train, groups)", "fit(X_train)"),
                           UserWarning, stacklevel=2)
@@ -310,20 +317,22 @@ class Recenter(TransformerMixin, BaseEstimator):
         """Forget the statistics of ``domain`` (None: of every domain); ``KeyError`` naming
         an unknown label and the known ones."""
         check_is_fitted(self)
-        self.domain_statistics_.reset(domain)
+        stats = self._domain_statistics()
+        stats.reset(domain)
+        self.domain_statistics_ = stats
         return self
 
     @property
     def domains_(self):
         """Label → number of matrices seen, for every stored domain (a copy)."""
         check_is_fitted(self)
-        return self.domain_statistics_.trials_seen()
+        return self._domain_statistics().trials_seen()
 
     @property
     def domain_prior_(self):
         """The mean a new domain starts from (ndarray of shape (n, n)), or None."""
         check_is_fitted(self)
-        prior = self.domain_statistics_.prior
+        prior = self._domain_statistics().prior
         return None if prior is None else prior[0].numpy()
 
     def __sklearn_is_fitted__(self):

@@ -488,3 +488,23 @@ def test_federated_model_has_the_centralized_prior_and_adapts(domains_data):
                                                                                 groups=groups[train])
     with pytest.raises(ValueError, match="batchnorm='domain'"):
         plain.predict(new[:1], domain="s17")
+
+
+@pytest.mark.parametrize("name", ["spdnet", "recenter"])
+def test_a_prior_weight_set_after_fit_is_checked_when_a_domain_starts(fitted, domains_data, name):
+    X, _, _ = domains_data
+    est = _copy(fitted[name]).set_params(domain_prior_weight=0.0)
+    with pytest.raises(ValueError, match="domain_prior_weight must be > 0, got 0.0"):
+        _output(est, X[:2], "a")
+    assert est.domains_ == {}
+
+
+def test_a_recenter_pickled_before_domain_statistics_warns_on_one_matrix(fitted, domains_data):
+    X, _, _ = domains_data
+    old = _copy(fitted["recenter"])
+    del old.domain_statistics_
+    assert old.domain_prior_ is None
+    with pytest.warns(UserWarning, match="no domain prior.*fit\\(X_train\\)"):
+        old.transform(X[:1])
+    old.transform(X[:2], domain="a")
+    assert old.domains_ == {"a": 2}
