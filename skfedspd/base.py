@@ -811,15 +811,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     def decision_function(self, X):
         """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, as
         scikit-learn expects, the 1-D score of ``classes_[1]`` (logit difference)."""
-        logits = self._logits(X)
-        return logits[:, 1] - logits[:, 0] if logits.shape[1] == 2 else logits
+        return decision_from_logits(self._logits(X))
 
     def predict_proba(self, X):
         """Softmax class probabilities, columns ordered as ``classes_``."""
-        scores = self._logits(X)
-        scores = scores - scores.max(axis=1, keepdims=True)
-        proba = np.exp(scores)
-        return proba / proba.sum(axis=1, keepdims=True)
+        return proba_from_logits(self._logits(X))
 
     def predict(self, X):
         """Most probable class label for each sample."""
@@ -876,6 +872,19 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         tags.input_tags.three_d_array = True
         tags.non_deterministic = False
         return tags
+
+
+def decision_from_logits(logits):
+    """scikit-learn's ``decision_function`` from logits: the logit difference of
+    ``classes_[1]`` and ``classes_[0]`` for two classes, the logits otherwise."""
+    return logits[:, 1] - logits[:, 0] if logits.shape[1] == 2 else logits
+
+
+def proba_from_logits(logits):
+    """Softmax probabilities of a logits array (rows)."""
+    scores = logits - logits.max(axis=1, keepdims=True)
+    proba = np.exp(scores)
+    return proba / proba.sum(axis=1, keepdims=True)
 
 
 def _labels_to_json(classes):

@@ -9,11 +9,22 @@ from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .base import TorchClassifierBase, resolve_groups
+from .base import TorchClassifierBase, decision_from_logits, proba_from_logits, resolve_groups
 from .nn import SPDNet, domain_codes
-from .training import predict_logits
+from .online import DomainStatistics, domain_labels, drop_domain_requests, log_euclidean_sum
 
-__all__ = ["SPDnetClassifier", "check_spd_batch", "auto_hidden_dim"]
+__all__ = ["SPDnetClassifier", "check_spd_batch", "auto_hidden_dim", "NO_PRIOR_WARNING"]
+
+#: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
+#: which is a str or an int.
+THIS_CALL = ("this call",)
+
+NO_PRIOR_WARNING = (
+    "this model has no domain prior (domain_prior_ is None: saved before it existed, trained by partial_fit, or "
+    "deployed without it), so a domain whose first trial this is is re-centred by that trial alone and the "
+    "prediction is constant. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
+    "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
+)
 
 
 def auto_hidden_dim(n_channels):
@@ -173,17 +184,29 @@ class SPDnetClassifier(TorchClassifierBase):
         running mean at prediction. ``"domain"``: domain-specific statistics (SPDDSMBN,
         Kobler et al., 2022): in training, the matrices of each domain of a minibatch
         (``groups`` of :meth:`fit`; one domain without them) are normalized by their own
-        mean; at prediction, **the data being predicted form one domain** and are
-        re-centred by their own mean (unlabeled test-time adaptation). So ``predict(X)``
-        of a matrix depends on the other matrices of ``X``: predict one new subject or
-        session per call. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one
-        unseen subject (what the method is for; MOABB routes the training subjects to
-        ``fit(subjects=...)``, each a domain); under ``WithinSessionEvaluation`` the
-        held-out fold of a session is re-centred by its own mean (a handful of trials:
-        a noisy mean). In a Pipeline it behaves like :class:`skfedspd.Recenter` inside
-        the network. Same behaviour in ``decision_function`` and ``predict_proba``.
-        In federation every client's data form one domain (its minibatches), and only the
-        batch-norm biases are aggregated; ``"spd"`` running means stay on each client.
+        mean. At prediction each domain keeps **persistent statistics** that adapt from its
+        unlabeled trials (:mod:`skfedspd.online`): ``predict(X, domain="s17")`` first adds
+        the trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"``
+        at each batch-norm layer (a new domain starts from the prior, ``domain_prior_``,
+        weighing ``domain_prior_weight`` trials), then predicts every trial of ``X`` with
+        the updated statistics. So a whole subject in one call is whole-subject
+        adaptation, and one trial per call is online adaptation (a BCI). :meth:`adapt`
+        updates a domain without predicting (calibration), :meth:`reset_domain` forgets
+        one; ``domain`` may also give one label per row. Without ``domain``, the data of
+        the call form a temporary domain that starts from the prior and is not kept: all
+        of ``X`` re-centred by (nearly) its own mean, and a single trial by the prior,
+        never by itself alone. Same in ``decision_function`` and ``predict_proba``;
+        ``domain`` is requested from metadata routing by default, so a Pipeline passes
+        it on. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one unseen
+        subject (MOABB routes the training subjects to ``fit(subjects=...)``, each a
+        domain). In federation every client's data form one domain (its minibatches), and
+        only the batch-norm biases are aggregated; ``"spd"`` running means stay on each
+        client.
+    domain_prior_weight : float, default=1.0
+        Weight, in trials, of the prior that a new domain's statistics start from
+        (``batchnorm="domain"``); > 0. One pseudo-trial: a domain's first trial is never
+        re-centred by itself alone (which would make its prediction constant), and after
+        about ten trials the domain's own data dominate.
 
     All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
     ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
@@ -208,6 +231,10 @@ class SPDnetClassifier(TorchClassifierBase):
     n_iter_ : int
         Epochs run on this model (``fit``, ``partial_fit`` and warm starts), as in
         :class:`~sklearn.neural_network.MLPClassifier`; ``n_epochs_`` is an alias.
+    domain_statistics_ : skfedspd.online.DomainStatistics or None
+        ``batchnorm="domain"``: the prior and the stored domains' running means (None:
+        neither yet). Read them through ``domains_`` (label → trials seen) and
+        ``domain_prior_`` (the prior at each batch-norm layer, or None).
 
     Examples
     --------
@@ -256,6 +283,7 @@ class SPDnetClassifier(TorchClassifierBase):
         warm_start=False,
         class_weight=None,
         batchnorm=None,
+        domain_prior_weight=1.0,
     ):
         self.hidden_dims = hidden_dims
         self.eps = eps
@@ -277,10 +305,16 @@ class SPDnetClassifier(TorchClassifierBase):
         self.warm_start = warm_start
         self.class_weight = class_weight
         self.batchnorm = batchnorm
+        self.domain_prior_weight = domain_prior_weight
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
     # both keys (MOABB's CrossSubject routes the training subjects as "subjects").
     __metadata_request__fit = {"groups": True, "subjects": True}
+    # The domain of the trials being predicted, passed on by a Pipeline (batchnorm="domain"
+    # only: see _get_metadata_request).
+    __metadata_request__predict = {"domain": True}
+    __metadata_request__predict_proba = {"domain": True}
+    __metadata_request__decision_function = {"domain": True}
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, groups=None, sample_weight=None, subjects=None):
@@ -311,8 +345,30 @@ class SPDnetClassifier(TorchClassifierBase):
         -------
         self
         """
-        domains = self.fit_domains(resolve_groups(groups, subjects), len(X))
-        return self._fit(X, y, domains, sample_weight=sample_weight)
+        groups = resolve_groups(groups, subjects)
+        domains = self.fit_domains(groups, len(X))
+        with self._atomic():
+            self._fit(X, y, domains, sample_weight=sample_weight)
+            # New weights: the statistics of the old ones (domains, prior) no longer apply.
+            self.domain_statistics_ = None
+            if self.batchnorm == "domain":
+                self.fit_domain_prior(X, groups)
+        return self
+
+    def partial_fit(self, X, y, classes=None, sample_weight=None):
+        """One epoch over ``(X, y)``; see :meth:`TorchClassifierBase.partial_fit`.
+
+        The weights change, so stored domain statistics and the prior are dropped
+        (``batchnorm="domain"``): call :meth:`fit_domain_prior` on the training data before
+        predicting single trials.
+
+        Returns
+        -------
+        self
+        """
+        super().partial_fit(X, y, classes=classes, sample_weight=sample_weight)
+        self.domain_statistics_ = None
+        return self
 
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
@@ -321,6 +377,7 @@ class SPDnetClassifier(TorchClassifierBase):
         "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
         "recenter_every": [Interval(Integral, 1, None, closed="left")],
         "batchnorm": [StrOptions({"spd", "domain"}), None],
+        "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
     }
 
     def check_params(self):
@@ -388,6 +445,33 @@ class SPDnetClassifier(TorchClassifierBase):
     def _fitted_attributes():
         return TorchClassifierBase._fitted_attributes() + ("scale_",)
 
+    def fitted_state(self):
+        """:meth:`TorchClassifierBase.fitted_state`, plus the domain statistics (the prior
+        and every stored domain: arrays ``"domain_statistics.<name>"``, their labels, weights
+        and counts in the JSON ``"domain_statistics"``)."""
+        arrays, meta = super().fitted_state()
+        stats = getattr(self, "domain_statistics_", None)
+        if stats is not None:
+            stats_arrays, meta["domain_statistics"] = stats.state()
+            arrays.update({f"domain_statistics.{k}": v for k, v in stats_arrays.items()})
+        return arrays, meta
+
+    def restore_fitted_state(self, arrays, meta):
+        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics."""
+        prefix = "domain_statistics."
+        stats_arrays = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        stats_meta = meta.get("domain_statistics")
+        if stats_arrays and stats_meta is None:
+            raise ValueError("domain statistics arrays without their metadata")
+        with self._atomic():
+            super().restore_fitted_state({k: v for k, v in arrays.items() if not k.startswith(prefix)},
+                                         {k: v for k, v in meta.items() if k != "domain_statistics"})
+            self.domain_statistics_ = None
+            if stats_meta is not None:
+                self._check_domain_batchnorm("saved domain statistics")
+                self.domain_statistics_ = DomainStatistics.from_state(stats_arrays, stats_meta, self.torch_dtype_,
+                                                                      self.device)
+
     def to_tensor(self, X):
         """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.
 
@@ -419,13 +503,233 @@ class SPDnetClassifier(TorchClassifierBase):
             return None
         return domain_codes(groups, n_samples)
 
-    def _logits(self, X):
+    # ------------------------------------------------------------------ domains (batchnorm="domain")
+    def _get_metadata_request(self):
+        requests = super()._get_metadata_request()
+        return requests if self.batchnorm == "domain" else drop_domain_requests(self, requests)
+
+    def _check_domain_batchnorm(self, what):
         if self.batchnorm != "domain":
-            return super()._logits(X)
+            raise ValueError(f"{what} needs a model fitted with batchnorm='domain' (this one has "
+                             f"batchnorm={self.batchnorm!r}): domain statistics live in its domain batch norms")
+
+    def _domain_statistics(self):
+        """The stored statistics; an empty store without a prior for a model fitted before
+        they existed (built fresh, stored only by a call that updates it)."""
+        stats = getattr(self, "domain_statistics_", None)
+        if stats is None:
+            stats = DomainStatistics([int(n) for n in self._hidden_dims(self.n_features_in_)], self.torch_dtype_,
+                                     self.device)
+        return stats
+
+    def _adapted_logits(self, X, domain, *, keep, predict=True):
+        """Update the domains of ``X``'s trials (``domain``; None: one temporary domain),
+        then the logits of ``X`` (or None when not ``predict``). Everything is validated
+        before any statistic changes; ``keep`` stores the updated domains."""
         check_is_fitted(self)
-        Xt = self.to_tensor(self.check_inputs(X, reset=False))
-        # One domain: all of X in one call, re-centred by its own means.
-        return predict_logits(self.module_, Xt, batch_size=len(Xt)).cpu().numpy()
+        X = self.check_inputs(X, reset=False)
+        labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
+        stats = self._domain_statistics()
+        work = stats.working_copy(labels, float(self.domain_prior_weight))
+        with torch.no_grad():
+            logits = self.module_.adapted_forward(self.to_tensor(X), stats, work, labels, predict=predict)
+        if predict and stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
+            warnings.warn(NO_PRIOR_WARNING, UserWarning, stacklevel=4)
+        if keep:
+            stats.commit(work)
+            self.domain_statistics_ = stats
+        return None if logits is None else logits.cpu().numpy()
+
+    def _logits(self, X, domain=None):
+        if self.batchnorm == "domain":
+            return self._adapted_logits(X, domain, keep=domain is not None)
+        if domain is not None:
+            check_is_fitted(self)
+            self._check_domain_batchnorm("domain=")
+        return super()._logits(X)
+
+    def decision_function(self, X, domain=None):
+        """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, the
+        1-D score of ``classes_[1]`` (logit difference).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_matrices, n_channels, n_channels)
+        domain : str, int or array-like of shape (n_matrices,), default=None
+            ``batchnorm="domain"``: the domain of the trials (one label, or one per row);
+            its statistics are updated with ``X`` (in order) first, then used for every
+            trial. None: ``X`` is a temporary domain started from the prior. Requested
+            from metadata routing by default.
+
+        Returns
+        -------
+        ndarray of shape (n_matrices,) or (n_matrices, n_classes)
+        """
+        return decision_from_logits(self._logits(X, domain))
+
+    def predict_proba(self, X, domain=None):
+        """Softmax class probabilities, columns ordered as ``classes_``; ``domain`` as in
+        :meth:`decision_function`.
+
+        Returns
+        -------
+        ndarray of shape (n_matrices, n_classes)
+        """
+        return proba_from_logits(self._logits(X, domain))
+
+    def predict(self, X, domain=None):
+        """Most probable class label of each matrix; ``domain`` as in :meth:`decision_function`.
+
+        Examples
+        --------
+        Online prediction, one trial per call, the new subject's statistics adapting as
+        its trials arrive:
+
+        >>> from skfedspd import SPDnetClassifier
+        >>> from skfedspd.datasets import make_spd_classification
+        >>> X, y = make_spd_classification(n_matrices=40, n_channels=4, n_classes=2, seed=0)
+        >>> clf = SPDnetClassifier(batchnorm="domain", max_epochs=3, random_state=0)
+        >>> clf = clf.fit(X[:30], y[:30], groups=[1] * 15 + [2] * 15)
+        >>> labels = [clf.predict(X[i : i + 1], domain="s17")[0] for i in range(30, 40)]
+        >>> clf.domains_
+        {'s17': 10}
+
+        Returns
+        -------
+        ndarray of shape (n_matrices,)
+        """
+        logits = self._logits(X, domain)  # first: an unfitted model raises NotFittedError
+        return self.classes_[np.argmax(logits, axis=1)]
+
+    def adapt(self, X, domain):
+        """Unlabeled calibration: add the trials of ``X``, in order, to ``domain``'s statistics.
+
+        A new domain starts from the prior. The learned weights never change (this is not
+        ``fit``). Adapting in several calls equals adapting at once (to rounding).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_matrices, n_channels, n_channels)
+            SPD matrices of the domain (no labels).
+        domain : str, int or array-like of shape (n_matrices,)
+            The domain's label, or one label per row.
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        ValueError
+            Without ``batchnorm="domain"``, for matrices that are not SPD or a ``domain``
+            of the wrong length; TypeError for a label that is not a str or an int. The
+            statistics are then unchanged.
+        """
+        check_is_fitted(self)
+        self._check_domain_batchnorm("adapt")
+        if domain is None:
+            raise ValueError("adapt needs the domain the trials belong to (domain=...)")
+        self._adapted_logits(X, domain, keep=True, predict=False)
+        return self
+
+    def reset_domain(self, domain=None):
+        """Forget the statistics of ``domain`` (None: of every domain).
+
+        Raises
+        ------
+        KeyError
+            For a label that is not a known domain (the known ones are listed).
+        """
+        check_is_fitted(self)
+        self._check_domain_batchnorm("reset_domain")
+        stats = self._domain_statistics()
+        stats.reset(domain)
+        self.domain_statistics_ = stats
+        return self
+
+    @property
+    def domains_(self):
+        """Label → number of trials seen, for every domain with stored statistics (a copy)."""
+        check_is_fitted(self)
+        self._check_domain_batchnorm("domains_")
+        return self._domain_statistics().trials_seen()
+
+    @property
+    def domain_prior_(self):
+        """The mean a new domain starts from at each batch-norm layer (list of ndarray), or
+        None when the model has none (see :meth:`fit_domain_prior`)."""
+        check_is_fitted(self)
+        self._check_domain_batchnorm("domain_prior_")
+        prior = self._domain_statistics().prior
+        return None if prior is None else [M.cpu().numpy() for M in prior]
+
+    def domain_prior_statistics(self, X, groups=None):
+        """The additive statistics of the prior on ``X``: ``(log_sums, count)``.
+
+        ``log_sums[i]`` is ``Σ log Z`` over the inputs ``Z`` of batch-norm layer ``i``, the
+        matrices of each domain (``groups``; None: one domain) normalized by their own
+        means as in training. Sums and counts of several sites add up to the pooled ones:
+        a federated deployment sums the sites' statistics and calls
+        :meth:`set_domain_prior`.
+
+        Returns
+        -------
+        log_sums : list of ndarray of shape (d_i, d_i)
+        count : int
+        """
+        check_is_fitted(self)
+        self._check_domain_batchnorm("domain_prior_statistics")
+        X = self.check_inputs(X, reset=False)
+        codes = np.zeros(len(X), dtype=np.intp) if groups is None else domain_codes(groups, len(X))
+        sums = None
+        with torch.no_grad():
+            self.module_.eval()
+            for code in np.unique(codes):
+                part = [log_euclidean_sum(Z) for Z in self.module_.batchnorm_inputs(self.to_tensor(X[codes == code]))]
+                sums = part if sums is None else [a + b for a, b in zip(sums, part)]
+        return [S.cpu().numpy() for S in sums], len(X)
+
+    def set_domain_prior(self, log_sums, count):
+        """Set the prior to the log-Euclidean mean ``exp(log_sums[i] / count)`` at each
+        batch-norm layer (the statistics of :meth:`domain_prior_statistics`, possibly
+        summed over sites). Stored domains keep their statistics.
+
+        Returns
+        -------
+        self
+        """
+        check_is_fitted(self)
+        self._check_domain_batchnorm("set_domain_prior")
+        stats = self._domain_statistics()
+        sizes = [(n, n) for n in stats.sizes]
+        if [np.shape(S) for S in log_sums] != sizes or not count > 0:
+            raise ValueError(f"the prior needs one log-sum per batch-norm layer of shapes {sizes} and a positive "
+                             f"count, got shapes {[np.shape(S) for S in log_sums]} and count {count}")
+        stats.set_prior(log_sums, count)
+        self.domain_statistics_ = stats
+        return self
+
+    def fit_domain_prior(self, X, groups=None):
+        """(Re)compute the prior that new domains start from, from the training data.
+
+        The log-Euclidean mean of each batch-norm layer's inputs over ``X``, each domain of
+        ``groups`` normalized by its own means as in training (see :mod:`skfedspd.online`
+        for the choice). :meth:`fit` calls it at its end; call it on a model that has no
+        prior (saved before this feature, trained by :meth:`partial_fit`, deployed from a
+        federation that could not compute it).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_matrices, n_channels, n_channels)
+            The training matrices.
+        groups : array-like of shape (n_matrices,), default=None
+            Their domains (None: one domain).
+
+        Returns
+        -------
+        self
+        """
+        return self.set_domain_prior(*self.domain_prior_statistics(X, groups))
 
     def _warn_about_input(self, Xt):
         fractions = self.module_.eigenvalue_clamp_fraction(Xt[:256])

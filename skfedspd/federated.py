@@ -45,6 +45,7 @@ from .engine import (
     rule_name,
 )
 from .nn import DomainBatch
+from .online import drop_domain_requests
 from .persistence import load_bundle, save_bundle
 from .training import derive_seed, draw_seed, evaluate, load_optimizer_arrays, torch_threads
 
@@ -381,6 +382,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
+    # The domain of the trials being predicted (a local estimator with batchnorm="domain"
+    # only: see _get_metadata_request).
+    __metadata_request__predict = {"domain": True}
+    __metadata_request__predict_proba = {"domain": True}
+    __metadata_request__decision_function = {"domain": True}
 
     _parameter_constraints = {
         "estimator": [HasMethods(PROTOCOL), None],
@@ -534,6 +540,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
             result = backend(self, task)
+        set_global_domain_prior(self, result.estimator, task)
         return self.set_result(result)
 
     def check_params(self):
@@ -767,26 +774,119 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     def __sklearn_is_fitted__(self):
         return hasattr(self, "global_estimator_")
 
-    def predict(self, X):
-        """Class labels from the global model."""
-        check_is_fitted(self)
-        return self.global_estimator_.predict(X)
+    def _get_metadata_request(self):
+        requests = super()._get_metadata_request()
+        if getattr(self.estimator, "batchnorm", None) == "domain":
+            return requests
+        return drop_domain_requests(self, requests)
 
-    def predict_proba(self, X):
-        """Class probabilities from the global model (columns ordered as ``classes_``)."""
+    def _domain_kwargs(self, domain):
+        """``{"domain": domain}`` for the global model, ``{}`` without a domain (a local
+        estimator without domain statistics takes none)."""
         check_is_fitted(self)
-        return self.global_estimator_.predict_proba(X)
+        return {} if domain is None else {"domain": domain}
 
-    def decision_function(self, X):
-        """Class scores of the global model (see the local estimator)."""
+    def predict(self, X, domain=None):
+        """Class labels from the global model; ``domain`` (``batchnorm="domain"``): the
+        trials' domain, updated with them first (see
+        :meth:`SPDnetClassifier.decision_function <skfedspd.SPDnetClassifier.decision_function>`)."""
+        kwargs = self._domain_kwargs(domain)  # first: an unfitted model raises NotFittedError
+        return self.global_estimator_.predict(X, **kwargs)
+
+    def predict_proba(self, X, domain=None):
+        """Class probabilities from the global model (columns ordered as ``classes_``);
+        ``domain`` as in :meth:`predict`."""
+        kwargs = self._domain_kwargs(domain)  # first: an unfitted model raises NotFittedError
+        return self.global_estimator_.predict_proba(X, **kwargs)
+
+    def decision_function(self, X, domain=None):
+        """Class scores of the global model (see the local estimator); ``domain`` as in
+        :meth:`predict`."""
+        kwargs = self._domain_kwargs(domain)  # first: an unfitted model raises NotFittedError
+        return self.global_estimator_.decision_function(X, **kwargs)
+
+    def _global_domain_method(self, name):
         check_is_fitted(self)
-        return self.global_estimator_.decision_function(X)
+        if not hasattr(self.global_estimator_, name):
+            raise ValueError(f"{name} needs a local estimator with domain statistics (SPDnetClassifier with "
+                             f"batchnorm='domain'), not {type(self.global_estimator_).__name__}")
+        return getattr(self.global_estimator_, name)
+
+    def adapt(self, X, domain):
+        """Unlabeled calibration of the global model's ``domain`` statistics (see
+        :meth:`SPDnetClassifier.adapt <skfedspd.SPDnetClassifier.adapt>`).
+
+        Returns
+        -------
+        self
+        """
+        self._global_domain_method("adapt")(X, domain)
+        return self
+
+    def reset_domain(self, domain=None):
+        """Forget the global model's statistics of ``domain`` (None: of every domain).
+
+        Returns
+        -------
+        self
+        """
+        self._global_domain_method("reset_domain")(domain)
+        return self
+
+    def fit_domain_prior(self, X, groups=None):
+        """(Re)compute the global model's domain prior from training data (see
+        :meth:`SPDnetClassifier.fit_domain_prior <skfedspd.SPDnetClassifier.fit_domain_prior>`).
+
+        Returns
+        -------
+        self
+        """
+        self._global_domain_method("fit_domain_prior")(X, groups)
+        return self
+
+    @property
+    def domains_(self):
+        """The global model's domains: label → trials seen."""
+        return self._global_domain_method("domains_")
+
+    @property
+    def domain_prior_(self):
+        """The global model's domain prior (list of ndarray, one per batch-norm layer), or None."""
+        return self._global_domain_method("domain_prior_")
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.input_tags.two_d_array = False
         tags.input_tags.three_d_array = True
         return tags
+
+
+def set_global_domain_prior(fed, est, task):
+    """Give the trained global model ``est`` its domain prior (``batchnorm="domain"``).
+
+    Computed where the training data are in this process (the local backend and Flower
+    simulations, both through ``fit``), in this one place and as the centralized ``fit``
+    does: :meth:`SPDnetClassifier.fit_domain_prior <skfedspd.SPDnetClassifier.fit_domain_prior>`
+    on all the training matrices, each training domain (a group, or without groups a
+    client) normalized by its own means. Its statistics are additive: a deployment whose
+    data stay on the sites would have each site compute
+    ``est.domain_prior_statistics(X_site, groups_site)`` and the server sum them and call
+    ``est.set_domain_prior``. Under ``dp_epsilon`` no prior is computed (a statistic of
+    the sites' data outside the privacy budget), nor by a deployment that skips it: the
+    model then warns when a single trial starts a domain. Stored domain statistics of a
+    warm-started model belong to its old weights and are forgotten.
+    """
+    if getattr(est, "batchnorm", None) != "domain":
+        return
+    est.domain_statistics_ = None
+    if fed.dp_epsilon is not None:
+        return
+    domains = task.groups
+    if domains is None:  # each client one domain, as it trained
+        domains = np.zeros(len(task.X), dtype=np.intp)
+        for client, idx in enumerate(task.indices):
+            domains[idx] = client
+    est.fit_domain_prior(task.X, domains)
 
 
 # ---------------------------------------------------------------------- the local backend

@@ -371,6 +371,7 @@ class _SPDNormalization(nn.Module):
             raise ValueError(f"karcher_steps must be >= 0, got {karcher_steps}")
         self.karcher_steps = int(karcher_steps)
         self.log_bias = nn.Parameter(torch.zeros(n, n, dtype=dtype))
+        self._bias_half_cache = None
 
     def bias(self):
         """The SPD bias ``B = exp(sym(log_bias))``."""
@@ -382,11 +383,26 @@ class _SPDNormalization(nn.Module):
 
     def normalize(self, X, M):
         """``C X Cᵀ``, ``C = B^{1/2} M^{-1/2}``: mean ``M`` to the identity, then to ``B``."""
-        L = self.log_bias
-        B_half = expm_sym(0.25 * (L + L.transpose(-1, -2)))
-        _, M_inv_half = sqrtm_invsqrtm(M)
-        C = B_half @ M_inv_half
+        return self.whiten(X, sqrtm_invsqrtm(M)[1])
+
+    def whiten(self, X, M_inv_half):
+        """``C X Cᵀ``, ``C = B^{1/2} M^{-1/2}``, from ``M^{-1/2}`` (one per matrix of ``X``, or
+        one for all): the mean's inverse square root is what the running domain statistics
+        of :mod:`skfedspd.online` keep, so re-centring by them needs no decomposition."""
+        C = self._bias_half() @ M_inv_half
         return C @ X @ C.transpose(-1, -2)
+
+    def _bias_half(self):
+        """``B^{1/2}``; without autograd, computed once per value of ``log_bias`` (its
+        version counter), so an online prediction does not decompose it at every call."""
+        L = self.log_bias
+        if torch.is_grad_enabled():
+            return expm_sym(0.25 * (L + L.transpose(-1, -2)))
+        key = (L.data_ptr(), _version(L))
+        cached = getattr(self, "_bias_half_cache", None)  # modules pickled before the cache
+        if cached is None or cached[0] != key:
+            cached = self._bias_half_cache = (key, expm_sym(0.25 * (L + L.transpose(-1, -2))))
+        return cached[1]
 
     def normalize_batch(self, X):
         """Normalize ``X`` by its own mean (no side effect)."""
@@ -831,6 +847,53 @@ class SPDNet(FederatedModule):
 
     def forward(self, X, domains=None):
         return self.head(self.features(X, domains))
+
+    def batchnorm_inputs(self, X):
+        """The input of each batch-norm layer for the batch ``X``, each layer's output
+        normalized by the batch's own mean as in training (``X`` is one domain)."""
+        inputs = []
+
+        def record(bn, Z):
+            inputs.append(Z)
+            return bn.normalize_batch(Z)
+
+        for _ in self._reeig_inputs(X, record):
+            pass
+        return inputs
+
+    def adapted_forward(self, X, statistics, work, labels, predict=True):
+        """Add the trials of ``X`` to their domains' running means, then their logits.
+
+        ``batchnorm="domain"`` only. Layer by layer, each trial ``X[t]`` updates the running
+        mean of its domain ``labels[t]`` in ``work`` (a working copy from
+        :meth:`skfedspd.online.DomainStatistics.working_copy`), in order, and reaches the
+        next layer re-centred by the statistics just after its own update: the result after
+        a trial depends only on the trials before it, so adapting in chunks equals adapting
+        at once. Then every trial is predicted with the final statistics.
+
+        Returns
+        -------
+        torch.Tensor of shape (len(X), n_classes) or None
+            The logits (None when ``predict`` is False: only ``work`` is updated).
+        """
+        if self.batchnorm != "domain":
+            raise ValueError(f"domain statistics need batchnorm='domain' (this network has batchnorm={self.batchnorm!r})")
+        if self.training:
+            self.eval()
+        first_inputs, Y = None, X
+        for i, (bimap, bn) in enumerate(zip(self.bimaps, self.batchnorms)):
+            Z = bimap(reeig(Y, self.eps) if i else Y)
+            first_inputs = Z if i == 0 else first_inputs
+            at_update = statistics.add_in_order(work, labels, Z, i)
+            if i + 1 < len(self.bimaps):
+                Y = bn.whiten(Z, at_update)
+        if not predict:
+            return None
+        Y = X
+        for i, (bimap, bn) in enumerate(zip(self.bimaps, self.batchnorms)):
+            Z = first_inputs if i == 0 else bimap(reeig(Y, self.eps))
+            Y = bn.whiten(Z, statistics.inv_halves(work, labels, i))
+        return self.head(reeig_logeig_vech(Y, self.eps))
 
     def recenter_(self):
         for bimap in self.bimaps:

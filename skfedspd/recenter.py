@@ -1,16 +1,19 @@
 """``Recenter``: unsupervised re-centring of SPD matrices to the identity (Zanini et al., 2018)."""
 
 import warnings
+from numbers import Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, TransformerMixin
+from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from .base import resolve_groups
-from .classifier import check_spd_batch
+from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_spd_batch
 from .functional import karcher_mean, sqrtm_invsqrtm
+from .online import DomainStatistics, domain_labels, log_euclidean_sum
 
 __all__ = ["Recenter", "recenter_groups"]
 
@@ -100,40 +103,53 @@ class Recenter(TransformerMixin, BaseEstimator):
     rotation-invariant feature are unchanged (removing ``R`` too needs a supervised rotation,
     as in Riemannian Procrustes analysis).
 
-    The transformer is *unsupervised and transductive*: nothing learned in ``fit`` is used to
-    transform other data. Every call re-centres the data it is given with that data's own
-    means:
+    Training: ``fit_transform(X, groups=g)`` (what a :class:`~sklearn.pipeline.Pipeline`
+    calls on the training data) re-centres each training group by its own mean, and
+    ``fit`` stores the **prior**, the log-Euclidean mean of the training matrices.
 
-    - ``fit_transform(X, groups=g)`` (what a :class:`~sklearn.pipeline.Pipeline` calls on the
-      training data) re-centres each training group by its own mean;
-    - ``transform(X, groups=g)`` re-centres each group of ``X`` by its own mean;
-      ``transform(X)`` without groups treats all of ``X`` as **one** domain.
+    Transforming new data: each domain keeps **persistent statistics** that adapt from its
+    unlabeled trials (:mod:`skfedspd.online`). ``transform(X, domain="s17")`` first adds the
+    trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"`` (a new
+    domain starts from the prior, weighing ``domain_prior_weight`` trials), then re-centres
+    every trial of ``X`` by the updated mean. A whole subject in one call is whole-subject
+    adaptation (its own mean, the prior weighing one trial); one trial per call is online
+    adaptation, as in a BCI. :meth:`adapt` updates a domain without transforming,
+    :meth:`reset_domain` forgets one; ``domain`` may give one label per row.
+    ``transform(X)`` without ``domain`` treats ``X`` as one temporary domain started from
+    the prior and not kept (``groups``: each group a temporary domain): ``X`` re-centred by
+    nearly its own mean, and a single matrix by the prior, never by itself alone.
 
-    In a Pipeline, ``predict(X_test)`` therefore re-centres the test data by the test data's
-    own mean (unlabeled test-time adaptation). This is the intended use when the test set
-    is one new domain, e.g. MOABB's ``CrossSubjectEvaluation`` (each test fold is one unseen
-    subject: route ``groups``/``subjects`` into fit so the training subjects are re-centred
-    one by one). Under MOABB's ``WithinSessionEvaluation`` (and CrossSession) the pipeline
-    is fitted on one session's training folds and scored on the held-out fold of the same
-    session: the training part (no groups: one domain) and the test fold are each
-    re-centred by their own mean, which is the identity map up to a common congruence when
-    both folds share the session's mean, and noisy when the test fold is small (a handful of
-    trials estimate an ``n×n`` mean). A test set mixing several domains without ``groups``
-    is re-centred as one domain; pass ``groups`` to ``predict`` (metadata routing) to
-    re-centre them one by one. A test set of a single matrix is mapped to the identity.
+    In a Pipeline, ``predict(X_test)`` therefore re-centres the test data by (nearly) the
+    test data's own mean, and ``predict(x, domain="s17")`` one trial with subject s17's
+    statistics so far. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one unseen
+    subject (route ``groups``/``subjects`` into fit so the training subjects are re-centred
+    one by one). Under ``WithinSessionEvaluation`` the training part (no groups: one
+    domain) and the test fold are each re-centred by their own mean, noisy when the test
+    fold is small (a handful of trials estimate an ``n×n`` mean).
 
     ``groups`` is requested from metadata routing for ``fit`` and ``transform`` by default,
-    so under ``sklearn.set_config(enable_metadata_routing=True)`` ``Pipeline``,
-    ``GridSearchCV`` and ``cross_validate(..., params={"groups": g})`` route it here
-    (also to a ``GroupKFold`` splitter). Without routing pass it directly
-    (``fit_transform(X, groups=g)``, ``pipeline.fit(X, y, recenter__groups=g)``). MOABB's
-    CrossSubject routes the training subjects as ``subjects``, an alias of ``groups`` that
-    ``fit`` also requests by default: each training subject is re-centred by its own mean.
+    and ``domain`` for ``transform``, so under ``sklearn.set_config(
+    enable_metadata_routing=True)`` ``Pipeline``, ``GridSearchCV`` and
+    ``cross_validate(..., params={"groups": g})`` route them here (``groups`` also to a
+    ``GroupKFold`` splitter), and ``pipeline.predict(x, domain="s17")`` runs online.
+    Without routing pass them directly (``fit_transform(X, groups=g)``,
+    ``pipeline.fit(X, y, recenter__groups=g)``). MOABB's CrossSubject routes the training
+    subjects as ``subjects``, an alias of ``groups`` that ``fit`` also requests by default.
+
+    Parameters
+    ----------
+    domain_prior_weight : float, default=1.0
+        Weight, in trials, of the prior that a new domain starts from; > 0. One
+        pseudo-trial: a domain's first trial is never re-centred by itself alone, and after
+        about ten trials the domain's own data dominate.
 
     Attributes
     ----------
     n_features_in_ : int
         Size of the matrices seen in ``fit``.
+    domain_statistics_ : skfedspd.online.DomainStatistics
+        The prior and the stored domains' running means; read them through ``domains_``
+        (label → trials seen) and ``domain_prior_`` (the prior, or None).
 
     Examples
     --------
@@ -155,17 +171,47 @@ class Recenter(TransformerMixin, BaseEstimator):
     >>> train = subjects < 4
     >>> clf = make_pipeline(Recenter(), TangentSpace(), LogisticRegression())
     >>> clf = clf.fit(X[train], y[train], recenter__groups=subjects[train])
-    >>> clf.predict(X[~train]).shape  # subject 4 re-centred by its own mean
+    >>> clf.predict(X[~train]).shape  # subject 4 re-centred by (nearly) its own mean
     (20,)
+
+    Online, one matrix per call, subject 4's statistics kept and updated as they arrive
+    (in a Pipeline under metadata routing: ``clf.predict(x, domain=4)``):
+
+    >>> rc = Recenter().fit(X[train], groups=subjects[train])
+    >>> Y = [rc.transform(X[i : i + 1], domain=4) for i in (60, 61)]
+    >>> rc.domains_
+    {4: 2}
     >>> Recenter().fit_transform(X, groups=subjects).shape
     (80, 4, 4)
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
-    __metadata_request__transform = {"groups": True}
+    __metadata_request__transform = {"groups": True, "domain": True}
 
+    _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")]}
+
+    def __init__(self, domain_prior_weight=1.0):
+        self.domain_prior_weight = domain_prior_weight
+
+    def _fit(self, X, groups):
+        """Validated ``X``; sets ``n_features_in_`` and the prior, forgets stored domains."""
+        X = check_spd_batch(X)
+        _group_labels(groups, len(X))
+        with torch.no_grad():
+            log_sum = log_euclidean_sum(torch.as_tensor(X))
+        stats = DomainStatistics([X.shape[1]], torch.float64)
+        stats.set_prior([log_sum], len(X))
+        self.n_features_in_ = X.shape[1]
+        self.domain_statistics_ = stats
+        return X
+
+    @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y=None, groups=None, subjects=None):
-        """Check ``X`` (and ``groups``); store the matrix size.
+        """Check ``X`` (and ``groups``); store the matrix size and the prior.
+
+        The prior, which a new domain's statistics start from, is the log-Euclidean mean of
+        ``X`` (additive over sites; see :mod:`skfedspd.online`). Stored domains are
+        forgotten.
 
         Parameters
         ----------
@@ -182,35 +228,112 @@ class Recenter(TransformerMixin, BaseEstimator):
         -------
         self
         """
-        X = check_spd_batch(X)
-        _group_labels(resolve_groups(groups, subjects), len(X))
-        self.n_features_in_ = X.shape[1]
+        self._fit(X, resolve_groups(groups, subjects))
         return self
 
-    def transform(self, X, groups=None):
-        """Re-centre each group of ``X`` by its own Riemannian mean.
+    @_fit_context(prefer_skip_nested_validation=True)
+    def fit_transform(self, X, y=None, groups=None, subjects=None):
+        """``fit(X, y, groups)``, then each training group re-centred by its own Riemannian
+        mean (``subjects``: alias of ``groups``, as in :meth:`fit`)."""
+        groups = resolve_groups(groups, subjects)
+        return recenter_groups(self._fit(X, groups), groups)
+
+    def _update(self, X, domain, groups, *, keep):
+        """Validate, add the trials of ``X`` to their domains in order; return ``(X, work,
+        labels)`` (the statistics stored only with ``keep``, after everything succeeded)."""
+        check_is_fitted(self)
+        X = check_spd_batch(X, self.n_features_in_)
+        if domain is not None and groups is not None:
+            raise ValueError("pass either domain (persistent statistics) or groups (one temporary domain per group), "
+                             "not both")
+        if domain is not None:
+            labels = domain_labels(domain, len(X))
+        else:
+            names, codes = _group_labels(groups, len(X))
+            labels = [(THIS_CALL, int(c)) for c in codes]
+        stats = self._domain_statistics()
+        work = stats.working_copy(labels, float(self.domain_prior_weight))
+        with torch.no_grad():
+            stats.add_in_order(work, labels, torch.as_tensor(X), 0)
+        if keep:
+            stats.commit(work)
+            self.domain_statistics_ = stats
+        return X, work, labels
+
+    def _domain_statistics(self):
+        """The stored statistics; for a Recenter pickled before they existed, an empty
+        store without a prior (stored only by a call that updates it)."""
+        stats = getattr(self, "domain_statistics_", None)
+        return DomainStatistics([self.n_features_in_], torch.float64) if stats is None else stats
+
+    def transform(self, X, groups=None, domain=None):
+        """Update the domains of ``X``'s matrices, then re-centre each by its domain's mean.
 
         Parameters
         ----------
         X : array-like of shape (n_matrices, n, n)
             SPD matrices of the size seen in ``fit``.
         groups : array-like of shape (n_matrices,), default=None
-            Domain of each matrix; None: ``X`` is one domain.
+            Each group a temporary domain (started from the prior, not kept).
+        domain : str, int or array-like of shape (n_matrices,), default=None
+            The domain of the matrices (one label, or one per row): its statistics are
+            updated with ``X`` in order, kept, and used for every matrix. Neither: ``X`` is
+            one temporary domain.
 
         Returns
         -------
         ndarray of shape (n_matrices, n, n)
-            Re-centred matrices (each group's Riemannian mean is the identity).
+            Re-centred matrices.
         """
-        check_is_fitted(self)
-        return recenter_groups(check_spd_batch(X, self.n_features_in_), groups)
+        X, work, labels = self._update(X, domain, groups, keep=domain is not None)
+        stats = self._domain_statistics()
+        if stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
+            warnings.warn(NO_PRIOR_WARNING.replace("fit_domain_prior(X_train, groups)", "fit(X_train)"),
+                          UserWarning, stacklevel=2)
+        with torch.no_grad():
+            W = stats.inv_halves(work, labels, 0)
+            Y = W @ torch.as_tensor(X) @ W
+        return (0.5 * (Y + Y.transpose(-1, -2))).numpy()
 
-    def fit_transform(self, X, y=None, groups=None, subjects=None):
-        """``fit(X, y, groups).transform(X, groups)`` with one validation pass (``subjects``:
-        alias of ``groups``, as in :meth:`fit`)."""
-        X = check_spd_batch(X)
-        self.n_features_in_ = X.shape[1]
-        return recenter_groups(X, resolve_groups(groups, subjects))
+    def adapt(self, X, domain):
+        """Unlabeled calibration: add the matrices of ``X``, in order, to ``domain``'s
+        statistics (a new domain starts from the prior).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_matrices, n, n)
+        domain : str, int or array-like of shape (n_matrices,)
+
+        Returns
+        -------
+        self
+        """
+        if domain is None:
+            raise ValueError("adapt needs the domain the matrices belong to (domain=...)")
+        self._update(X, domain, None, keep=True)
+        return self
+
+    def reset_domain(self, domain=None):
+        """Forget the statistics of ``domain`` (None: of every domain); ``KeyError`` naming
+        an unknown label and the known ones."""
+        check_is_fitted(self)
+        stats = self._domain_statistics()
+        stats.reset(domain)
+        self.domain_statistics_ = stats
+        return self
+
+    @property
+    def domains_(self):
+        """Label → number of matrices seen, for every stored domain (a copy)."""
+        check_is_fitted(self)
+        return self._domain_statistics().trials_seen()
+
+    @property
+    def domain_prior_(self):
+        """The mean a new domain starts from (ndarray of shape (n, n)), or None."""
+        check_is_fitted(self)
+        prior = self._domain_statistics().prior
+        return None if prior is None else prior[0].numpy()
 
     def __sklearn_is_fitted__(self):
         return hasattr(self, "n_features_in_")

@@ -29,6 +29,7 @@ MODULES = [
     "skfedspd.federated",
     "skfedspd.functional",
     "skfedspd.nn",
+    "skfedspd.online",
     "skfedspd.persistence",
     "skfedspd.privacy",
     "skfedspd.recenter",

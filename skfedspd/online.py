@@ -1,0 +1,344 @@
+"""Persistent domain statistics that adapt online from unlabeled trials.
+
+A *domain* (subject, session) is named by a str or int label. Its statistics at one
+re-centring layer (a domain batch norm of :class:`~skfedspd.SPDnetClassifier`, or the input
+of :class:`~skfedspd.Recenter`) are a Riemannian mean ``M`` of the matrices seen there and
+their total weight ``w``, updated trial by trial with the **geodesic running mean**
+(Zanini et al., 2018; Kobler et al., 2022): adding ``X`` with weight 1 gives
+
+    M ← M^{1/2} (M^{-1/2} X M^{-1/2})^{1/(w+1)} M^{1/2},   w ← w + 1,
+
+the point ``1/(w+1)`` of the way along the affine-invariant geodesic from ``M`` to ``X``.
+It is the weighted Karcher mean exactly for two points (the prior and one trial) and for
+matrices that commute, and a close approximation otherwise; it costs two eigendecompositions
+of one ``n×n`` matrix per trial whatever the number of trials seen.
+
+A new domain starts from the **prior** ``M₀`` with weight ``domain_prior_weight`` (default
+1): one pseudo-trial, so that a domain's first trial is never re-centred by itself alone
+(which maps it to a constant), and after about ten trials the domain's own data dominate.
+The prior is the log-Euclidean mean ``exp(mean_i log Z_i)`` of the layer's inputs ``Z_i``
+over the training data. It is chosen over the Karcher mean of the training domains' means
+because it is additive: ``Σ_i log Z_i`` and the count add up over sites, so a federation
+pools it exactly (each site sends its sum, the server divides), with no iteration and no
+domain mean leaving a site; a prior weighing one pseudo-trial needs no more precision.
+Without a prior (a model saved before this feature, a deployment that could not compute
+it), a new domain starts empty: its first trial becomes its mean.
+"""
+
+import numpy as np
+import torch
+
+from .functional import expm_sym, logeig
+
+__all__ = [
+    "RunningMean",
+    "DomainStatistics",
+    "geodesic_running_mean",
+    "check_domain_label",
+    "domain_labels",
+    "log_euclidean_sum",
+    "drop_domain_requests",
+]
+
+
+def _sym(A):
+    return 0.5 * (A + A.transpose(-1, -2))
+
+
+def _sqrt_invsqrt(M):
+    lam, U = torch.linalg.eigh(M)
+    Ut = U.transpose(-1, -2)
+    return (U * lam.sqrt()) @ Ut, (U * lam.rsqrt()) @ Ut
+
+
+class RunningMean:
+    """An immutable geodesic running mean: ``mean`` (``n×n`` SPD tensor), ``weight`` (total
+    weight, prior included), ``n_trials`` (trials added) and the cached ``half`` /
+    ``inv_half`` (``mean^{±1/2}``), which both :meth:`add` and the re-centring need.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.online import RunningMean
+    >>> start = RunningMean(torch.eye(2, dtype=torch.float64), weight=1.0)
+    >>> after = start.add(torch.diag(torch.tensor([4.0, 1.0], dtype=torch.float64)))
+    >>> after.mean.diagonal(), after.weight, after.n_trials  # halfway along the geodesic
+    (tensor([2., 1.], dtype=torch.float64), 2.0, 1)
+    """
+
+    __slots__ = ("mean", "weight", "n_trials", "half", "inv_half")
+
+    def __init__(self, mean, weight, n_trials=0):
+        self.mean = mean
+        self.weight = float(weight)
+        self.n_trials = int(n_trials)
+        self.half, self.inv_half = _sqrt_invsqrt(mean)
+
+    def add(self, X):
+        """The running mean with the SPD matrix ``X`` added with weight 1 (a new object)."""
+        lam, U = torch.linalg.eigh(_sym(self.inv_half @ X @ self.inv_half))
+        power = (U * lam ** (1.0 / (self.weight + 1.0))) @ U.transpose(-1, -2)
+        return RunningMean(_sym(self.half @ power @ self.half), self.weight + 1.0, self.n_trials + 1)
+
+    def __getstate__(self):
+        return {"mean": self.mean, "weight": self.weight, "n_trials": self.n_trials}
+
+    def __setstate__(self, state):
+        self.__init__(state["mean"], state["weight"], state["n_trials"])
+
+
+def geodesic_running_mean(X, mean, weight):
+    """Add the SPD matrices ``X`` in order, each with weight 1, to a running mean.
+
+    Parameters
+    ----------
+    X : torch.Tensor of shape (n_matrices, n, n)
+    mean : torch.Tensor of shape (n, n)
+        The current mean (the prior for a new domain).
+    weight : float
+        Its total weight (0: the first matrix becomes the mean).
+
+    Returns
+    -------
+    mean : torch.Tensor of shape (n, n)
+    weight : float
+
+    Examples
+    --------
+    Matrices that commute: the running mean is their exact weighted mean.
+
+    >>> import torch
+    >>> from skfedspd.online import geodesic_running_mean
+    >>> X = torch.diag_embed(torch.tensor([[1.0, 8.0], [8.0, 1.0], [1.0, 1.0]], dtype=torch.float64))
+    >>> M, w = geodesic_running_mean(X, torch.eye(2, dtype=torch.float64), weight=0.0)
+    >>> M.diagonal(), w  # (8·1·1)^{1/3}
+    (tensor([2., 2.], dtype=torch.float64), 3.0)
+    """
+    state = RunningMean(mean, weight)
+    for matrix in X:
+        state = state.add(matrix)
+    return state.mean, state.weight
+
+
+def check_domain_label(label):
+    """A domain label as a plain ``str`` or ``int`` (numpy scalars converted).
+
+    Raises
+    ------
+    TypeError
+        For anything else (a float, a bool, None, a tuple, an array...), naming it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.online import check_domain_label
+    >>> check_domain_label(np.int64(17)), check_domain_label("s17")
+    (17, 's17')
+    >>> check_domain_label(["s17"])
+    Traceback (most recent call last):
+    ...
+    TypeError: a domain label must be a str or an int, got list ['s17']
+    """
+    if isinstance(label, np.generic):
+        label = label.item()
+    if isinstance(label, str) or (isinstance(label, int) and not isinstance(label, bool)):
+        return label
+    raise TypeError(f"a domain label must be a str or an int, got {type(label).__name__} {label!r}")
+
+
+def domain_labels(domain, n_matrices):
+    """One domain label per matrix: ``domain`` a label (all matrices) or one per row.
+
+    Raises
+    ------
+    TypeError
+        For a label that is not a str or an int.
+    ValueError
+        For an array whose length is not ``n_matrices`` (both lengths named).
+
+    Examples
+    --------
+    >>> from skfedspd.online import domain_labels
+    >>> domain_labels("s1", 2), domain_labels(["s1", 2], 2)
+    (['s1', 's1'], ['s1', 2])
+    """
+    if isinstance(domain, (list, tuple, np.ndarray, torch.Tensor)):
+        labels = np.asarray(domain, dtype=object)
+        if labels.ndim != 1 or len(labels) != n_matrices:
+            raise ValueError(f"domain must be one label or one label per matrix: X has {n_matrices} matrices, "
+                             f"domain has shape {labels.shape}")
+        return [check_domain_label(label) for label in labels]
+    return [check_domain_label(domain)] * n_matrices
+
+
+def drop_domain_requests(estimator, requests):
+    """``requests`` (an estimator's default metadata requests) without ``domain`` for its
+    prediction methods when it has no domain statistics: a Pipeline then does not pass a
+    ``domain`` meant for another step (``Recenter``) to it. Requests set explicitly
+    (``set_predict_request``) are kept.
+
+    Examples
+    --------
+    >>> from skfedspd import SPDnetClassifier
+    >>> SPDnetClassifier().get_metadata_routing().predict.requests  # batchnorm=None: none
+    {'domain': False}
+    >>> SPDnetClassifier(batchnorm="domain").get_metadata_routing().predict.requests
+    {'domain': True}
+    """
+    if not hasattr(estimator, "_metadata_request"):
+        for method in ("predict", "predict_proba", "decision_function"):
+            getattr(requests, method).add_request(param="domain", alias=False)
+    return requests
+
+
+def log_euclidean_sum(Z):
+    """``Σ_i log Z_i`` of an SPD batch: the additive part of the log-Euclidean mean (the
+    prior is ``exp(sum / count)``; sites of a federation add their sums and counts).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.functional import expm_sym
+    >>> from skfedspd.online import log_euclidean_sum
+    >>> Z = torch.diag_embed(torch.tensor([[1.0, 4.0], [4.0, 1.0]], dtype=torch.float64))
+    >>> expm_sym(log_euclidean_sum(Z) / 2).diagonal()  # √(1·4) on each axis
+    tensor([2., 2.], dtype=torch.float64)
+    """
+    return logeig(Z).sum(0)
+
+
+class DomainStatistics:
+    """The running means of named domains at each re-centring layer, and the prior.
+
+    Parameters
+    ----------
+    sizes : sequence of int
+        Matrix size at each layer.
+    dtype : torch.dtype
+    device : str or torch.device, default="cpu"
+    prior : list of torch.Tensor or None
+        Mean a new domain starts from at each layer; None: new domains start empty.
+
+    Attributes
+    ----------
+    domains : dict
+        Label → list of :class:`RunningMean`, one per layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.online import DomainStatistics
+    >>> stats = DomainStatistics([2], torch.float64, prior=[torch.eye(2, dtype=torch.float64)])
+    >>> work = stats.working_copy(["s1", "s1"], prior_weight=1.0)
+    >>> X = 4 * torch.eye(2, dtype=torch.float64)
+    >>> _ = stats.add_in_order(work, ["s1", "s1"], X.expand(2, 2, 2), layer=0)
+    >>> stats.commit(work)
+    >>> stats.trials_seen(), stats.domains["s1"][0].mean.diagonal()  # (1·4·4)^{1/3}
+    ({'s1': 2}, tensor([2.5198, 2.5198], dtype=torch.float64))
+    """
+
+    def __init__(self, sizes, dtype, device="cpu", prior=None):
+        self.sizes = [int(n) for n in sizes]
+        self.dtype = dtype
+        self.device = device
+        self.prior = prior
+        self.domains = {}
+
+    def start(self, prior_weight):
+        """The statistics of a new domain: the prior with ``prior_weight``, or empty."""
+        if not prior_weight > 0:  # set_params after fit is not validated until the next fit
+            raise ValueError(f"domain_prior_weight must be > 0, got {prior_weight!r}")
+        if self.prior is None:
+            return [RunningMean(torch.eye(n, dtype=self.dtype, device=self.device), 0.0) for n in self.sizes]
+        return [RunningMean(M, prior_weight) for M in self.prior]
+
+    def working_copy(self, labels, prior_weight):
+        """Label → list of running means for the domains of ``labels``: the stored ones
+        (copied lists; the running means themselves are immutable), new ones from
+        :meth:`start`. Updates go to this copy; :meth:`commit` stores it."""
+        return {label: list(self.domains[label]) if label in self.domains else self.start(prior_weight)
+                for label in dict.fromkeys(labels)}
+
+    @staticmethod
+    def add_in_order(work, labels, Z, layer):
+        """Add each ``Z[t]`` to its domain ``labels[t]`` at ``layer``, in order; return the
+        ``inv_half`` of each trial's domain just after its update (what the trial is
+        re-centred by when the next layer's statistics are updated)."""
+        inv_halves = []
+        for matrix, label in zip(Z, labels):
+            states = work[label]
+            states[layer] = states[layer].add(matrix)
+            inv_halves.append(states[layer].inv_half)
+        return torch.stack(inv_halves)
+
+    @staticmethod
+    def inv_halves(work, labels, layer):
+        """``mean^{-1/2}`` of each trial's domain at ``layer`` (final statistics)."""
+        if len(work) == 1:
+            (states,) = work.values()
+            return states[layer].inv_half.expand(len(labels), -1, -1)
+        return torch.stack([work[label][layer].inv_half for label in labels])
+
+    def commit(self, work):
+        self.domains.update(work)
+
+    def reset(self, domain=None):
+        """Forget one domain (None: all).
+
+        Raises
+        ------
+        KeyError
+            For a label that is not a stored domain, naming it and the known ones.
+        """
+        if domain is None:
+            self.domains.clear()
+            return
+        label = check_domain_label(domain)
+        if label not in self.domains:
+            raise KeyError(f"unknown domain {label!r}; known domains: {list(self.domains)}")
+        del self.domains[label]
+
+    def trials_seen(self):
+        """Label → number of trials added."""
+        return {label: states[0].n_trials for label, states in self.domains.items()}
+
+    def set_prior(self, log_sums, count):
+        """Set the prior to ``exp(log_sums[i] / count)`` at each layer (log-Euclidean mean)."""
+        self.prior = [expm_sym(torch.as_tensor(s, dtype=self.dtype, device=self.device) / count) for s in log_sums]
+
+    # ------------------------------------------------------------------ persistence
+    def state(self):
+        """``(arrays, meta)``: numeric arrays and JSON metadata (labels, weights)."""
+        arrays = {}
+        if self.prior is not None:
+            arrays.update({f"prior.{i}": M.cpu().numpy() for i, M in enumerate(self.prior)})
+        meta = {"sizes": self.sizes, "prior": self.prior is not None, "domains": []}
+        for j, (label, states) in enumerate(self.domains.items()):
+            meta["domains"].append({"label": label, "weight": states[0].weight, "n_trials": states[0].n_trials})
+            arrays.update({f"domain.{j}.{i}": s.mean.cpu().numpy() for i, s in enumerate(states)})
+        return arrays, meta
+
+    @classmethod
+    def from_state(cls, arrays, meta, dtype, device="cpu"):
+        """Inverse of :meth:`state`; ``ValueError`` naming what does not match."""
+        sizes = [int(n) for n in meta["sizes"]]
+        expected = {f"prior.{i}" for i in range(len(sizes))} if meta["prior"] else set()
+        expected |= {f"domain.{j}.{i}" for j in range(len(meta["domains"])) for i in range(len(sizes))}
+        if set(arrays) != expected:
+            raise ValueError(f"domain statistics arrays {sorted(arrays)} do not match their metadata")
+        for name, value in arrays.items():
+            n = sizes[int(name.rsplit(".", 1)[1])]
+            if value.shape != (n, n):
+                raise ValueError(f"domain statistics array {name!r} has shape {value.shape}, expected {(n, n)}")
+        stats = cls(sizes, dtype, device)
+
+        def tensor(name):
+            return torch.as_tensor(arrays[name], dtype=dtype, device=device)
+
+        if meta["prior"]:
+            stats.prior = [tensor(f"prior.{i}") for i in range(len(sizes))]
+        for j, entry in enumerate(meta["domains"]):
+            stats.domains[check_domain_label(entry["label"])] = [
+                RunningMean(tensor(f"domain.{j}.{i}"), entry["weight"], entry["n_trials"])
+                for i in range(len(sizes))]
+        return stats
