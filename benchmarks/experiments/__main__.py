@@ -10,10 +10,11 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from . import unseen_subjects  # noqa: E402
+from . import online, unseen_subjects  # noqa: E402
 
 EXPERIMENTS = {
     "unseen-subjects": unseen_subjects,
+    "online": online,
 }
 
 

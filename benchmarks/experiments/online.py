@@ -1,0 +1,189 @@
+"""Online adaptation to unseen subjects: balanced accuracy against the unlabeled trials seen.
+
+The models of the ``unseen-subjects`` experiment (same folds, read from ``--models``) predict
+each test subject as an online BCI does, trial by trial. The subject is a named domain whose
+statistics start from the training prior and follow the subject's unlabeled trials
+(``adapt`` / ``predict(..., domain=...)``). Every condition is scored on the same trials of
+each subject, those after its first ``--warmup`` (20) trials in recording order:
+
+* ``none``: no adaptation (the domain statistics stay at the prior);
+* ``k`` = 0, 1, 5, 10, 20: each trial predicted with the statistics of the subject's first
+  ``k`` trials and itself (what a predict call with ``domain=`` does);
+* ``all``: the whole subject in one call (whole-subject adaptation);
+* ``online``: trial by trial in recording order, one predict call per trial, the domain
+  updated by every trial before it (the online BCI).
+
+Rows: SPDnet + domain BN and FedSPDnet + domain BN (the saved models), Recenter+TS+LR
+(refitted per fold: ``Recenter`` adapts online the same way) and TS+LR (no adaptation at
+all, for reference).
+"""
+
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import sklearn
+
+from skfedspd import load_estimator
+
+from . import report
+from .data import LEFT_RIGHT_SUBJECTS, load_left_right
+from .pipelines import PIPELINES, fit
+from .unseen_subjects import folds
+
+MODELS = ["SPDnet+dBN", "FedSPDnet+dBN"]
+REFITTED = ["Recenter+TS+LR", "TS+LR"]
+SEEN = [0, 1, 5, 10, 20]
+#: A prior weight no run of trials moves: the statistics stay at the prior.
+FROZEN = 1e12
+
+
+def add_arguments(parser):
+    parser.add_argument("--subjects", type=int, nargs="+", default=list(LEFT_RIGHT_SUBJECTS))
+    parser.add_argument("--cv", choices=["groupkfold5", "loso"], default="groupkfold5")
+    parser.add_argument("--models", type=Path, default=Path("results/unseen-subjects/models"),
+                        help="the unseen-subjects experiment's saved models")
+    parser.add_argument("--warmup", type=int, default=20, help="trials of each subject left out of every score")
+    parser.add_argument("--prior-weights", type=float, nargs="+", default=None,
+                        help="also score these prior weights (the ablation of domain_prior_weight); each adds rows")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=Path("results/online"))
+
+
+def adaptive_step(model):
+    """The estimator of ``model`` that holds the domain statistics: a Pipeline's Recenter,
+    a federated model's global model, or the model itself."""
+    if isinstance(model, sklearn.pipeline.Pipeline):
+        return model[0]
+    return getattr(model, "global_estimator_", model)
+
+
+def with_prior_weight(model, weight):
+    """Set the prior weight of new domains on the fitted model (its adaptive step)."""
+    adaptive_step(model).set_params(domain_prior_weight=weight)
+    return model
+
+
+def conditions(name, model, X, warmup):
+    """``{condition: class-1 probabilities of trials warmup..}`` for one subject, plus the
+    median seconds of one online predict call."""
+    n, rest = len(X), np.arange(warmup, len(X))
+    proba = {}
+    if name == "TS+LR":
+        return {"none": model.predict_proba(X[rest])[:, 1]}, None
+    step = adaptive_step(model)
+    with sklearn.config_context(enable_metadata_routing=True):
+        step.reset_domain()
+        default = step.domain_prior_weight
+        with_prior_weight(model, FROZEN)
+        proba["none"] = model.predict_proba(X[rest], domain=[f"none-{j}" for j in rest])[:, 1]
+        with_prior_weight(model, default)
+        for k in SEEN:
+            labels = [f"{k}-{j}" for j in rest]
+            for label in labels:
+                if k:
+                    step.adapt(X[:k], domain=label)
+            proba[str(k)] = model.predict_proba(X[rest], domain=labels)[:, 1]
+        proba["all"] = model.predict_proba(X, domain="all")[rest, 1]
+        online, seconds = np.empty(n), np.empty(n)
+        for i in range(n):
+            start = time.perf_counter()
+            online[i] = model.predict_proba(X[i : i + 1], domain="online")[0, 1]
+            seconds[i] = time.perf_counter() - start
+        proba["online"] = online[rest]
+        step.reset_domain()
+    return proba, float(np.median(seconds))
+
+
+def run(args):
+    args.out.mkdir(parents=True, exist_ok=True)
+    X, y, groups = load_left_right(args.subjects)
+    rows, latency = [], []
+    for k, (train, test) in enumerate(folds(groups, args.cv)):
+        models = {name: load_estimator(args.models / f"{name}-fold{k}.skfedspd") for name in MODELS}
+        for model in models.values():
+            if model.domain_prior_ is None:  # saved by a version without domain statistics
+                model.fit_domain_prior(X[train], groups[train])
+        for name in REFITTED:
+            models[name] = fit(PIPELINES[name](args.seed), X[train], y[train], groups[train])
+        variants = {name: (model, None) for name, model in models.items()}
+        for weight in args.prior_weights or []:
+            variants.update({f"{name} (prior weight {weight:g})": (models[name], weight)
+                             for name in MODELS + ["Recenter+TS+LR"]})
+        for subject in pd.unique(groups[test]):
+            mine = groups == subject
+            for name, (model, weight) in variants.items():
+                default = adaptive_step(model).domain_prior_weight if name != "TS+LR" else None
+                if weight is not None:
+                    with_prior_weight(model, weight)
+                proba, seconds = conditions(name.split(" (")[0], model, X[mine], args.warmup)
+                if weight is not None:
+                    with_prior_weight(model, default)
+                truth = (y[mine] == model.classes_[1]).astype(int)[args.warmup:]
+                for condition, p in proba.items():
+                    rows.append(pd.DataFrame({"pipeline": f"{name} | {condition}", "subject": subject, "y": truth,
+                                              "pred": (p > 0.5).astype(int), "score": p}))
+                if seconds is not None:
+                    latency.append({"pipeline": name, "subject": subject, "seconds": seconds})
+        print(f"fold {k} done", flush=True)
+    predictions = pd.concat(rows, ignore_index=True)
+    predictions.to_csv(args.out / "predictions.csv", index=False)
+    pd.DataFrame(latency).to_csv(args.out / "latency.csv", index=False)
+    write_report(args, predictions, pd.DataFrame(latency))
+
+
+def curve(scores):
+    """``{model: {condition: mean balanced accuracy}}`` from the subject scores."""
+    split = scores["pipeline"].str.split(" | ", regex=False, expand=True)
+    frame = scores.assign(model=split[0], condition=split[1])
+    return frame.groupby(["model", "condition"])["balanced_accuracy"].mean().unstack()
+
+
+def write_report(args, predictions, latency):
+    scores = report.subject_scores(predictions)
+    table = curve(scores)
+    columns = ["none"] + [str(k) for k in SEEN] + ["all", "online"]
+    lines = ["# Online adaptation to unseen subjects", ""] + report.header() + [
+        f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv} (the unseen-subjects "
+        f"folds), scored on each subject's trials after its first {args.warmup}; balanced accuracy %, mean over "
+        "subjects", "", "| model | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+    for model in sorted(table.index, key=lambda m: (MODELS + REFITTED).index(m.split(" (")[0])):
+        lines.append(f"| {model} | " + " | ".join(
+                "-" if pd.isna(table.loc[model].get(c)) else f"{table.loc[model][c]:.1f}" for c in columns) + " |")
+    pairs = [(f"{m} | {a}", f"{m} | {b}") for m in MODELS + ["Recenter+TS+LR"]
+             for a, b in (("10", "all"), ("0", "none"), ("1", "none"), ("online", "all"), ("online", "none"))]
+    lines += ["", "Paired over subjects:"] + report.paired_lines(scores, pairs)
+    if len(latency):
+        lines += ["", "median seconds of one online predict call (one trial, domain updated), per model: " + ", ".join(
+            f"{m} {1e3 * s:.2f} ms" for m, s in latency.groupby("pipeline")["seconds"].median().items())]
+    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    scores.to_csv(args.out / "subject_scores.csv", index=False)
+    plot(table, args.out / "online_curve.png", args.warmup)
+    print("\n".join(lines))
+
+
+def plot(table, path, warmup):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+    x = SEEN + [45]
+    for i, model in enumerate(m for m in MODELS + ["Recenter+TS+LR"] if m in table.index):
+        color = f"C{i}"
+        ax.plot(x, [table.loc[model][str(k)] for k in SEEN] + [table.loc[model]["all"]], "o-", color=color,
+                label=model)
+        ax.axhline(table.loc[model]["none"], color=color, ls=":", lw=1)
+    if "TS+LR" in table.index:
+        ax.axhline(table.loc["TS+LR"]["none"], color="grey", ls="--", lw=1, label="TS+LR (no adaptation)")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set_xticks(x, [str(k) for k in SEEN] + ["all"])
+    ax.set_xlabel("unlabeled trials of the subject seen before the prediction")
+    ax.set_ylabel("balanced accuracy (%)")
+    ax.set_title(f"Unseen subjects, online (dotted: no adaptation; trials after the first {warmup})", fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
