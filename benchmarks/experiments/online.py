@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import sklearn
+from sklearn.pipeline import Pipeline
 
 from skfedspd import load_estimator
 
@@ -54,7 +55,7 @@ def add_arguments(parser):
 def adaptive_step(model):
     """The estimator of ``model`` that holds the domain statistics: a Pipeline's Recenter,
     a federated model's global model, or the model itself."""
-    if isinstance(model, sklearn.pipeline.Pipeline):
+    if isinstance(model, Pipeline):
         return model[0]
     return getattr(model, "global_estimator_", model)
 
