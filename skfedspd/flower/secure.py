@@ -67,8 +67,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.supercore import log
 
 from ..aggregation import SUM_RULES
-from .client import to_array_record
-from .server import SPDnetStrategy
+from .strategy import SPDnetStrategy
 
 __all__ = ["SecureSum", "SecureSPDnetStrategy", "secure_mod", "train_vector", "eval_vector", "split_limbs",
            "join_limbs",
@@ -82,7 +81,6 @@ LOSS_RANGE = 100.0
 RECONSTRUCTION_THRESHOLD = 2 / 3
 MAX_SITES = MODULUS // (2**QUANTIZATION_BITS + 1)
 CONFIG_KEY = "secure"
-LOCAL_STATE_KEY = "skfedspd.local-arrays"  # a site's client-local arrays, in its Flower context state
 
 _INFO, _WARNING = 20, 30
 
@@ -366,7 +364,7 @@ class SecureSum:
 
 
 class SecureSPDnetStrategy(SPDnetStrategy):
-    """:class:`~skfedspd.flower.server.SPDnetStrategy` whose train and validation replies
+    """:class:`~skfedspd.flower.strategy.SPDnetStrategy` whose train and validation replies
     arrive only as SecAgg+ sums (see the module docstring). Each stage runs its protocol
     inside ``configure_*`` (on the Grid it is given) and sends no other message;
     ``aggregate_*`` hand the sums to the engine.
