@@ -1,7 +1,7 @@
 """``FederatedSPDnetClassifier``: FedSPDnet (Algorithm 1 of the paper) as a meta-estimator.
 
 ``fit`` validates the parameters and the data, splits the samples into clients, and hands
-the run to a backend by name (:data:`BACKENDS`): ``"local"`` (:func:`fit_local`, clients
+the run to a backend by name (:data:`BACKENDS`): ``"local"`` (:func:`skfedspd.local.fit_local`, clients
 simulated in this process, optionally in parallel with joblib) or ``"flower"`` (an
 in-process Flower simulation). Every backend drives one
 :class:`~skfedspd.engine.FederatedEngine` (seeded client sampling, reply validation,
@@ -31,9 +31,6 @@ from .training import derive_seed, draw_seed
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 
-#: Backends of ``FederatedSPDnetClassifier(backend=...)``: ``"module:function"``, called as
-#: ``function(fed, task) -> FederatedResult`` (imported when used: Flower is an extra).
-BACKENDS = {"local": "skfedspd.federated:fit_local", "flower": "skfedspd.flower.simulation_fit:fit_simulation"}
 
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
 # The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
@@ -97,6 +94,25 @@ def partition_indices(y, n_clients, partition, alpha, seed):
                 part.extend(chunk.tolist())
         return [np.sort(np.asarray(p, dtype=int)) for p in parts]
     raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
+
+
+def _fit_on_flower(fed, task):
+    """The ``"flower"`` backend, :func:`skfedspd.flower.simulation_fit.fit_simulation`,
+    imported when used: Flower is an extra."""
+    try:
+        from .flower.simulation_fit import fit_simulation
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] != "flwr":
+            raise
+        raise ImportError(f"backend='flower' needs the flower extra: pip install 'skfedspd[flower]' "
+                          f"({error})") from error
+    return fit_simulation(fed, task)
+
+
+#: Backends of ``FederatedSPDnetClassifier(backend=...)``, each called as
+#: ``backend(fed, task) -> FederatedResult``. A backend reads the estimator ``fed`` and the
+#: :class:`~skfedspd.engine.FitTask` and never imports this module.
+BACKENDS = {"local": fit_local, "flower": _fit_on_flower}
 
 
 #: ``fit``'s warning for server momentum with clients that keep their Adam state.
@@ -502,14 +518,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.dp_epsilon is not None and task.sample_weight is not None:
             raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
                                                        if sample_weight is None else ""))
-        module, _, function = BACKENDS[self.backend].partition(":")
-        try:
-            backend = getattr(importlib.import_module(module), function)
-        except ModuleNotFoundError as error:
-            if (error.name or "").partition(".")[0] != "flwr":
-                raise
-            raise ImportError(f"backend={self.backend!r} needs the flower extra: pip install "
-                              f"'skfedspd[flower]' ({error})") from error
+        backend = BACKENDS[self.backend]
         # Training needs autograd whatever the caller's mode: inference tensors made here
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):

@@ -3,8 +3,9 @@
 Static checks over the source (``ast``), so they see every module, the optional Flower
 ones included, without importing anything:
 
-- the graph of module-level imports between skfedspd modules has no cycle (an import
-  inside a function runs when called and is left out, as Python does);
+- the graph of imports between skfedspd modules has no cycle, counting the imports
+  inside functions too (a lazy import only defers a cycle to the first call);
+- the core imports no ``skfedspd.flower`` module when it is imported (Flower is an extra);
 - no module uses another skfedspd module's private name (``from .x import _y``,
   ``x._y`` on an imported skfedspd module);
 - nothing in skfedspd imports ``pickle`` (or ``dill``, ``cloudpickle``, ``marshal``,
@@ -73,8 +74,14 @@ def _imported_modules(name, statements):
     return out
 
 
-def import_graph():
-    return {name: sorted({target for target, _ in _imported_modules(name, _module_level(_tree(name)))
+def import_graph(in_functions=True):
+    """``{module: [skfedspd modules it imports]}``; ``in_functions=False``: only the imports
+    run when the module is imported."""
+    def statements(name):
+        tree = _tree(name)
+        return ast.walk(tree) if in_functions else _module_level(tree)
+
+    return {name: sorted({target for target, _ in _imported_modules(name, statements(name))
                           if target in MODULES and target != name})
             for name in MODULES}
 
@@ -117,8 +124,14 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
-def test_core_does_not_import_flower_and_flower_uses_the_engine():
+def test_import_graph_counts_imports_in_functions():
     graph = import_graph()
+    assert "skfedspd.flower.simulation_fit" in graph["skfedspd.federated"]  # imported when backend="flower"
+    assert "skfedspd.flower.simulation_fit" not in import_graph(in_functions=False)["skfedspd.federated"]
+
+
+def test_core_does_not_import_flower_and_flower_uses_the_engine():
+    graph = import_graph(in_functions=False)
     for name, targets in graph.items():
         if not name.startswith("skfedspd.flower"):
             assert not [t for t in targets if t.startswith("skfedspd.flower")], name
