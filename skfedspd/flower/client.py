@@ -127,29 +127,19 @@ class _PreparedSite:
                                                                        torch.as_tensor(w[self.val]))
 
 
-def _file_weights(sample_weight, n_samples, path):
-    """The ``sample_weight`` array of a site's data file, checked (None when it has none)."""
-    if sample_weight is None:
-        return None
+def _site_file_arrays(path, n_samples, sample_weight, groups):
+    """The optional ``sample_weight`` and ``groups`` arrays of a site's data file, checked
+    (None where absent); a ValueError names the file and the problem."""
     try:
-        shape = np.shape(sample_weight)
-        if len(shape) != 1:
-            raise ValueError(f"sample_weight must be a 1-D array of {n_samples} weights (one per sample), got shape "
-                             f"{shape}")
-        return check_sample_weight(sample_weight, n_samples)
+        sample_weight = check_sample_weight(sample_weight, n_samples, scalar=False)
+        if groups is not None:
+            groups = np.asarray(groups)
+            if groups.shape != (n_samples,):
+                raise ValueError(f"groups must be a 1-D array of {n_samples} labels (one per sample), got shape "
+                                 f"{groups.shape}")
     except ValueError as error:
         raise ValueError(f"site data file {path}: {error}") from None
-
-
-def _file_groups(groups, n_samples, path):
-    """The ``groups`` array of a site's data file, checked (None when it has none)."""
-    if groups is None:
-        return None
-    groups = np.asarray(groups)
-    if groups.shape != (n_samples,):
-        raise ValueError(f"site data file {path}: groups must be a 1-D array of {n_samples} labels (one per sample), "
-                         f"got shape {groups.shape}")
-    return groups
+    return sample_weight, groups
 
 
 def load_site_from_node_config(context):
@@ -223,8 +213,7 @@ def load_site_from_node_config(context):
             X, y = data["X"], data["y"]
             sample_weight, groups = (data[key] if key in data.files else None for key in ("sample_weight", "groups"))
     X = np.asarray(X)
-    return (int(config["client-id"]), X, np.asarray(y), _file_weights(sample_weight, len(X), path),
-            _file_groups(groups, len(X), path))
+    return (int(config["client-id"]), X, np.asarray(y), *_site_file_arrays(path, len(X), sample_weight, groups))
 
 
 def make_client_app(load_site=load_site_from_node_config, estimator_factory=None):
