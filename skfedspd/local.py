@@ -27,6 +27,7 @@ from .engine import (
     FederatedResult,
     client_statistic,
     client_update,
+    declared_weights,
     pool_input_statistic,
     rule_name,
 )
@@ -73,7 +74,8 @@ def fit_local(fed, task):
               for i, idx in enumerate(task.indices)]
     n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
     w = task.sample_weight
-    client_weights = n_train if w is None else [float(w[idx[tr]].sum()) for idx, (tr, _) in zip(task.indices, splits)]
+    train_weights = None if w is None else [float(w[idx[tr]].sum()) for idx, (tr, _) in zip(task.indices, splits)]
+    client_weights = declared_weights(n_train, train_weights)
     empty = [i for i, total in enumerate(client_weights) if not total > 0]
     if empty:
         raise ValueError(f"sample_weight: the training samples of clients {empty} all have weight 0")
@@ -86,7 +88,7 @@ def fit_local(fed, task):
     else:
         statistic = task.resume.input_statistic
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
-                                            train_weights=None if w is None else client_weights)
+                                            train_weights=train_weights)
     if task.resume is not None:
         engine.load_state_dict(*task.resume.state_dict())
     # A client of several groups (groups_per_client > 1) keeps each group a domain of its own.

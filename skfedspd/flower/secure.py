@@ -67,6 +67,7 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.supercore import log
 
 from ..aggregation import SUM_RULES
+from ..engine import within_declared_weight
 from .strategy import SPDnetStrategy
 
 __all__ = ["SecureSum", "SecureSPDnetStrategy", "secure_mod", "train_vector", "eval_vector", "split_limbs",
@@ -151,7 +152,7 @@ def train_vector(layout, params, loss, n_skipped, n_examples, weight=None):
         raise ValueError(f"num-examples outside [1, {n_max}]")
     weight_max = layout.get("weight-max")  # a run with sample weights
     weight = n_examples if weight is None else weight
-    if weight_max is not None and not 0 < weight <= weight_max * (1 + 1e-9):
+    if weight_max is not None and not (weight > 0 and within_declared_weight(weight, weight_max)):
         raise ValueError(f"client weight outside (0, {weight_max:g}]")
     share = n_examples / n_max if weight_max is None else min(weight / weight_max, 1.0)
     r = share if layout["weighting"] == "n_samples" else 1.0

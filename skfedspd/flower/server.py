@@ -21,7 +21,7 @@ from sklearn.base import clone
 
 from .. import spec as _spec
 from ..classifier import SPDnetClassifier
-from ..engine import FederatedEngine, FederatedResult, is_positive_weight, pool_input_statistic
+from ..engine import FederatedEngine, FederatedResult, declared_weights, is_positive_weight, pool_input_statistic
 from ..training import draw_seed
 from .records import to_array_record
 from .secure import SecureSPDnetStrategy
@@ -244,8 +244,7 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
             est.set_classes(np.unique(np.concatenate([np.asarray(site) for site in labels])))
         # DP mode: the sites' input statistics are neither sent nor used (docs/privacy.md)
         # pooled as on the local backend: by training size, or by the sum of the training weights
-        statistic = None if setup["private"] else pool_input_statistic(
-            stats, n_train if weights is None else [n if w is None else w for n, w in zip(n_train, weights)])
+        statistic = None if setup["private"] else pool_input_statistic(stats, declared_weights(n_train, weights))
         est.set_input_statistic(statistic)
         est.init_module(seed)
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
