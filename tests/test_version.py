@@ -7,7 +7,6 @@
 import importlib.metadata
 import json
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ def test_version_is_a_release_number():
 
 
 def test_pyproject_reads_the_version_from_the_package():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in project["project"], "a second version literal in pyproject.toml"
     assert "version" in project["project"]["dynamic"]
