@@ -124,7 +124,7 @@ class FitTask:
     Examples
     --------
     What ``FederatedSPDnetClassifier.fit`` hands to its backend (a task built by hand and
-    run: :func:`skfedspd.federated.fit_local`):
+    run: :func:`skfedspd.local.fit_local`):
 
     >>> import dataclasses
     >>> from skfedspd.engine import FitTask
