@@ -18,8 +18,8 @@ and MDM pipelines; SCM covariances for SPDnet, as in the paper):
   tangent space; the row is skipped, with a printed line, when ``skfedspd.Recenter`` does not
   exist yet. In CrossSubject, MOABB passes the training subjects (``fit(subjects=...)``) to
   the pipelines whose routing asks for them: ``Recenter``, ``SPDnetClassifier`` and the
-  federated estimator do by default (without them, Recenter and SPDnet + domain BN would
-  treat the training subjects as one domain);
+  federated estimator do by default (since session 7; before, only the federated one did,
+  so Recenter and SPDnet + domain BN treated the training subjects as one domain);
 * SPDnet, FedSPDnet: ``SPDnetClassifier()`` and ``FederatedSPDnetClassifier()`` with their
   default constructors (``random_state=0``). In CrossSubject, MOABB routes the training
   subjects to ``fit`` (metadata routing, key ``subjects``): each subject is one client. In
@@ -148,7 +148,7 @@ def table(scores, metric):
     return "\n".join(lines)
 
 
-#: The package's targets on MOABB: (evaluation, pipeline, reference, margin in points): pipeline ≥ reference + margin.
+#: Issue 10's targets: (evaluation, pipeline, reference, margin in points): pipeline ≥ reference + margin.
 TARGETS = [
     ("WithinSession", "SPDnet", "TS+LR", 0.0),
     ("WithinSession", "FedSPDnet", "SPDnet", -3.0),
@@ -201,7 +201,7 @@ def report_combined(folders, out, command):
         metric = "ROC-AUC" if label == "left/right" else "accuracy"
         subjects = sorted(int(s) for s in task["subject"].unique())
         lines += ["", f"## PhysionetMI {label}, subjects {subjects}: mean {metric} over subjects (MOABB's score; "
-                  "± sd over subjects)", "", table(task, metric), "", "Targets:", *target_lines(task)]
+                  "± sd over subjects)", "", table(task, metric), "", "Targets (issue 10):", *target_lines(task)]
     text = "\n".join(lines)
     print(text)
     (out / "report.md").write_text(text + "\n")
@@ -308,7 +308,7 @@ def main(argv=None):
         scores["task"] = label
         all_scores.append(scores)
         report += ["", f"## PhysionetMI {label}, subjects {dataset.subject_list}: mean {metric} over subjects "
-                   "(MOABB's score; ± sd over subjects)", "", table(scores, metric), "", "Targets:",
+                   "(MOABB's score; ± sd over subjects)", "", table(scores, metric), "", "Targets (issue 10):",
                    *target_lines(scores)]
         print(report[-1], flush=True)
 
