@@ -1,5 +1,5 @@
 """Tests of the MOABB evaluation benchmark's report (``benchmarks/moabb_evaluation.py``) on
-hand-made score tables: the target lines and ``--combine`` (no fitting, no data)."""
+hand-made score tables: the issue's target lines and ``--combine`` (no fitting, no data)."""
 
 import pandas as pd
 import pytest
