@@ -3,8 +3,9 @@
 The clients are simulated in this process, serially or on ``n_jobs`` joblib processes
 (their data memory-mapped once per fit), around one
 :class:`~skfedspd.engine.FederatedEngine`; with ``checkpoint_path`` the run is saved after
-every round and resumed from a checkpoint of the same configuration and data. The backend reads the estimator's parameters and never imports
-:mod:`skfedspd.federated` (which imports it).
+every round and resumed from a checkpoint of the same configuration and data. The backend
+reads the estimator's parameters and never imports :mod:`skfedspd.federated` (which
+imports it).
 """
 
 import hashlib
