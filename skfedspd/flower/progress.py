@@ -18,7 +18,20 @@ _ROUND_DONE = re.compile(r"FedSPDnet round \d+ done: val-f1 (\S+)")  # strategy.
 class RoundProgress:
     """A progress bar over the rounds: one step per round the strategy closes, plain or
     secure (:meth:`round_done`; :meth:`feed` reads the strategy's ``ROUND_LOG`` line from a
-    streamed server log), with the pooled validation macro-F1 when there is one."""
+    streamed server log), with the pooled validation macro-F1 when there is one.
+
+    Examples
+    --------
+    Two rounds closed, one read from a server log line, one without a validation score:
+
+    >>> from skfedspd.flower.progress import RoundProgress
+    >>> progress = RoundProgress(3, disable=True)
+    >>> progress.feed("INFO : FedSPDnet round 0 done: val-f1 0.625")
+    >>> progress.round_done(float("nan"))
+    >>> progress.rounds, progress.scores
+    (2, [0.625])
+    >>> progress.close()
+    """
 
     def __init__(self, n_rounds, disable):
         self.bar = tqdm(total=n_rounds, desc="FedSPDnet on Flower", unit="round", disable=disable,
