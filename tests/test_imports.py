@@ -13,6 +13,9 @@ ones included, without importing anything:
 """
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -185,3 +188,27 @@ def test_no_pickle(name):
         elif isinstance(node, ast.Attribute) and node.attr == "load" and ast.unparse(node.value) == "torch":
             problems.append(f"torch.load (line {node.lineno})")
     assert not problems, f"{name}: {problems}"
+
+
+@pytest.mark.slow
+def test_flower_backend_without_flower_names_the_extra():
+    """``backend="flower"`` imports Flower when it fits: without it, an ImportError says
+    which extra to install (run in a fresh interpreter, where Flower cannot be imported)."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["flwr"] = None  # as if Flower were not installed
+        import numpy as np
+        from skfedspd import FederatedSPDnetClassifier
+        from skfedspd.datasets import make_spd_classification
+        X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
+        fed = FederatedSPDnetClassifier(n_rounds=1, backend="flower", random_state=0)
+        try:
+            fed.fit(X, y, groups=np.repeat([0, 1, 2], 4))
+        except ImportError as error:
+            print(type(error).__name__, error, hasattr(fed, "engine_"))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE_DIR.parent,
+                            timeout=300)
+    assert result.stdout.startswith("ImportError backend='flower' needs the flower extra: pip install "
+                                    "'skfedspd[flower]'"), result.stdout + result.stderr
+    assert result.stdout.strip().endswith("False")  # the estimator is left unfitted
