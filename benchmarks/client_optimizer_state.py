@@ -21,10 +21,10 @@ TS+LR differs (e.g. 74.1 against 72.1 cross-subject on subjects 1–4).
 
 Rows (``--models plain``, the default): ``SPDnetClassifier()``,
 ``FederatedSPDnetClassifier(client_optimizer_state="reset")``, ``FederatedSPDnetClassifier()``
-(``"keep"``, the default), TS+LR. ``random_state=0`` everywhere. (Sessions 5 and 6 measured
-``"keep"`` with an equivalent subclass of ``SPDnetClassifier``, before the option existed.)
+(``"keep"``, the default), TS+LR. ``random_state=0`` everywhere. (The first measurements of
+``"keep"`` used an equivalent subclass of ``SPDnetClassifier``, before the option existed.)
 
-``--models domain-bn`` (session 7; the cross protocol, every training subject a domain): why
+``--models domain-bn`` (the cross protocol, every training subject a domain): why
 FedSPDnet + domain BN trails SPDnet + domain BN across subjects. A pooled minibatch of 64 from K
 training subjects holds about 64 / K trials of each, so every step re-centres a subject by a
 noisy estimate of its mean; a federated client (one subject, 45 trials) fits in one batch and

@@ -1,4 +1,4 @@
-"""Which ``SPDnetClassifier`` defaults learn on small data (issue 10, deliverable 1).
+"""Which ``SPDnetClassifier`` defaults learn on small data.
 
 PhysionetMI left/right (offline subjects 1-4 only: the rules are chosen here and re-checked
 on other subjects), covariances from :func:`skfedspd.datasets.load_physionet_mi`, stratified
@@ -300,7 +300,7 @@ def main(argv=None):
     start = time.perf_counter()
     X, y, subj, meta = load_physionet_mi(subjects, n_classes=2)
     ch_names = meta.attrs["ch_names"]
-    log("# Defaults that learn on small data: ablation (issue 10, deliverable 1)\n")
+    log("# Defaults that learn on small data: ablation\n")
     log(f"command: `{command}`  \nmachine: {cpu_name()}, torch {torch.__version__}, "
         f"{args.jobs} joblib process(es) of 1 torch thread\n")
     log(f"PhysionetMI left/right, subjects {subjects} (offline copy), {X.shape[1]} channels, "

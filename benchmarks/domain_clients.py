@@ -2,11 +2,11 @@
 the client one domain.
 
 A site of a federation often holds several subjects (the FedSPDnet paper's larger runs put two
-in each client). Domain batch normalization re-centres each *domain* by its own mean; before
-this benchmark's session a client's training data were one domain whatever subjects it held,
-while the centralized fit and a one-subject client re-centre each subject. Since then each
+in each client). Domain batch normalization re-centres each *domain* by its own mean: each
 group of a client (``fit(..., groups=subjects)`` with ``groups_per_client`` > 1, or a site
-file's ``groups``) is a domain of its own.
+file's ``groups``) is a domain of its own, as each subject is in the centralized fit and in a
+one-subject client; the alternative, a client's training data as one domain whatever subjects
+it holds, is the baseline this benchmark compares against.
 
 MOABB ``CrossSubjectEvaluation`` (leave one subject out; MOABB's scores, ROC-AUC), PhysionetMI
 left/right on the offline subjects; the training subjects are merged ``--groups-per-client``

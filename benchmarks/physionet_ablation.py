@@ -12,8 +12,8 @@ re-runs the cells it affects on the same client splits and seeds:
   (``standardize="channel"``) instead of the whole trial (the default, ``"trial"``);
 * FedSPDnet Full and Half, with and without server momentum, with clients that keep their
   Adam state between rounds (``client_optimizer_state="keep"``, the package's default)
-  instead of the paper's fresh Adam every round (session 8: server momentum was recommended
-  with the paper's clients and not validated with kept client state).
+  instead of the paper's fresh Adam every round (server momentum was recommended with the
+  paper's clients and not validated with kept client state).
 
 ``--variants`` runs some of them (default: all).
 

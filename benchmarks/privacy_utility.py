@@ -222,7 +222,7 @@ def table(results):
 
 
 def targets(results):
-    """The issue's target lines, on the seeds present in every cell they compare."""
+    """The target lines, on the seeds present in every cell they compare."""
     lines = []
     for model in ("spdnet-projavg", "spdnet-rlavg"):
         private, plain = f1_values(results, model, 8.0), f1_values(results, model, math.inf)

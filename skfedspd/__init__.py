@@ -6,7 +6,7 @@ from .federated import FederatedSPDnetClassifier
 from .persistence import load_estimator, save_estimator
 from .recenter import Recenter
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"  # the one place of the version: pyproject.toml reads it
 __all__ = [
     "SPDnetClassifier",
     "EEGNetClassifier",

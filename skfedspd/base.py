@@ -65,9 +65,10 @@ def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
     return fraction > 0 and n_val >= max(MIN_VALIDATION_SAMPLES, 2 * n_classes)
 
 
-def check_sample_weight(sample_weight, n_samples):
+def check_sample_weight(sample_weight, n_samples, *, scalar=True):
     """``sample_weight`` as a float64 array of ``n_samples`` non-negative finite weights with
-    a positive sum (a scalar: the same weight for every sample), or None.
+    a positive sum (a scalar: the same weight for every sample, unless ``scalar=False``), or
+    None.
 
     Raises
     ------
@@ -83,6 +84,10 @@ def check_sample_weight(sample_weight, n_samples):
     Traceback (most recent call last):
     ...
     ValueError: sample_weight contains negative weights (first at sample 1)
+    >>> check_sample_weight(2, 3, scalar=False)  # e.g. a site's data file: one weight per sample
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_weight must be a 1-D array of 3 weights (one per sample), got shape ()
     """
     if sample_weight is None:
         return None
@@ -90,7 +95,7 @@ def check_sample_weight(sample_weight, n_samples):
         w = np.asarray(sample_weight, dtype=np.float64)
     except (TypeError, ValueError) as error:
         raise ValueError(f"sample_weight must be numbers: {error}") from None
-    if w.ndim == 0:
+    if w.ndim == 0 and scalar:
         w = np.full(n_samples, float(w))
     if w.shape != (n_samples,):
         raise ValueError(f"sample_weight must be a 1-D array of {n_samples} weights (one per sample), "

@@ -153,6 +153,26 @@ def _lagged_gram(x, kernel_length, left):
     return acf[lag] - outside[low, lag]
 
 
+def _window_moments(x, kernel_length, left):
+    """The two parameter-free summaries of the windows of a 'same' conv over ``x``
+    (``(..., C, T)``): ``m[i] = Σ x_pad[..., t + i]`` (shape ``(K,)``) and the lagged Gram
+    matrix ``G`` (:func:`_lagged_gram`, ``(K, K)``), sums over every sample, channel and
+    time. BN1's batch statistics and GroupNorm's per-sample ones (under ``vmap``) are
+    quadratic forms of the temporal kernels in them (:meth:`EEGNet._block1_fast`)."""
+    n_times = x.shape[-1]
+    total = F.pad(x.sum(dim=tuple(range(x.dim() - 1))), (left, kernel_length - 1 - left))   # (T + K − 1,)
+    return total.unfold(0, n_times, 1).sum(-1), _lagged_gram(x, kernel_length, left)
+
+
+def _normalized_block1(scale, shift, w, y, D):
+    """Block 1's output from the per-filter affine map ``y ↦ scale · y + shift`` of its
+    normalisation (``(F1,)`` or per sample ``(B, F1)``), the spatially filtered convolutions
+    ``y`` (``(B, F1·D, T)``) and the spatial filters ``w``: ``(B, F1·D, 1, T)``."""
+    out = (scale.repeat_interleave(D, dim=-1)[..., None] * y
+           + (shift.repeat_interleave(D, dim=-1) * w.sum(-1))[..., None])
+    return out.unsqueeze(2)
+
+
 def _same_correlate_fft(s, kernels, left):
     """'same' cross-correlation of each row ``s[..., o, :]`` with ``kernels[o]``, by FFT.
 
@@ -372,7 +392,7 @@ class EEGNet(FederatedModule):
         """
         batch, n_channels, n_times = x.shape
         kernel, F1, D = self.kernel_length, self.F1, self.D
-        left, right = _same_padding(kernel)
+        left, _ = _same_padding(kernel)
         k = self.temporal_conv.weight.reshape(F1, kernel)
         w = self.depthwise_conv.weight.reshape(F1 * D, n_channels)
         bn = self.bn1
@@ -385,9 +405,7 @@ class EEGNet(FederatedModule):
         use_batch_stats = bn.training or bn.running_mean is None
         if use_batch_stats:
             n = batch * n_channels * n_times
-            total = F.pad(x.sum(dim=(0, 1)), (left, right))     # (T + K − 1,)
-            m = total.unfold(0, n_times, 1).sum(-1)              # (K,)
-            G = _lagged_gram(x, kernel, left)                    # (K, K)
+            m, G = _window_moments(x, kernel, left)              # (K,), (K, K)
             mean = (k @ m) / n
             var = (((k @ G) * k).sum(-1) / n - mean.square()).clamp_min(0)   # biased
             if bn.training and bn.track_running_stats:
@@ -405,9 +423,7 @@ class EEGNet(FederatedModule):
         shift = -scale * mean
         if bn.affine:
             shift = shift + bn.bias
-        out = (scale.repeat_interleave(D)[:, None] * y
-               + (shift.repeat_interleave(D) * w.sum(-1))[:, None])
-        return out.unsqueeze(2)                             # (B, F1·D, 1, T)
+        return _normalized_block1(scale, shift, w, y, D)
 
     def _group_norm_block1(self, x, k, w, y):
         """:meth:`_block1_fast`'s end with ``norm="group"``: the same algebra with the
@@ -417,21 +433,17 @@ class EEGNet(FederatedModule):
             μ_b = Σ_f k_fᵀ m_b / n,   E_b[y²] = Σ_f k_fᵀ G_b k_f / n
 
         (``m_b``, ``G_b``: the window sums and lagged Gram matrix of sample ``b`` alone, by
-        :func:`_lagged_gram` under ``vmap``), then ``a_{b,f} = γ_f / sqrt(σ²_b + eps)``."""
+        :func:`_window_moments` under ``vmap``), then ``a_{b,f} = γ_f / sqrt(σ²_b + eps)``."""
         batch, n_channels, n_times = x.shape
         kernel, F1, D, bn = self.kernel_length, self.F1, self.D, self.bn1
-        left, right = _same_padding(kernel)
+        left, _ = _same_padding(kernel)
         n = F1 * n_channels * n_times
-        total = F.pad(x.sum(dim=1), (left, right))                                  # (B, T + K − 1)
-        m = total.unfold(-1, n_times, 1).sum(-1)                                    # (B, K)
-        G = torch.vmap(lambda sample: _lagged_gram(sample, kernel, left))(x)        # (B, K, K)
+        m, G = torch.vmap(lambda sample: _window_moments(sample, kernel, left))(x)   # (B, K), (B, K, K)
         mean = m @ k.sum(0) / n                                                     # (B,)
         var = (torch.einsum("fi,bij,fj->b", k, G, k) / n - mean.square()).clamp_min(0)   # biased
         scale = bn.weight * torch.rsqrt(var + bn.eps)[:, None]                      # (B, F1)
         shift = bn.bias - scale * mean[:, None]
-        out = (scale.repeat_interleave(D, dim=1)[..., None] * y
-               + (shift.repeat_interleave(D, dim=1) * w.sum(-1))[..., None])
-        return out.unsqueeze(2)                                                     # (B, F1·D, 1, T)
+        return _normalized_block1(scale, shift, w, y, D)
 
     def extra_repr(self):
         return (f"n_channels={self.n_channels}, n_times={self.n_times}, "

@@ -49,11 +49,13 @@ __all__ = [
     "check_aggregate",
     "client_statistic",
     "client_update",
+    "declared_weights",
     "is_positive_weight",
     "n_selected",
     "pool_input_statistic",
     "rule_name",
     "stiefel_tolerance",
+    "within_declared_weight",
 ]
 
 STATE_VERSION = 1
@@ -122,7 +124,7 @@ class FitTask:
     Examples
     --------
     What ``FederatedSPDnetClassifier.fit`` hands to its backend (a task built by hand and
-    run: :func:`skfedspd.federated.fit_local`):
+    run: :func:`skfedspd.local.fit_local`):
 
     >>> import dataclasses
     >>> from skfedspd.engine import FitTask
@@ -266,6 +268,38 @@ def is_positive_weight(value):
     (True, True, False, False)
     """
     return _is_real(value) and bool(np.isfinite(value)) and value > 0
+
+
+def within_declared_weight(weight, declared):
+    """Whether a client weight is at most the ``declared`` one, up to the rounding of its
+    sum (relative ``1e-9``: the site sums its weights at set-up with numpy and after
+    training with torch, in another order). The one check of a client weight, or of a sum
+    of them, against what was declared at set-up, in clear and under secure aggregation.
+
+    Examples
+    --------
+    >>> from skfedspd.engine import within_declared_weight
+    >>> within_declared_weight(3.0 + 1e-12, 3.0), within_declared_weight(3.1, 3.0)
+    (True, False)
+    """
+    return weight <= declared * (1 + _WEIGHT_RTOL)
+
+
+def declared_weights(n_train, train_weights):
+    """Each client's aggregation weight as declared at set-up: the sum of its training
+    sample weights (``train_weights``, None when no client has any, or None for a client
+    without), else its training size. What the input statistic is pooled by and what the
+    clients' replies are checked against, on every backend.
+
+    Examples
+    --------
+    >>> from skfedspd.engine import declared_weights
+    >>> declared_weights([20, 30], None), declared_weights([20, 30], [12.5, None])
+    ([20, 30], [12.5, 30])
+    """
+    if train_weights is None:
+        return list(n_train)
+    return [n if w is None else w for n, w in zip(n_train, train_weights)]
 
 
 def _as_number(weight):
@@ -588,7 +622,7 @@ class FederatedEngine:
             return ("the reply carries a client weight but the client declared no sample weights at set-up"
                     if declared is None else "the reply carries no client weight but the client declared sample "
                     "weights at set-up")
-        if declared is not None and not reply.weight <= declared * (1 + _WEIGHT_RTOL):
+        if declared is not None and not within_declared_weight(reply.weight, declared):
             return f"client weight {reply.weight!r} exceeds the {declared!r} declared at set-up"
         if not _is_count(reply.n_skipped) or reply.n_skipped < 0:
             return f"skipped-batches {reply.n_skipped!r} is not an int >= 0"
@@ -710,9 +744,10 @@ class FederatedEngine:
         if reason is None and not (np.isfinite(loss) and np.isfinite(n_skipped) and np.rint(n_skipped) >= 0):
             reason = f"train-loss sum {loss!r} or skipped-batches total {n_skipped!r} is invalid"
         if reason is None and total_weight is not None:
-            declared_weight = sum(self.declared_weight(c) for c in clients)
-            if not (np.isfinite(total_weight) and 0 < total_weight <= declared_weight * (1 + _WEIGHT_RTOL)):
-                reason = (f"client weight total {total_weight!r} is not in (0, {declared_weight!r}], the total these "
+            declared_total = sum(self.declared_weight(c) for c in clients)
+            if not (np.isfinite(total_weight) and total_weight > 0
+                    and within_declared_weight(total_weight, declared_total)):
+                reason = (f"client weight total {total_weight!r} is not in (0, {declared_total!r}], the total these "
                           "clients declared at set-up")
         if reason:
             raise RuntimeError(f"round {t}: the secure sum of clients {clients} is invalid: {reason}")
@@ -726,8 +761,7 @@ class FederatedEngine:
     def declared_weight(self, cid):
         """Client ``cid``'s aggregation weight as declared at set-up: the sum of its
         training sample weights, or its training size when it has none."""
-        declared = None if self.train_weights is None else self.train_weights[cid]
-        return self.n_train[cid] if declared is None else declared
+        return declared_weights(self.n_train, self.train_weights)[cid]
 
     def _previous(self):
         return {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}

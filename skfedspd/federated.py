@@ -1,7 +1,7 @@
 """``FederatedSPDnetClassifier``: FedSPDnet (Algorithm 1 of the paper) as a meta-estimator.
 
 ``fit`` validates the parameters and the data, splits the samples into clients, and hands
-the run to a backend by name (:data:`BACKENDS`): ``"local"`` (:func:`fit_local`, clients
+the run to a backend by name (:data:`BACKENDS`): ``"local"`` (:func:`skfedspd.local.fit_local`, clients
 simulated in this process, optionally in parallel with joblib) or ``"flower"`` (an
 in-process Flower simulation). Every backend drives one
 :class:`~skfedspd.engine.FederatedEngine` (seeded client sampling, reply validation,
@@ -11,51 +11,28 @@ are assigned only when the backend succeeds: a fit that raises leaves it as it w
 """
 
 import copy
-import hashlib
-import importlib
-import json
 import os
-import shutil
-import tempfile
-import time
 import warnings
 from numbers import Integral, Real
 
 import numpy as np
 import sklearn
 import torch
-from joblib import Parallel, delayed, effective_n_jobs
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
 from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS
-from .base import resolve_groups, stratified_split, training_weights, uses_validation
+from .base import resolve_groups, training_weights, uses_validation
 from .classifier import SPDnetClassifier
-from .engine import (
-    DP_SAMPLE_WEIGHT_ERROR,
-    EvalReply,
-    FederatedEngine,
-    FederatedResult,
-    FitTask,
-    client_statistic,
-    client_update,
-    n_selected,
-    pool_input_statistic,
-    rule_name,
-)
-from .nn import DomainBatch
+from .engine import DP_SAMPLE_WEIGHT_ERROR, FederatedEngine, FederatedResult, FitTask, n_selected
+from .local import fit_local
 from .online import drop_domain_requests
-from .persistence import load_bundle, save_bundle
-from .training import derive_seed, draw_seed, evaluate, load_optimizer_arrays, torch_threads
+from .training import derive_seed, draw_seed
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
 
-#: Backends of ``FederatedSPDnetClassifier(backend=...)``: ``"module:function"``, called as
-#: ``function(fed, task) -> FederatedResult`` (imported when used: Flower is an extra).
-BACKENDS = {"local": "skfedspd.federated:fit_local", "flower": "skfedspd.flower.simulation_fit:fit_simulation"}
 
-CHECKPOINT_KIND = "federated-checkpoint"
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
 # The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
 PROTOCOL = ["check_params", "check_inputs", "set_classes", "encode_labels", "input_statistic",
@@ -118,6 +95,25 @@ def partition_indices(y, n_clients, partition, alpha, seed):
                 part.extend(chunk.tolist())
         return [np.sort(np.asarray(p, dtype=int)) for p in parts]
     raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
+
+
+def _fit_on_flower(fed, task):
+    """The ``"flower"`` backend, :func:`skfedspd.flower.simulation_fit.fit_simulation`,
+    imported when used: Flower is an extra."""
+    try:
+        from .flower.simulation_fit import fit_simulation
+    except ModuleNotFoundError as error:
+        if (error.name or "").partition(".")[0] != "flwr":
+            raise
+        raise ImportError(f"backend='flower' needs the flower extra: pip install 'skfedspd[flower]' "
+                          f"({error})") from error
+    return fit_simulation(fed, task)
+
+
+#: Backends of ``FederatedSPDnetClassifier(backend=...)``, each called as
+#: ``backend(fed, task) -> FederatedResult``. A backend reads the estimator ``fed`` and the
+#: :class:`~skfedspd.engine.FitTask` and never imports this module.
+BACKENDS = {"local": fit_local, "flower": _fit_on_flower}
 
 
 #: ``fit``'s warning for server momentum with clients that keep their Adam state.
@@ -528,14 +524,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.dp_epsilon is not None and task.sample_weight is not None:
             raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
                                                        if sample_weight is None else ""))
-        module, _, function = BACKENDS[self.backend].partition(":")
-        try:
-            backend = getattr(importlib.import_module(module), function)
-        except ModuleNotFoundError as error:
-            if (error.name or "").partition(".")[0] != "flwr":
-                raise
-            raise ImportError(f"backend={self.backend!r} needs the flower extra: pip install "
-                              f"'skfedspd[flower]' ({error})") from error
+        backend = BACKENDS[self.backend]
         # Training needs autograd whatever the caller's mode: inference tensors made here
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
@@ -887,304 +876,3 @@ def set_global_domain_prior(fed, est, task):
         for client, idx in enumerate(task.indices):
             domains[idx] = client
     est.fit_domain_prior(task.X, domains)
-
-
-# ---------------------------------------------------------------------- the local backend
-def fit_local(fed, task):
-    """The ``"local"`` backend: clients simulated in this process (joblib with ``n_jobs``).
-
-    Returns
-    -------
-    FederatedResult
-
-    Examples
-    --------
-    ``FederatedSPDnetClassifier(backend="local").fit`` prepares a
-    :class:`~skfedspd.engine.FitTask` and calls this; by hand:
-
-    >>> import numpy as np
-    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.engine import FitTask
-    >>> from skfedspd.federated import fit_local
-    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=1)
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(X, reset=True)
-    >>> est.set_classes(y)
-    >>> task = FitTask(est, X, y, est.encode_labels(y), np.array_split(np.arange(30), 2), seed=0,
-    ...                resume=None, client_source="partition:contiguous", client_groups=[None, None])
-    >>> result = fit_local(FederatedSPDnetClassifier(n_rounds=2, validation_fraction=0), task)
-    >>> result.engine.n_clients, len(result.engine.history), result.estimator.predict(X[:3]).shape
-    (2, 2, (3,))
-    """
-    est, X, codes, seed = task.estimator, task.X, task.codes, task.seed
-    fraction = (fed.held_out_fraction(est, len(codes)) if task.validation_fraction is None
-                else task.validation_fraction)
-    splits = [stratified_split(codes[idx], fraction, derive_seed(seed, 8, i))
-              for i, idx in enumerate(task.indices)]
-    n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
-    w = task.sample_weight
-    client_weights = n_train if w is None else [float(w[idx[tr]].sum()) for idx, (tr, _) in zip(task.indices, splits)]
-    empty = [i for i, total in enumerate(client_weights) if not total > 0]
-    if empty:
-        raise ValueError(f"sample_weight: the training samples of clients {empty} all have weight 0")
-    if task.resume is None:
-        statistic = None if fed.dp_epsilon is not None else pool_input_statistic(
-            [client_statistic(est, X[idx[tr]], None if w is None else w[idx[tr]])
-             for idx, (tr, _) in zip(task.indices, splits)], client_weights)
-        est.set_input_statistic(statistic)
-        est.init_module(seed)
-    else:
-        statistic = task.resume.input_statistic
-    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
-                                            train_weights=None if w is None else client_weights)
-    if task.resume is not None:
-        engine.load_state_dict(*task.resume.state_dict())
-    # A client of several groups (groups_per_client > 1) keeps each group a domain of its own.
-    domains = est.fit_domains(task.groups, len(X))
-    clients = [(est.module_input(X, idx[tr], domains), torch.as_tensor(codes[idx[tr]]),
-                est.module_input(X, idx[va], domains), torch.as_tensor(codes[idx[va]]),
-                None if w is None else torch.as_tensor(w[idx[tr]]), None if w is None else torch.as_tensor(w[idx[va]]))
-               for idx, (tr, va) in zip(task.indices, splits)]
-    first_round = engine.next_round
-    fingerprint = _fingerprint(fed, clients, seed, first_round) if fed.checkpoint_path else None
-    if fingerprint:
-        _resume_from_checkpoint(os.fspath(fed.checkpoint_path), fingerprint, engine)
-        _check_client_optimizer_states(os.fspath(fed.checkpoint_path), engine, est)
-    _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, fingerprint)
-    engine.client_optimizer_states.clear()  # the clients' own, for this fit only (see client_optimizer_state)
-    est.set_parameters(engine.best_params)
-    return FederatedResult(est, engine, task.client_source, task.client_groups)
-
-
-def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
-    rounds = range(engine.next_round, last_round)
-    if fed.verbose:
-        from tqdm.auto import tqdm
-
-        rounds = tqdm(rounds, desc="federated rounds", leave=False)
-
-    def close(record, start, evaluations):
-        record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
-        if fed.verbose:
-            rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
-        if fingerprint:
-            save_bundle(os.fspath(fed.checkpoint_path), *engine.state_dict(), kind=CHECKPOINT_KIND,
-                        fingerprint=fingerprint)
-
-    if fed.n_jobs in (None, 1):
-        for t in rounds:
-            if engine.should_stop:
-                break
-            start = time.perf_counter()
-            selected, seeds = engine.select(t)
-            replies = _client_batch(est, engine.global_params, _train_tasks(fed, engine, clients, selected, seeds),
-                                    lr=engine.lr, n_epochs=fed.local_epochs)
-            record = engine.aggregate(t, selected, replies)
-            close(record, start, _evaluate_clients(est, engine, clients))
-    else:
-        _run_parallel_rounds(fed, est, engine, clients, rounds, close)
-
-
-def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
-    """The rounds on ``n_jobs`` processes: this one and ``n_jobs − 1`` joblib workers.
-
-    Each round's training is split into equal shares of the clients, one per process, and
-    only the workers' shares travel. This process trains its share instead of waiting, then
-    validates (a forward pass on a tenth of the data): it finishes last, so it does not wait
-    on joblib's 10 ms polling of the workers. The validation of round ``t``'s global model
-    rides with round ``t + 1``'s training, which starts from the same model: one dispatch
-    per round, and no serial validation while the workers wait. That training uses the
-    learning rate from before the validation, so it is speculative: when the validation
-    changes the rate (ReduceLROnPlateau), round ``t + 1`` is trained again at the new rate,
-    and when it stops the run (``patience``), its replies are dropped. The result is bit
-    for bit that of the serial loop.
-    """
-    n_processes = effective_n_jobs(fed.n_jobs)
-
-    def run(pool, shared, train, seeds, validate, lr):
-        """Train replies of clients ``train`` (local-training seeds ``seeds``) and, if
-        ``validate``, every client's validation of the broadcast model."""
-        shares = np.array_split(np.arange(len(train)), min(n_processes, max(len(train), 1)))
-        kwargs = dict(lr=lr, n_epochs=fed.local_epochs, n_threads=1)
-        remote = pool(delayed(_client_batch)(est, engine.global_params,
-                                             _train_tasks(fed, engine, shared, [train[k] for k in share],
-                                                          [seeds[k] for k in share]), **kwargs)
-                      for share in shares[:-1])  # a generator: dispatched now
-        own = _client_batch(est, engine.global_params, _train_tasks(fed, engine, clients,
-                                                                    [train[k] for k in shares[-1]],
-                                                                    [seeds[k] for k in shares[-1]]), **kwargs)
-        evaluations = _evaluate_clients(est, engine, clients, n_threads=1) if validate else []
-        return [r for batch in [*remote, own] for r in batch], evaluations
-
-    with _SharedClients(clients) as shared, Parallel(n_jobs=fed.n_jobs, return_as="generator") as pool:
-        pending = None  # (record, start) of the round whose validation rides with the next dispatch
-        for t in rounds:
-            if pending is None and engine.should_stop:
-                break
-            start = time.perf_counter()
-            (selected, seeds), lr = engine.select(t), engine.lr
-            replies, evaluations = run(pool, shared, selected, seeds, pending is not None, lr)
-            if pending:
-                close(*pending, evaluations)
-                pending = None
-                if engine.should_stop:
-                    break
-                if engine.lr != lr:
-                    replies, _ = run(pool, shared, selected, seeds, False, engine.lr)
-            pending = engine.aggregate(t, selected, replies), start
-        if pending:
-            close(*pending, _evaluate_clients(est, engine, clients, n_threads=1))
-
-
-def _train_tasks(fed, engine, clients, ids, seeds):
-    """Clients ``ids``' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)``
-    (the last None when clients reset their optimizer every round)."""
-    keep = fed.client_optimizer_state == "keep"
-    return [(engine.local_state(i) or None, clients[i][0], clients[i][1], clients[i][4], seed, engine.dp_settings(i),
-             engine.client_optimizer_state(i) if keep else None)
-            for i, seed in zip(ids, seeds)]
-
-
-def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)`` in turn, each a
-    :class:`~skfedspd.engine.TrainReply` (:func:`~skfedspd.engine.client_update`) or the
-    exception it raised (joblib-safe: the server applies the failure policy).
-
-    Every client starts from the broadcast and its own seed, so running them in one job, on
-    one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
-    """
-    replies = []
-    for local_state, X, y, w, seed, dp, optimizer_state in tasks:
-        try:
-            replies.append(client_update(est, global_params, local_state, X, y, w, seed, dp, optimizer_state,
-                                         **kwargs))
-        except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
-            replies.append(error)
-    return replies
-
-
-def _evaluate_clients(est, engine, clients, n_threads=None):
-    """Each evaluated client's validation of the new global model (its own local arrays
-    loaded; the loss weighted by the client's sample weights), an :class:`EvalReply` or the
-    exception it raised. Clients without local arrays of their own validate the same
-    model: it is loaded once for all of them."""
-    replies, global_loaded = [], False
-    with torch_threads(n_threads):
-        for cid in engine.evaluated_clients():
-            _, _, X_val, y_val, _, w_val = clients[cid]
-            try:
-                own = bool(engine.local_state(cid))
-                if own or not global_loaded:
-                    global_loaded = False
-                    est.set_parameters(engine.evaluation_params(cid))
-                    global_loaded = not own
-                loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
-                replies.append(EvalReply(loss, f1, len(y_val)))
-            except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
-                replies.append(error)
-    return replies
-
-
-def _tensors(arrays):
-    """The tensors of one client's arrays: None (unweighted) has none, a DomainBatch two
-    (its matrices and their domain codes)."""
-    for a in arrays:
-        if isinstance(a, DomainBatch):
-            yield from (a.X, a.domains)
-        elif isinstance(a, torch.Tensor):
-            yield a
-
-
-class _SharedClients:
-    """The clients' arrays as the workers get them (``shared[i]``, made when first asked):
-    each CPU tensor over 1 MiB as a memory-mapped ``.npy`` file, written once per fit and
-    removed after it.
-
-    joblib sends a memory-mapped array to its workers as a reference to its file, so no
-    round pickles client data. joblib would map large arrays itself, but it removes its
-    files when its ``Parallel`` context closes, waiting on its resource tracker (about
-    0.1 s per fit). Copy-on-write mode: a worker wraps the map in a tensor without a copy,
-    and nothing it does reaches the file. A client that always trains in this process is
-    never written.
-    """
-
-    def __init__(self, clients):
-        self.clients, self.shared = clients, {}
-
-    def __enter__(self):
-        size = sum(a.numel() * a.element_size() for arrays in self.clients for a in _tensors(arrays))
-        shm = "/dev/shm"  # memory-backed, as joblib prefers it, when it has room
-        use_shm = os.path.isdir(shm) and shutil.disk_usage(shm).free > 2 * size
-        self.folder = tempfile.mkdtemp(prefix="skfedspd-", dir=shm if use_shm else None)
-        return self
-
-    def __exit__(self, *exc):
-        shutil.rmtree(self.folder, ignore_errors=True)
-
-    def __getitem__(self, i):
-        if i not in self.shared:
-            self.shared[i] = tuple(self._share(a, f"{i}-{j}") for j, a in enumerate(self.clients[i]))
-        return self.shared[i]
-
-    def _share(self, a, name):
-        if isinstance(a, DomainBatch):  # its matrices as any tensor; its domain codes go with the job
-            return DomainBatch(self._share(a.X, name), a.domains)
-        if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
-            return a
-        a = a.numpy()
-        if a.nbytes <= 2**20:  # pickled with the job, as joblib does
-            return a
-        path = os.path.join(self.folder, f"{name}.npy")
-        np.save(path, a)
-        return np.load(path, mmap_mode="c")
-
-
-# ---------------------------------------------------------------------- checkpoints
-def _fingerprint(fed, clients, seed, first_round):
-    """SHA-256 of what determines the run: the parameters (a callable rule by its qualified
-    name, the seed instead of ``random_state``), the clients' data and the first round."""
-    params = {k: v for k, v in fed.get_params(deep=False).items()
-              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start")}
-    params["aggregation"] = rule_name(fed.aggregation)
-    est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
-    params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",
-                           "params": est.get_params(deep=False)}
-    data = hashlib.sha256()
-    for arrays in clients:
-        for a in _tensors(arrays):
-            a = a.detach().cpu().numpy()
-            data.update(f"{a.dtype}{a.shape}".encode())
-            data.update(np.ascontiguousarray(a).tobytes())
-    text = json.dumps({"params": params, "seed": int(seed), "first_round": int(first_round),
-                       "data": data.hexdigest()}, sort_keys=True, default=repr)
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _check_client_optimizer_states(path, engine, est):
-    """The clients' Adam states a checkpoint brought must fit the model's parameters: a bad
-    one is named now, not by a client failing in every round it trains."""
-    for cid, state in engine.client_optimizer_states.items():
-        try:
-            load_optimizer_arrays(torch.optim.Adam(est.module_.parameters()), state)
-        except ValueError as error:
-            raise ValueError(f"checkpoint {path} does not fit this run: client {cid}'s {error}") from None
-
-
-def _resume_from_checkpoint(path, fingerprint, engine):
-    """Load a checkpoint of this run into ``engine``; replace one of another configuration."""
-    if not os.path.exists(path):
-        return
-    try:
-        arrays, meta = load_bundle(path, kind=CHECKPOINT_KIND, fingerprint=fingerprint)
-    except ValueError:
-        # Not this run's. A valid checkpoint of another run is replaced; anything else
-        # (truncated, corrupt, not a skfedspd file) raises, naming the path, from here.
-        load_bundle(path, kind=CHECKPOINT_KIND)
-        warnings.warn(f"checkpoint {path} is of another configuration or data: starting from round "
-                      f"{engine.next_round} and overwriting it", UserWarning, stacklevel=4)
-        return
-    try:
-        engine.load_state_dict(arrays, meta)
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"checkpoint {path} does not fit this run: {error}") from None

@@ -28,6 +28,7 @@ MODULES = [
     "skfedspd.engine",
     "skfedspd.federated",
     "skfedspd.functional",
+    "skfedspd.local",
     "skfedspd.nn",
     "skfedspd.online",
     "skfedspd.persistence",
@@ -42,11 +43,14 @@ MODULES = [
     "skfedspd.flower.client",
     "skfedspd.flower.deploy",
     "skfedspd.flower.loopback",
+    "skfedspd.flower.progress",
+    "skfedspd.flower.records",
     "skfedspd.flower.runtime",
     "skfedspd.flower.secure",
     "skfedspd.flower.server",
     "skfedspd.flower.simulation",
     "skfedspd.flower.simulation_fit",
+    "skfedspd.flower.strategy",
 ]
 NEEDS_FLOWER = {name for name in MODULES if name.startswith("skfedspd.flower")}
 NEEDS_MOABB = {"skfedspd.datasets.load_moabb"}

@@ -1361,7 +1361,7 @@ def test_shared_clients_map_a_domain_batch_and_the_worker_gets_it_back():
     """A client's DomainBatch reaches the workers with its matrices memory-mapped (as plain
     tensors are) and its domains, and local training receives it as a DomainBatch of tensors."""
     from skfedspd.base import _as_tensor
-    from skfedspd.federated import _SharedClients
+    from skfedspd.local import _SharedClients
 
     X = torch.randn(200, 32, 32, dtype=torch.float64, generator=torch.Generator().manual_seed(0))  # 1.6 MiB
     batch = DomainBatch(X, np.arange(200) % 3)

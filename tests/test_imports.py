@@ -3,8 +3,9 @@
 Static checks over the source (``ast``), so they see every module, the optional Flower
 ones included, without importing anything:
 
-- the graph of module-level imports between skfedspd modules has no cycle (an import
-  inside a function runs when called and is left out, as Python does);
+- the graph of imports between skfedspd modules has no cycle, counting the imports
+  inside functions too (a lazy import only defers a cycle to the first call);
+- the core imports no ``skfedspd.flower`` module when it is imported (Flower is an extra);
 - no module uses another skfedspd module's private name (``from .x import _y``,
   ``x._y`` on an imported skfedspd module);
 - nothing in skfedspd imports ``pickle`` (or ``dill``, ``cloudpickle``, ``marshal``,
@@ -12,6 +13,9 @@ ones included, without importing anything:
 """
 
 import ast
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -73,8 +77,14 @@ def _imported_modules(name, statements):
     return out
 
 
-def import_graph():
-    return {name: sorted({target for target, _ in _imported_modules(name, _module_level(_tree(name)))
+def import_graph(in_functions=True):
+    """``{module: [skfedspd modules it imports]}``; ``in_functions=False``: only the imports
+    run when the module is imported."""
+    def statements(name):
+        tree = _tree(name)
+        return ast.walk(tree) if in_functions else _module_level(tree)
+
+    return {name: sorted({target for target, _ in _imported_modules(name, statements(name))
                           if target in MODULES and target != name})
             for name in MODULES}
 
@@ -117,8 +127,14 @@ def test_no_import_cycle():
     assert find_cycle(graph) is None, f"import cycle: {' -> '.join(find_cycle(graph))}"
 
 
-def test_core_does_not_import_flower_and_flower_uses_the_engine():
+def test_import_graph_counts_imports_in_functions():
     graph = import_graph()
+    assert "skfedspd.flower.simulation_fit" in graph["skfedspd.federated"]  # imported when backend="flower"
+    assert "skfedspd.flower.simulation_fit" not in import_graph(in_functions=False)["skfedspd.federated"]
+
+
+def test_core_does_not_import_flower_and_flower_uses_the_engine():
+    graph = import_graph(in_functions=False)
     for name, targets in graph.items():
         if not name.startswith("skfedspd.flower"):
             assert not [t for t in targets if t.startswith("skfedspd.flower")], name
@@ -172,3 +188,27 @@ def test_no_pickle(name):
         elif isinstance(node, ast.Attribute) and node.attr == "load" and ast.unparse(node.value) == "torch":
             problems.append(f"torch.load (line {node.lineno})")
     assert not problems, f"{name}: {problems}"
+
+
+@pytest.mark.slow
+def test_flower_backend_without_flower_names_the_extra():
+    """``backend="flower"`` imports Flower when it fits: without it, an ImportError says
+    which extra to install (run in a fresh interpreter, where Flower cannot be imported)."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["flwr"] = None  # as if Flower were not installed
+        import numpy as np
+        from skfedspd import FederatedSPDnetClassifier
+        from skfedspd.datasets import make_spd_classification
+        X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
+        fed = FederatedSPDnetClassifier(n_rounds=1, backend="flower", random_state=0)
+        try:
+            fed.fit(X, y, groups=np.repeat([0, 1, 2], 4))
+        except ImportError as error:
+            print(type(error).__name__, error, hasattr(fed, "engine_"))
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE_DIR.parent,
+                            timeout=300)
+    assert result.stdout.startswith("ImportError backend='flower' needs the flower extra: pip install "
+                                    "'skfedspd[flower]'"), result.stdout + result.stderr
+    assert result.stdout.strip().endswith("False")  # the estimator is left unfitted

@@ -1,4 +1,4 @@
-"""``sample_weight`` and ``class_weight`` (issue 10, deliverable 1): tests of the design.
+"""``sample_weight`` and ``class_weight``: tests of the design.
 
 Design under test
 -----------------

@@ -54,7 +54,7 @@ import threading
 
 import numpy as np
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from .. import spec as _spec
@@ -62,41 +62,14 @@ from .. import training
 from ..base import check_sample_weight, stratified_split, training_weights
 from ..engine import DP_SAMPLE_WEIGHT_ERROR, client_statistic, client_update
 from ..training import derive_seed
+from . import secure
+from .records import LOCAL_STATE_KEY, from_array_record, to_array_record
 
 __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "from_array_record"]
 
 # A site's Adam state and the fit it belongs to, in its Flower context state (one
 # namespace: the two records need distinct keys).
 OPTIMIZER_STATE_KEY, OPTIMIZER_FIT_KEY = "skfedspd.client-optimizer", "skfedspd.client-optimizer-fit"
-
-
-def to_array_record(params):
-    """``{name: ndarray}`` → ArrayRecord (dtype and bits preserved).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.flower.client import to_array_record
-    >>> record = to_array_record({"bimaps.0.weight": np.eye(3)[:, :2], "head.bias": np.zeros(2, np.float32)})
-    >>> type(record).__name__, list(record)
-    ('ArrayRecord', ['bimaps.0.weight', 'head.bias'])
-    """
-    return ArrayRecord({name: Array(np.asarray(value, order="C")) for name, value in params.items()})
-
-
-def from_array_record(record):
-    """ArrayRecord → ``{name: ndarray}`` (inverse of :func:`to_array_record`).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.flower.client import from_array_record, to_array_record
-    >>> params = {"W": np.random.default_rng(0).standard_normal((3, 2)), "b": np.ones(2, np.float32)}
-    >>> back = from_array_record(to_array_record(params))
-    >>> all(np.array_equal(back[k], params[k]) and back[k].dtype == params[k].dtype for k in params)
-    True
-    """
-    return {name: array.numpy() for name, array in record.items()}
 
 
 def _site_training_weights(est, y, sample_weight):
@@ -154,29 +127,19 @@ class _PreparedSite:
                                                                        torch.as_tensor(w[self.val]))
 
 
-def _file_weights(sample_weight, n_samples, path):
-    """The ``sample_weight`` array of a site's data file, checked (None when it has none)."""
-    if sample_weight is None:
-        return None
+def _site_file_arrays(path, n_samples, sample_weight, groups):
+    """The optional ``sample_weight`` and ``groups`` arrays of a site's data file, checked
+    (None where absent); a ValueError names the file and the problem."""
     try:
-        shape = np.shape(sample_weight)
-        if len(shape) != 1:
-            raise ValueError(f"sample_weight must be a 1-D array of {n_samples} weights (one per sample), got shape "
-                             f"{shape}")
-        return check_sample_weight(sample_weight, n_samples)
+        sample_weight = check_sample_weight(sample_weight, n_samples, scalar=False)
+        if groups is not None:
+            groups = np.asarray(groups)
+            if groups.shape != (n_samples,):
+                raise ValueError(f"groups must be a 1-D array of {n_samples} labels (one per sample), got shape "
+                                 f"{groups.shape}")
     except ValueError as error:
         raise ValueError(f"site data file {path}: {error}") from None
-
-
-def _file_groups(groups, n_samples, path):
-    """The ``groups`` array of a site's data file, checked (None when it has none)."""
-    if groups is None:
-        return None
-    groups = np.asarray(groups)
-    if groups.shape != (n_samples,):
-        raise ValueError(f"site data file {path}: groups must be a 1-D array of {n_samples} labels (one per sample), "
-                         f"got shape {groups.shape}")
-    return groups
+    return sample_weight, groups
 
 
 def load_site_from_node_config(context):
@@ -250,8 +213,7 @@ def load_site_from_node_config(context):
             X, y = data["X"], data["y"]
             sample_weight, groups = (data[key] if key in data.files else None for key in ("sample_weight", "groups"))
     X = np.asarray(X)
-    return (int(config["client-id"]), X, np.asarray(y), _file_weights(sample_weight, len(X), path),
-            _file_groups(groups, len(X), path))
+    return (int(config["client-id"]), X, np.asarray(y), *_site_file_arrays(path, len(X), sample_weight, groups))
 
 
 def make_client_app(load_site=load_site_from_node_config, estimator_factory=None):
@@ -287,8 +249,6 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     >>> isinstance(app, ClientApp)
     True
     """
-    from . import secure  # imports this module
-
     app = ClientApp(mods=[secure.secure_mod])
     cache = {}
     site_data = {}
@@ -339,7 +299,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         aggregation kept in the site's context state (empty before its first round)."""
         if layout is None:
             return from_array_record(message.content["local"])
-        record = context.state.array_records.get(secure.LOCAL_STATE_KEY)
+        record = context.state.array_records.get(LOCAL_STATE_KEY)
         return {} if record is None else from_array_record(record)
 
     def kept_optimizer_state(context, setup):
@@ -377,7 +337,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         if layout is not None:
             vector = secure.train_vector(layout, reply.params, reply.loss, reply.n_skipped, reply.n_examples,
                                          weight=reply.weight)
-            context.state.array_records[secure.LOCAL_STATE_KEY] = to_array_record(
+            context.state.array_records[LOCAL_STATE_KEY] = to_array_record(
                 {name: reply.params[name] for name, _ in layout["local"]})
             return Message(secure.site_reply(vector), reply_to=message)
         metrics = MetricRecord({"client-id": cid, "num-examples": reply.n_examples, "train-loss": reply.loss,

@@ -16,13 +16,13 @@ import tempfile
 import threading
 from pathlib import Path
 
-import numpy as np
 import tomli_w
 from sklearn.base import clone
-from tqdm.auto import tqdm
 
 from .. import spec as _spec
+from ..federated import FederatedSPDnetClassifier
 from ..persistence import load_estimator
+from .progress import RoundProgress
 
 __all__ = ["write_app", "fit_federated", "flower_env"]
 
@@ -107,32 +107,6 @@ def write_app(directory):
 
 
 _ANSI = re.compile(r"\x1b\[[0-9;]*m")
-_ROUND_DONE = re.compile(r"FedSPDnet round \d+ done: val-f1 (\S+)")  # server.ROUND_LOG
-
-
-class RoundProgress:
-    """A progress bar over the rounds: one step per round the strategy closes, plain or
-    secure (:meth:`round_done`; :meth:`feed` reads the strategy's ``ROUND_LOG`` line from a
-    streamed server log), with the pooled validation macro-F1 when there is one."""
-
-    def __init__(self, n_rounds, disable):
-        self.bar = tqdm(total=n_rounds, desc="FedSPDnet on Flower", unit="round", disable=disable,
-                        file=sys.stderr, dynamic_ncols=True)
-        self.rounds, self.scores = 0, []
-
-    def feed(self, line):
-        if match := _ROUND_DONE.search(line):
-            self.round_done(float(match.group(1)))
-
-    def round_done(self, val_f1):
-        if np.isfinite(val_f1):  # no validation (e.g. DP mode): the bar advances without a score
-            self.scores.append(float(val_f1))
-            self.bar.set_postfix(val_f1=f"{self.scores[-1]:.4f}", best=f"{max(self.scores):.4f}", refresh=False)
-        self.rounds += 1
-        self.bar.update(1)
-
-    def close(self):
-        self.bar.close()
 
 
 def _default_log_path(output):
@@ -218,8 +192,6 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     (3, 50)
     >>> folder.cleanup()
     """
-    from ..federated import FederatedSPDnetClassifier
-
     if not isinstance(estimator, FederatedSPDnetClassifier):
         raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
     if insecure and root_certificates:

@@ -67,8 +67,8 @@ from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.supercore import log
 
 from ..aggregation import SUM_RULES
-from .client import to_array_record
-from .server import SPDnetStrategy
+from ..engine import within_declared_weight
+from .strategy import SPDnetStrategy
 
 __all__ = ["SecureSum", "SecureSPDnetStrategy", "secure_mod", "train_vector", "eval_vector", "split_limbs",
            "join_limbs",
@@ -82,7 +82,6 @@ LOSS_RANGE = 100.0
 RECONSTRUCTION_THRESHOLD = 2 / 3
 MAX_SITES = MODULUS // (2**QUANTIZATION_BITS + 1)
 CONFIG_KEY = "secure"
-LOCAL_STATE_KEY = "skfedspd.local-arrays"  # a site's client-local arrays, in its Flower context state
 
 _INFO, _WARNING = 20, 30
 
@@ -153,7 +152,7 @@ def train_vector(layout, params, loss, n_skipped, n_examples, weight=None):
         raise ValueError(f"num-examples outside [1, {n_max}]")
     weight_max = layout.get("weight-max")  # a run with sample weights
     weight = n_examples if weight is None else weight
-    if weight_max is not None and not 0 < weight <= weight_max * (1 + 1e-9):
+    if weight_max is not None and not (weight > 0 and within_declared_weight(weight, weight_max)):
         raise ValueError(f"client weight outside (0, {weight_max:g}]")
     share = n_examples / n_max if weight_max is None else min(weight / weight_max, 1.0)
     r = share if layout["weighting"] == "n_samples" else 1.0
@@ -366,7 +365,7 @@ class SecureSum:
 
 
 class SecureSPDnetStrategy(SPDnetStrategy):
-    """:class:`~skfedspd.flower.server.SPDnetStrategy` whose train and validation replies
+    """:class:`~skfedspd.flower.strategy.SPDnetStrategy` whose train and validation replies
     arrive only as SecAgg+ sums (see the module docstring). Each stage runs its protocol
     inside ``configure_*`` (on the Grid it is given) and sends no other message;
     ``aggregate_*`` hand the sums to the engine.

@@ -14,7 +14,7 @@ from flwr.serverapp import ServerApp
 from sklearn.base import clone
 
 from .client import make_client_app
-from .deploy import RoundProgress
+from .progress import RoundProgress
 from .server import serve
 from .simulation import quiet_flower_logs, run_inprocess_simulation
 
