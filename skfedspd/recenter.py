@@ -13,7 +13,7 @@ from sklearn.utils.validation import check_is_fitted
 from .base import resolve_groups
 from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_spd_batch
 from .functional import karcher_mean, sqrtm_invsqrtm
-from .online import DomainStatistics, domain_labels, log_euclidean_sum
+from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, log_euclidean_sum
 
 __all__ = ["Recenter", "recenter_groups"]
 
@@ -89,7 +89,7 @@ def recenter_groups(X, groups=None):
     return out
 
 
-class Recenter(TransformerMixin, BaseEstimator):
+class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     """Re-centre SPD matrices to the identity, group by group (Zanini et al., 2018).
 
     Each group (subject, session: a *domain*) is congruence-whitened by its own
@@ -312,21 +312,6 @@ class Recenter(TransformerMixin, BaseEstimator):
             raise ValueError("adapt needs the domain the matrices belong to (domain=...)")
         self._update(X, domain, None, keep=True)
         return self
-
-    def reset_domain(self, domain=None):
-        """Forget the statistics of ``domain`` (None: of every domain); ``KeyError`` naming
-        an unknown label and the known ones."""
-        check_is_fitted(self)
-        stats = self._domain_statistics()
-        stats.reset(domain)
-        self.domain_statistics_ = stats
-        return self
-
-    @property
-    def domains_(self):
-        """Label → number of matrices seen, for every stored domain (a copy)."""
-        check_is_fitted(self)
-        return self._domain_statistics().trials_seen()
 
     @property
     def domain_prior_(self):
