@@ -21,8 +21,8 @@ THIS_CALL = ("this call",)
 
 NO_PRIOR_WARNING = (
     "this model has no domain prior (domain_prior_ is None: saved before it existed, trained by partial_fit, or "
-    "deployed without it), so a domain whose first trial this is is re-centred by that trial alone and the "
-    "prediction is constant. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
+    "deployed without it), so the first trial of a new domain is re-centred by itself alone and its output is the "
+    "same whatever the trial. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
     "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
 )
 
@@ -344,6 +344,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         Returns
         -------
         self
+            With ``batchnorm="domain"``: stored domains forgotten, the prior computed
+            (:meth:`fit_domain_prior` on ``X`` and ``groups``).
         """
         groups = resolve_groups(groups, subjects)
         domains = self.fit_domains(groups, len(X))

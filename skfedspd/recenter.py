@@ -239,8 +239,8 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         return recenter_groups(self._fit(X, groups), groups)
 
     def _update(self, X, domain, groups, *, keep):
-        """Validate, add the trials of ``X`` to their domains in order; return ``(X, work,
-        labels)`` (the statistics stored only with ``keep``, after everything succeeded)."""
+        """Validate, add the trials of ``X`` to their domains in order; return ``(X, stats,
+        work, labels)`` (the updates stored only with ``keep``, after everything succeeded)."""
         check_is_fitted(self)
         X = check_spd_batch(X, self.n_features_in_)
         if domain is not None and groups is not None:
@@ -249,7 +249,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         if domain is not None:
             labels = domain_labels(domain, len(X))
         else:
-            names, codes = _group_labels(groups, len(X))
+            _, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
         stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight))
@@ -258,7 +258,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         if keep:
             stats.commit(work)
             self.domain_statistics_ = stats
-        return X, work, labels
+        return X, stats, work, labels
 
     def _domain_statistics(self):
         """The stored statistics; for a Recenter pickled before they existed, an empty
@@ -285,8 +285,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         ndarray of shape (n_matrices, n, n)
             Re-centred matrices.
         """
-        X, work, labels = self._update(X, domain, groups, keep=domain is not None)
-        stats = self._domain_statistics()
+        X, stats, work, labels = self._update(X, domain, groups, keep=domain is not None)
         if stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING.replace("fit_domain_prior(X_train, groups)", "fit(X_train)"),
                           UserWarning, stacklevel=2)
