@@ -11,7 +11,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .base import TorchClassifierBase, decision_from_logits, proba_from_logits, resolve_groups
 from .nn import SPDNet, domain_codes
-from .online import DomainStatistics, domain_labels, drop_domain_requests, log_euclidean_sum
+from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
 
 __all__ = ["SPDnetClassifier", "check_spd_batch", "auto_hidden_dim", "NO_PRIOR_WARNING"]
 
@@ -21,8 +21,8 @@ THIS_CALL = ("this call",)
 
 NO_PRIOR_WARNING = (
     "this model has no domain prior (domain_prior_ is None: saved before it existed, trained by partial_fit, or "
-    "deployed without it), so a domain whose first trial this is is re-centred by that trial alone and the "
-    "prediction is constant. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
+    "deployed without it), so the first trial of a new domain is re-centred by itself alone and its output is the "
+    "same whatever the trial. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
     "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
 )
 
@@ -106,7 +106,7 @@ def _cholesky_succeeds(M):
     return True
 
 
-class SPDnetClassifier(TorchClassifierBase):
+class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     """SPDnet classifier for SPD matrices (e.g. EEG covariance matrices).
 
     BiRe blocks (BiMap with a Stiefel weight trained by tangent-space local trivialization,
@@ -344,6 +344,8 @@ class SPDnetClassifier(TorchClassifierBase):
         Returns
         -------
         self
+            With ``batchnorm="domain"``: stored domains forgotten, the prior computed
+            (:meth:`fit_domain_prior` on ``X`` and ``groups``).
         """
         groups = resolve_groups(groups, subjects)
         domains = self.fit_domains(groups, len(X))
@@ -468,7 +470,7 @@ class SPDnetClassifier(TorchClassifierBase):
                                          {k: v for k, v in meta.items() if k != "domain_statistics"})
             self.domain_statistics_ = None
             if stats_meta is not None:
-                self._check_domain_batchnorm("saved domain statistics")
+                self._check_domain_support("saved domain statistics")
                 self.domain_statistics_ = DomainStatistics.from_state(stats_arrays, stats_meta, self.torch_dtype_,
                                                                       self.device)
 
@@ -508,7 +510,7 @@ class SPDnetClassifier(TorchClassifierBase):
         requests = super()._get_metadata_request()
         return requests if self.batchnorm == "domain" else drop_domain_requests(self, requests)
 
-    def _check_domain_batchnorm(self, what):
+    def _check_domain_support(self, what):
         if self.batchnorm != "domain":
             raise ValueError(f"{what} needs a model fitted with batchnorm='domain' (this one has "
                              f"batchnorm={self.batchnorm!r}): domain statistics live in its domain batch norms")
@@ -545,7 +547,7 @@ class SPDnetClassifier(TorchClassifierBase):
             return self._adapted_logits(X, domain, keep=domain is not None)
         if domain is not None:
             check_is_fitted(self)
-            self._check_domain_batchnorm("domain=")
+            self._check_domain_support("domain=")
         return super()._logits(X)
 
     def decision_function(self, X, domain=None):
@@ -626,40 +628,18 @@ class SPDnetClassifier(TorchClassifierBase):
             statistics are then unchanged.
         """
         check_is_fitted(self)
-        self._check_domain_batchnorm("adapt")
+        self._check_domain_support("adapt")
         if domain is None:
             raise ValueError("adapt needs the domain the trials belong to (domain=...)")
         self._adapted_logits(X, domain, keep=True, predict=False)
         return self
-
-    def reset_domain(self, domain=None):
-        """Forget the statistics of ``domain`` (None: of every domain).
-
-        Raises
-        ------
-        KeyError
-            For a label that is not a known domain (the known ones are listed).
-        """
-        check_is_fitted(self)
-        self._check_domain_batchnorm("reset_domain")
-        stats = self._domain_statistics()
-        stats.reset(domain)
-        self.domain_statistics_ = stats
-        return self
-
-    @property
-    def domains_(self):
-        """Label → number of trials seen, for every domain with stored statistics (a copy)."""
-        check_is_fitted(self)
-        self._check_domain_batchnorm("domains_")
-        return self._domain_statistics().trials_seen()
 
     @property
     def domain_prior_(self):
         """The mean a new domain starts from at each batch-norm layer (list of ndarray), or
         None when the model has none (see :meth:`fit_domain_prior`)."""
         check_is_fitted(self)
-        self._check_domain_batchnorm("domain_prior_")
+        self._check_domain_support("domain_prior_")
         prior = self._domain_statistics().prior
         return None if prior is None else [M.cpu().numpy() for M in prior]
 
@@ -678,7 +658,7 @@ class SPDnetClassifier(TorchClassifierBase):
         count : int
         """
         check_is_fitted(self)
-        self._check_domain_batchnorm("domain_prior_statistics")
+        self._check_domain_support("domain_prior_statistics")
         X = self.check_inputs(X, reset=False)
         codes = np.zeros(len(X), dtype=np.intp) if groups is None else domain_codes(groups, len(X))
         sums = None
@@ -699,7 +679,7 @@ class SPDnetClassifier(TorchClassifierBase):
         self
         """
         check_is_fitted(self)
-        self._check_domain_batchnorm("set_domain_prior")
+        self._check_domain_support("set_domain_prior")
         stats = self._domain_statistics()
         sizes = [(n, n) for n in stats.sizes]
         if [np.shape(S) for S in log_sums] != sizes or not count > 0:

@@ -27,6 +27,7 @@ it), a new domain starts empty: its first trial becomes its mean.
 
 import numpy as np
 import torch
+from sklearn.utils.validation import check_is_fitted
 
 from .functional import expm_sym, logeig
 
@@ -38,6 +39,7 @@ __all__ = [
     "domain_labels",
     "log_euclidean_sum",
     "drop_domain_requests",
+    "DomainStatisticsMixin",
 ]
 
 
@@ -342,3 +344,53 @@ class DomainStatistics:
                 RunningMean(tensor(f"domain.{j}.{i}"), entry["weight"], entry["n_trials"])
                 for i in range(len(sizes))]
         return stats
+
+
+class DomainStatisticsMixin:
+    """``reset_domain`` and ``domains_`` of an estimator that keeps its
+    :class:`DomainStatistics` in ``domain_statistics_`` and returns them (or an empty
+    store) from ``_domain_statistics()``; ``_check_domain_support(what)`` may refuse a
+    configuration without domain statistics.
+
+    Examples
+    --------
+    >>> from skfedspd import Recenter
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> X, _ = make_spd_classification(n_matrices=10, n_channels=3, seed=0)
+    >>> rc = Recenter().fit(X).adapt(X[:4], domain="s1").adapt(X[4:], domain=2)
+    >>> rc.domains_, rc.reset_domain("s1").domains_
+    ({'s1': 4, 2: 6}, {2: 6})
+    """
+
+    def _check_domain_support(self, what):
+        """Raise for a configuration without domain statistics (default: every one has them)."""
+
+    def reset_domain(self, domain=None):
+        """Forget the statistics of ``domain`` (None: of every domain).
+
+        Parameters
+        ----------
+        domain : str, int or None, default=None
+
+        Returns
+        -------
+        self
+
+        Raises
+        ------
+        KeyError
+            For a label that is not a known domain (the known ones are listed).
+        """
+        check_is_fitted(self)
+        self._check_domain_support("reset_domain")
+        stats = self._domain_statistics()
+        stats.reset(domain)
+        self.domain_statistics_ = stats
+        return self
+
+    @property
+    def domains_(self):
+        """Label → number of trials seen, for every domain with stored statistics (a copy)."""
+        check_is_fitted(self)
+        self._check_domain_support("domains_")
+        return self._domain_statistics().trials_seen()

@@ -13,7 +13,7 @@ from sklearn.utils.validation import check_is_fitted
 from .base import resolve_groups
 from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_spd_batch
 from .functional import karcher_mean, sqrtm_invsqrtm
-from .online import DomainStatistics, domain_labels, log_euclidean_sum
+from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, log_euclidean_sum
 
 __all__ = ["Recenter", "recenter_groups"]
 
@@ -89,7 +89,7 @@ def recenter_groups(X, groups=None):
     return out
 
 
-class Recenter(TransformerMixin, BaseEstimator):
+class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     """Re-centre SPD matrices to the identity, group by group (Zanini et al., 2018).
 
     Each group (subject, session: a *domain*) is congruence-whitened by its own
@@ -239,8 +239,8 @@ class Recenter(TransformerMixin, BaseEstimator):
         return recenter_groups(self._fit(X, groups), groups)
 
     def _update(self, X, domain, groups, *, keep):
-        """Validate, add the trials of ``X`` to their domains in order; return ``(X, work,
-        labels)`` (the statistics stored only with ``keep``, after everything succeeded)."""
+        """Validate, add the trials of ``X`` to their domains in order; return ``(X, stats,
+        work, labels)`` (the updates stored only with ``keep``, after everything succeeded)."""
         check_is_fitted(self)
         X = check_spd_batch(X, self.n_features_in_)
         if domain is not None and groups is not None:
@@ -249,7 +249,7 @@ class Recenter(TransformerMixin, BaseEstimator):
         if domain is not None:
             labels = domain_labels(domain, len(X))
         else:
-            names, codes = _group_labels(groups, len(X))
+            _, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
         stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight))
@@ -258,7 +258,7 @@ class Recenter(TransformerMixin, BaseEstimator):
         if keep:
             stats.commit(work)
             self.domain_statistics_ = stats
-        return X, work, labels
+        return X, stats, work, labels
 
     def _domain_statistics(self):
         """The stored statistics; for a Recenter pickled before they existed, an empty
@@ -285,8 +285,7 @@ class Recenter(TransformerMixin, BaseEstimator):
         ndarray of shape (n_matrices, n, n)
             Re-centred matrices.
         """
-        X, work, labels = self._update(X, domain, groups, keep=domain is not None)
-        stats = self._domain_statistics()
+        X, stats, work, labels = self._update(X, domain, groups, keep=domain is not None)
         if stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING.replace("fit_domain_prior(X_train, groups)", "fit(X_train)"),
                           UserWarning, stacklevel=2)
@@ -312,21 +311,6 @@ class Recenter(TransformerMixin, BaseEstimator):
             raise ValueError("adapt needs the domain the matrices belong to (domain=...)")
         self._update(X, domain, None, keep=True)
         return self
-
-    def reset_domain(self, domain=None):
-        """Forget the statistics of ``domain`` (None: of every domain); ``KeyError`` naming
-        an unknown label and the known ones."""
-        check_is_fitted(self)
-        stats = self._domain_statistics()
-        stats.reset(domain)
-        self.domain_statistics_ = stats
-        return self
-
-    @property
-    def domains_(self):
-        """Label → number of matrices seen, for every stored domain (a copy)."""
-        check_is_fitted(self)
-        return self._domain_statistics().trials_seen()
 
     @property
     def domain_prior_(self):

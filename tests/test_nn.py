@@ -14,6 +14,7 @@ import torch
 from torch.func import functional_call
 
 import skfedspd.nn as nn_module
+from skfedspd.functional import reeig
 from skfedspd.nn import BiMap, DomainSPDBatchNorm, SPDBatchNorm, SPDNet, congruence
 from skfedspd.stiefel import orthonormality_error, random_stiefel, tangent_project
 from skfedspd.training import train_epochs
@@ -999,3 +1000,30 @@ def test_eigenvalue_clamp_fraction_with_batchnorm_has_no_side_effect(spd_batch, 
     assert len(fractions) == 2 and all(0 <= f <= 1 for f in fractions)
     for name, value in net.state_dict().items():
         torch.testing.assert_close(value, before[name], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("layer", [SPDBatchNorm, DomainSPDBatchNorm])
+def test_whiten_follows_the_bias_without_autograd(spd_batch, layer):
+    """Without autograd B^{1/2} is computed once per value of log_bias: an in-place change
+    (an optimizer step, a federated broadcast through set_parameters) is seen at once, and
+    the value matches the differentiable path."""
+    X = spd_batch(5, 4)
+    bn = layer(4)
+    M_inv_half = torch.linalg.inv(torch.linalg.cholesky(X.mean(0)))  # any whitening matrix
+    with torch.no_grad():
+        before = bn.whiten(X, M_inv_half)
+        bn.log_bias.add_(0.3 * torch.eye(4, dtype=X.dtype))
+        after = bn.whiten(X, M_inv_half)
+    torch.testing.assert_close(after, bn.whiten(X, M_inv_half).detach(), rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(after, torch.exp(torch.tensor(0.3, dtype=X.dtype)) * before, rtol=1e-12, atol=1e-12)
+
+
+def test_batchnorm_inputs_are_the_bimap_outputs_of_each_layer(spd_batch):
+    X = spd_batch(6, 5)
+    net = SPDNet(5, (4, 3), 2, seed=0, batchnorm="domain")
+    first, second = net.batchnorm_inputs(X)
+    W0, W1 = (b.weight.detach() for b in net.bimaps)
+    with torch.no_grad():
+        torch.testing.assert_close(first, W0.T @ X @ W0)
+        Y = reeig(net.batchnorms[0].normalize_batch(first), net.eps)
+        torch.testing.assert_close(second, W1.T @ Y @ W1)
