@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
-from skfedspd import save_estimator
+from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, save_estimator
 
 from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
@@ -90,7 +90,7 @@ def run(args):
                 frame["fold"] = k
                 frame["fit_seconds"] = seconds
                 path.parent.mkdir(exist_ok=True)
-                if hasattr(model, "module_") or hasattr(model, "estimator_"):
+                if isinstance(model, (SPDnetClassifier, FederatedSPDnetClassifier)):
                     (args.out / "models").mkdir(exist_ok=True)
                     save_estimator(model, args.out / "models" / f"{name}-fold{k}.skfedspd")
                 frame.to_csv(path, index=False)
