@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from sklearn.utils.validation import check_random_state
 
-__all__ = ["train_epochs", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads",
+__all__ = ["train_epochs", "minibatches", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads",
            "optimizer_arrays", "load_optimizer_arrays"]
 
 
@@ -94,8 +94,53 @@ def torch_threads(n_threads):
         torch.set_num_threads(previous)
 
 
+def minibatches(n, batch_size, generator, domains=None):
+    """One epoch's minibatches: index tensors covering ``range(n)`` once, in shuffled order.
+
+    Without ``domains`` (or with one domain): a random permutation cut into batches of
+    ``batch_size``. With several domains (the codes of a :class:`~skfedspd.nn.DomainBatch`),
+    every minibatch holds the trials of **one** domain: each domain's trials are shuffled and
+    cut into near-equal batches of at most ``batch_size``, and the batches are shuffled.
+    Domain batch norm normalizes each domain of a minibatch by that domain's mean in the
+    minibatch; mixed minibatches would leave a couple of trials per domain (with 32 training
+    subjects and 64 trials a batch, two on average; a domain's single trial is mapped to a
+    constant), while at prediction a new domain is normalized by the mean of all its trials
+    seen. One domain per batch trains on domain statistics of the size that prediction uses.
+
+    Parameters
+    ----------
+    n, batch_size : int
+    generator : torch.Generator
+    domains : torch.Tensor of int or None
+        Domain code of each sample.
+
+    Returns
+    -------
+    list of torch.Tensor
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.training import minibatches
+    >>> domains = torch.tensor([0, 0, 0, 1, 1, 1, 1, 1])
+    >>> batches = minibatches(8, 3, torch.Generator().manual_seed(0), domains)
+    >>> sorted(sorted(domains[b].tolist()) for b in batches)
+    [[0, 0, 0], [1, 1], [1, 1, 1]]
+    """
+    if domains is None or int(domains.max()) == int(domains.min()):
+        order = torch.randperm(n, generator=generator)
+        return [order[start : start + batch_size] for start in range(0, n, batch_size)]
+    batches = []
+    for code in torch.unique(domains):
+        members = torch.nonzero(domains == code).flatten()
+        members = members[torch.randperm(len(members), generator=generator)]
+        batches.extend(torch.tensor_split(members, -(-len(members) // batch_size)))
+    return [batches[i] for i in torch.randperm(len(batches), generator=generator)]
+
+
 def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sample_weight=None):
-    """Train ``module`` for ``n_epochs`` epochs of shuffled minibatches.
+    """Train ``module`` for ``n_epochs`` epochs of shuffled minibatches (:func:`minibatches`:
+    one domain per minibatch when ``X`` is a :class:`~skfedspd.nn.DomainBatch` of several).
 
     Parameters
     ----------
@@ -145,11 +190,10 @@ def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sa
 def _train_epochs(module, optimizer, X, y, n_epochs, batch_size, generator, sample_weight):
     module.train()
     n = len(y)
+    domains = getattr(X, "domains", None)
     total, count, skipped = 0.0, 0.0, 0
     for _ in range(n_epochs):
-        order = torch.randperm(n, generator=generator)
-        for start in range(0, n, batch_size):
-            idx = order[start : start + batch_size]
+        for idx in minibatches(n, batch_size, generator, domains):
             if sample_weight is None:
                 size = len(idx)
             else:

@@ -1342,7 +1342,8 @@ def test_domain_batchnorm_recognises_an_unseen_domain(spd_domains):
 
 
 def test_domain_batchnorm_trains_on_minibatch_domains(spd_domains, monkeypatch):
-    """fit(groups=...) hands every minibatch its matrices' domains."""
+    """fit(groups=...) hands every minibatch its matrices' domains, one domain a minibatch:
+    each domain's 20 matrices in near-equal batches of at most 16 (two of 10)."""
     X, y, groups = spd_domains(n_groups=3, n_per_group=20)
     seen = []
     forward = SPDNet.forward
@@ -1354,9 +1355,9 @@ def test_domain_batchnorm_trains_on_minibatch_domains(spd_domains, monkeypatch):
 
     monkeypatch.setattr(SPDNet, "forward", spy)
     SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 1, "batch_size": 16}).fit(X, y, groups=groups + 10)
-    assert len(seen) == 4 and all(d is not None for d in seen)
-    assert sum(len(d) for d in seen) == len(X)
-    assert max(len(torch.unique(d)) for d in seen) == 3
+    assert len(seen) == 6 and all(d is not None for d in seen)
+    assert sorted(len(d) for d in seen) == [10] * 6
+    assert all(len(torch.unique(d)) == 1 for d in seen)
 
 
 @pytest.mark.parametrize("batchnorm", [None, "spd"])

@@ -5,7 +5,15 @@ import pytest
 import torch
 from sklearn.metrics import f1_score
 
-from skfedspd.training import PlateauSchedule, draw_seed, evaluate, load_optimizer_arrays, macro_f1, optimizer_arrays
+from skfedspd.training import (
+    PlateauSchedule,
+    draw_seed,
+    evaluate,
+    load_optimizer_arrays,
+    macro_f1,
+    minibatches,
+    optimizer_arrays,
+)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -129,3 +137,21 @@ def test_load_optimizer_arrays_names_the_bad_array(key, value, message):
     target = _stepped_adam(0)
     with pytest.raises(ValueError, match=message):
         load_optimizer_arrays(target, {**arrays, "other": np.zeros(1)}, prefix="opt.")
+
+
+def test_minibatches_without_domains_are_one_permutation():
+    batches = minibatches(10, 4, torch.Generator().manual_seed(3))
+    assert [len(b) for b in batches] == [4, 4, 2]
+    torch.testing.assert_close(torch.cat(batches), torch.randperm(10, generator=torch.Generator().manual_seed(3)))
+
+
+@pytest.mark.parametrize("sizes, batch_size, expected", [((20, 5), 8, [5, 7, 7, 6]), ((3, 3, 3), 64, [3, 3, 3]),
+                                                          ((9,), 4, [4, 4, 1])])
+def test_minibatches_hold_one_domain_each(sizes, batch_size, expected):
+    """Several domains: every batch one domain, each domain cut into near-equal batches of at
+    most batch_size, every sample once; one domain: the plain permutation."""
+    domains = torch.cat([torch.full((n,), d) for d, n in enumerate(sizes)])
+    batches = minibatches(len(domains), batch_size, torch.Generator().manual_seed(0), domains)
+    assert all(len(torch.unique(domains[b])) == 1 for b in batches)
+    assert sorted(torch.cat(batches).tolist()) == list(range(len(domains)))
+    assert sorted(len(b) for b in batches) == sorted(expected)

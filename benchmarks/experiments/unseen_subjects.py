@@ -107,7 +107,9 @@ def write_report(args):
         return
     predictions = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
     scores = report.subject_scores(predictions)
-    order = [n for n in list(PIPELINES) + list(ABLATIONS) if n in set(scores["pipeline"])]
+    present = list(dict.fromkeys(scores["pipeline"]))
+    known = list(PIPELINES) + list(ABLATIONS)
+    order = [n for n in known if n in present] + sorted(n for n in present if n not in known)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv}, "
         "each test subject predicted in one call", ""]
