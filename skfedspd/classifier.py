@@ -184,6 +184,13 @@ class SPDnetClassifier(TorchClassifierBase):
         the network. Same behaviour in ``decision_function`` and ``predict_proba``.
         In federation every client's data form one domain (its minibatches), and only the
         batch-norm biases are aggregated; ``"spd"`` running means stay on each client.
+    trainable : {"all", "head"}, default="all"
+        Which weights training updates. ``"head"``: only the linear softmax head; the
+        BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
+        public model's (``warm_start``, or ``FederatedSPDnetClassifier(init=...)``). Frozen
+        weights get no gradient: under DP-SGD they are neither clipped nor noised, so the
+        privatized dimension shrinks to the head's and the noise per coordinate falls for
+        the same clip norm and budget (:mod:`skfedspd.privacy`).
 
     All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
     ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
@@ -256,6 +263,7 @@ class SPDnetClassifier(TorchClassifierBase):
         warm_start=False,
         class_weight=None,
         batchnorm=None,
+        trainable="all",
     ):
         self.hidden_dims = hidden_dims
         self.eps = eps
@@ -277,6 +285,7 @@ class SPDnetClassifier(TorchClassifierBase):
         self.warm_start = warm_start
         self.class_weight = class_weight
         self.batchnorm = batchnorm
+        self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
     # both keys (MOABB's CrossSubject routes the training subjects as "subjects").
@@ -321,6 +330,7 @@ class SPDnetClassifier(TorchClassifierBase):
         "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
         "recenter_every": [Interval(Integral, 1, None, closed="left")],
         "batchnorm": [StrOptions({"spd", "domain"}), None],
+        "trainable": [StrOptions({"all", "head"})],
     }
 
     def check_params(self):
@@ -407,10 +417,14 @@ class SPDnetClassifier(TorchClassifierBase):
         return torch.as_tensor(X, dtype=self.torch_dtype_, device=self.device)
 
     def _build_module(self, seed):
-        return SPDNet(
+        module = SPDNet(
             self.n_features_in_, self._hidden_dims(self.n_features_in_), len(self.classes_), eps=self.eps,
             recenter_every=self.recenter_every, seed=seed, dtype=self.torch_dtype_, batchnorm=self.batchnorm,
         )
+        if self.trainable == "head":
+            for name, parameter in module.named_parameters():
+                parameter.requires_grad_(name.startswith("head."))
+        return module
 
     def fit_domains(self, groups, n_samples):
         """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise or

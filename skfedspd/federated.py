@@ -46,6 +46,7 @@ from .engine import (
 )
 from .nn import DomainBatch
 from .persistence import load_bundle, save_bundle
+from .spec import estimator_from_spec, estimator_to_spec
 from .training import derive_seed, draw_seed, evaluate, load_optimizer_arrays, torch_threads
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
@@ -265,6 +266,21 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``history_`` then holds totals only (``n_samples``: the one-element total, of the
         clients' weights with ``sample_weight``).
         Threat model and what leaves a site: ``docs/privacy.md``.
+    init : fitted estimator or None, default=None
+        Where the global model starts: a fitted local model of the same class (e.g. an
+        ``SPDnetClassifier`` pre-trained on public data) or a fitted
+        ``FederatedSPDnetClassifier`` (its global model). Its weights (every exported array)
+        replace the seeded initialisation, and the local estimator adopts its input scaling
+        (``scaling="trace"`` if it used it, else its fitted ``scale_`` as a constant): the
+        weights expect that input, and it is not a statistic of the sites' data, so in DP
+        mode nothing is spent on it. Its classes and number of features must be the fit's
+        (a ValueError otherwise: agree ``classes`` when sites may miss one), and its
+        architecture the local estimator's. Allowed with ``dp_epsilon``: a public model
+        costs nothing (pre-train publicly, fine-tune privately; with the local estimator's
+        ``trainable="head"`` only its head is trained and privatized). It is read, never
+        modified; ``clone`` keeps it as is (cloning would unfit it); the JSON spec
+        (:mod:`skfedspd.spec`, ``save_estimator``) stores it as None: the fitted federated
+        model holds everything it contributed. A ``warm_start`` continuation ignores it.
     dp_epsilon : float or None, default=None
         Sample-level differential privacy (``docs/privacy.md``): every site's local training
         runs DP-SGD (:func:`skfedspd.privacy.dp_train_epochs`: Poisson sampling at
@@ -274,11 +290,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Google's ``dp-accounting`` (RDP) so that the whole run — ``n_rounds``,
         ``local_epochs``, the exact rounds the seeded schedule draws each site in — spends at
         most ``(dp_epsilon, dp_delta)`` on each site's training samples. None: no DP.
-        DP mode requires ``validation_fraction=0`` (validation scores would steer the
-        schedule and the released model outside the budget: a fixed number of rounds runs
-        and the last global model is kept), an input scaling that shares nothing
-        (``scaling="trace"`` or a float, not ``"auto"``), and no ``warm_start``; sites do
-        not release their training loss or input statistic.
+        DP mode is private by construction (:meth:`resolved_settings`, recorded in
+        ``privacy_["resolved"]``): no site holds out validation data (scores would steer
+        the schedule and the released model outside the budget: a fixed number of rounds
+        runs and the last global model is kept), and ``scaling="auto"`` becomes
+        ``"trace"`` (per matrix; ``init``'s scaling when given), which shares no statistic
+        of the sites. Refused: an explicit validation split (``validation_fraction > 0``
+        with the local estimator's ``early_stopping=True``) and ``warm_start`` (the budget
+        covers one fit). Sites do not release their training loss or input statistic.
     dp_delta : float or None, default=None
         δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
         site's training size). A δ not below ``1 / n_min`` is refused.
@@ -381,6 +400,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     """
 
     __metadata_request__fit = {"groups": True, "subjects": True}
+    _params_not_in_spec = ("init",)  # a fitted model: see init, and skfedspd.spec
 
     _parameter_constraints = {
         "estimator": [HasMethods(PROTOCOL), None],
@@ -414,6 +434,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "dp_delta": [None, Interval(Real, 0, 1, closed="neither")],
         "dp_clip_norm": [Interval(Real, 0, None, closed="neither")],
         "classes": [None, "array-like"],
+        "init": [None, HasMethods(["get_params", "predict"])],
     }
 
     def __init__(
@@ -448,6 +469,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         dp_delta=None,
         dp_clip_norm=1.0,
         classes=None,
+        init=None,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -479,6 +501,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.dp_delta = dp_delta
         self.dp_clip_norm = dp_clip_norm
         self.classes = classes
+        self.init = init
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -548,7 +571,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             Naming the parameter, its value and what is allowed.
         """
         self._validate_params()
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        self._init_model()
+        est = self.local_estimator()
         est.check_params()
         if self.dp_epsilon is not None:
             self._check_dp_mode(est)
@@ -564,16 +588,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
-        """DP mode shares nothing outside the budget: refuse what would (docs/privacy.md)."""
-        if self.validation_fraction != 0:
-            raise ValueError(f"dp_epsilon needs validation_fraction=0 (got {self.validation_fraction}): per-site "
+        """DP mode shares nothing outside the budget: refuse an explicit choice that would
+        (the defaults resolve to private ones, :meth:`resolved_settings`; docs/privacy.md)."""
+        if self.validation_fraction > 0 and getattr(est, "early_stopping", True) is True:
+            raise ValueError(f"dp_epsilon with an explicit validation split (validation_fraction="
+                             f"{self.validation_fraction} and the local estimator's early_stopping=True): per-site "
                              "validation scores would steer the schedule and the released model outside the privacy "
-                             "budget; DP mode runs n_rounds rounds and keeps the last model (evaluate on a held-out "
-                             "test set outside the federation)")
-        if getattr(est, "scaling", None) == "auto":
-            raise ValueError("dp_epsilon needs an input scaling that shares no statistic of the sites' data: "
-                             "scaling='auto' pools the sites' mean log-trace, outside the privacy budget; use "
-                             "estimator__scaling='trace' (per matrix) or a public float")
+                             "budget; leave early_stopping='auto' (DP mode then holds nothing out, runs n_rounds "
+                             "rounds and keeps the last model) and evaluate on a test set outside the federation")
         if self.warm_start:
             raise ValueError("dp_epsilon with warm_start=True is not supported: the budget is planned for one fit "
                              "of n_rounds rounds")
@@ -581,10 +603,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     def _prepare(self, X, y, groups, subjects, sample_weight=None):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         groups = resolve_groups(groups, subjects)
-        if self.dp_epsilon is not None:
-            self._check_dp_mode(self.estimator if self.estimator is not None else SPDnetClassifier())
         resume = self.warm_start and self.__sklearn_is_fitted__()
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        est = self.local_estimator()
+        if self.dp_epsilon is not None:
+            self._check_dp_mode(est)
         if resume:  # the fitted model continues; its parameters are still checked
             est.check_params()
             est = copy.deepcopy(self.global_estimator_)
@@ -593,6 +615,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             X = est.check_inputs(X, reset=True)
         if self.agreed_classes(est, resume) is None and not resume:
             est.set_classes(y)
+        if not resume:
+            self.check_init(est)
         codes = est.encode_labels(y, len(X))  # names the labels outside the agreed classes
         weights = training_weights(getattr(est, "class_weight", None), np.asarray(y), sample_weight)
         seed = self.engine_.seed if resume else draw_seed(self.random_state)
@@ -613,7 +637,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         otherwise nothing: every sample trains and the last global model is kept (a few
         pooled validation trials would pick a round on noise); ``True``: always
         ``validation_fraction``; ``False``: 0. A local estimator without ``early_stopping``
-        counts as ``True``.
+        counts as ``True``. DP mode (``dp_epsilon``): 0.
 
         Parameters
         ----------
@@ -637,6 +661,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         >>> fed.held_out_fraction(est.set_params(early_stopping=True), 45)
         0.1
         """
+        if self.dp_epsilon is not None:
+            return 0.0  # DP mode: no validation scores (resolved_settings)
         keep = uses_validation(n_samples, len(est.classes_), self.validation_fraction,
                                getattr(est, "early_stopping", True))
         return float(self.validation_fraction) if keep else 0.0
@@ -681,6 +707,131 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"classes={list(self.classes)!r} differ from the classes {est.classes_.tolist()} of the "
                              "model that warm_start continues")
         return est.classes_.tolist()
+
+    # ------------------------------------------------------------------ starting point
+    def resolved_settings(self, est=None):
+        """The settings a fresh fit resolves from ``init`` and ``dp_epsilon``.
+
+        ``scaling`` (local estimators with that parameter): ``init``'s input scaling when
+        ``init`` is given (``"trace"`` if it used it, else its fitted ``scale_``, a public
+        constant); in DP mode ``"auto"`` becomes ``"trace"`` (per matrix, no statistic of
+        the sites); otherwise the local estimator's own. ``validation_fraction``: the
+        share each site holds out for validation, 0 in DP mode (the rule of
+        :meth:`held_out_fraction` otherwise, given here as the parameter it applies).
+
+        Parameters
+        ----------
+        est : estimator or None, default=None
+            The local estimator (None: ``estimator``, or ``SPDnetClassifier()``).
+
+        Returns
+        -------
+        dict
+            ``{"validation_fraction": float, "scaling": value}`` (``scaling`` only for a
+            local estimator that has it). DP mode records it in ``privacy_["resolved"]``.
+
+        Examples
+        --------
+        >>> from skfedspd import FederatedSPDnetClassifier
+        >>> FederatedSPDnetClassifier().resolved_settings()
+        {'validation_fraction': 0.1, 'scaling': 'auto'}
+        >>> FederatedSPDnetClassifier(dp_epsilon=3.0).resolved_settings()
+        {'validation_fraction': 0.0, 'scaling': 'trace'}
+        """
+        if est is None:
+            est = self.estimator if self.estimator is not None else SPDnetClassifier()
+        private = self.dp_epsilon is not None
+        settings = {"validation_fraction": 0.0 if private else float(self.validation_fraction)}
+        if "scaling" in est.get_params(deep=False):
+            model = self._init_model()
+            if model is not None and "scaling" in model.get_params(deep=False):
+                settings["scaling"] = "trace" if model.scaling == "trace" else float(model.scale_)
+            elif private and est.scaling == "auto":
+                settings["scaling"] = "trace"
+            else:
+                settings["scaling"] = est.scaling
+        return settings
+
+    def local_estimator(self):
+        """The unfitted local estimator of a fresh fit: a clone of ``estimator``
+        (``SPDnetClassifier()`` when None) with its :meth:`resolved_settings` applied.
+
+        Returns
+        -------
+        estimator
+
+        Examples
+        --------
+        >>> from skfedspd import FederatedSPDnetClassifier
+        >>> FederatedSPDnetClassifier(dp_epsilon=3.0).local_estimator().scaling
+        'trace'
+        """
+        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        settings = self.resolved_settings(est)
+        if "scaling" in settings:
+            est.set_params(scaling=settings["scaling"])
+        return est
+
+    def _init_model(self):
+        """The fitted local model ``init`` names (a fitted federated model's global estimator), or None."""
+        if self.init is None:
+            return None
+        model = getattr(self.init, "global_estimator_", self.init)
+        fitted = getattr(model, "__sklearn_is_fitted__", None)
+        if fitted is None or not fitted() or not hasattr(model, "get_parameters"):
+            raise ValueError(f"init must be a fitted local model (e.g. SPDnetClassifier) or a fitted "
+                             f"FederatedSPDnetClassifier, got an unfitted {type(self.init).__name__}")
+        return model
+
+    def check_init(self, est):
+        """Check that ``init`` fits the local estimator ``est`` (input shape and classes set):
+        same class, number of features and classes. Does nothing without ``init``.
+
+        Raises
+        ------
+        ValueError
+            Naming what differs.
+        """
+        model = self._init_model()
+        if model is None:
+            return
+        if type(model) is not type(est):
+            raise ValueError(f"init is a fitted {type(model).__name__}, but the local estimator is a "
+                             f"{type(est).__name__}")
+        if model.n_features_in_ != est.n_features_in_:
+            raise ValueError(f"init was fitted on {model.n_features_in_} features (channels), but X has "
+                             f"{est.n_features_in_}")
+        if not np.array_equal(model.classes_, est.classes_):
+            raise ValueError(f"init has the classes {model.classes_.tolist()}, but this fit has "
+                             f"{est.classes_.tolist()}: agree the classes (classes=...) or pre-train on the same ones")
+
+    def initialize(self, est, seed):
+        """Build the local estimator's module (classes and input shape set): seeded by
+        ``seed``, then, with ``init``, loaded with its weights. The backends call it.
+
+        Raises
+        ------
+        ValueError
+            When ``init``'s arrays (names, shapes) are not the local estimator's: another
+            architecture.
+        """
+        est.init_module(seed)
+        model = self._init_model()
+        if model is None:
+            return
+        params, shapes = model.get_parameters(), {n: a.shape for n, a in est.get_parameters().items()}
+        theirs = {n: a.shape for n, a in params.items()}
+        if theirs != shapes:
+            raise ValueError(f"init's architecture differs from the local estimator's: arrays {theirs} against "
+                             f"{shapes}")
+        est.set_parameters(params)
+
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``, except that ``init`` (a fitted model, only read by
+        ``fit``) is kept as is: cloning it would unfit it."""
+        params = self.get_params(deep=False)
+        init = params.pop("init")
+        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, init=init)
 
     def _clients(self, codes, groups, seed):
         """``(indices, client_source, client_groups)``."""
@@ -733,7 +884,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.client_source_ = result.client_source
         self.client_groups_ = list(result.client_groups)
         self.best_round_ = engine.best_round
-        self.privacy_ = engine.privacy_report()
+        report = engine.privacy_report()
+        self.privacy_ = None if report is None else {**report, "resolved": self.resolved_settings()}
         return self
 
     # ------------------------------------------------------------------ persistence
@@ -746,7 +898,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         arrays = {**{f"estimator/{k}": v for k, v in est_arrays.items()},
                   **{f"engine/{k}": v for k, v in engine_arrays.items()}}
         meta = {"estimator": est_meta, "engine": engine_meta, "client_source": self.client_source_,
-                "client_groups": [None if g is None else list(g) for g in self.client_groups_]}
+                "client_groups": [None if g is None else list(g) for g in self.client_groups_],
+                # the local estimator as trained (settings resolved from init, which is not saved)
+                "local_estimator": estimator_to_spec(self.global_estimator_)}
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
@@ -754,7 +908,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         def part(prefix):
             return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        est = (estimator_from_spec(meta["local_estimator"]) if "local_estimator" in meta
+               else self.local_estimator())
         est.restore_fitted_state(part("estimator/"), meta["estimator"])
         engine_meta = meta["engine"]
         engine = FederatedEngine.from_estimator(self, est, n_train=engine_meta["n_train"], n_val=engine_meta["n_val"],
@@ -833,7 +988,7 @@ def fit_local(fed, task):
             [client_statistic(est, X[idx[tr]], None if w is None else w[idx[tr]])
              for idx, (tr, _) in zip(task.indices, splits)], client_weights)
         est.set_input_statistic(statistic)
-        est.init_module(seed)
+        fed.initialize(est, seed)
     else:
         statistic = task.resume.input_statistic
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
@@ -1045,12 +1200,15 @@ def _fingerprint(fed, clients, seed, first_round):
     """SHA-256 of what determines the run: the parameters (a callable rule by its qualified
     name, the seed instead of ``random_state``), the clients' data and the first round."""
     params = {k: v for k, v in fed.get_params(deep=False).items()
-              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start")}
+              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start", "init")}
     params["aggregation"] = rule_name(fed.aggregation)
     est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
     params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",
                            "params": est.get_params(deep=False)}
     data = hashlib.sha256()
+    init = fed._init_model()
+    for a in ([] if init is None else init.get_parameters().values()):  # the starting weights
+        data.update(np.ascontiguousarray(a).tobytes())
     for arrays in clients:
         for a in _tensors(arrays):
             a = a.detach().cpu().numpy()
