@@ -35,6 +35,7 @@ looked at; the DP columns never feed back into the setup.
     python -m benchmarks.privacy_utility --seeds 3 --models spdnet-projavg eegnet  # full, seeds 0-2
     python -m benchmarks.privacy_utility                          # full: 16 offline subjects, 10 seeds
     python -m benchmarks.privacy_utility --quick --curve 80       # the round-sizing run
+    python -m benchmarks.privacy_utility --protocol pretrain --quick  # public pre-training, then DP fine-tuning
 
 Every (ε, model, seed) result is stored as JSON under ``--out`` with its setup; a re-run
 skips what is done with the same setup and refits the rest, so the full profile can be
@@ -314,7 +315,18 @@ def load_average():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    protocol_parser = argparse.ArgumentParser(add_help=False)
+    protocol_parser.add_argument("--protocol", choices=("tableone", "pretrain"), default="tableone")
+    chosen, rest = protocol_parser.parse_known_args(argv)
+    if chosen.protocol == "pretrain":
+        from benchmarks import privacy_pretrain
+
+        return privacy_pretrain.main(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--protocol", choices=("tableone", "pretrain"), default="tableone",
+                        help="tableone: this docstring's protocol; pretrain: public pre-training, then DP "
+                             "fine-tuning (benchmarks/privacy_pretrain.py, its own options)")
     parser.add_argument("--quick", action="store_true", help="the quick profile: 4 subjects (2 clients), 1 seed")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name (--quick: quick)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
@@ -351,7 +363,7 @@ def main(argv=None):
     out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else "")
                                          + (f"-{channels}" if channels != "all" else ""))
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m benchmarks.privacy_utility", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m benchmarks.privacy_utility", *argv])
     print(f"command: {command}\nmachine: {machine()}; {load_average()} at start\nprofile: {profile} {budget}; "
           f"setup {setup(budget['rounds'], k, channels)}", flush=True)
     root = find_physionet_root()
