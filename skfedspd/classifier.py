@@ -187,7 +187,8 @@ class SPDnetClassifier(TorchClassifierBase):
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
-        public model's (``warm_start``, or ``FederatedSPDnetClassifier(init=...)``). Frozen
+        public model's (``warm_start``: it applies from the next ``fit``; or
+        ``FederatedSPDnetClassifier(init=...)``). Frozen
         weights get no gradient: under DP-SGD they are neither clipped nor noised, so the
         privatized dimension shrinks to the head's and the noise per coordinate falls for
         the same clip norm and budget (:mod:`skfedspd.privacy`).
@@ -421,10 +422,18 @@ class SPDnetClassifier(TorchClassifierBase):
             self.n_features_in_, self._hidden_dims(self.n_features_in_), len(self.classes_), eps=self.eps,
             recenter_every=self.recenter_every, seed=seed, dtype=self.torch_dtype_, batchnorm=self.batchnorm,
         )
-        if self.trainable == "head":
-            for name, parameter in module.named_parameters():
-                parameter.requires_grad_(name.startswith("head."))
+        self._apply_trainable(module)
         return module
+
+    def _apply_trainable(self, module):
+        """Freeze what ``trainable`` leaves out (no gradient, hence no update nor DP noise)."""
+        for name, parameter in module.named_parameters():
+            parameter.requires_grad_(self.trainable == "all" or name.startswith("head."))
+
+    def _start_session(self, seed):
+        # a warm-started fit trains what trainable says now, not what the module was built with
+        self._apply_trainable(self.module_)
+        super()._start_session(seed)
 
     def fit_domains(self, groups, n_samples):
         """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise or

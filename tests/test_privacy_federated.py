@@ -231,3 +231,15 @@ def test_dp_fine_tuning_from_a_public_model(spd, public_model, trainable):
     for name, value in public_model.get_parameters().items():  # the public model is only read
         np.testing.assert_array_equal(value, before[name])
     assert max(s["epsilon"] for s in fed.privacy_["sites"]) <= 2.0
+
+
+def test_flower_backend_fine_tunes_from_init_as_the_local_one(spd, public_model):
+    """The Flower server starts from init too (its weights and scaling), with the DP
+    defaults resolved as on the local backend: the same model bit for bit."""
+    pytest.importorskip("flwr")
+    est = SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, trainable="head")
+    local = _fed(est, n_rounds=2, init=public_model, validation_fraction=0.1).fit(*spd)
+    flower = _fed(est, n_rounds=2, init=public_model, validation_fraction=0.1, backend="flower").fit(*spd)
+    for name, value in local.engine_.global_params.items():
+        np.testing.assert_array_equal(value, flower.engine_.global_params[name], err_msg=name, strict=True)
+    assert local.privacy_ == flower.privacy_ and flower.engine_.n_val == [0, 0, 0, 0]
