@@ -42,7 +42,6 @@ seed) result is a JSON file under ``--out`` with its setup, so a re-run skips wh
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +54,7 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
+from benchmarks.privacy_utility import load_average, write_report
 from benchmarks.tableone.protocols import machine
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
@@ -427,12 +427,7 @@ def main(argv=None):
               "Targets and paired differences:", *targets(results), "", budget_check(results), "",
               "Convergence (non-private federated rows, mean over seeds):", *convergence(results), "",
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
-              f"Command: `{command}` (skfedspd {__version__}); {fit_minutes:.1f} min fitting, {args.jobs} process(es) of 1 torch thread; "
-              f"{machine()}; load average {', '.join(f'{v:.1f}' for v in os.getloadavg())} at the end."]
-    text = "\n".join(report)
-    print("\n" + text)
-    (out / "report.md").write_text(text + "\n")
-    if args.docs:
-        args.docs.mkdir(parents=True, exist_ok=True)
-        (args.docs / figure.name).write_bytes(figure.read_bytes())
+              f"Command: `{command}` (skfedspd {__version__}); {fit_minutes:.1f} min fitting, {args.jobs} process(es) "
+              f"of 1 torch thread; {machine()}; {load_average()} at the end."]
+    write_report(report, out, figure, args.docs)
     return 0

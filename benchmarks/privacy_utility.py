@@ -310,6 +310,16 @@ def plot(results, path, title):
     plt.close(fig)
 
 
+def write_report(lines, out, figure, docs):
+    """Print the report, write it to ``out/report.md`` and copy the figure to ``docs`` (if given)."""
+    text = "\n".join(lines)
+    print("\n" + text)
+    (out / "report.md").write_text(text + "\n")
+    if docs:
+        docs.mkdir(parents=True, exist_ok=True)
+        (docs / figure.name).write_bytes(figure.read_bytes())
+
+
 def load_average():
     return "load average " + ", ".join(f"{v:.1f}" for v in os.getloadavg())
 
@@ -431,12 +441,7 @@ def main(argv=None):
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
               f"1 torch thread each; {machine()}; {load_average()} at the end."]
-    text = "\n".join(report)
-    print("\n" + text)
-    (out / "report.md").write_text(text + "\n")
-    if args.docs:
-        args.docs.mkdir(parents=True, exist_ok=True)
-        (args.docs / figure.name).write_bytes(figure.read_bytes())
+    write_report(report, out, figure, args.docs)
     return 0
 
 
