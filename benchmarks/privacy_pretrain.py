@@ -334,27 +334,27 @@ def plot(results, epsilons, path, title):
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for row, (label, private, _) in ROWS.items():
+    for index, (row, (label, private, _)) in enumerate(ROWS.items()):
+        color = f"C{index}"  # one colour per row, lines and levels alike
         if private:
             values = [list(scores(results, row, e).values()) for e in epsilons]
             mean = [np.mean(v) if v else np.nan for v in values]
             se = [np.std(v, ddof=1) / math.sqrt(len(v)) if len(v) > 1 else 0.0 for v in values]
-            ax.errorbar(epsilons, mean, yerr=se, marker="o", capsize=3, label=label)
+            ax.errorbar(epsilons, mean, yerr=se, marker="o", capsize=3, label=label, color=color)
         else:
             values = list(scores(results, row, math.inf).values())
             if values:
-                ax.axhline(np.mean(values), ls="--", lw=1, label=f"{label} (no DP)",
-                           color=f"C{list(ROWS).index(row)}")
+                ax.axhline(np.mean(values), ls="--", lw=1, label=f"{label} (no DP)", color=color)
     ax.axhline(50, color="grey", lw=0.8, ls=":", label="chance")
     ax.set_xscale("log")
     ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+    ax.set_xticks([], minor=True)
     ax.set_xlabel(f"ε per site (δ = {DELTA:g})")
     ax.set_ylabel("balanced accuracy per test subject (%)")
     ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
 
