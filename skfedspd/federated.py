@@ -835,7 +835,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``fit``) is kept as is: cloning it would unfit it."""
         params = self.get_params(deep=False)
         init = params.pop("init")
-        return type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, init=init)
+        cloned = type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, init=init)
+        if hasattr(self, "_metadata_request"):  # set_fit_request(...), as clone keeps it
+            cloned._metadata_request = copy.deepcopy(self._metadata_request)
+        return cloned
 
     def _clients(self, codes, groups, seed):
         """``(indices, client_source, client_groups)``."""

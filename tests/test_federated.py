@@ -1453,8 +1453,10 @@ def test_clone_keeps_init_and_spec_stores_none(public, tmp_path):
     file store none of it: the fitted model holds what it contributed."""
     from skfedspd.spec import estimator_to_spec
 
-    fed = _fed(init=public)
-    cloned = clone(fed)
+    with sklearn.config_context(enable_metadata_routing=True):
+        fed = _fed(init=public).set_fit_request(sample_weight=True)
+        cloned = clone(fed)
+        assert cloned.get_metadata_routing().fit.requests["sample_weight"] is True
     assert cloned.init is public and cloned.estimator is not fed.estimator
     assert estimator_to_spec(fed)["params"]["init"] is None
     X, y = _data()
