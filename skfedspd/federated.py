@@ -342,7 +342,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``clip_norm``, ``rounds_bound``; per site ``n_train``, ``sample_rate``,
         ``noise_multiplier``, planned ``rounds``/``steps``, and ``rounds_run``,
         ``steps_run``, ``epsilon``: ε spent, recomputed by the accountant for the rounds
-        actually run). None without DP.
+        actually run), ``privatized_parameters`` (the trainable coordinates that DP-SGD
+        clips and noises: fewer with ``trainable="head"``) and ``resolved`` (the private
+        settings DP mode chose, :meth:`resolved_settings`). None without DP.
 
     Notes
     -----
