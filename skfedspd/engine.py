@@ -444,6 +444,8 @@ class FederatedEngine:
             # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
             engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in estimator.module_.parameters()
                                                               if p.requires_grad))
+            if hasattr(fed, "resolved_settings"):  # what DP mode chose, saved with the plan
+                engine.privacy["resolved"] = fed.resolved_settings()
         return engine
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,

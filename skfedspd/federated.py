@@ -893,8 +893,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.client_source_ = result.client_source
         self.client_groups_ = list(result.client_groups)
         self.best_round_ = engine.best_round
-        report = engine.privacy_report()
-        self.privacy_ = None if report is None else {**report, "resolved": self.resolved_settings()}
+        self.privacy_ = engine.privacy_report()
         return self
 
     # ------------------------------------------------------------------ persistence

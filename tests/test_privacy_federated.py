@@ -213,7 +213,7 @@ def public_model(spd):
 
 
 @pytest.mark.parametrize("trainable", ["all", "head"])
-def test_dp_fine_tuning_from_a_public_model(spd, public_model, trainable):
+def test_dp_fine_tuning_from_a_public_model(spd, public_model, trainable, tmp_path):
     """init= is allowed in DP mode: the public weights and scaling cost nothing; with
     trainable="head" the BiMap stays the public one and only the head is privatized."""
     before = public_model.get_parameters()
@@ -231,6 +231,9 @@ def test_dp_fine_tuning_from_a_public_model(spd, public_model, trainable):
     for name, value in public_model.get_parameters().items():  # the public model is only read
         np.testing.assert_array_equal(value, before[name])
     assert max(s["epsilon"] for s in fed.privacy_["sites"]) <= 2.0
+    save_estimator(fed, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert loaded.init is None and loaded.privacy_ == fed.privacy_  # init's scaling recorded, not recomputed
 
 
 def test_flower_backend_fine_tunes_from_init_as_the_local_one(spd, public_model):
