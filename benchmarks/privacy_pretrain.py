@@ -54,7 +54,7 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
-from benchmarks.privacy_utility import load_average, write_report
+from benchmarks.privacy_utility import load_average, resolve_profile, write_report
 from benchmarks.tableone.protocols import machine
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
@@ -374,11 +374,7 @@ def main(argv=None):
     parser.add_argument("--report-only", action="store_true", help="fit nothing: report the records in --out")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
-    profile = args.profile or ("quick" if args.quick else "full")
-    budget = dict(PROFILES[profile])
-    if args.rounds is not None:
-        budget["rounds"] = args.rounds
-    seeds = budget["seeds"] if args.seeds is None else args.seeds
+    profile, budget, seeds = resolve_profile(args, PROFILES)
     settings = setup(budget, args.site_size, args.channels)
     out = args.out or Path("results") / f"privacy-pretrain-{profile}-sites-of-{args.site_size}"
     out.mkdir(parents=True, exist_ok=True)

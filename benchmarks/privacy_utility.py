@@ -310,6 +310,16 @@ def plot(results, path, title):
     plt.close(fig)
 
 
+def resolve_profile(args, profiles):
+    """``(profile name, budget, number of seeds)`` from ``--profile``/``--quick``, ``--rounds``
+    and ``--seeds`` (each overriding the profile's)."""
+    profile = args.profile or ("quick" if args.quick else "full")
+    budget = dict(profiles[profile])
+    if args.rounds is not None:
+        budget["rounds"] = args.rounds
+    return profile, budget, budget["seeds"] if args.seeds is None else args.seeds
+
+
 def write_report(lines, out, figure, docs):
     """Print the report, write it to ``out/report.md`` and copy the figure to ``docs`` (if given)."""
     text = "\n".join(lines)
@@ -360,11 +370,7 @@ def main(argv=None):
                         help="federated rounds (default: the profile's, sized by --curve for all channels)")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
-    profile = args.profile or ("quick" if args.quick else "full")
-    budget = dict(PROFILES[profile])
-    if args.rounds is not None:
-        budget["rounds"] = args.rounds
-    seeds = budget["seeds"] if args.seeds is None else args.seeds
+    profile, budget, seeds = resolve_profile(args, PROFILES)
     k, channels = args.subjects_per_site, args.channels
     if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)
                        or args.rounds is not None):
