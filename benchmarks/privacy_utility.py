@@ -35,6 +35,7 @@ looked at; the DP columns never feed back into the setup.
     python -m benchmarks.privacy_utility --seeds 3 --models spdnet-projavg eegnet  # full, seeds 0-2
     python -m benchmarks.privacy_utility                          # full: 16 offline subjects, 10 seeds
     python -m benchmarks.privacy_utility --quick --curve 80       # the round-sizing run
+    python -m benchmarks.privacy_utility --protocol pretrain --quick  # public pre-training, then DP fine-tuning
 
 Every (ε, model, seed) result is stored as JSON under ``--out`` with its setup; a re-run
 skips what is done with the same setup and refits the rest, so the full profile can be
@@ -309,12 +310,43 @@ def plot(results, path, title):
     plt.close(fig)
 
 
+def resolve_profile(args, profiles):
+    """``(profile name, budget, number of seeds)`` from ``--profile``/``--quick``, ``--rounds``
+    and ``--seeds`` (each overriding the profile's)."""
+    profile = args.profile or ("quick" if args.quick else "full")
+    budget = dict(profiles[profile])
+    if args.rounds is not None:
+        budget["rounds"] = args.rounds
+    return profile, budget, budget["seeds"] if args.seeds is None else args.seeds
+
+
+def write_report(lines, out, figure, docs):
+    """Print the report, write it to ``out/report.md`` and copy the figure to ``docs`` (if given)."""
+    text = "\n".join(lines)
+    print("\n" + text)
+    (out / "report.md").write_text(text + "\n")
+    if docs:
+        docs.mkdir(parents=True, exist_ok=True)
+        (docs / figure.name).write_bytes(figure.read_bytes())
+
+
 def load_average():
     return "load average " + ", ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    protocol_parser = argparse.ArgumentParser(add_help=False)
+    protocol_parser.add_argument("--protocol", choices=("tableone", "pretrain"), default="tableone")
+    chosen, rest = protocol_parser.parse_known_args(argv)
+    if chosen.protocol == "pretrain":
+        from benchmarks import privacy_pretrain
+
+        return privacy_pretrain.main(rest)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--protocol", choices=("tableone", "pretrain"), default="tableone",
+                        help="tableone: this docstring's protocol; pretrain: public pre-training, then DP "
+                             "fine-tuning (benchmarks/privacy_pretrain.py, its own options)")
     parser.add_argument("--quick", action="store_true", help="the quick profile: 4 subjects (2 clients), 1 seed")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name (--quick: quick)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
@@ -338,11 +370,7 @@ def main(argv=None):
                         help="federated rounds (default: the profile's, sized by --curve for all channels)")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
-    profile = args.profile or ("quick" if args.quick else "full")
-    budget = dict(PROFILES[profile])
-    if args.rounds is not None:
-        budget["rounds"] = args.rounds
-    seeds = budget["seeds"] if args.seeds is None else args.seeds
+    profile, budget, seeds = resolve_profile(args, PROFILES)
     k, channels = args.subjects_per_site, args.channels
     if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)
                        or args.rounds is not None):
@@ -351,7 +379,7 @@ def main(argv=None):
     out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else "")
                                          + (f"-{channels}" if channels != "all" else ""))
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m benchmarks.privacy_utility", *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join(["python -m benchmarks.privacy_utility", *argv])
     print(f"command: {command}\nmachine: {machine()}; {load_average()} at start\nprofile: {profile} {budget}; "
           f"setup {setup(budget['rounds'], k, channels)}", flush=True)
     root = find_physionet_root()
@@ -419,12 +447,7 @@ def main(argv=None):
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
               f"1 torch thread each; {machine()}; {load_average()} at the end."]
-    text = "\n".join(report)
-    print("\n" + text)
-    (out / "report.md").write_text(text + "\n")
-    if args.docs:
-        args.docs.mkdir(parents=True, exist_ok=True)
-        (args.docs / figure.name).write_bytes(figure.read_bytes())
+    write_report(report, out, figure, args.docs)
     return 0
 
 

@@ -207,6 +207,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         (``batchnorm="domain"``); > 0. One pseudo-trial: a domain's first trial is never
         re-centred by itself alone (which would make its prediction constant), and after
         about ten trials the domain's own data dominate.
+    trainable : {"all", "head"}, default="all"
+        Which weights training updates. ``"head"``: only the linear softmax head; the
+        BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
+        public model's (``warm_start``: it applies from the next ``fit``; or
+        ``FederatedSPDnetClassifier(init=...)``). Frozen
+        weights get no gradient: under DP-SGD they are neither clipped nor noised, so the
+        privatized dimension shrinks to the head's and the noise per coordinate falls for
+        the same clip norm and budget (:mod:`skfedspd.privacy`).
 
     All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
     ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
@@ -284,6 +292,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         class_weight=None,
         batchnorm=None,
         domain_prior_weight=1.0,
+        trainable="all",
     ):
         self.hidden_dims = hidden_dims
         self.eps = eps
@@ -306,6 +315,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.class_weight = class_weight
         self.batchnorm = batchnorm
         self.domain_prior_weight = domain_prior_weight
+        self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
     # both keys (MOABB's CrossSubject routes the training subjects as "subjects").
@@ -380,6 +390,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "recenter_every": [Interval(Integral, 1, None, closed="left")],
         "batchnorm": [StrOptions({"spd", "domain"}), None],
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
+        "trainable": [StrOptions({"all", "head"})],
     }
 
     def check_params(self):
@@ -493,10 +504,22 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return torch.as_tensor(X, dtype=self.torch_dtype_, device=self.device)
 
     def _build_module(self, seed):
-        return SPDNet(
+        module = SPDNet(
             self.n_features_in_, self._hidden_dims(self.n_features_in_), len(self.classes_), eps=self.eps,
             recenter_every=self.recenter_every, seed=seed, dtype=self.torch_dtype_, batchnorm=self.batchnorm,
         )
+        self._apply_trainable(module)
+        return module
+
+    def _apply_trainable(self, module):
+        """Freeze what ``trainable`` leaves out (no gradient, hence no update nor DP noise)."""
+        for name, parameter in module.named_parameters():
+            parameter.requires_grad_(self.trainable == "all" or name.startswith("head."))
+
+    def _start_session(self, seed):
+        # a warm-started fit trains what trainable says now, not what the module was built with
+        self._apply_trainable(self.module_)
+        super()._start_session(seed)
 
     def fit_domains(self, groups, n_samples):
         """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise or

@@ -475,6 +475,11 @@ class FederatedEngine:
         if getattr(fed, "dp_epsilon", None) is not None:
             engine.plan_privacy(fed.dp_epsilon, fed.dp_delta, clip_norm=fed.dp_clip_norm,
                                 batch_size=estimator.batch_size, local_epochs=fed.local_epochs, n_rounds=fed.n_rounds)
+            # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
+            engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in estimator.module_.parameters()
+                                                              if p.requires_grad))
+            if hasattr(fed, "resolved_settings"):  # what DP mode chose, saved with the plan
+                engine.privacy["resolved"] = fed.resolved_settings()
         return engine
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,

@@ -28,6 +28,7 @@ from .classifier import SPDnetClassifier
 from .engine import DP_SAMPLE_WEIGHT_ERROR, FederatedEngine, FederatedResult, FitTask, n_selected
 from .local import fit_local
 from .online import drop_domain_requests
+from .spec import estimator_from_spec, estimator_to_spec
 from .training import derive_seed, draw_seed
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
@@ -262,6 +263,21 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``history_`` then holds totals only (``n_samples``: the one-element total, of the
         clients' weights with ``sample_weight``).
         Threat model and what leaves a site: ``docs/guide/privacy.md``.
+    init : fitted estimator or None, default=None
+        Where the global model starts: a fitted local model of the same class (e.g. an
+        ``SPDnetClassifier`` pre-trained on public data) or a fitted
+        ``FederatedSPDnetClassifier`` (its global model). Its weights (every exported array)
+        replace the seeded initialisation, and the local estimator adopts its input scaling
+        (``scaling="trace"`` if it used it, else its fitted ``scale_`` as a constant): the
+        weights expect that input, and it is not a statistic of the sites' data, so in DP
+        mode nothing is spent on it. Its classes and number of features must be the fit's
+        (a ValueError otherwise: agree ``classes`` when sites may miss one), and its
+        architecture the local estimator's. Allowed with ``dp_epsilon``: a public model
+        costs nothing (pre-train publicly, fine-tune privately; with the local estimator's
+        ``trainable="head"`` only its head is trained and privatized). It is read, never
+        modified; ``clone`` keeps it as is (cloning would unfit it); the JSON spec
+        (:mod:`skfedspd.spec`, ``save_estimator``) stores it as None: the fitted federated
+        model holds everything it contributed. A ``warm_start`` continuation ignores it.
     dp_epsilon : float or None, default=None
         Sample-level differential privacy (``docs/guide/privacy.md``): every site's local training
         runs DP-SGD (:func:`skfedspd.privacy.dp_train_epochs`: Poisson sampling at
@@ -271,11 +287,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Google's ``dp-accounting`` (RDP) so that the whole run — ``n_rounds``,
         ``local_epochs``, the exact rounds the seeded schedule draws each site in — spends at
         most ``(dp_epsilon, dp_delta)`` on each site's training samples. None: no DP.
-        DP mode requires ``validation_fraction=0`` (validation scores would steer the
-        schedule and the released model outside the budget: a fixed number of rounds runs
-        and the last global model is kept), an input scaling that shares nothing
-        (``scaling="trace"`` or a float, not ``"auto"``), and no ``warm_start``; sites do
-        not release their training loss or input statistic.
+        DP mode is private by construction (:meth:`resolved_settings`, recorded in
+        ``privacy_["resolved"]``): no site holds out validation data (scores would steer
+        the schedule and the released model outside the budget: a fixed number of rounds
+        runs and the last global model is kept), and ``scaling="auto"`` becomes
+        ``"trace"`` (per matrix; ``init``'s scaling when given), which shares no statistic
+        of the sites. Refused: an explicit validation split (``validation_fraction > 0``
+        with the local estimator's ``early_stopping=True``) and ``warm_start`` (the budget
+        covers one fit). Sites do not release their training loss or input statistic.
     dp_delta : float or None, default=None
         δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
         site's training size). A δ not below ``1 / n_min`` is refused.
@@ -320,7 +339,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``clip_norm``, ``rounds_bound``; per site ``n_train``, ``sample_rate``,
         ``noise_multiplier``, planned ``rounds``/``steps``, and ``rounds_run``,
         ``steps_run``, ``epsilon``: ε spent, recomputed by the accountant for the rounds
-        actually run). None without DP.
+        actually run), ``privatized_parameters`` (the trainable coordinates that DP-SGD
+        clips and noises: fewer with ``trainable="head"``) and ``resolved`` (the private
+        settings DP mode chose, :meth:`resolved_settings`). None without DP.
 
     Notes
     -----
@@ -383,6 +404,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     __metadata_request__predict = {"domain": True}
     __metadata_request__predict_proba = {"domain": True}
     __metadata_request__decision_function = {"domain": True}
+    _params_not_in_spec = ("init",)  # a fitted model: see init, and skfedspd.spec
 
     _parameter_constraints = {
         "estimator": [HasMethods(PROTOCOL), None],
@@ -416,6 +438,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "dp_delta": [None, Interval(Real, 0, 1, closed="neither")],
         "dp_clip_norm": [Interval(Real, 0, None, closed="neither")],
         "classes": [None, "array-like"],
+        "init": [None, HasMethods(["get_params", "predict"])],
     }
 
     def __init__(
@@ -450,6 +473,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         dp_delta=None,
         dp_clip_norm=1.0,
         classes=None,
+        init=None,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -481,6 +505,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.dp_delta = dp_delta
         self.dp_clip_norm = dp_clip_norm
         self.classes = classes
+        self.init = init
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -544,7 +569,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             Naming the parameter, its value and what is allowed.
         """
         self._validate_params()
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        self._init_model()
+        est = self.local_estimator()
         est.check_params()
         if self.dp_epsilon is not None:
             self._check_dp_mode(est)
@@ -560,16 +586,18 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
-        """DP mode shares nothing outside the budget: refuse what would (docs/guide/privacy.md)."""
-        if self.validation_fraction != 0:
-            raise ValueError(f"dp_epsilon needs validation_fraction=0 (got {self.validation_fraction}): per-site "
+        """DP mode shares nothing outside the budget: refuse an explicit choice that would
+        (the defaults resolve to private ones, :meth:`resolved_settings`; docs/guide/privacy.md)."""
+        if self.validation_fraction > 0 and getattr(est, "early_stopping", True) is True:
+            raise ValueError(f"dp_epsilon with an explicit validation split (validation_fraction="
+                             f"{self.validation_fraction} and the local estimator's early_stopping=True): per-site "
                              "validation scores would steer the schedule and the released model outside the privacy "
-                             "budget; DP mode runs n_rounds rounds and keeps the last model (evaluate on a held-out "
-                             "test set outside the federation)")
-        if getattr(est, "scaling", None) == "auto":
-            raise ValueError("dp_epsilon needs an input scaling that shares no statistic of the sites' data: "
-                             "scaling='auto' pools the sites' mean log-trace, outside the privacy budget; use "
-                             "estimator__scaling='trace' (per matrix) or a public float")
+                             "budget; leave early_stopping='auto' (DP mode then holds nothing out, runs n_rounds "
+                             "rounds and keeps the last model) and evaluate on a test set outside the federation")
+        if getattr(est, "batchnorm", None) is not None:
+            raise ValueError(f"dp_epsilon with the local estimator's batchnorm={est.batchnorm!r}: SPD batch "
+                             "normalization re-centres each minibatch (or domain) by its own mean, which mixes the "
+                             "samples, so one sample's gradient is not bounded by the clip norm; use batchnorm=None")
         if self.warm_start:
             raise ValueError("dp_epsilon with warm_start=True is not supported: the budget is planned for one fit "
                              "of n_rounds rounds")
@@ -577,10 +605,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     def _prepare(self, X, y, groups, subjects, sample_weight=None):
         """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
         groups = resolve_groups(groups, subjects)
-        if self.dp_epsilon is not None:
-            self._check_dp_mode(self.estimator if self.estimator is not None else SPDnetClassifier())
         resume = self.warm_start and self.__sklearn_is_fitted__()
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        est = self.local_estimator()
+        if self.dp_epsilon is not None:
+            self._check_dp_mode(est)
         if resume:  # the fitted model continues; its parameters are still checked
             est.check_params()
             est = copy.deepcopy(self.global_estimator_)
@@ -589,6 +617,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             X = est.check_inputs(X, reset=True)
         if self.agreed_classes(est, resume) is None and not resume:
             est.set_classes(y)
+        if not resume:
+            self.check_init(est)
         codes = est.encode_labels(y, len(X))  # names the labels outside the agreed classes
         weights = training_weights(getattr(est, "class_weight", None), np.asarray(y), sample_weight)
         seed = self.engine_.seed if resume else draw_seed(self.random_state)
@@ -609,7 +639,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         otherwise nothing: every sample trains and the last global model is kept (a few
         pooled validation trials would pick a round on noise); ``True``: always
         ``validation_fraction``; ``False``: 0. A local estimator without ``early_stopping``
-        counts as ``True``.
+        counts as ``True``. DP mode (``dp_epsilon``): 0.
 
         Parameters
         ----------
@@ -633,6 +663,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         >>> fed.held_out_fraction(est.set_params(early_stopping=True), 45)
         0.1
         """
+        if self.dp_epsilon is not None:
+            return 0.0  # DP mode: no validation scores (resolved_settings)
         keep = uses_validation(n_samples, len(est.classes_), self.validation_fraction,
                                getattr(est, "early_stopping", True))
         return float(self.validation_fraction) if keep else 0.0
@@ -677,6 +709,134 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"classes={list(self.classes)!r} differ from the classes {est.classes_.tolist()} of the "
                              "model that warm_start continues")
         return est.classes_.tolist()
+
+    # ------------------------------------------------------------------ starting point
+    def resolved_settings(self, est=None):
+        """The settings a fresh fit resolves from ``init`` and ``dp_epsilon``.
+
+        ``scaling`` (local estimators with that parameter): ``init``'s input scaling when
+        ``init`` is given (``"trace"`` if it used it, else its fitted ``scale_``, a public
+        constant); in DP mode ``"auto"`` becomes ``"trace"`` (per matrix, no statistic of
+        the sites); otherwise the local estimator's own. ``validation_fraction``: the
+        share each site holds out for validation, 0 in DP mode (the rule of
+        :meth:`held_out_fraction` otherwise, given here as the parameter it applies).
+
+        Parameters
+        ----------
+        est : estimator or None, default=None
+            The local estimator (None: ``estimator``, or ``SPDnetClassifier()``).
+
+        Returns
+        -------
+        dict
+            ``{"validation_fraction": float, "scaling": value}`` (``scaling`` only for a
+            local estimator that has it). DP mode records it in ``privacy_["resolved"]``.
+
+        Examples
+        --------
+        >>> from skfedspd import FederatedSPDnetClassifier
+        >>> FederatedSPDnetClassifier().resolved_settings()
+        {'validation_fraction': 0.1, 'scaling': 'auto'}
+        >>> FederatedSPDnetClassifier(dp_epsilon=3.0).resolved_settings()
+        {'validation_fraction': 0.0, 'scaling': 'trace'}
+        """
+        if est is None:
+            est = self.estimator if self.estimator is not None else SPDnetClassifier()
+        private = self.dp_epsilon is not None
+        settings = {"validation_fraction": 0.0 if private else float(self.validation_fraction)}
+        if "scaling" in est.get_params(deep=False):
+            model = self._init_model()
+            if model is not None and "scaling" in model.get_params(deep=False):
+                settings["scaling"] = "trace" if model.scaling == "trace" else float(model.scale_)
+            elif private and est.scaling == "auto":
+                settings["scaling"] = "trace"
+            else:
+                settings["scaling"] = est.scaling
+        return settings
+
+    def local_estimator(self):
+        """The unfitted local estimator of a fresh fit: a clone of ``estimator``
+        (``SPDnetClassifier()`` when None) with its :meth:`resolved_settings` applied.
+
+        Returns
+        -------
+        estimator
+
+        Examples
+        --------
+        >>> from skfedspd import FederatedSPDnetClassifier
+        >>> FederatedSPDnetClassifier(dp_epsilon=3.0).local_estimator().scaling
+        'trace'
+        """
+        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        settings = self.resolved_settings(est)
+        if "scaling" in settings:
+            est.set_params(scaling=settings["scaling"])
+        return est
+
+    def _init_model(self):
+        """The fitted local model ``init`` names (a fitted federated model's global estimator), or None."""
+        if self.init is None:
+            return None
+        model = getattr(self.init, "global_estimator_", self.init)
+        fitted = getattr(model, "__sklearn_is_fitted__", None)
+        if fitted is None or not fitted() or not hasattr(model, "get_parameters"):
+            raise ValueError(f"init must be a fitted local model (e.g. SPDnetClassifier) or a fitted "
+                             f"FederatedSPDnetClassifier, got an unfitted {type(self.init).__name__}")
+        return model
+
+    def check_init(self, est):
+        """Check that ``init`` fits the local estimator ``est`` (input shape and classes set):
+        same class, number of features and classes. Does nothing without ``init``.
+
+        Raises
+        ------
+        ValueError
+            Naming what differs.
+        """
+        model = self._init_model()
+        if model is None:
+            return
+        if type(model) is not type(est):
+            raise ValueError(f"init is a fitted {type(model).__name__}, but the local estimator is a "
+                             f"{type(est).__name__}")
+        if model.n_features_in_ != est.n_features_in_:
+            raise ValueError(f"init was fitted on {model.n_features_in_} features (channels), but X has "
+                             f"{est.n_features_in_}")
+        if not np.array_equal(model.classes_, est.classes_):
+            raise ValueError(f"init has the classes {model.classes_.tolist()}, but this fit has "
+                             f"{est.classes_.tolist()}: agree the classes (classes=...) or pre-train on the same ones")
+
+    def initialize(self, est, seed):
+        """Build the local estimator's module (classes and input shape set): seeded by
+        ``seed``, then, with ``init``, loaded with its weights. The backends call it.
+
+        Raises
+        ------
+        ValueError
+            When ``init``'s arrays (names, shapes) are not the local estimator's: another
+            architecture.
+        """
+        est.init_module(seed)
+        model = self._init_model()
+        if model is None:
+            return
+        params, shapes = model.get_parameters(), {n: a.shape for n, a in est.get_parameters().items()}
+        theirs = {n: a.shape for n, a in params.items()}
+        if theirs != shapes:
+            raise ValueError(f"init's architecture differs from the local estimator's: arrays {theirs} against "
+                             f"{shapes}")
+        est.set_parameters(params)
+
+    def __sklearn_clone__(self):
+        """scikit-learn's ``clone``, except that ``init`` (a fitted model, only read by
+        ``fit``) is kept as is: cloning it would unfit it."""
+        params = self.get_params(deep=False)
+        init = params.pop("init")
+        cloned = type(self)(**{k: clone(v, safe=False) for k, v in params.items()}, init=init)
+        if hasattr(self, "_metadata_request"):  # set_fit_request(...), as clone keeps it
+            cloned._metadata_request = copy.deepcopy(self._metadata_request)
+        return cloned
 
     def _clients(self, codes, groups, seed):
         """``(indices, client_source, client_groups)``."""
@@ -742,7 +902,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         arrays = {**{f"estimator/{k}": v for k, v in est_arrays.items()},
                   **{f"engine/{k}": v for k, v in engine_arrays.items()}}
         meta = {"estimator": est_meta, "engine": engine_meta, "client_source": self.client_source_,
-                "client_groups": [None if g is None else list(g) for g in self.client_groups_]}
+                "client_groups": [None if g is None else list(g) for g in self.client_groups_],
+                # the local estimator as trained (settings resolved from init, which is not saved)
+                "local_estimator": estimator_to_spec(self.global_estimator_)}
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
@@ -750,7 +912,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         def part(prefix):
             return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
+        est = (estimator_from_spec(meta["local_estimator"]) if "local_estimator" in meta
+               else self.local_estimator())
         est.restore_fitted_state(part("estimator/"), meta["estimator"])
         engine_meta = meta["engine"]
         engine = FederatedEngine.from_estimator(self, est, n_train=engine_meta["n_train"], n_val=engine_meta["n_val"],

@@ -85,7 +85,7 @@ def fit_local(fed, task):
             [client_statistic(est, X[idx[tr]], None if w is None else w[idx[tr]])
              for idx, (tr, _) in zip(task.indices, splits)], client_weights)
         est.set_input_statistic(statistic)
-        est.init_module(seed)
+        fed.initialize(est, seed)
     else:
         statistic = task.resume.input_statistic
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
@@ -297,12 +297,15 @@ def _fingerprint(fed, clients, seed, first_round):
     """SHA-256 of what determines the run: the parameters (a callable rule by its qualified
     name, the seed instead of ``random_state``), the clients' data and the first round."""
     params = {k: v for k, v in fed.get_params(deep=False).items()
-              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start")}
+              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start", "init")}
     params["aggregation"] = rule_name(fed.aggregation)
     est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
     params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",
                            "params": est.get_params(deep=False)}
     data = hashlib.sha256()
+    init = fed._init_model()
+    for a in ([] if init is None else init.get_parameters().values()):  # the starting weights
+        data.update(np.ascontiguousarray(a).tobytes())
     for arrays in clients:
         for a in _tensors(arrays):
             a = a.detach().cpu().numpy()

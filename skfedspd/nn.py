@@ -328,8 +328,12 @@ class BiMap(nn.Module):
 
     @torch.no_grad()
     def recenter_(self):
-        # Always the polar factor (no chart-centre shortcut): at V = 0 it re-orthonormalises.
+        # Always the polar factor (no chart-centre shortcut): at V = 0 it re-orthonormalises;
+        # except for a frozen BiMap (V without gradient: SPDnetClassifier(trainable="head")),
+        # which keeps its weight exactly.
         W, V = self.W_ref, self.V
+        if not V.requires_grad:
+            return
         M = W.transpose(-1, -2) @ V
         A = torch.addmm(W + V, W, M + M.transpose(-1, -2), alpha=-0.5)  # W + P_W(V)
         # A = W + ξ with ξ tangent: AᵀA = I + ξᵀξ, close to I after one step or a few, so

@@ -13,7 +13,9 @@ Han et al., 2024). At each step of :func:`dp_train_epochs`:
 3. **Joint clipping** (:func:`clip_and_sum`): each sample's gradients (Riemannian and
    Euclidean together, one Frobenius norm over all parameters) are scaled to norm at most
    ``C`` (``clip_norm``), then summed: adding or removing one sample moves the sum by at
-   most ``C``.
+   most ``C``. Only the parameters that train (``requires_grad``) are privatized: frozen
+   ones (``SPDnetClassifier(trainable="head")``) get no gradient, no noise and no update,
+   so the noise ``σC`` spreads over fewer coordinates and the accounting is unchanged.
 4. **Gaussian noise** (:func:`add_gaussian_noise`) ``N(0, (σC)² I)`` on every coordinate;
    for a Stiefel weight the noisy sum is then projected onto the tangent space (the sum
    already lies there, so this only projects the noise: post-processing).
@@ -245,7 +247,8 @@ def per_sample_gradients(module, X, y, *, method="auto"):
     compute = {"vmap": _vmap_gradients, "batched": _batched_backward_gradients, "loop": _loop_gradients}[method]
     grads, losses = compute(module, list(names), list(params), X, y)
     for name, W in stiefel_charts(module).items():
-        grads[name] = tangent_project(W.detach(), grads[name])
+        if name in grads:  # a frozen BiMap (requires_grad False) has no gradient
+            grads[name] = tangent_project(W.detach(), grads[name])
     return grads, losses
 
 

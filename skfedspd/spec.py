@@ -4,6 +4,9 @@ Only the estimators of this package can be rebuilt (an allow-list, no pickle), f
 ``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
 type, e.g. the labels of a ``class_weight``), and nested estimators. A callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
+A fitted model as a parameter (``FederatedSPDnetClassifier(init=...)``, where a fit starts)
+is no JSON value: a class lists such parameters in ``_params_not_in_spec`` and they are
+written as None (a saved fitted model holds everything they contributed).
 The allow-list names each class by module and is resolved when used, so this module imports
 no estimator module (no import cycle with the modules that use it).
 """
@@ -90,6 +93,7 @@ def estimator_to_spec(estimator):
     if classes.get(name) is not type(estimator):
         raise TypeError(f"{name} cannot be written as JSON; allowed: {sorted(classes)}")
     params = estimator.get_params(deep=False)
+    params.update(dict.fromkeys(getattr(estimator, "_params_not_in_spec", ())))
     return {"class": name, "params": {k: _encode(v, f"{name}.{k}") for k, v in params.items()}}
 
 

@@ -179,7 +179,7 @@ def test_get_params_set_params():
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
         "early_stopping", "validation_metric", "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
-        "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_prior_weight",
+        "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_prior_weight", "trainable",
     }
     assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
     assert clf.set_params(lr=0.5, hidden_dims=(6, 2)) is clf
@@ -662,6 +662,7 @@ BAD_PARAMS = [
     (dict(hidden_dims=0), "'hidden_dims' parameter"),
     (dict(hidden_dims=2.7), "'hidden_dims' parameter"),
     (dict(recenter_every=0), "'recenter_every' parameter"),
+    (dict(trainable="bimap"), "'trainable' parameter"),
 ]
 
 
@@ -1108,6 +1109,22 @@ def test_warm_start_continues(data, validation_fraction):
     assert len(clf.history_) == 6
     assert not _same_params(_params(clf), _params(fresh))
     assert not np.array_equal(clf.decision_function(X), fresh.decision_function(X))
+
+
+@pytest.mark.parametrize("batchnorm", [None, "spd"])
+def test_trainable_head_updates_the_head_alone(data, batchnorm):
+    """trainable="head": a warm-started fit (e.g. from public weights) moves the head and
+    leaves the BiMaps (and batch-norm biases) exactly as they were."""
+    X, y = data
+    clf = make_clf(max_epochs=2, batchnorm=batchnorm).fit(X, y)
+    before = _params(clf)
+    clf.set_params(trainable="head", warm_start=True).fit(X, y)
+    after = _params(clf)
+    changed = {name for name in before if not np.array_equal(before[name], after[name])}
+    assert {"head.weight", "head.bias"} <= changed
+    assert not any(name.startswith(("bimaps.", "batchnorms.")) and "running_mean" not in name for name in changed)
+    fresh = make_clf(trainable="head", max_epochs=1).fit(X, y)
+    assert [n for n, p in fresh.module_.named_parameters() if p.requires_grad] == ["head.weight", "head.bias"]
 
 
 def test_no_warm_start_refits_from_scratch(data):

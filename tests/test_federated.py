@@ -1372,3 +1372,106 @@ def test_shared_clients_map_a_domain_batch_and_the_worker_gets_it_back():
         assert isinstance(received, DomainBatch) and isinstance(received.X, torch.Tensor)
         torch.testing.assert_close(received.X, X, rtol=0, atol=0)
         assert torch.equal(received.domains, batch.domains)
+
+
+# ---------------------------------------------------------------------- init: start from a fitted model
+@pytest.fixture(scope="module")
+def public():
+    """A model fitted on other ("public") data of the same task: the starting point of init."""
+    X, y = _data(n=60, seed=7)
+    return _estimator(max_epochs=3, random_state=0).fit(X, y)
+
+
+def _same_params(a, b):
+    return all(np.array_equal(a[name], b[name]) for name in a)
+
+
+@pytest.mark.parametrize("wrap", [False, True])
+def test_init_starts_the_global_model_from_a_fitted_model(public, wrap):
+    """The global model starts from init's weights (every array): with the head alone
+    trained, the BiMap stays init's to rounding; init itself is only read. A fitted
+    federated model works as well as a local one."""
+    X, y = _data()
+    start = _fed(n_rounds=1).fit(*_data(n=60, seed=7)) if wrap else public
+    weights = (start.global_estimator_ if wrap else start).get_parameters()
+    fed = _fed(_estimator(trainable="head"), init=start, validation_fraction=0.0).fit(X, y)
+    after = fed.global_estimator_.get_parameters()
+    np.testing.assert_allclose(after["bimaps.0.weight"], weights["bimaps.0.weight"], rtol=0, atol=1e-12)
+    assert not np.array_equal(after["head.weight"], weights["head.weight"])
+    assert _same_params((start.global_estimator_ if wrap else start).get_parameters(), weights)
+    scratch = _fed(_estimator(trainable="head"), validation_fraction=0.0).fit(X, y).global_estimator_
+    assert not np.allclose(scratch.get_parameters()["bimaps.0.weight"], weights["bimaps.0.weight"])
+
+
+@pytest.mark.parametrize("scaling, adopted", [("auto", "scale_"), ("trace", "trace"), (3.0, 3.0)])
+def test_init_input_scaling_is_adopted(scaling, adopted):
+    """The weights expect init's input: its scaling ("trace", or its fitted scale_ as a
+    constant) replaces the local estimator's, whatever that is."""
+    X, y = _data()
+    start = _estimator(max_epochs=1, scaling=scaling, random_state=0).fit(*_data(seed=7))
+    fed = _fed(_estimator(scaling="auto"), n_rounds=1, init=start).fit(X, y)
+    expected = start.scale_ if adopted == "scale_" else adopted
+    assert fed.global_estimator_.scaling == expected == fed.resolved_settings()["scaling"]
+    assert fed.estimator.scaling == "auto"
+
+
+def _other_data(kind):
+    X, y = _data(n=30, seed=7)
+    if kind == "classes":
+        return X, np.where(y == 2, 9, y)
+    return make_spd_dataset(30, N_CHANNELS - 1, 3, seed=7)
+
+
+@pytest.mark.parametrize("init, match", [
+    (lambda: _estimator(), "unfitted SPDnetClassifier"),
+    (lambda: _fed(), "unfitted FederatedSPDnetClassifier"),
+    (lambda: _estimator(max_epochs=1).fit(*_other_data("classes")), r"classes \[0, 1, 9\], but this fit has"),
+    (lambda: _estimator(max_epochs=1).fit(*_other_data("features")), "fitted on 5 features"),
+    (lambda: _estimator(max_epochs=1, hidden_dims=(2,)).fit(*_data(n=30, seed=7)), "architecture differs"),
+    (lambda: _estimator(max_epochs=1, batchnorm="spd").fit(*_data(n=30, seed=7)), "architecture differs"),
+])
+def test_init_mismatch_is_named_and_leaves_the_estimator_unchanged(init, match):
+    X, y = _data()
+    fed = _fed(init=init())
+    with pytest.raises(ValueError, match=match):
+        fed.fit(X, y)
+    assert not hasattr(fed, "global_estimator_")
+
+
+def test_init_of_another_model_class_is_refused():
+    from skfedspd import EEGNetClassifier
+
+    X, y = make_eeg_timeseries(n_trials=30, n_channels=N_CHANNELS, n_times=64, n_classes=3, seed=0)
+    eegnet = EEGNetClassifier(fs=64, max_epochs=1, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match="init is a fitted EEGNetClassifier, but the local estimator is a "
+                                         "SPDnetClassifier"):
+        _fed(init=eegnet).fit(*_data())
+
+
+def test_clone_keeps_init_and_spec_stores_none(public, tmp_path):
+    """clone keeps the fitted init (cloning it would unfit it); the JSON spec and the saved
+    file store none of it: the fitted model holds what it contributed."""
+    from skfedspd.spec import estimator_to_spec
+
+    with sklearn.config_context(enable_metadata_routing=True):
+        fed = _fed(init=public).set_fit_request(sample_weight=True)
+        cloned = clone(fed)
+        assert cloned.get_metadata_routing().fit.requests["sample_weight"] is True
+    assert cloned.init is public and cloned.estimator is not fed.estimator
+    assert estimator_to_spec(fed)["params"]["init"] is None
+    X, y = _data()
+    fed.fit(X, y)
+    save_estimator(fed, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert loaded.init is None
+    assert loaded.global_estimator_.scaling == fed.global_estimator_.scaling == public.scale_
+    np.testing.assert_array_equal(loaded.predict_proba(X), fed.predict_proba(X))
+
+
+def test_checkpoint_of_another_init_is_not_resumed(public, tmp_path):
+    X, y = _data()
+    path = tmp_path / "run.ckpt"
+    _fed(n_rounds=1, init=public, checkpoint_path=path).fit(X, y)
+    other = _estimator(max_epochs=2, random_state=1).fit(*_data(seed=7))
+    with pytest.warns(UserWarning, match="another configuration or data"):
+        _fed(n_rounds=1, init=other, checkpoint_path=path).fit(X, y)

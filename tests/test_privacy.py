@@ -143,6 +143,20 @@ def test_per_sample_gradients_refuse_batchnorm_in_training_mode():
         per_sample_gradients(_eegnet(), X, y)  # a fresh module is in training mode
 
 
+def test_frozen_bimap_is_neither_privatized_nor_moved(spd_dataset):
+    """Parameters without gradient (SPDnetClassifier(trainable="head")) are left out of the
+    per-sample gradients, hence of the clip norm and the noise; DP-SGD keeps them exactly."""
+    X, y = _spd_data(spd_dataset)
+    module = _spdnet()
+    module.bimaps[0].V.requires_grad_(False)
+    grads, _ = per_sample_gradients(module, X, y)
+    assert sorted(grads) == ["head.bias", "head.weight"]
+    W = module.bimaps[0].weight.detach().clone()
+    dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.25, clip_norm=1.0, noise_multiplier=1.0, lr=0.05,
+                    generator=torch.Generator().manual_seed(0))
+    assert torch.equal(module.bimaps[0].weight.detach(), W)
+
+
 def test_per_sample_gradients_empty_batch(spd_dataset):
     X, y = _spd_data(spd_dataset, n=4)
     grads, losses = per_sample_gradients(_spdnet(), X[:0], y[:0])

@@ -166,8 +166,10 @@ def test_tiny_epsilon_destroys_accuracy_that_no_dp_learns():
 
 
 @pytest.mark.parametrize("params, match", [
-    (dict(validation_fraction=0.1), "validation_fraction=0"),
-    (dict(estimator=SPDnetClassifier(scaling="auto")), "scaling='auto'"),
+    (dict(validation_fraction=0.1, estimator=SPDnetClassifier(scaling="trace", early_stopping=True)),
+     "explicit validation split"),
+    (dict(estimator=SPDnetClassifier(batchnorm="domain")), "batchnorm='domain'"),
+    (dict(estimator=SPDnetClassifier(batchnorm="spd")), "batchnorm='spd'"),
     (dict(warm_start=True), "warm_start"),
     (dict(dp_delta=0.05), r"delta=0\.05 must be below 1 / \(smallest site's training size 20\)"),
     (dict(dp_epsilon=0.0), "dp_epsilon"),
@@ -183,6 +185,64 @@ def test_parameter_errors_are_named(spd, params, match):
 
 
 def test_check_params_applies_the_dp_rules():
-    with pytest.raises(ValueError, match="validation_fraction=0"):
-        _fed(validation_fraction=0.2).check_params()
+    with pytest.raises(ValueError, match="explicit validation split"):
+        _fed(SPDnetClassifier(early_stopping=True), validation_fraction=0.2).check_params()
     _fed().check_params()
+    _fed(SPDnetClassifier(), validation_fraction=0.2).check_params()  # resolved to no split
+
+
+@pytest.mark.parametrize("scaling, resolved", [("auto", "trace"), ("trace", "trace"), (2.0, 2.0), (None, None)])
+@pytest.mark.parametrize("early_stopping", ["auto", False])
+def test_dp_defaults_resolve_to_private_choices(spd, scaling, resolved, early_stopping):
+    """The package defaults (validation_fraction=0.1, scaling="auto") fit in DP mode: no
+    site holds out validation data, and "auto" scaling becomes per-matrix "trace"."""
+    est = SPDnetClassifier(hidden_dims=(3,), batch_size=8, scaling=scaling, early_stopping=early_stopping)
+    fed = FederatedSPDnetClassifier(est, n_rounds=1, local_epochs=1, n_clients=4, partition="stratified",
+                                    dp_epsilon=2.0, dp_delta=1e-3, random_state=0).fit(*spd)
+    assert fed.validation_fraction == 0.1 and fed.estimator.scaling == scaling  # the parameters are untouched
+    assert fed.privacy_["resolved"] == {"validation_fraction": 0.0, "scaling": resolved}
+    assert fed.global_estimator_.scaling == resolved
+    assert fed.engine_.n_val == [0, 0, 0, 0] and fed.engine_.input_statistic is None
+
+
+@pytest.fixture(scope="module")
+def public_model(spd):
+    """A model fitted on other ("public") data of the same task, scaling fitted by "auto"."""
+    X, y = make_spd_dataset(80, N_CHANNELS, 2, seed=5)
+    return SPDnetClassifier(hidden_dims=(3,), max_epochs=3, batch_size=16, random_state=0).fit(X, y)
+
+
+@pytest.mark.parametrize("trainable", ["all", "head"])
+def test_dp_fine_tuning_from_a_public_model(spd, public_model, trainable, tmp_path):
+    """init= is allowed in DP mode: the public weights and scaling cost nothing; with
+    trainable="head" the BiMap stays the public one and only the head is privatized."""
+    before = public_model.get_parameters()
+    fed = _fed(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, trainable=trainable),
+               init=public_model).fit(*spd)
+    after = fed.global_estimator_.get_parameters()
+    assert fed.privacy_["resolved"]["scaling"] == public_model.scale_ == fed.global_estimator_.scale_
+    # frozen: only the rounding of the aggregation (the mean of equal arrays, its polar factor)
+    frozen = np.allclose(after["bimaps.0.weight"], before["bimaps.0.weight"], rtol=0, atol=1e-12)
+    assert frozen == (trainable == "head")
+    assert not np.array_equal(after["head.weight"], before["head.weight"])
+    head = before["head.weight"].size + before["head.bias"].size
+    bimap = before["bimaps.0.weight"].size
+    assert fed.privacy_["privatized_parameters"] == head + (bimap if trainable == "all" else 0)
+    for name, value in public_model.get_parameters().items():  # the public model is only read
+        np.testing.assert_array_equal(value, before[name])
+    assert max(s["epsilon"] for s in fed.privacy_["sites"]) <= 2.0
+    save_estimator(fed, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert loaded.init is None and loaded.privacy_ == fed.privacy_  # init's scaling recorded, not recomputed
+
+
+def test_flower_backend_fine_tunes_from_init_as_the_local_one(spd, public_model):
+    """The Flower server starts from init too (its weights and scaling), with the DP
+    defaults resolved as on the local backend: the same model bit for bit."""
+    pytest.importorskip("flwr")
+    est = SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, trainable="head")
+    local = _fed(est, n_rounds=2, init=public_model, validation_fraction=0.1).fit(*spd)
+    flower = _fed(est, n_rounds=2, init=public_model, validation_fraction=0.1, backend="flower").fit(*spd)
+    for name, value in local.engine_.global_params.items():
+        np.testing.assert_array_equal(value, flower.engine_.global_params[name], err_msg=name, strict=True)
+    assert local.privacy_ == flower.privacy_ and flower.engine_.n_val == [0, 0, 0, 0]

@@ -17,10 +17,8 @@ import time
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore import log
-from sklearn.base import clone
 
 from .. import spec as _spec
-from ..classifier import SPDnetClassifier
 from ..engine import FederatedEngine, FederatedResult, declared_weights, is_positive_weight, pool_input_statistic
 from ..training import draw_seed
 from .records import to_array_record
@@ -177,7 +175,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
         Share of each site's data held out for validation (the simulation passes
         :meth:`~skfedspd.FederatedSPDnetClassifier.held_out_fraction` of the whole data);
         None: ``fed.validation_fraction`` (a deployment's server does not see the data, so
-        its sites hold out the fraction as given).
+        its sites hold out the fraction as given; 0 in DP mode, as
+        :meth:`~skfedspd.FederatedSPDnetClassifier.resolved_settings` says).
 
     Returns
     -------
@@ -215,8 +214,7 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
     resume = fed.warm_start and fed.__sklearn_is_fitted__()
-    est = copy.deepcopy(fed.global_estimator_) if resume else clone(
-        fed.estimator if fed.estimator is not None else SPDnetClassifier())
+    est = copy.deepcopy(fed.global_estimator_) if resume else fed.local_estimator()
     nodes = connect_sites(grid, n_sites, connect_timeout)
     seed = fed.engine_.seed if resume else (draw_seed(fed.random_state) if seed is None else int(seed))
 
@@ -225,7 +223,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     agreed = fed.agreed_classes(est, resume)
     setup = {"estimator": None if estimator_factory is not None else _spec.estimator_to_spec(est),
              "classes": agreed, "seed": seed,
-             "validation_fraction": fed.validation_fraction if validation_fraction is None else validation_fraction,
+             "validation_fraction": (fed.resolved_settings(est)["validation_fraction"] if validation_fraction is None
+                                     else validation_fraction),
              "input_statistic": None, "ready": False, "private": fed.dp_epsilon is not None,
              # sites tag the optimizer state they keep with this fit's token
              "client_optimizer_state": fed.client_optimizer_state, "fit": secrets.token_hex(8)}
@@ -242,11 +241,12 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
     else:
         if agreed is None:
             est.set_classes(np.unique(np.concatenate([np.asarray(site) for site in labels])))
+        fed.check_init(est)
         # DP mode: the sites' input statistics are neither sent nor used (docs/guide/privacy.md)
         # pooled as on the local backend: by training size, or by the sum of the training weights
         statistic = None if setup["private"] else pool_input_statistic(stats, declared_weights(n_train, weights))
         est.set_input_statistic(statistic)
-        est.init_module(seed)
+        fed.initialize(est, seed)
     engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed,
                                             input_statistic=statistic, train_weights=weights)
     if resume:

@@ -1,0 +1,429 @@
+"""Public pre-training, then DP fine-tuning at the sites (``privacy_utility --protocol pretrain``).
+
+At the FedSPDnet paper's site sizes DP-FedSPDnet trained from scratch is at chance
+(``benchmarks/privacy_utility.py``). The standard remedy (Tramèr & Boneh 2021; De et al.
+2022): pre-train on public data, outside the privacy budget, then fine-tune privately.
+
+Protocol (left vs right hand imagery, ``load_physionet_mi(n_classes=2)``: MOABB's
+``LeftRightImagery`` with ``feet_runs = []`` on the 40 offline subjects):
+
+* public corpus, pooled, outside the budget: subjects 1-15 and 42; one centralized
+  ``SPDnetClassifier`` (its validation rule: 10 % held out, early stopping) per seed;
+* sites: subjects 16-39 in sorted order, ``--site-size`` subjects per site (4: 6 sites;
+  8: 3 sites); each subject's trials split 80/20 stratified per seed (20 %: test);
+* every federated row: ``n_rounds`` rounds (the profile's), one local epoch, Adam, batch
+  32, all sites every round, no validation split (the last global model is kept, as in DP
+  mode), per-matrix ``scaling="trace"``; DP rows: sample-level (ε, δ = 1e-5)-DP per site,
+  clip norm 1 (``FederatedSPDnetClassifier(dp_epsilon=...)``); fine-tuned rows start from
+  the seed's public model (``init=``), whole network or head alone
+  (``SPDnetClassifier(trainable="head")``), at a learning rate of 1e-3 (from scratch:
+  1e-2), fixed before any run;
+* rows: public model only; non-private FedSPDnet from scratch and fine-tuned; DP-FedSPDnet
+  from scratch, fine-tuned (whole network) and fine-tuned (head) at each ε; TS+LR and
+  Recenter+TS+LR (each training subject re-centred by its own mean, the test subject by
+  its own) on the sites' training trials pooled (non-private references);
+* score: balanced accuracy of each test subject (one ``predict`` call per subject: the
+  whole subject at once, what unlabeled adaptation such as ``Recenter`` needs), mean over
+  the 24 test subjects; ROC-AUC likewise. Paired over seeds (same splits, same public
+  model): mean ± standard error of the difference and wins.
+
+The rounds are checked, not tuned: each non-private federated record stores its training
+loss per round, and the report prints the change of its mean over the last 10 rounds
+(a fit still learning shows a clear fall).
+
+    python -m benchmarks.privacy_utility --protocol pretrain --quick      # 3 seeds, sites of 4, ~20 min on 1 core
+    python -m benchmarks.privacy_utility --protocol pretrain --quick --site-size 8
+    python -m benchmarks.privacy_utility --protocol pretrain               # full: 10 seeds
+
+Covariances are cached under ``results/`` (one load of the 40 subjects); every (row, ε,
+seed) result is a JSON file under ``--out`` with its setup, so a re-run skips what is done.
+"""
+
+import argparse
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from joblib import Parallel, delayed
+from pyriemann.tangentspace import TangentSpace
+from sklearn.linear_model import LogisticRegression
+from sklearn.metrics import balanced_accuracy_score, roc_auc_score
+from sklearn.model_selection import train_test_split
+from sklearn.pipeline import make_pipeline
+
+from benchmarks.privacy_utility import load_average, resolve_profile, write_report
+from benchmarks.tableone.protocols import machine
+from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
+from skfedspd.training import torch_threads
+
+PUBLIC_SUBJECTS = (*range(1, 16), 42)
+SITE_SUBJECTS = tuple(range(16, 40))
+PROFILES = {
+    "quick": dict(seeds=3, rounds=30, public_epochs=100),
+    "full": dict(seeds=10, rounds=60, public_epochs=300),
+    "smoke": dict(seeds=1, rounds=1, public_epochs=2),  # the plumbing, not the science
+}
+EPSILONS = (1.0, 3.0, 8.0)
+DELTA = 1e-5
+CLIP_NORM = 1.0
+BATCH_SIZE = 32
+SCRATCH_LR, FINETUNE_LR = 1e-2, 1e-3
+TEST_FRACTION = 0.2
+#: Rows: key → (label, private, start). ``start``: "scratch", "public" (whole network) or "head".
+ROWS = {
+    "public": ("public model only", False, None),
+    "fed-scratch": ("FedSPDnet from scratch", False, "scratch"),
+    "fed-finetune": ("FedSPDnet fine-tuned", False, "public"),
+    "dp-scratch": ("DP-FedSPDnet from scratch", True, "scratch"),
+    "dp-finetune": ("DP-FedSPDnet fine-tuned (whole network)", True, "public"),
+    "dp-finetune-head": ("DP-FedSPDnet fine-tuned (head)", True, "head"),
+    "tslr": ("TS+LR, sites pooled", False, None),
+    "recenter-tslr": ("Recenter+TS+LR, sites pooled", False, None),
+}
+
+
+def load_covariances(cache, channels):
+    """Covariances, labels and subjects of the 40 offline subjects (left/right imagery),
+    loaded once and cached in ``cache`` (an ``.npz``)."""
+    if cache.exists():
+        with np.load(cache) as f:
+            return f["X"], f["y"], f["subjects"]
+    X, y, subjects, _ = load_physionet_mi(subjects=[*PUBLIC_SUBJECTS, *SITE_SUBJECTS], n_classes=2,
+                                          channels=SENSORIMOTOR_CHANNELS if channels == "sensorimotor" else None)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, X=X, y=y, subjects=subjects)
+    return X, y, subjects
+
+
+def site_split(y, subjects, seed):
+    """Site subjects' trials: each subject's stratified 80/20 split of ``seed``. Index arrays."""
+    train, test = [], []
+    for s in SITE_SUBJECTS:
+        idx = np.flatnonzero(subjects == s)
+        tr, te = train_test_split(idx, test_size=TEST_FRACTION, stratify=y[idx], random_state=seed * 1000 + s)
+        train.append(tr)
+        test.append(te)
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def setup(profile_budget, site_size, channels):
+    """What a cached record was fitted with: another setup is refitted, never reused."""
+    return dict(rounds=profile_budget["rounds"], public_epochs=profile_budget["public_epochs"], site_size=site_size,
+                channels=channels, batch_size=BATCH_SIZE, scratch_lr=SCRATCH_LR, finetune_lr=FINETUNE_LR, delta=DELTA,
+                clip_norm=CLIP_NORM, test_fraction=TEST_FRACTION)
+
+
+def public_model(X, y, seed, epochs):
+    """The seed's model pre-trained on the pooled public subjects."""
+    return SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, max_epochs=epochs, random_state=seed).fit(X, y)
+
+
+def federated(row, epsilon, public, rounds, site_size, seed):
+    """The federated estimator of a row (module docstring), unfitted."""
+    _, private, start = ROWS[row]
+    local = SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, lr=SCRATCH_LR if start == "scratch" else FINETUNE_LR,
+                             trainable="head" if start == "head" else "all")
+    return FederatedSPDnetClassifier(
+        local, n_rounds=rounds, local_epochs=1, groups_per_client=site_size, validation_fraction=0.0,
+        random_state=seed, init=None if start == "scratch" else public,
+        dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
+
+
+def reference(row):
+    """TS+LR or Recenter+TS+LR, unfitted (fitted with the training subjects as groups)."""
+    steps = [TangentSpace(), LogisticRegression(max_iter=1000)]
+    return make_pipeline(*([Recenter()] if row == "recenter-tslr" else []), *steps)
+
+
+def per_subject_scores(model, X, y, subjects):
+    """Balanced accuracy and ROC-AUC of each test subject, predicted one subject per call."""
+    balanced, auc = {}, {}
+    for s in np.unique(subjects):
+        rows = subjects == s
+        proba = model.predict_proba(X[rows])[:, 1]
+        pred = model.classes_[(proba > 0.5).astype(int)]
+        balanced[int(s)] = float(balanced_accuracy_score(y[rows], pred))
+        auc[int(s)] = float(roc_auc_score(y[rows] == model.classes_[1], proba))
+    return balanced, auc
+
+
+def record_of(row, epsilon, seed, model, data, split, settings, fit_seconds):
+    X, y, subjects = data
+    _, test = split
+    balanced, auc = per_subject_scores(model, X[test], y[test], subjects[test])
+    privacy = getattr(model, "privacy_", None)
+    # non-private federated fits: their training loss per round (the convergence check)
+    curve = isinstance(model, FederatedSPDnetClassifier) and privacy is None
+    return {"row": row, "epsilon": eps_key(epsilon), "seed": seed, "setup": settings,
+            "balanced_accuracy": balanced, "auc": auc, "fit_seconds": fit_seconds,
+            "train_loss": [h["train_loss"] for h in model.history_] if curve else None,
+            "target_epsilon": None if privacy is None else privacy["target_epsilon"],
+            "epsilon_spent": None if privacy is None else [s["epsilon"] for s in privacy["sites"]],
+            "noise_multipliers": None if privacy is None else [s["noise_multiplier"] for s in privacy["sites"]],
+            "privatized_parameters": None if privacy is None else privacy["privatized_parameters"],
+            "resolved": None if privacy is None else privacy["resolved"]}
+
+
+def run_seed(data, seed, todo, budget, site_size, settings, out, n_threads=1):
+    """Fit the ``todo`` (row, ε) pairs of one seed, writing each record as it is done."""
+    X, y, subjects = data
+    split = site_split(y, subjects, seed)
+    train, _ = split
+    public_rows = np.isin(subjects, PUBLIC_SUBJECTS)
+    written = []
+    with torch_threads(n_threads):
+        public = None
+        if any(row == "public" or ROWS[row][2] in ("public", "head") for row, _ in todo):
+            start = time.perf_counter()
+            public = public_model(X[public_rows], y[public_rows], seed, budget["public_epochs"])
+            public_seconds = time.perf_counter() - start
+        for row, epsilon in todo:
+            start = time.perf_counter()
+            if row == "public":
+                model, seconds = public, public_seconds
+            else:
+                if row in ("tslr", "recenter-tslr"):
+                    model = reference(row).fit(X[train], y[train], **({"recenter__groups": subjects[train]}
+                                                                       if row == "recenter-tslr" else {}))
+                else:
+                    model = federated(row, epsilon, public, budget["rounds"], site_size, seed).fit(
+                        X[train], y[train], groups=subjects[train])
+                seconds = time.perf_counter() - start
+            record = record_of(row, epsilon, seed, model, data, split, settings, seconds)
+            record_path(out, row, epsilon, seed).write_text(json.dumps(record))
+            written.append(record)
+    return written
+
+
+def eps_key(epsilon):
+    return "inf" if math.isinf(epsilon) else f"{epsilon:g}"
+
+
+def record_path(out, row, epsilon, seed):
+    return out / f"{row}__eps{eps_key(epsilon)}__seed{seed}.json"
+
+
+def runs_of(epsilons, seeds):
+    """Every (row, ε, seed) of the protocol: ε = ∞ for the non-private rows."""
+    cells = [(row, e) for row, (_, private, _) in ROWS.items() for e in (epsilons if private else [math.inf])]
+    return [(row, e, s) for s in range(seeds) for row, e in cells]
+
+
+def mean_score(record, key="balanced_accuracy"):
+    """The record's score: the mean over its test subjects, in %."""
+    return 100 * float(np.mean(list(record[key].values())))
+
+
+def scores(results, row, epsilon, key="balanced_accuracy"):
+    """``{seed: score}`` of a cell."""
+    return {r["seed"]: mean_score(r, key) for r in results.get((row, eps_key(epsilon)), [])}
+
+
+def paired(results, a, b):
+    """``(mean, standard error, wins, n)`` of ``score(a) − score(b)`` over the seeds both
+    cells hold; ``a`` and ``b`` are ``(row, ε)``. None when no seed is shared."""
+    sa, sb = scores(results, *a), scores(results, *b)
+    seeds = sorted(set(sa) & set(sb))
+    if not seeds:
+        return None
+    diff = np.array([sa[s] - sb[s] for s in seeds])
+    se = diff.std(ddof=1) / math.sqrt(len(diff)) if len(diff) > 1 else float("nan")
+    return float(diff.mean()), float(se), int((diff > 0).sum()), len(diff)
+
+
+def describe(value):
+    """``mean ± SE`` of a list of per-seed scores (the SE of the mean over seeds)."""
+    v = np.array(value)
+    if not len(v):
+        return "–"
+    se = v.std(ddof=1) / math.sqrt(len(v)) if len(v) > 1 else float("nan")
+    return f"{v.mean():.1f} ± {se:.1f}"
+
+
+def table(results, epsilons):
+    columns = [math.inf, *epsilons]
+    lines = ["| row | " + " | ".join("no DP" if math.isinf(e) else f"ε = {e:g}" for e in columns) + " |",
+             "| --- |" + " --- |" * len(columns)]
+    for row, (label, private, _) in ROWS.items():
+        cells = []
+        for e in columns:
+            if private == math.isinf(e):
+                cells.append("")
+                continue
+            ba, auc = scores(results, row, e), scores(results, row, e, "auc")
+            cells.append(f"{describe(list(ba.values()))} (AUC {describe(list(auc.values()))}, n={len(ba)})"
+                         if ba else "–")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def difference_line(results, a, b, label):
+    p = paired(results, a, b)
+    if p is None:
+        return None
+    mean, se, wins, n = p
+    return f"- {label}: **{mean:+.1f} ± {se:.1f}** points (paired over {n} seeds, {wins}/{n} wins)"
+
+
+def targets(results):
+    """The target lines, paired over seeds (module docstring)."""
+    public, plain = ("public", math.inf), ("fed-finetune", math.inf)
+    lines = []
+    for row in ("dp-finetune", "dp-finetune-head"):
+        label = ROWS[row][0]
+        eight, one = (row, 8.0), (row, 1.0)
+        line = difference_line(results, eight, public, f"{label} at ε = 8 − public only (target ≥ +3)")
+        if line:
+            mean = paired(results, eight, public)[0]
+            lines.append(line + f": {'met' if mean >= 3 else 'MISSED'}")
+        sa, sb = scores(results, *eight), scores(results, *plain)
+        seeds = sorted(set(sa) & set(sb))
+        if seeds:
+            ratio = np.mean([sa[s] for s in seeds]) / np.mean([sb[s] for s in seeds])
+            lines.append(f"- {label} at ε = 8 / non-private fine-tuned: **{100 * ratio:.0f} %** over {len(seeds)} "
+                         f"seeds (target ≥ 90 %: {'met' if ratio >= 0.9 else 'MISSED'})")
+        line = difference_line(results, one, public, f"{label} at ε = 1 − public only (target ≥ −1)")
+        if line:
+            mean = paired(results, one, public)[0]
+            lines.append(line + f": {'met' if mean >= -1 else 'MISSED'}")
+    for a, b, label in ((("fed-finetune", math.inf), public, "non-private fine-tuned − public only"),
+                        (("fed-finetune", math.inf), ("fed-scratch", math.inf),
+                         "non-private fine-tuned − non-private from scratch"),
+                        (("dp-finetune", 8.0), ("dp-scratch", 8.0), "DP fine-tuned − DP from scratch at ε = 8"),
+                        (("dp-finetune-head", 8.0), ("dp-finetune", 8.0), "DP head − DP whole network at ε = 8"),
+                        (public, ("recenter-tslr", math.inf), "public only − Recenter+TS+LR")):
+        line = difference_line(results, a, b, label)
+        if line:
+            lines.append(line)
+    return lines
+
+
+def budget_check(results):
+    """Every site's ε spent ≤ the requested ε (the accountant's own numbers in ``privacy_``)."""
+    private = [r for rs in results.values() for r in rs if r["target_epsilon"] is not None]
+    if not private:
+        return "no DP run yet"
+    ok = all(max(r["epsilon_spent"]) <= r["target_epsilon"] for r in private)
+    worst = max(max(r["epsilon_spent"]) / r["target_epsilon"] for r in private)
+    verdict = "every site's ε spent ≤ the requested ε" if ok else "A SITE SPENT MORE THAN THE REQUESTED ε"
+    return (f"Budget: {verdict} ({sum(len(r['epsilon_spent']) for r in private)} (site, run) pairs, largest "
+            f"spent / requested = {worst:.4f}, δ = {DELTA:g}).")
+
+
+def convergence(results):
+    """The non-private federated fits' mean training loss over rounds: first 10, the 10
+    before the last 10, the last 10 (a fit still learning shows a clear fall at the end)."""
+    lines = []
+    for row in ("fed-scratch", "fed-finetune"):
+        curves = [r["train_loss"] for r in results.get((row, "inf"), []) if r["train_loss"]]
+        if curves and len(curves[0]) >= 20:
+            c = np.mean(curves, axis=0)
+            lines.append(f"- {ROWS[row][0]}: training loss {c[:10].mean():.3f} (rounds 1-10), "
+                         f"{c[-20:-10].mean():.3f} (the 10 before the last), {c[-10:].mean():.3f} (last 10)")
+    return lines
+
+
+def plot(results, epsilons, path, title):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for index, (row, (label, private, _)) in enumerate(ROWS.items()):
+        color = f"C{index}"  # one colour per row, lines and levels alike
+        if private:
+            values = [list(scores(results, row, e).values()) for e in epsilons]
+            mean = [np.mean(v) if v else np.nan for v in values]
+            se = [np.std(v, ddof=1) / math.sqrt(len(v)) if len(v) > 1 else 0.0 for v in values]
+            ax.errorbar(epsilons, mean, yerr=se, marker="o", capsize=3, label=label, color=color)
+        else:
+            values = list(scores(results, row, math.inf).values())
+            if values:
+                ax.axhline(np.mean(values), ls="--", lw=1, label=f"{label} (no DP)", color=color)
+    ax.axhline(50, color="grey", lw=0.8, ls=":", label="chance")
+    ax.set_xscale("log")
+    ax.set_xticks(epsilons, [f"{e:g}" for e in epsilons])
+    ax.set_xticks([], minor=True)
+    ax.set_xlabel(f"ε per site (δ = {DELTA:g})")
+    ax.set_ylabel("balanced accuracy per test subject (%)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.0, 0.5))
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.privacy_utility --protocol pretrain",
+                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the quick profile (3 seeds)")
+    parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name")
+    parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
+    parser.add_argument("--site-size", type=int, choices=(4, 8), default=4, help="subjects per site (6 or 3 sites)")
+    parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS), help="budgets of the DP rows")
+    parser.add_argument("--channels", choices=("sensorimotor", "all"), default="sensorimotor",
+                        help="the 16 sensorimotor channels (default) or all 64")
+    parser.add_argument("--rounds", type=int, default=None, help="federated rounds (default: the profile's)")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds fitted in parallel processes")
+    parser.add_argument("--out", type=Path, default=None, help="results folder")
+    parser.add_argument("--report-only", action="store_true", help="fit nothing: report the records in --out")
+    parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
+    args = parser.parse_args(argv)
+    profile, budget, seeds = resolve_profile(args, PROFILES)
+    settings = setup(budget, args.site_size, args.channels)
+    out = args.out or Path("results") / f"privacy-pretrain-{profile}-sites-of-{args.site_size}"
+    out.mkdir(parents=True, exist_ok=True)
+    command = " ".join(["python -m benchmarks.privacy_utility --protocol pretrain",
+                        *(argv if argv is not None else sys.argv[1:])])
+    print(f"command: {command}\nskfedspd {__version__}; machine: {machine()}\nsetup: {settings}, {seeds} seeds",
+          flush=True)
+    start = time.perf_counter()
+    data = load_covariances(Path("results") / f"physionet-leftright-{args.channels}.npz", args.channels)
+    print(f"{len(data[1])} trials, {len(np.unique(data[2]))} subjects loaded in "
+          f"{time.perf_counter() - start:.0f} s", flush=True)
+
+    def cached(row, epsilon, seed):
+        file = record_path(out, row, epsilon, seed)
+        record = json.loads(file.read_text()) if file.exists() else None
+        return record if record is not None and record.get("setup") == settings else None
+
+    runs = runs_of(args.epsilons, seeds)
+    todo = {}
+    for row, e, s in runs:
+        if not args.report_only and cached(row, e, s) is None:
+            todo.setdefault(s, []).append((row, e))
+    print(f"{len(runs) - sum(map(len, todo.values()))} of {len(runs)} runs cached", flush=True)
+    fit_start = time.perf_counter()
+    for batch in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
+            delayed(run_seed)(data, s, cells, budget, args.site_size, settings, out) for s, cells in todo.items()):
+        for r in batch:
+            spent = "" if r["epsilon_spent"] is None else f", ε spent ≤ {max(r['epsilon_spent']):.3f}"
+            print(f"  seed {r['seed']} {r['row']:17s} ε={r['epsilon']:4s}: balanced accuracy {mean_score(r):5.1f}, "
+                  f"AUC {mean_score(r, 'auc'):5.1f} ({r['fit_seconds']:.0f} s{spent})", flush=True)
+    fit_minutes = (time.perf_counter() - fit_start) / 60
+    results = {}
+    for row, e, s in runs:
+        record = cached(row, e, s)
+        if record is not None:
+            results.setdefault((row, eps_key(e)), []).append(record)
+    n_sites = len(SITE_SUBJECTS) // args.site_size
+    title = (f"PhysionetMI left/right, {data[0].shape[1]} channels; public: 16 subjects; "
+             f"{n_sites} sites of {args.site_size} subjects; {budget['rounds']} rounds")
+    figure = out / f"privacy_pretraining_{profile}_sites_of_{args.site_size}.png"
+    plot(results, args.epsilons, figure, title)
+    report = [f"### Public pre-training, then DP fine-tuning: {profile} profile, sites of {args.site_size}", "",
+              table(results, args.epsilons), "",
+              f"Balanced accuracy (%) per test subject, mean over the {len(SITE_SUBJECTS)} site subjects, then mean ± "
+              f"standard error over seeds (ROC-AUC beside it); {title}; setup {settings}.", "",
+              "Targets and paired differences:", *targets(results), "", budget_check(results), "",
+              "Convergence (non-private federated rows, mean over seeds):", *convergence(results), "",
+              f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
+              f"Command: `{command}` (skfedspd {__version__}); {fit_minutes:.1f} min fitting, {args.jobs} process(es) "
+              f"of 1 torch thread; {machine()}; {load_average()} at the end."]
+    write_report(report, out, figure, args.docs)
+    return 0

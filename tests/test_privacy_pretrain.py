@@ -1,0 +1,127 @@
+"""Tests of the public pre-training protocol (``benchmarks.privacy_pretrain``, reached as
+``privacy_utility --protocol pretrain``): the split, the rows' estimators, the paired
+report on hand-made records, and a smoke run of the entry point on synthetic matrices."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+pytest.importorskip("dp_accounting")
+
+from benchmarks import privacy_pretrain as pp  # noqa: E402
+from benchmarks import privacy_utility as pu  # noqa: E402
+from skfedspd.datasets import make_spd_classification  # noqa: E402
+
+
+def record(row, epsilon, score, seed=0, spent=None):
+    """A record whose every test subject scores ``score`` (a fraction)."""
+    private = not math.isinf(epsilon)
+    return {"row": row, "epsilon": pp.eps_key(epsilon), "seed": seed,
+            "balanced_accuracy": {"16": score, "17": score}, "auc": {"16": score, "17": score},
+            "train_loss": None, "target_epsilon": epsilon if private else None,
+            "epsilon_spent": (spent or [0.99 * epsilon] * 3) if private else None}
+
+
+def results_of(records):
+    results = {}
+    for r in records:
+        results.setdefault((r["row"], r["epsilon"]), []).append(r)
+    return results
+
+
+def test_site_split_is_per_subject_stratified_and_seeded():
+    subjects = np.repeat(np.arange(1, 43), 10)
+    y = np.tile(["left_hand", "right_hand"], len(subjects) // 2)
+    train, test = pp.site_split(y, subjects, seed=0)
+    assert set(subjects[test]) == set(subjects[train]) == set(pp.SITE_SUBJECTS)
+    assert not set(train) & set(test)
+    for s in pp.SITE_SUBJECTS:
+        held = test[subjects[test] == s]
+        assert len(held) == 2 and sorted(y[held]) == ["left_hand", "right_hand"]
+    assert not np.array_equal(test, pp.site_split(y, subjects, seed=1)[1])
+
+
+def test_paired_difference_mean_standard_error_and_wins():
+    results = results_of([record("dp-finetune", 8.0, a, seed=s) for s, a in enumerate([0.60, 0.62, 0.58])]
+                         + [record("public", math.inf, b, seed=s) for s, b in enumerate([0.55, 0.55, 0.60])])
+    mean, se, wins, n = pp.paired(results, ("dp-finetune", 8.0), ("public", math.inf))
+    diff = np.array([5.0, 7.0, -2.0])
+    assert mean == pytest.approx(diff.mean()) and se == pytest.approx(diff.std(ddof=1) / math.sqrt(3))
+    assert (wins, n) == (2, 3)
+    assert pp.paired(results, ("dp-finetune", 1.0), ("public", math.inf)) is None
+
+
+@pytest.mark.parametrize("dp8, dp1, met8, met_ratio, met1", [
+    (0.64, 0.60, True, True, True),  # +4 over public, 91 % of 0.70, +0 at ε = 1
+    (0.61, 0.58, False, False, False),  # +1, 87 %, −2
+])
+def test_target_lines(dp8, dp1, met8, met_ratio, met1):
+    results = results_of([record("public", math.inf, 0.60), record("fed-finetune", math.inf, 0.70),
+                          record("dp-finetune", 8.0, dp8), record("dp-finetune", 1.0, dp1)])
+    lines = pp.targets(results)
+    over = next(line for line in lines if "whole network) at ε = 8 − public" in line)
+    ratio = next(line for line in lines if "whole network) at ε = 8 / non-private" in line)
+    low = next(line for line in lines if "whole network) at ε = 1 − public" in line)
+    assert f"**{100 * (dp8 - 0.60):+.1f}" in over and over.endswith("met" if met8 else "MISSED")
+    assert f"**{100 * dp8 / 0.70:.0f} %**" in ratio and ("met" if met_ratio else "MISSED") in ratio
+    assert low.endswith("met" if met1 else "MISSED")
+    assert not any("(head)" in line for line in lines)  # no head runs: no claim about them
+
+
+def test_budget_check_flags_a_site_over_its_epsilon():
+    assert "every site's ε spent ≤ the requested ε" in pp.budget_check(results_of([record("dp-scratch", 3.0, 0.5)]))
+    over = results_of([record("dp-scratch", 8.0, 0.5, spent=[7.0, 8.1])])
+    assert "A SITE SPENT MORE" in pp.budget_check(over)
+    assert pp.budget_check(results_of([record("public", math.inf, 0.5)])) == "no DP run yet"
+
+
+@pytest.mark.parametrize("row, private, init, trainable, lr", [
+    ("fed-scratch", False, False, "all", pp.SCRATCH_LR),
+    ("fed-finetune", False, True, "all", pp.FINETUNE_LR),
+    ("dp-scratch", True, False, "all", pp.SCRATCH_LR),
+    ("dp-finetune", True, True, "all", pp.FINETUNE_LR),
+    ("dp-finetune-head", True, True, "head", pp.FINETUNE_LR),
+])
+def test_rows_build_their_estimator(row, private, init, trainable, lr):
+    public = object()
+    fed = pp.federated(row, 3.0, public, rounds=5, site_size=4, seed=2)
+    assert (fed.dp_epsilon == 3.0) == private and (fed.init is public) == init
+    assert fed.estimator.trainable == trainable and fed.estimator.lr == lr
+    assert fed.groups_per_client == 4 and fed.validation_fraction == 0.0 and fed.random_state == 2
+
+
+def test_runs_cover_every_row_and_budget():
+    runs = pp.runs_of([1.0, 8.0], seeds=2)
+    assert len(runs) == 2 * (5 + 3 * 2)
+    assert ("dp-finetune-head", 1.0, 1) in runs and ("tslr", math.inf, 0) in runs
+
+
+def test_privacy_utility_dispatches_the_protocol(monkeypatch):
+    seen = []
+    monkeypatch.setattr(pp, "main", lambda argv: seen.append(argv) or 0)
+    assert pu.main(["--protocol", "pretrain", "--quick", "--site-size", "8"]) == 0
+    assert seen == [["--quick", "--site-size", "8"]]
+
+
+def test_smoke_run_reports_and_caches(tmp_path, monkeypatch, capsys):
+    """The entry point end to end on synthetic matrices (1 round, ε = 8): every row, the
+    table, the targets, the budget line, the figure; a second run fits nothing."""
+    subjects = np.repeat([*pp.PUBLIC_SUBJECTS, *pp.SITE_SUBJECTS], 10)
+    X, codes = make_spd_classification(n_matrices=len(subjects), n_channels=4, n_classes=2, seed=0)
+    y = np.array(["left_hand", "right_hand"])[codes]
+    monkeypatch.setattr(pp, "load_covariances", lambda cache, channels: (X, y, subjects))
+    monkeypatch.chdir(tmp_path)
+    argv = ["--profile", "smoke", "--epsilons", "8", "--out", str(tmp_path / "out")]
+    assert pp.main(argv) == 0
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| DP-FedSPDnet fine-tuned (head) |  |" in text and "every site's ε spent ≤ the requested ε" in text
+    assert "at ε = 8 − public only (target ≥ +3)" in text
+    assert (tmp_path / "out" / "privacy_pretraining_smoke_sites_of_4.png").exists()
+    saved = json.loads((tmp_path / "out" / "dp-finetune-head__eps8__seed0.json").read_text())
+    assert saved["resolved"] == {"validation_fraction": 0.0, "scaling": "trace"}
+    assert len(saved["balanced_accuracy"]) == len(pp.SITE_SUBJECTS)
+    capsys.readouterr()
+    assert pp.main(argv) == 0
+    assert "8 of 8 runs cached" in capsys.readouterr().out
