@@ -516,7 +516,7 @@ def _temp_folders():
     # client-local arrays (SPD batch norm statistics) in training and validation
     (dict(batchnorm="spd", batch_size=16), dict(n_rounds=3)),
     # clients of two groups, each group a domain (their matrices go to the workers with their domains)
-    (dict(batchnorm="domain", batch_size=16), dict(n_rounds=3, groups_per_client=2)),
+    (dict(batchnorm="domain", batch_size=16), dict(n_rounds=3, groups_per_client=2, domains="group")),
 ])
 def test_reproducible_serial_and_parallel(est_params, fed_params):
     """Same random_state: bit-identical with one or two processes (the only test that starts
@@ -1324,10 +1324,11 @@ def test_validation_is_held_out_by_the_local_estimators_rule(early_stopping, hel
     assert fed.held_out_fraction(est, 1000) == 0.1  # 100 pooled validation samples: enough
 
 
+@pytest.mark.parametrize("domains", ["group", "client"])
 @pytest.mark.parametrize("groups_per_client", [1, 2, 4])
-def test_domain_batchnorm_keeps_each_group_of_a_client_a_domain(spd_domains, monkeypatch, groups_per_client):
+def test_domain_batchnorm_domains_of_a_client(spd_domains, monkeypatch, groups_per_client, domains):
     """With ``batchnorm="domain"`` a client of several groups (subjects) trains and validates
-    with each group a domain, as the centralized fit does: not with the client as one domain."""
+    with each group a domain (``domains="group"``), or as one domain (``"client"``)."""
     X, y, groups = spd_domains(n_groups=4, n_per_group=20)
     seen = []
     forward = SPDNet.forward
@@ -1338,20 +1339,27 @@ def test_domain_batchnorm_keeps_each_group_of_a_client_a_domain(spd_domains, mon
 
     monkeypatch.setattr(SPDNet, "forward", spy)
     est = SPDnetClassifier(batchnorm="domain", batch_size=1000, early_stopping=True, validation_fraction=0.2)
-    FederatedSPDnetClassifier(est, n_rounds=2, groups_per_client=groups_per_client,
+    FederatedSPDnetClassifier(est, n_rounds=2, groups_per_client=groups_per_client, domains=domains,
                               random_state=0).fit(X, y, groups=groups + 10)
-    assert seen and set(seen) == {groups_per_client}
+    if domains == "client":  # one domain a client: its matrices go to the module as a plain batch
+        assert seen and set(seen) == {None}
+    else:  # training minibatches hold one domain each (training.minibatches); validation all of them
+        assert None not in seen and max(seen) == groups_per_client
 
 
 def test_domain_batchnorm_client_domains_change_the_model(spd_domains):
-    """The groups inside a client matter: the same clients, each one domain, train another model."""
+    """The groups inside a client matter with ``domains="group"``: the same clients, each one
+    domain, train another model; ``domains="client"`` (the default) trains exactly the model
+    of clients that are one group each."""
     X, y, groups = spd_domains(n_groups=4, n_per_group=20)
     fed = FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain", batch_size=1000), n_rounds=2,
                                     random_state=0)
-    per_group = clone(fed).set_params(groups_per_client=2).fit(X, y, groups=groups)
+    per_group = clone(fed).set_params(groups_per_client=2, domains="group").fit(X, y, groups=groups)
     per_client = clone(fed).fit(X, y, groups=groups // 2)
     assert per_group.client_groups_ == [(0, 1), (2, 3)] and per_client.client_groups_ == [(0,), (1,)]
     assert not np.allclose(per_group.decision_function(X), per_client.decision_function(X))
+    client_default = clone(fed).set_params(groups_per_client=2).fit(X, y, groups=groups)
+    np.testing.assert_array_equal(client_default.decision_function(X), per_client.decision_function(X))
     plain = FederatedSPDnetClassifier(SPDnetClassifier(batch_size=1000), n_rounds=2, random_state=0)
     np.testing.assert_array_equal(clone(plain).set_params(groups_per_client=2).fit(X, y, groups=groups)
                                   .decision_function(X), clone(plain).fit(X, y, groups=groups // 2).decision_function(X))

@@ -95,7 +95,7 @@ def spd():
     dict(groups=False, clients_per_round=None, validation_fraction=0.0),
     dict(groups=False, clients_per_round=2, estimator=_estimator(recenter_every=3, batch_size=16)),
     # clients of two subjects: each subject a domain of the site's domain batch norm
-    dict(groups=True, groups_per_client=2, estimator=_estimator(batchnorm="domain")),
+    dict(groups=True, groups_per_client=2, domains="group", estimator=_estimator(batchnorm="domain")),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd
@@ -310,7 +310,7 @@ def test_site_data_file_sample_weight_is_read_and_used(spd, tmp_path):
 
 def test_site_data_file_groups_are_the_sites_domains(spd, tmp_path):
     """A site file's ``groups`` (two subjects per site) are its domains of batch
-    normalization, as ``groups_per_client=2`` makes them on the local backend."""
+    normalization, as ``groups_per_client=2, domains="group"`` makes them on the local backend."""
     X, y = spd
     subjects = np.repeat(np.arange(4), 15)
     paths = []
@@ -321,7 +321,8 @@ def test_site_data_file_groups_are_the_sites_domains(spd, tmp_path):
     np.testing.assert_array_equal(_read(paths[1], cid=1)[4], subjects[subjects >= 2], strict=True)
     estimator = _estimator(batchnorm="domain")
     deployed = _serve_files(_fed("local", estimator, n_rounds=2), paths)
-    assert_same_model(_fed("local", estimator, n_rounds=2, groups_per_client=2).fit(X, y, groups=subjects), deployed)
+    assert_same_model(_fed("local", estimator, n_rounds=2, groups_per_client=2, domains="group")
+                      .fit(X, y, groups=subjects), deployed)
     one_domain = _fed("local", estimator, n_rounds=2).fit(X, y, groups=subjects // 2)
     assert not np.array_equal(deployed.predict_proba(X), one_domain.predict_proba(X))
 
