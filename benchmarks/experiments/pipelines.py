@@ -1,6 +1,5 @@
 """The named pipelines every accuracy experiment draws from, built from the public API only."""
 
-import numpy as np
 import sklearn
 from pyriemann.tangentspace import TangentSpace
 from sklearn.linear_model import LogisticRegression
@@ -50,21 +49,7 @@ def fit(model, X, y, groups):
         return model.fit(X, y, **({"groups": groups} if wants else {}))
 
 
-def client_domains(groups, groups_per_client=2):
-    """Each sample's client index, the clients formed from ``groups`` as
-    ``FederatedSPDnetClassifier(groups_per_client=...)`` forms them: passed as ``groups`` to a
-    federated model with ``groups_per_client=1``, each client becomes one domain (the
-    ablation of per-subject domains)."""
-    from skfedspd.federated import make_clients
-
-    labels = np.empty(len(groups), dtype=np.intp)
-    for client, rows in enumerate(make_clients(groups, groups_per_client)[0]):
-        labels[rows] = client
-    return labels
-
-
-#: Pipelines trained on other groups than the subjects: name -> (factory, groups map).
+#: Pipelines that differ from a named one in one setting (the ablations of the design decisions).
 ABLATIONS = {
-    "FedSPDnet+dBN, client domains": (lambda seed: fedspdnet(seed, groups_per_client=1, batchnorm="domain"),
-                                      client_domains),
+    "FedSPDnet+dBN, subject domains": lambda seed: fedspdnet(seed, batchnorm="domain").set_params(domains="group"),
 }

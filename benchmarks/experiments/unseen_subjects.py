@@ -25,10 +25,10 @@ from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
 from .pipelines import ABLATIONS, PIPELINES, fit
 
-DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, client domains"]
+DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
 PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
          ("Recenter+TS+LR", "TS+LR"), ("SPDnet+dBN", "TS+LR"),
-         ("FedSPDnet+dBN", "FedSPDnet+dBN, client domains")]
+         ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains")]
 
 
 def add_arguments(parser):
@@ -49,11 +49,8 @@ def folds(groups, cv):
 
 
 def build(name, seed):
-    """``(model, groups map)`` of a pipeline name."""
-    if name in ABLATIONS:
-        factory, groups_map = ABLATIONS[name]
-        return factory(seed), groups_map
-    return PIPELINES[name](seed), (lambda g: g)
+    """The model of a pipeline name."""
+    return {**PIPELINES, **ABLATIONS}[name](seed)
 
 
 def predict_subjects(model, X, y, groups, classes):
@@ -81,9 +78,9 @@ def run(args):
                 path = args.out / "predictions" / f"{name}-fold{k}.csv"
                 if path.exists():
                     continue
-                model, groups_map = build(name, args.seed)
+                model = build(name, args.seed)
                 start = time.perf_counter()
-                fit(model, X[train], y[train], groups_map(groups[train]))
+                fit(model, X[train], y[train], groups[train])
                 seconds = time.perf_counter() - start
                 frame = predict_subjects(model, X[test], y[test], groups[test], model.classes_)
                 frame.insert(0, "pipeline", name)
