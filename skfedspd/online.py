@@ -161,10 +161,11 @@ def domain_labels(domain, n_matrices):
     Examples
     --------
     >>> from skfedspd.online import domain_labels
-    >>> domain_labels("s1", 2), domain_labels(["s1", 2], 2)
-    (['s1', 's1'], ['s1', 2])
+    >>> import pandas as pd
+    >>> domain_labels("s1", 2), domain_labels(["s1", 2], 2), domain_labels(pd.Series([3, 3]), 2)
+    (['s1', 's1'], ['s1', 2], [3, 3])
     """
-    if isinstance(domain, (list, tuple, np.ndarray, torch.Tensor)):
+    if not isinstance(domain, (str, bytes)) and np.ndim(domain) > 0:  # a list, an array, a pandas Series...
         labels = np.asarray(domain, dtype=object)
         if labels.ndim != 1 or len(labels) != n_matrices:
             raise ValueError(f"domain must be one label or one label per matrix: X has {n_matrices} matrices, "

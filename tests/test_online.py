@@ -469,7 +469,7 @@ def test_recenter_refuses_groups_and_domain_together(fitted, domains_data):
 # Federated
 # ---------------------------------------------------------------------------------------------
 
-def test_federated_model_has_the_centralized_prior_and_adapts(domains_data):
+def test_federated_model_has_the_centralized_prior_and_adapts(domains_data, tmp_path):
     X, y, groups = domains_data
     train = groups < 4
     fed = FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain", hidden_dims=(4,)), n_rounds=2,
@@ -482,6 +482,11 @@ def test_federated_model_has_the_centralized_prior_and_adapts(domains_data):
     assert fed.predict(new[5:6], domain="s17").shape == (1,)
     assert fed.predict_proba(new[6:7], domain="s17").shape == (1, 2)
     assert fed.domains_ == {"s17": 7}
+    path = os.path.join(tmp_path, "federated.safetensors")
+    save_estimator(fed, path)
+    loaded = load_estimator(path)
+    assert loaded.domains_ == {"s17": 7}
+    np.testing.assert_array_equal(loaded.predict_proba(new[7:9], domain="s17"), fed.predict_proba(new[7:9], domain="s17"))
     assert fed.reset_domain("s17").domains_ == {}
     plain = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(4,)), n_rounds=1, local_epochs=1,
                                       validation_fraction=0, random_state=0).fit(X[train], y[train],
@@ -508,3 +513,30 @@ def test_a_recenter_pickled_before_domain_statistics_warns_on_one_matrix(fitted,
         old.transform(X[:1])
     old.transform(X[:2], domain="a")
     assert old.domains_ == {"a": 2}
+
+
+@pytest.mark.parametrize("dp_epsilon, groups", [(None, None), (None, "groups"), (1.0, "groups")])
+def test_global_domain_prior_from_the_training_domains(fitted, domains_data, dp_epsilon, groups):
+    """Each group a domain, or without groups each client; none under dp_epsilon (a
+    statistic of the sites' data outside the privacy budget). Stored domains are dropped."""
+    from types import SimpleNamespace
+
+    from skfedspd.federated import set_global_domain_prior
+
+    X, _, subjects = domains_data
+    train = subjects < 4
+    indices = [np.flatnonzero(subjects[train] == s) for s in range(4)]
+    task = SimpleNamespace(X=X[train], groups=subjects[train] if groups else None, indices=indices)
+    est = _copy(fitted["spdnet-2"]).adapt(X[:3], domain="a")
+    set_global_domain_prior(FederatedSPDnetClassifier(dp_epsilon=dp_epsilon), est, task)
+    assert est.domains_ == {}
+    if dp_epsilon is not None:
+        assert est.domain_prior_ is None
+        return
+    # The second layer's inputs depend on the domains (each normalized by its own means at
+    # the first); the clients here are the subjects, so both ways give the subjects' prior.
+    by_subject = _copy(est).fit_domain_prior(X[train], subjects[train]).domain_prior_
+    as_one = _copy(est).fit_domain_prior(X[train]).domain_prior_
+    for got, expected in zip(est.domain_prior_, by_subject):
+        np.testing.assert_array_equal(got, expected)
+    assert not np.allclose(est.domain_prior_[1], as_one[1])
