@@ -64,7 +64,7 @@ EVALUATIONS = ("WithinSession", "CrossSubject")
 QUICK_SUBJECTS = [1, 2, 3, 4]
 
 
-def pipelines(quick, candidate=False):
+def pipelines(quick):
     """name -> sklearn pipeline; skipped rows are printed."""
     from pyriemann.classification import MDM
     from pyriemann.estimation import Covariances
@@ -90,10 +90,6 @@ def pipelines(quick, candidate=False):
         print("Recenter+TS+LR: skipped (skfedspd.Recenter does not exist in this version)")
     out["SPDnet"] = make_pipeline(Covariances("scm"), SPDnetClassifier(random_state=0))
     out["FedSPDnet"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(random_state=0))
-    if candidate:
-        from defaults_ablation import ProposedDefaults
-
-        out["SPDnet (proposed defaults)"] = make_pipeline(Covariances("scm"), ProposedDefaults(random_state=0))
     if "batchnorm" in SPDnetClassifier().get_params():
         out["SPDnet + domain BN"] = make_pipeline(
             Covariances("scm"), SPDnetClassifier(batchnorm="domain", random_state=0))
@@ -229,8 +225,6 @@ def quiet_libraries(log_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="subjects 1-4, left/right, fewer pipelines")
-    parser.add_argument("--candidate", action="store_true",
-                        help="add a row for the defaults proposed by benchmarks/defaults_ablation.py")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse MOABB's stored results of unchanged pipelines (MOABB keys them on get_params, "
                              "not on the code: only when the package has not changed since)")
@@ -273,7 +267,7 @@ def main(argv=None):
 
     print(f"command: {command}\nmachine: {cpu_name()}, torch {torch.__version__}\noutput: {out}", flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
-    pipes = pipelines(args.quick, args.candidate)
+    pipes = pipelines(args.quick)
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores = []

@@ -10,10 +10,13 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from . import unseen_subjects  # noqa: E402
+from . import client_optimizer_state, defaults, table_one_ablation, unseen_subjects  # noqa: E402
 
 EXPERIMENTS = {
     "unseen-subjects": unseen_subjects,
+    "defaults": defaults,
+    "client-optimizer-state": client_optimizer_state,
+    "table-one-ablation": table_one_ablation,
 }
 
 

@@ -68,3 +68,9 @@ ABLATIONS = {
     "FedSPDnet+dBN, client domains": (lambda seed: fedspdnet(seed, groups_per_client=1, batchnorm="domain"),
                                       client_domains),
 }
+
+
+def federated(seed, local=None, **params):
+    """``FederatedSPDnetClassifier(local, **params)`` (None: the default local
+    ``SPDnetClassifier()``), one client per group unless ``params`` say otherwise."""
+    return FederatedSPDnetClassifier(local, random_state=seed, **params)
