@@ -190,8 +190,12 @@ def test_profiles():
     assert quick.rounds >= full.rounds and quick.eegnet_rounds >= full.eegnet_rounds
     assert quick.offline_only and quick.unseen_folds == 0
     # Cheap centralized cells get more seeds: one early stop on a small validation part is not representative.
-    assert quick.seeds_for(Cell("centralized", "spdnet")) == 3 and quick.seeds_for(Cell("centralized", "ts-lr")) == 3
+    centralized = [Cell("centralized", m) for m in ("ts-lr", "mdm", "spdnet", "spdnet-default", "spdnet-domain")]
+    assert {quick.seeds_for(c) for c in centralized} == {8}
     assert quick.seeds_for(Cell("full", "spdnet", "projavg")) == 1 and quick.seeds_for(Cell("centralized", "eegnet")) == 1
+    # The recommended federation: the package's rounds (converged), enough seeds for a standard error.
+    recommended = Cell("full+sm", "spdnet-domain", "projavg")
+    assert (quick.seeds_for(recommended), quick.rounds_for(recommended)) == (4, 150)
     assert set(quick.subjects) <= set(protocols.PHYSIONET_OFFLINE_SUBJECTS) and len(quick.subjects) % 2 == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         quick.rounds = 30
