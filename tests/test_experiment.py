@@ -361,9 +361,13 @@ def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fak
     lines = stdout.strip().splitlines()
     assert lines[0] == ("command: python -m benchmarks.tableone --profile smoke --rounds 3 --out "
                         f"{out} --docs {tmp_path / 'docs'}")
-    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds: FedSPDnet ")
+    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds; in brackets the difference "
+                                "to TS+LR paired over seeds ± SE. Paper protocol: FedSPDnet (full, ProjAvg) ")
     assert len(json.loads((out / "FakeWeibo" / "half__eegnet__seed0.json").read_text())["curve"]) == 3
-    assert " vs centralized SPDnet " in lines[-1] and " vs TS+LR " in lines[-1] and " vs FedEEGNet " in lines[-1]
+    for row in (", centralized SPDnet ", ", FedEEGNet (full) ", ". Recommended configuration: SPDnetClassifier() ",
+                ". TS+LR "):
+        assert row in lines[-1], row
+    assert "## Paper protocol and recommended configuration against TS+LR" in (out / "report.md").read_text()
     figure = out / "FakeWeibo" / "FakeWeibo_val_f1.png"
     assert lines[-2] == f"Figure: {figure}" and figure.stat().st_size > 0
     for noise in ("Warning", "Used Annotations", "Setting up", "Filtering", "Not setting metadata",
