@@ -67,7 +67,7 @@ EVALUATIONS = ("WithinSession", "CrossSubject")
 QUICK_SUBJECTS = [1, 2, 3, 4]
 
 
-def pipelines(quick, candidate=False, groups_per_client=2):
+def pipelines(quick, groups_per_client=2):
     """name -> sklearn pipeline; skipped rows are printed."""
     from pyriemann.classification import MDM
     from pyriemann.estimation import Covariances
@@ -91,10 +91,6 @@ def pipelines(quick, candidate=False, groups_per_client=2):
     out["SPDnet"] = make_pipeline(Covariances("scm"), SPDnetClassifier(random_state=0))
     out["FedSPDnet"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(
         groups_per_client=groups_per_client, random_state=0))
-    if candidate:
-        from defaults_ablation import ProposedDefaults
-
-        out["SPDnet (proposed defaults)"] = make_pipeline(Covariances("scm"), ProposedDefaults(random_state=0))
     out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), SPDnetClassifier(batchnorm="domain", random_state=0))
     out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(
         SPDnetClassifier(batchnorm="domain"), groups_per_client=groups_per_client, random_state=0))
@@ -233,8 +229,6 @@ def quiet_libraries(log_path):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="subjects 1-4, left/right, fewer pipelines")
-    parser.add_argument("--candidate", action="store_true",
-                        help="add a row for the defaults proposed by benchmarks/defaults_ablation.py")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse MOABB's stored results of unchanged pipelines (MOABB keys them on get_params, "
                              "not on the code: only when the package has not changed since)")
@@ -279,7 +273,7 @@ def main(argv=None):
 
     print(f"command: {command}\nmachine: {cpu_name()}, torch {torch.__version__}\noutput: {out}", flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
-    pipes = pipelines(args.quick, args.candidate, args.groups_per_client)
+    pipes = pipelines(args.quick, args.groups_per_client)
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores = []

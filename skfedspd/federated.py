@@ -365,7 +365,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     client updates, so a patience meant for full participation cuts the learning rate too
     early: scale ``lr_patience`` (and ``patience``) by ``N / M``. On PhysionetMI at M = N/2
     this took the learning rate from 2-4 halvings in 150 rounds to 0-1 (seeds 0-2,
-    ``benchmarks/physionet_ablation.py``; ``docs/design-decisions.md``).
+    ``python -m benchmarks.experiments table-one-ablation``; ``docs/design-decisions.md``).
 
     Examples
     --------

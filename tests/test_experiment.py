@@ -29,6 +29,7 @@ LEGACY_KEYS = ["centralized/ts-lr", "centralized/mdm", "centralized/spdnet", "ce
                "full/spdnet-projavg", "full/spdnet-rlavg", "full/eegnet",
                "half/spdnet-projavg", "half/spdnet-rlavg", "half/eegnet"]
 SERVER_MOMENTUM_KEYS = ["full+sm/spdnet-projavg", "half+sm/spdnet-projavg"]
+RECOMMENDED_KEYS = ["centralized/spdnet-default", "centralized/spdnet-domain", "full+sm/spdnet-domain"]
 
 
 @pytest.fixture
@@ -71,7 +72,7 @@ def test_federated_schedule_is_set_in_one_place(local, participation, lr_patienc
 
 
 def test_cells_are_frozen_dataclasses():
-    assert [c.key for c in CELLS] == LEGACY_KEYS + SERVER_MOMENTUM_KEYS  # cache file names unchanged
+    assert [c.key for c in CELLS] == LEGACY_KEYS + SERVER_MOMENTUM_KEYS + RECOMMENDED_KEYS  # cache names unchanged
     assert all(dataclasses.is_dataclass(c) and type(c).__dataclass_params__.frozen for c in CELLS)
     with pytest.raises(dataclasses.FrozenInstanceError):
         CELLS[0].model = "spdnet"
@@ -107,10 +108,79 @@ def test_server_momentum_rows_change_only_the_server(setting, participation):
     (("half", "eegnet", "rlavg"), "FedAvg"),
     (("full+sm", "eegnet", "projavg"), "FedSPDnet ProjAvg only"),
     (("half+sm", "spdnet", "rlavg"), "FedSPDnet ProjAvg only"),
+    (("full", "spdnet-default", "projavg"), "centralized only"),
+    (("full", "spdnet-domain", "projavg"), "has server momentum"),
+    (("full+sm", "spdnet-domain", "rlavg"), "FedSPDnet ProjAvg only"),
 ])
 def test_invalid_cells_are_refused(args, match):
     with pytest.raises(ValueError, match=match):
         Cell(*args)
+
+
+@pytest.mark.parametrize("model, batchnorm", [("spdnet-default", None), ("spdnet-domain", "domain")])
+def test_recommended_centralized_rows_are_the_package_defaults(model, batchnorm):
+    from skfedspd import SPDnetClassifier
+
+    cell = Cell("centralized", model)
+    assert cell.recommended and cell.network and cell.domains == (batchnorm == "domain")
+    built = runner.build(PROTOCOLS["PhysionetMI"], cell, 3, PROFILES["quick"])
+    assert built.get_params() == SPDnetClassifier(batchnorm=batchnorm, random_state=3).get_params()
+
+
+def test_recommended_federation_pairs_server_momentum_with_fresh_client_adam():
+    """Package defaults + per-subject domain BN + the server optimizer the ``server_momentum``
+    docstring recommends (with ``client_optimizer_state="reset"``), on the paper's clients."""
+    import warnings
+
+    from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+
+    quick = PROFILES["quick"]
+    cell = Cell("full+sm", "spdnet-domain", "projavg")
+    built = runner.build(PROTOCOLS["PhysionetMI"], cell, 3, quick)
+    expected = FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain"), n_rounds=quick.recommended_rounds,
+                                         groups_per_client=2, client_optimizer_state="reset", server_momentum=0.9,
+                                         server_lr=1.0, random_state=3)
+    plain = (int, float, str, bool, tuple, type(None))
+    assert {k: v for k, v in built.get_params().items() if isinstance(v, plain)} == \
+        {k: v for k, v in expected.get_params().items() if isinstance(v, plain)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        built.warn_about_settings()
+    assert quick.seeds_for(cell) == quick.recommended_seeds and quick.rounds_for(cell) == quick.recommended_rounds
+
+
+def test_difference_to_ts_lr_is_paired_by_seed():
+    """Only the seeds (splits) both rows have are paired; no standard error from one seed."""
+    default = Cell("centralized", "spdnet-default")
+    results = {report.TS_LR: [{"seed": s, "f1": f} for s, f in enumerate([0.5, 0.6, 0.7])],
+               default: [{"seed": s, "f1": f} for s, f in [(0, 0.6), (2, 0.75), (5, 0.9)]]}
+    mean, se, wins, n = report.versus_ts_lr(results, default)
+    assert (n, wins) == (2, 2) and mean == pytest.approx(7.5) and se == pytest.approx(2.5)
+    assert report.with_difference(results, default) == "75.0 (+7.5 ± 2.5)"
+    results[default] = [{"seed": 1, "f1": 0.5}]
+    assert report.with_difference(results, default) == "50.0 (-10.0, 1 seed)"
+    assert report.versus_ts_lr({default: results[default]}, default) is None
+    assert report.with_difference({default: results[default]}, default) == "50.0"
+
+
+def test_domain_rows_predict_each_test_subject_in_its_own_call():
+    """Domain batch norm re-centres one call's matrices by their mean: one call per subject,
+    the labels never truncated to the first call's string width."""
+    class Recorder:
+        classes_ = np.array(["feet", "left_hand"])
+
+        def __init__(self):
+            self.calls = []
+
+        def predict(self, X):
+            self.calls.append(X[:, 0].tolist())
+            return self.classes_[(X[:, 0] > 0).astype(int)]
+
+    X = np.array([[-1.0], [2.0], [3.0], [-4.0]])
+    clf = Recorder()
+    pred = runner.predict_per_subject(clf, X, np.array([7, 9, 7, 9]))
+    assert clf.calls == [[-1.0, 3.0], [2.0, -4.0]]
+    assert pred.tolist() == ["feet", "left_hand", "left_hand", "feet"]
 
 
 def test_profiles():
@@ -120,8 +190,12 @@ def test_profiles():
     assert quick.rounds >= full.rounds and quick.eegnet_rounds >= full.eegnet_rounds
     assert quick.offline_only and quick.unseen_folds == 0
     # Cheap centralized cells get more seeds: one early stop on a small validation part is not representative.
-    assert quick.seeds_for(Cell("centralized", "spdnet")) == 3 and quick.seeds_for(Cell("centralized", "ts-lr")) == 3
+    centralized = [Cell("centralized", m) for m in ("ts-lr", "mdm", "spdnet", "spdnet-default", "spdnet-domain")]
+    assert {quick.seeds_for(c) for c in centralized} == {8}
     assert quick.seeds_for(Cell("full", "spdnet", "projavg")) == 1 and quick.seeds_for(Cell("centralized", "eegnet")) == 1
+    # The recommended federation: the package's rounds (converged), enough seeds for a standard error.
+    recommended = Cell("full+sm", "spdnet-domain", "projavg")
+    assert (quick.seeds_for(recommended), quick.rounds_for(recommended)) == (4, 150)
     assert set(quick.subjects) <= set(protocols.PHYSIONET_OFFLINE_SUBJECTS) and len(quick.subjects) % 2 == 0
     with pytest.raises(dataclasses.FrozenInstanceError):
         quick.rounds = 30
@@ -147,7 +221,8 @@ def test_select_cells_by_key():
     assert select(None) == CELLS
     assert [c.key for c in select(["centralized", "eegnet"])] == \
         ["centralized/ts-lr", "centralized/mdm", "centralized/spdnet", "centralized/eegnet", "full/eegnet",
-         "half/eegnet"]
+         "half/eegnet", "centralized/spdnet-default", "centralized/spdnet-domain"]
+    assert [c.key for c in select(["spdnet-domain"])] == ["centralized/spdnet-domain", "full+sm/spdnet-domain"]
     with pytest.raises(ValueError, match="no cell matches"):
         select(["nothing"])
 
@@ -162,7 +237,9 @@ def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
         (record,) = records
         assert record["key"] == cell.key and 0.0 <= record["f1"] <= 1.0 and 0.0 <= record["accuracy"] <= 1.0
         if cell.federated:  # every round, no early stopping
-            assert len(record["curve"]) == SMOKE.rounds_for(cell)
+            assert len(record["lr"]) == SMOKE.rounds_for(cell)
+        if cell.recommended:  # package defaults: too few trials here to hold a validation part out
+            assert record["curve"] == [] and "last (no validation part)" in report.convergence({("F", ""): results})
         if cell.model == "eegnet":
             assert record["n_params"] == sum(p.numel() for p in EEGNet(len(CHANNELS), N_TIMES, 7, 200.0).parameters())
         elif cell.model == "spdnet":
@@ -187,11 +264,17 @@ def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
     assert "FedSPDnet Full / centralized SPDnet" in report.targets("FakeWeibo", results)
     assert "Half - Full with server momentum" in report.targets("FakeWeibo", results)
     assert "| FakeWeibo | FedSPDnet ProjAvg (full) | 2 |" in report.convergence(tables)
+    assert "| FakeWeibo | recommended | SPDnet + domain BN, package defaults |" in report.paired_table(tables)
     line = report.headline("FakeWeibo", results, "1 seed")
     f1 = {c.key: f"{100 * np.mean([r['f1'] for r in rs]):.1f}" for c, rs in results.items()}
-    assert line == (f"FakeWeibo test macro-F1 (%), 1 seed: FedSPDnet {f1['full/spdnet-projavg']} (full participation, "
-                    f"ProjAvg; {f1['full+sm/spdnet-projavg']} with server momentum) vs centralized SPDnet {f1['centralized/spdnet']} vs TS+LR {f1['centralized/ts-lr']} "
-                    f"vs FedEEGNet {f1['full/eegnet']}")
+    assert line.startswith("FakeWeibo test macro-F1 (%), 1 seed; in brackets the difference to TS+LR paired over "
+                           f"seeds ± SE. Paper protocol: FedSPDnet (full, ProjAvg) {f1['full/spdnet-projavg']} (")
+    for key, text in [("full+sm/spdnet-projavg", "with server momentum"), ("centralized/spdnet", "centralized SPDnet"),
+                      ("full/eegnet", "FedEEGNet (full)"), ("centralized/spdnet-default", "SPDnetClassifier()"),
+                      ("centralized/spdnet-domain", "with domain BN"),
+                      ("full+sm/spdnet-domain", "FedSPDnet + domain BN + server momentum")]:
+        assert f"{text} {f1[key]} (" in line, key
+    assert line.endswith(f" TS+LR {f1['centralized/ts-lr']} (1 seed).") and ", 1 seed)" in line
 
 
 def test_cache_of_another_configuration_is_refitted(fake_weibo, tmp_path, caplog):
@@ -278,9 +361,13 @@ def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fak
     lines = stdout.strip().splitlines()
     assert lines[0] == ("command: python -m benchmarks.tableone --profile smoke --rounds 3 --out "
                         f"{out} --docs {tmp_path / 'docs'}")
-    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds: FedSPDnet ")
+    assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds; in brackets the difference "
+                                "to TS+LR paired over seeds ± SE. Paper protocol: FedSPDnet (full, ProjAvg) ")
     assert len(json.loads((out / "FakeWeibo" / "half__eegnet__seed0.json").read_text())["curve"]) == 3
-    assert " vs centralized SPDnet " in lines[-1] and " vs TS+LR " in lines[-1] and " vs FedEEGNet " in lines[-1]
+    for row in (", centralized SPDnet ", ", FedEEGNet (full) ", ". Recommended configuration: SPDnetClassifier() ",
+                ". TS+LR "):
+        assert row in lines[-1], row
+    assert "## Paper protocol and recommended configuration against TS+LR" in (out / "report.md").read_text()
     figure = out / "FakeWeibo" / "FakeWeibo_val_f1.png"
     assert lines[-2] == f"Figure: {figure}" and figure.stat().st_size > 0
     for noise in ("Warning", "Used Annotations", "Setting up", "Filtering", "Not setting metadata",
@@ -305,7 +392,7 @@ def test_import_has_no_side_effects(tmp_path):
     probe = (
         "import os, logging, warnings, json, joblib, sklearn, skfedspd, skfedspd.datasets\n"
         "env, filters, show = dict(os.environ), list(warnings.filters), warnings.showwarning\n"
-        "import benchmarks.tableone, benchmarks.tableone.cli, benchmarks.physionet_ablation\n"
+        "import benchmarks.tableone, benchmarks.tableone.cli, benchmarks.experiments.table_one_ablation\n"
         "loggers = {n: len(l.handlers) for n, l in logging.root.manager.loggerDict.items()\n"
         "           if isinstance(l, logging.Logger) and n.startswith('benchmarks')}\n"
         "print(json.dumps([dict(os.environ) == env, warnings.showwarning is show, loggers,\n"
@@ -354,29 +441,3 @@ def test_report_only_without_results_says_so(fake_weibo, tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == [f"FakeWeibo: no results in {out / 'FakeWeibo'}; nothing to report for it.", "Nothing to report."]
     assert not (out / "FakeWeibo").exists()
-
-
-@pytest.mark.parametrize("name, setting, momentum", [
-    ("kept client Adam", "full", 0.0), ("server momentum, kept client Adam", "half+sm", 0.9),
-    ("protocol + server momentum", "full+sm", 0.9),
-])
-def test_physionet_ablation_client_state_variants(name, setting, momentum):
-    """The session-8 variants change the clients' optimizer state only: server momentum as
-    in the protocol's "+sm" cells, the paper's fresh client Adam unless the variant keeps it."""
-    from benchmarks import physionet_ablation as pa
-    from benchmarks.tableone.protocols import PROFILES, PROTOCOLS
-    from benchmarks.tableone.runner import build
-
-    cells, params = pa.VARIANTS[name]
-    (cell,) = [c for c in cells if c.setting == setting]
-    clf = build(PROTOCOLS["PhysionetMI"], cell, 0, PROFILES["full"], params)
-    assert clf.client_optimizer_state == ("keep" if "kept" in name else "reset")
-    assert clf.server_momentum == momentum and clf.local_epochs == 2
-
-
-def test_physionet_ablation_refuses_an_unknown_variant(capsys):
-    from benchmarks import physionet_ablation as pa
-
-    with pytest.raises(SystemExit):
-        pa.main(["--variants", "E=16 local epochs"])
-    assert "invalid choice: 'E=16 local epochs'" in capsys.readouterr().err

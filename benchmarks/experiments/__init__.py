@@ -10,4 +10,9 @@ lists them). The pieces every experiment shares live here, once:
 * :mod:`.report`: per-subject balanced accuracy (the decision a user gets) with ROC-AUC beside
   it, paired differences ± standard error with the number of subjects won, the report header
   (command, package version, machine).
+
+The experiments: ``unseen-subjects`` (whole-subject adaptation, with the client-domains
+ablation), ``defaults`` (the rules behind ``SPDnetClassifier``'s defaults),
+``client-optimizer-state`` (kept or fresh client Adam) and ``table-one-ablation`` (what
+moves the Table I figures, on the 4-class protocol of :mod:`benchmarks.tableone`).
 """

@@ -53,3 +53,9 @@ def fit(model, X, y, groups):
 ABLATIONS = {
     "FedSPDnet+dBN, subject domains": lambda seed: fedspdnet(seed, batchnorm="domain").set_params(domains="group"),
 }
+
+
+def federated(seed, local=None, **params):
+    """``FederatedSPDnetClassifier(local, **params)`` (None: the default local
+    ``SPDnetClassifier()``), one client per group unless ``params`` say otherwise."""
+    return FederatedSPDnetClassifier(local, random_state=seed, **params)

@@ -1,4 +1,5 @@
-"""The FedSPDnet paper's Table I experiment, by role.
+"""The FedSPDnet paper's Table I experiment, with the package's recommended configuration
+on the same splits, by role.
 
 - :mod:`.protocols`: per-dataset hyper-parameters, the training schedule (the federated
   schedule in one function), budgets (profiles) and the estimators they build;

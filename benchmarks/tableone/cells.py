@@ -8,9 +8,15 @@ from dataclasses import dataclass
 PARTICIPATION = {"full": 1.0, "half": 0.5, "full+sm": 1.0, "half+sm": 0.5}
 #: The recommended server-optimizer setting (docs/design-decisions.md: FedAvgM, eta = 1, beta = 0.9).
 SERVER_MOMENTUM = {"server_lr": 1.0, "server_momentum": 0.9}
-MODELS = ("ts-lr", "mdm", "spdnet", "eegnet")
+#: "spdnet-default" and "spdnet-domain" are the package's recommended configuration beside the
+#: paper's: ``SPDnetClassifier()`` as shipped, and with ``batchnorm="domain"`` (each subject a
+#: domain); federated, the latter with ``SERVER_MOMENTUM`` and fresh client Adam (the pairing
+#: the ``server_momentum`` docstring recommends).
+MODELS = ("ts-lr", "mdm", "spdnet", "eegnet", "spdnet-default", "spdnet-domain")
+RECOMMENDED_MODELS = ("spdnet-default", "spdnet-domain")
 AGGREGATIONS = ("projavg", "rlavg")
-NAMES = {"ts-lr": "TS+LR", "mdm": "MDM", "spdnet": "SPDnet", "eegnet": "EEGNet"}
+NAMES = {"ts-lr": "TS+LR", "mdm": "MDM", "spdnet": "SPDnet", "eegnet": "EEGNet",
+         "spdnet-default": "SPDnet, package defaults", "spdnet-domain": "SPDnet + domain BN, package defaults"}
 
 
 @dataclass(frozen=True)
@@ -22,8 +28,11 @@ class Cell:
     setting : {"centralized", "full", "half", "full+sm", "half+sm"}
         Pooled training data, or federated with full / half participation; "+sm" adds the
         recommended server momentum (``SERVER_MOMENTUM``, SPDnet only).
-    model : {"ts-lr", "mdm", "spdnet", "eegnet"}
-        pyRiemann references (centralized only) or a network.
+    model : {"ts-lr", "mdm", "spdnet", "eegnet", "spdnet-default", "spdnet-domain"}
+        pyRiemann references (centralized only), a network with the paper's training
+        settings, or the package's recommended configuration: ``"spdnet-default"``
+        (centralized only) and ``"spdnet-domain"`` (centralized, or federated with server
+        momentum and ProjAvg).
     aggregation : {"projavg", "rlavg"} or None
         Server rule of a federated cell (None when centralized). EEGNet's weights are
         Euclidean: its ProjAvg is FedAvg.
@@ -39,7 +48,7 @@ class Cell:
                              f"{tuple(PARTICIPATION)}")
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; expected one of {MODELS}")
-        if self.federated and self.model not in ("spdnet", "eegnet"):
+        if self.federated and self.model not in ("spdnet", "eegnet", "spdnet-domain"):
             raise ValueError(f"{self.model!r} is centralized only")
         if self.federated != (self.aggregation is not None):
             raise ValueError(f"{self}: an aggregation rule goes with a federated setting, and only there")
@@ -47,8 +56,10 @@ class Cell:
             raise ValueError(f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}")
         if self.model == "eegnet" and self.aggregation not in (None, "projavg"):
             raise ValueError("federated EEGNet is aggregated by FedAvg (aggregation='projavg')")
-        if self.server_optimized and (self.model, self.aggregation) != ("spdnet", "projavg"):
+        if self.server_optimized and (self.model not in ("spdnet", "spdnet-domain") or self.aggregation != "projavg"):
             raise ValueError("the server-momentum rows are FedSPDnet ProjAvg only")
+        if self.model == "spdnet-domain" and self.federated and not self.server_optimized:
+            raise ValueError("the federated recommended configuration has server momentum: use a '+sm' setting")
 
     @property
     def federated(self):
@@ -72,7 +83,18 @@ class Cell:
     @property
     def network(self):
         """SPDnet or EEGNet: trained in epochs / rounds, with a validation curve."""
-        return self.model in ("spdnet", "eegnet")
+        return self.model in ("spdnet", "eegnet") + RECOMMENDED_MODELS
+
+    @property
+    def recommended(self):
+        """The package's recommended configuration rather than the paper's training settings."""
+        return self.model in RECOMMENDED_MODELS
+
+    @property
+    def domains(self):
+        """Each subject a domain of ``batchnorm="domain"``: fitted with the subjects as
+        ``groups``, and each test subject predicted in its own call (its own mean)."""
+        return self.model == "spdnet-domain"
 
     @property
     def key(self):
@@ -84,9 +106,11 @@ class Cell:
     def label(self):
         """Human name, e.g. ``FedSPDnet ProjAvg (half)`` or ``TS+LR``."""
         if not self.federated:
-            return NAMES[self.model] + (" (centr.)" if self.network else "")
-        rule = "" if self.model == "eegnet" else f" {'ProjAvg' if self.aggregation == 'projavg' else 'RLAvg'}"
+            return NAMES[self.model] + (" (centr.)" if self.network and not self.recommended else "")
         setting = self.setting.replace("+sm", " + server momentum")
+        if self.recommended:
+            return f"FedSPDnet + domain BN, package defaults ({setting})"
+        rule = "" if self.model == "eegnet" else f" {'ProjAvg' if self.aggregation == 'projavg' else 'RLAvg'}"
         return f"Fed{NAMES[self.model]}{rule} ({setting})"
 
 
@@ -99,6 +123,9 @@ CELLS = (
       for model, aggregation in (("spdnet", "projavg"), ("spdnet", "rlavg"), ("eegnet", "projavg"))),
     Cell("full+sm", "spdnet", "projavg"),
     Cell("half+sm", "spdnet", "projavg"),
+    Cell("centralized", "spdnet-default"),
+    Cell("centralized", "spdnet-domain"),
+    Cell("full+sm", "spdnet-domain", "projavg"),
 )
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 
+from ..experiments.report import paired
 from .cells import CELLS, SERVER_MOMENTUM, Cell
 from .protocols import LOCAL_EPOCHS
 
@@ -13,6 +14,9 @@ FED = {(s, a): Cell(s, "spdnet", a) for s in ("full", "half") for a in ("projavg
 FEDEEG = {s: Cell(s, "eegnet", "projavg") for s in ("full", "half")}
 #: FedSPDnet ProjAvg with the recommended server optimizer (rows beside the paper's).
 FEDSM = {s: Cell(f"{s}+sm", "spdnet", "projavg") for s in ("full", "half")}
+#: The package's recommended configuration, on the same splits as the paper's rows.
+RECOMMENDED = {"spdnet": Cell("centralized", "spdnet-default"), "domain": Cell("centralized", "spdnet-domain"),
+               "federated": Cell("full+sm", "spdnet-domain", "projavg")}
 #: Width of the window (in rounds) over which the convergence table measures the late gain.
 LATE_WINDOW = 20
 
@@ -104,8 +108,11 @@ def convergence(tables):
         for cell, records in results.items():
             if not cell.network:
                 continue
-            curves = [r["curve"] for r in records]
-            ran = ", ".join(sorted({str(len(c)) for c in curves}))
+            ran = ", ".join(sorted({str(len(r["lr"])) for r in records}))
+            curves = [r["curve"] for r in records if r["curve"]]
+            if not curves:  # no validation part held out: the last model was kept
+                lines.append(f"| {name} | {cell.label} | {ran} | last (no validation part) | – | – | – |")
+                continue
             best = np.mean([int(np.argmax(c)) + 1 for c in curves])
             gains = [late_gain(c) for c in curves]
             final = np.mean([100 * np.mean(c[-LATE_WINDOW:]) for c in curves])
@@ -119,14 +126,66 @@ def convergence(tables):
     return "\n".join(lines)
 
 
-def headline(name, results, seeds):
-    """One line: FedSPDnet vs centralized SPDnet vs TS+LR vs FedEEGNet (test macro-F1)."""
-    def m(cell):
-        return f"{mean_f1(results, cell):.1f}"
+def versus_ts_lr(results, cell):
+    """``(mean, standard error, wins, n)`` of ``cell``'s test macro-F1 (points) minus TS+LR's,
+    paired by seed: a seed is one split of every client's data, so both rows saw the same
+    test trials. None when no seed has both."""
+    reference = {r["seed"]: r["f1"] for r in results.get(TS_LR, ())}
+    pairs = [(100 * r["f1"], 100 * reference[r["seed"]]) for r in results.get(cell, ()) if r["seed"] in reference]
+    return paired(*zip(*pairs)) if pairs else None
 
-    momentum = f"; {m(FEDSM['full'])} with server momentum" if FEDSM["full"] in results else ""
-    return (f"{name} test macro-F1 (%), {seeds}: FedSPDnet {m(FED['full', 'projavg'])} (full participation, "
-            f"ProjAvg{momentum}) vs centralized SPDnet {m(SPDNET)} vs TS+LR {m(TS_LR)} vs FedEEGNet {m(FEDEEG['full'])}")
+
+def with_difference(results, cell):
+    """``"60.3 (+2.7 ± 1.0)"``: the row's mean and its paired difference to TS+LR ± SE
+    (no SE from one seed)."""
+    difference = versus_ts_lr(results, cell)
+    if difference is None:
+        return f"{mean_f1(results, cell):.1f}"
+    mean, se, _, n = difference
+    return f"{mean_f1(results, cell):.1f} ({mean:+.1f}" + (f" ± {se:.1f})" if n > 1 else ", 1 seed)")
+
+
+def paired_table(tables):
+    """Every row against TS+LR on the same splits: the paper's protocol, then the package's
+    recommended configuration."""
+    lines = ["| Dataset | configuration | row | test macro-F1 (%) | seeds | − TS+LR, paired (points ± SE) | "
+             "higher on |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for (name, _), results in tables.items():
+        for cell, records in results.items():
+            difference = versus_ts_lr(results, cell)
+            if cell == TS_LR or difference is None:
+                continue
+            mean, se, wins, n = difference
+            spread = f" ± {se:.1f}" if n > 1 else ""
+            lines.append(f"| {name} | {'recommended' if cell.recommended else 'paper'} | {cell.label} | "
+                         f"{fmt(records)} | {len(records)} | {mean:+.1f}{spread} | {wins} of {n} |")
+    lines += ["", "Each seed is one split (every client's own stratified 85/15 split) and one initialization; "
+                  "a row's difference to TS+LR is paired over the seeds both have, mean ± standard error. "
+                  "Recommended configuration: `SPDnetClassifier()` as shipped; with `batchnorm=\"domain\"`, each "
+                  "subject a domain and each test subject predicted in its own call; federated, the same local "
+                  "model on the paper's clients with server momentum "
+                  f"(server_momentum={SERVER_MOMENTUM['server_momentum']}, server_lr={SERVER_MOMENTUM['server_lr']}) "
+                  "and a fresh client Adam every round (`client_optimizer_state=\"reset\"`), the rest the "
+                  "package's defaults."]
+    return "\n".join(lines)
+
+
+def headline(name, results, seeds):
+    """One line: the paper's protocol (FedSPDnet, centralized SPDnet, FedEEGNet) and the
+    package's recommended configuration, each row with its paired difference to TS+LR."""
+    def v(cell):
+        return with_difference(results, cell)
+
+    momentum = f", with server momentum {v(FEDSM['full'])}" if FEDSM["full"] in results else ""
+    line = (f"{name} test macro-F1 (%), {seeds}; in brackets the difference to TS+LR paired over seeds ± SE. "
+            f"Paper protocol: FedSPDnet (full, ProjAvg) {v(FED['full', 'projavg'])}{momentum}, centralized SPDnet "
+            f"{v(SPDNET)}, FedEEGNet (full) {v(FEDEEG['full'])}.")
+    if any(cell in results for cell in RECOMMENDED.values()):
+        line += (f" Recommended configuration: SPDnetClassifier() {v(RECOMMENDED['spdnet'])}, with domain BN "
+                 f"{v(RECOMMENDED['domain'])}, FedSPDnet + domain BN + server momentum "
+                 f"{v(RECOMMENDED['federated'])}.")
+    n = len(results.get(TS_LR, ()))
+    return line + f" TS+LR {mean_f1(results, TS_LR):.1f} ({n} seed{'s' if n != 1 else ''})."
 
 
 def plot_curves(name, results, path):
@@ -139,7 +198,7 @@ def plot_curves(name, results, path):
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     for ax, setting in zip(axes, ("full", "half")):
         for cell in (c for c in CELLS if c.federated and c.setting.split("+")[0] == setting):
-            records = results.get(cell)
+            records = [r for r in results.get(cell, ()) if r["curve"]]
             if not records:
                 continue
             length = min(len(r["curve"]) for r in records)

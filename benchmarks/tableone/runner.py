@@ -18,7 +18,16 @@ from skfedspd.training import torch_threads
 
 from .cells import CELLS, Cell
 from .console import warnings_to_file
-from .protocols import LOCAL_EPOCHS, TEST_FRACTION, eegnet, federated, riemann_reference, spdnet
+from .protocols import (
+    LOCAL_EPOCHS,
+    TEST_FRACTION,
+    eegnet,
+    federated,
+    recommended_federated,
+    recommended_spdnet,
+    riemann_reference,
+    spdnet,
+)
 
 log = logging.getLogger(__name__)
 
@@ -40,8 +49,17 @@ def build(protocol, cell, seed, budget, params=None, verbose=False):
     params = params or {}
     if not cell.network:
         return riemann_reference(cell.model)
-    local = eegnet if cell.model == "eegnet" else spdnet
     rounds = budget.rounds_for(cell)
+    if cell.recommended and not cell.federated:
+        clf = recommended_spdnet(seed, cell.domains, verbose=verbose)
+        if budget.recommended_epochs is not None:
+            clf.set_params(max_epochs=budget.recommended_epochs)
+        return clf.set_params(**params.get("local", {}))
+    if cell.recommended:
+        clf = recommended_federated(cell.participation, rounds, seed, cell.server_params, verbose=verbose)
+        clf.estimator.set_params(**params.get("local", {}))
+        return clf.set_params(**params.get("federated", {}))
+    local = eegnet if cell.model == "eegnet" else spdnet
     if not cell.federated:
         return local(protocol, seed, rounds * LOCAL_EPOCHS, verbose=verbose).set_params(**params.get("local", {}))
     clf = federated(local(protocol, seed, 1), cell.aggregation, cell.participation, rounds, seed, verbose=verbose,
@@ -61,6 +79,23 @@ def configuration(protocol, cell, seed, budget, params=None):
     return json.loads(json.dumps(config))  # tuples as lists, as read back from the cache
 
 
+def predict_per_subject(clf, X, subjects):
+    """``clf.predict`` called once per subject: domain batch norm re-centres the matrices of
+    one call by their own mean, so each test subject is its own domain."""
+    pred = np.empty(len(X), dtype=clf.classes_.dtype)
+    for subject in np.unique(subjects):
+        mine = subjects == subject
+        pred[mine] = clf.predict(X[mine])
+    return pred
+
+
+def validation_curve(history):
+    """Validation macro-F1 per epoch (round); empty when the fit held no validation part out
+    (the package's ``early_stopping="auto"`` on small data: every record's score is NaN)."""
+    curve = [h["val_f1"] for h in history]
+    return [] if np.isnan(curve).all() else curve
+
+
 def n_parameters(clf):
     module = getattr(clf, "module_", None) or clf.global_estimator_.module_
     return int(sum(p.numel() for p in module.parameters()))
@@ -74,16 +109,16 @@ def fit_cell(protocol, cell, data, seed, budget, n_threads=None, verbose=False, 
     clf = build(protocol, cell, seed, budget, params, verbose=verbose)
     start, cpu_start = time.perf_counter(), time.process_time()
     with torch_threads(n_threads), warnings_to_file(log_file):
-        if cell.federated:
+        if cell.federated or cell.domains:
             clf.fit(X[train], y[train], groups=subjects[train])
         else:
             clf.fit(X[train], y[train])
-        pred = clf.predict(X[test])
+        pred = predict_per_subject(clf, X[test], subjects[test]) if cell.domains else clf.predict(X[test])
     history = getattr(clf, "history_", [])
     return {
         "key": cell.key, "seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
         "accuracy": float(accuracy_score(y[test], pred)), "n_params": n_parameters(clf) if history else None,
-        "curve": [h["val_f1"] for h in history], "lr": [h["lr"] for h in history],
+        "curve": validation_curve(history), "lr": [h["lr"] for h in history],
         "fit_seconds": time.perf_counter() - start, "cpu_seconds": time.process_time() - cpu_start,
         "budget_rounds": budget.rounds_for(cell),
         "config": configuration(protocol, cell, seed, budget, params),

@@ -13,20 +13,19 @@ re-runs the cells it affects on the same client splits and seeds:
 * FedSPDnet Full and Half, with and without server momentum, with clients that keep their
   Adam state between rounds (``client_optimizer_state="keep"``, the package's default)
   instead of the paper's fresh Adam every round (server momentum was recommended with the
-  paper's clients and not validated with kept client state).
+  paper's clients before it was measured with kept client state).
 
 ``--variants`` runs some of them (default: all).
 
 The protocol's own cells are read from the main experiment's cache (``--main-out``) and
 fitted there when missing, so the two commands share their records.
 
-    python -m benchmarks.physionet_ablation --seeds 3 --jobs 2
-    python -m benchmarks.physionet_ablation --seeds 10 --jobs 2 --variants protocol "protocol + server momentum" \
-        "kept client Adam" "server momentum, kept client Adam" --main-out results/ablation-8/protocol \
-        --out results/ablation-8
+    python -m benchmarks.experiments table-one-ablation --seeds 3 --jobs 2
+    python -m benchmarks.experiments table-one-ablation --seeds 10 --jobs 2 --variants protocol \
+        "protocol + server momentum" "kept client Adam" "server momentum, kept client Adam" \
+        --main-out results/ablation-8/protocol --out results/ablation-8
 """
 
-import argparse
 import dataclasses
 import logging
 import shlex
@@ -68,9 +67,7 @@ def folder(name):
     return name.replace(" ", "_").replace("=", "").replace("'", "").replace("(", "").replace(")", "")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.physionet_ablation", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser):
     parser.add_argument("--seeds", type=int, default=3, help="SPDnet seeds (default 3)")
     parser.add_argument("--eegnet-seeds", type=int, default=2, help="EEGNet seeds (default 2)")
     parser.add_argument("--rounds", type=int, default=150)
@@ -80,11 +77,12 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=Path("results/ablation"))
     parser.add_argument("--main-out", type=Path, default=Path("results/experiment-full/PhysionetMI"),
                         help="cache of the main experiment's protocol cells (shared)")
-    argv = sys.argv[1:] if argv is None else list(argv)
-    args = parser.parse_args(argv)
+
+
+def run(args):
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
-        command = "python -m benchmarks.physionet_ablation " + shlex.join(argv)
+        command = "python -m benchmarks.experiments " + shlex.join(sys.argv[1:])
         log.info(f"command: {command.strip()}\nmachine: {machine()}\nlibrary output: {log_file}")
         root = find_physionet_root()
         if root is None:
@@ -126,6 +124,3 @@ def main(argv=None):
 def params_free(name):
     return VARIANTS[name][1] is None
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,14 +1,16 @@
-"""Which ``SPDnetClassifier`` defaults learn on small data.
+"""Defaults that learn on small data: which ``SPDnetClassifier`` rules the defaults rest on.
 
 PhysionetMI left/right (offline subjects 1-4 only: the rules are chosen here and re-checked
-on other subjects), covariances from :func:`skfedspd.datasets.load_physionet_mi`, stratified
-5-fold cross-validation, ROC-AUC and accuracy, with TS+LR (pyRiemann ``TangentSpace`` +
-``LogisticRegression``) on the same folds and the same covariances, side by side.
+on other subjects), the harness's sample covariances (:mod:`.data`), stratified 5-fold
+cross-validation, ROC-AUC and accuracy, with TS+LR (:func:`.pipelines.ts_lr`: pyRiemann
+``TangentSpace`` + ``LogisticRegression``) on the same folds and the same covariances, side
+by side.
 
 Every candidate is a *rule*: a function of what ``fit`` knows (training size ``n``,
-``n_channels``, ``n_classes``) that returns constructor parameters of today's
-``SPDnetClassifier``. The rules change one thing at a time from today's defaults, then
-combine:
+``n_channels``, ``n_classes``) that returns constructor parameters of ``SPDnetClassifier``,
+applied on top of the defaults the ablation started from (:data:`BEFORE`: the paper's
+network, lr 1e-3, early stopping on a validation part whatever its size, restore-best on
+the macro-F1). The rules change one thing at a time from those, then combine:
 
 * (a) ``hidden_dims="auto"``: ``d = min(n_channels, max(8, round(0.28 n_channels)))``
   (18 at 64 channels, the paper's network; no reduction at 8 channels or fewer). At 64
@@ -17,51 +19,43 @@ combine:
 * (b) a validation split only when it is large enough (``round(0.1 n) >= max(50, 2
   n_classes)``), otherwise a fixed epoch budget at a constant learning rate with the last
   weights; and, where a split is used, restore-best on the validation *loss* instead of
-  the macro-F1 (a thin wrapper swaps the schedule's criterion);
+  the macro-F1 (``validation_metric="loss"``);
 * (c) learning rate 1e-2 instead of 1e-3; the epoch budget (100 vs 300);
 * (d) a batch size relative to ``n``: ``min(64, max(8, ceil(n / 4)))`` (4 steps per epoch
-  on small data, today's 64 on large data).
+  on small data, 64 on large data).
+
+The package's defaults are the recommended set (a + b + c): ``SPDnetClassifier()``.
 
 Settings: "within" = each subject alone (36 training trials per fold: MOABB's
 WithinSession on PhysionetMI), "pooled" = subjects 1-4 together (144 training trials,
-today's 10 % split holds 14 trials).
+the 10 % split holds 14 trials).
 
-    nice python benchmarks/defaults_ablation.py --jobs 2            # within-subject rows
-    nice python benchmarks/defaults_ablation.py --jobs 2 --extra    # + pooled, channel subsets, budgets
-    nice python benchmarks/defaults_ablation.py --quick             # 2 subjects, 3 rows (smoke run)
+    nice python -m benchmarks.experiments defaults --jobs 2            # within-subject rows
+    nice python -m benchmarks.experiments defaults --jobs 2 --extra    # + pooled, channel subsets, budgets
+    nice python -m benchmarks.experiments defaults --quick             # 2 subjects, 3 rows (smoke run)
 
 Fold results are cached in ``--cache`` (``results/``): a second run only fits what is missing.
 """
 
-import argparse
 import json
 import math
 import os
-import sys
 import time
 import warnings
-from contextlib import contextmanager
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one process, one thread: a shared 2-core machine
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np
+import torch
+from joblib import Parallel, delayed
+from sklearn.metrics import accuracy_score, roc_auc_score
+from sklearn.model_selection import StratifiedKFold
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-from joblib import Parallel, delayed  # noqa: E402
-from pyriemann.tangentspace import TangentSpace  # noqa: E402
-from sklearn.linear_model import LogisticRegression  # noqa: E402
-from sklearn.metrics import accuracy_score, roc_auc_score  # noqa: E402
-from sklearn.model_selection import StratifiedKFold  # noqa: E402
-from sklearn.pipeline import make_pipeline  # noqa: E402
+from skfedspd import SPDnetClassifier
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, find_physionet_root, load_physionet_mi
 
-import skfedspd.base  # noqa: E402
-from skfedspd import SPDnetClassifier  # noqa: E402
-from skfedspd.datasets import SENSORIMOTOR_CHANNELS, find_physionet_root, load_physionet_mi  # noqa: E402
-from skfedspd.training import PlateauSchedule  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_name  # noqa: E402
+from . import report
+from .data import load_left_right
+from .pipelines import ts_lr
 
 SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
 READING = "## Reading and recommendation"
@@ -82,6 +76,12 @@ def relative_batch(n):
 def validation_if_large(n, n_classes, fraction=0.1):
     """(b): the split's fraction, or 0 (fixed budget, last weights) when it would be tiny."""
     return fraction if round(fraction * n) >= max(N_MIN_VALIDATION, 2 * n_classes) else 0.0
+
+
+#: The defaults the ablation started from, which every rule changes: the paper's network
+#: (d = 18), lr 1e-3, early stopping whenever ``validation_fraction > 0``, and restore-best
+#: on the validation macro-F1 (a rule's criterion "loss" switches it to the loss).
+BEFORE = {"hidden_dims": (18,), "lr": 1e-3, "early_stopping": True, "validation_metric": "f1"}
 
 
 def today(n, n_channels, n_classes):
@@ -126,45 +126,9 @@ def with_hidden(d, base):
 RECOMMENDED = combination(300, batch=False)
 
 
-# ---------------------------------------------------------------------------- restore-best on the loss
-class LossSchedule(PlateauSchedule):
-    """Today's schedule with improvement judged on the validation loss alone."""
-
-    def step(self, f1, loss, state):
-        return super().step(-loss, loss, state)
-
-
-@contextmanager
-def restore_on_loss():
-    """Thin wrapper: today's ``fit`` with :class:`LossSchedule` in place of the F1 criterion."""
-    original = skfedspd.base.PlateauSchedule
-    skfedspd.base.PlateauSchedule = LossSchedule
-    try:
-        yield
-    finally:
-        skfedspd.base.PlateauSchedule = original
-
-
-class ProposedDefaults(SPDnetClassifier):
-    """Today's ``SPDnetClassifier`` with :data:`RECOMMENDED` applied at ``fit`` (from the
-    training size, channels and classes) and restore-best on the validation loss: how the
-    proposed defaults behave, for MOABB (``benchmarks/moabb_evaluation.py --candidate``).
-    The constructor values of the parameters the rule sets are ignored."""
-
-    def fit(self, X, y):
-        X = np.asarray(X)
-        params = RECOMMENDED(len(X), X.shape[-1], len(np.unique(y)))
-        saved = {name: getattr(self, name) for name in params}
-        self.set_params(**params)
-        try:
-            with restore_on_loss():
-                return super().fit(X, y)
-        finally:
-            self.set_params(**saved)
-
-
 # ---------------------------------------------------------------------------- evaluation
-def folds(y, seed=42):
+def stratified_folds(y, seed=42):
+    """The within-subject folds: StratifiedKFold(5, shuffle=True, random_state=42)."""
     return list(StratifiedKFold(5, shuffle=True, random_state=seed).split(np.zeros(len(y)), y))
 
 
@@ -180,18 +144,14 @@ def fit_fold(X, y, tr, te, rule, criterion, k):
     start = time.perf_counter()
     if rule == "ts-lr":
         params, epochs, best = {}, np.nan, np.nan
-        clf = make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(C=1.0, max_iter=1000))
+        clf = ts_lr(k)
         clf.fit(X[tr], y[tr])
     else:
         params = rule(len(tr), X.shape[1], len(np.unique(y)))
-        clf = SPDnetClassifier(random_state=k, **params)
+        clf = SPDnetClassifier(random_state=k, **{**BEFORE, **params, "validation_metric": criterion})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
-            if criterion == "loss":
-                with restore_on_loss():
-                    clf.fit(X[tr], y[tr])
-            else:
-                clf.fit(X[tr], y[tr])
+            clf.fit(X[tr], y[tr])
         epochs, best = clf.n_epochs_, clf.best_epoch_
     elapsed = time.perf_counter() - start
     auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
@@ -236,7 +196,7 @@ def evaluate_setting(title, units, rules, log, jobs, cache):
     rule and fold) so an interrupted run resumes where it stopped."""
     log(f"\n## {title}\n\n{HEADER}")
     tasks = [(r, label, k, tr, te) for r in range(len(rules)) for label, (X, y) in units.items()
-             for k, (tr, te) in enumerate(folds(y))]
+             for k, (tr, te) in enumerate(stratified_folds(y))]
     paths = [cache / f"{_slug(title)}--{_slug(rules[r][0])}--{label}--{k}.json" for r, label, k, _, _ in tasks]
     todo = [i for i, path in enumerate(paths) if not path.exists()]
     COUNTS["fitted"] += len(todo)
@@ -275,16 +235,16 @@ def _jsonable(value):
     return value.item() if isinstance(value, np.generic) else list(value) if isinstance(value, tuple) else str(value)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="subjects 1-2, fewer rules (smoke run)")
     parser.add_argument("--jobs", type=int, default=1, help="joblib processes (folds in parallel)")
     parser.add_argument("--extra", action="store_true",
                         help="also the pooled setting, the channel subsets of (a) and two more budget rows")
     parser.add_argument("--cache", type=Path, default=Path("results/ablation-defaults-cache"))
-    parser.add_argument("--out", type=Path, default=Path("results/ablation-defaults.md"))
-    args = parser.parse_args(argv)
-    command = "nice python " + " ".join(["benchmarks/defaults_ablation.py"] + (argv if argv is not None else sys.argv[1:]))
+    parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
+
+
+def run(args):
     lines = []
 
     def log(text):
@@ -293,16 +253,13 @@ def main(argv=None):
 
     if find_physionet_root() is None:
         print("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
-        return 1
-    torch.set_num_threads(1)
+        return
     subjects = [1, 2] if args.quick else [1, 2, 3, 4]
     args.cache.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    X, y, subj, meta = load_physionet_mi(subjects, n_classes=2)
-    ch_names = meta.attrs["ch_names"]
+    X, y, subj = load_left_right(subjects)
     log("# Defaults that learn on small data: ablation\n")
-    log(f"command: `{command}`  \nmachine: {cpu_name()}, torch {torch.__version__}, "
-        f"{args.jobs} joblib process(es) of 1 torch thread\n")
+    log("  \n".join(report.header()) + f"  \njoblib: {args.jobs} process(es) of 1 torch thread\n")
     log(f"PhysionetMI left/right, subjects {subjects} (offline copy), {X.shape[1]} channels, "
         f"covariances of `load_physionet_mi` (8-32 Hz, 0-3 s, sample covariance); StratifiedKFold(5, "
         "shuffle=True, random_state=42) per unit; SPDnet random_state = fold index. ROC-AUC from "
@@ -341,6 +298,7 @@ def main(argv=None):
         evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
                          {"pooled": (X, y)}, pooled_rules, log, args.jobs, args.cache)
 
+        ch_names = load_physionet_mi(subjects[:1], n_classes=2)[3].attrs["ch_names"]
         for names in (SENSORIMOTOR_CHANNELS, SENSORIMOTOR_3):
             idx = [ch_names.index(c) for c in names]
             sub = {s: (Xs[:, idx][:, :, idx], ys) for s, (Xs, ys) in within.items()}
@@ -369,8 +327,3 @@ def main(argv=None):
         kept = args.out.read_text().partition(READING)[1:] if args.out.exists() else ("", "")
         args.out.write_text("\n".join(lines) + "\n" + ("\n" + "".join(kept) if kept[0] else ""))
         print(f"written: {args.out}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,0 +1,147 @@
+"""Tests of the accuracy-experiment harness (``benchmarks.experiments``): its paired
+reporting, its shared pipelines and the experiments folded into it (no EEG)."""
+
+import numpy as np
+import pandas as pd
+import pytest
+from sklearn import config_context
+from sklearn.utils.metadata_routing import get_routing_for_object
+
+from benchmarks.experiments import client_optimizer_state, defaults, pipelines, report, table_one_ablation
+from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+
+
+def test_paired_differences():
+    mean, se, wins, n = report.paired([80.0, 70.0, 90.0], [70.0, 70.0, 80.0])
+    assert (wins, n) == (2, 3) and mean == pytest.approx(20 / 3)
+    assert se == pytest.approx(np.std([10, 0, 10], ddof=1) / np.sqrt(3))
+    assert report.format_paired([80.0, 70.0, 90.0], [70.0, 70.0, 80.0]) == "+6.7 ± 3.3 (higher on 2 of 3)"
+    assert np.isnan(report.paired([1.0], [0.0])[1])  # no standard error from one pair
+
+
+def test_subject_scores_are_per_pipeline_and_subject():
+    predictions = pd.DataFrame({
+        "pipeline": ["A"] * 8 + ["B"] * 4,
+        "subject": [1, 1, 1, 1, 2, 2, 2, 2, 1, 1, 1, 1],
+        "y": [0, 0, 1, 1, 0, 0, 1, 1, 0, 0, 1, 1],
+        "pred": [0, 1, 1, 1, 0, 0, 1, 1, 1, 1, 1, 1],
+        "score": [0.1, 0.6, 0.7, 0.9, 0.2, 0.3, 0.8, 0.9, 0.9, 0.8, 0.2, 0.1],
+    })
+    scores = report.subject_scores(predictions)
+    assert scores[["pipeline", "subject"]].values.tolist() == [["A", 1], ["A", 2], ["B", 1]]
+    # balanced accuracy: (1/2 + 2/2) / 2 on A/1, perfect on A/2, chance on B/1 (one class predicted)
+    assert scores["balanced_accuracy"].tolist() == pytest.approx([75.0, 100.0, 50.0])
+    assert scores["roc_auc"].tolist() == pytest.approx([100.0, 100.0, 0.0])
+
+
+def test_paired_lines_pair_the_subjects_both_pipelines_have():
+    scores = pd.DataFrame([{"pipeline": p, "subject": s, "balanced_accuracy": v, "roc_auc": v}
+                           for p, values in {"A": {1: 80, 2: 70, 3: 90}, "B": {1: 70, 2: 70}}.items()
+                           for s, v in values.items()])
+    (line,) = report.paired_lines(scores, [("A", "B"), ("A", "missing")])
+    assert line == ("- A − B: balanced accuracy +5.0 ± 5.0 (higher on 1 of 2); "
+                    "ROC-AUC +5.0 ± 5.0 (higher on 1 of 2)")
+
+
+def test_the_subject_domains_ablation_differs_from_the_default_in_domains_only(spd_domains):
+    """The ablation keeps the default federation's clients of two subjects, each subject a domain."""
+    X, y, subjects = spd_domains(n_groups=4, n_per_group=15)
+    model = pipelines.ABLATIONS["FedSPDnet+dBN, subject domains"](0).set_params(n_rounds=1, local_epochs=1)
+    default = pipelines.PIPELINES["FedSPDnet+dBN"](0)
+    assert model.domains == "group" and default.domains == "client"
+    assert {k: v for k, v in model.get_params().items() if k not in ("domains", "n_rounds", "local_epochs")} == \
+        {k: v for k, v in default.get_params().items() if k not in ("domains", "n_rounds", "local_epochs")}
+    pipelines.fit(model, X, y, subjects + 5)
+    assert model.n_clients_ == 2
+
+
+def test_pipelines_that_adapt_or_federate_get_the_groups():
+    """``fit`` routes groups only where the routing asks for them, as MOABB does."""
+    with config_context(enable_metadata_routing=True):
+        consumes = {name: bool(get_routing_for_object(factory(0)).consumes("fit", {"groups"}))
+                    for name, factory in pipelines.PIPELINES.items()}
+    assert consumes == {name: name != "TS+LR" for name in pipelines.PIPELINES}
+
+
+@pytest.mark.parametrize("name, setting, momentum", [
+    ("kept client Adam", "full", 0.0), ("server momentum, kept client Adam", "half+sm", 0.9),
+    ("protocol + server momentum", "full+sm", 0.9),
+])
+def test_table_one_ablation_client_state_variants(name, setting, momentum):
+    """The client-state variants change the clients' optimizer state only: server momentum as
+    in the protocol's "+sm" cells, the paper's fresh client Adam unless the variant keeps it."""
+    from benchmarks.tableone.protocols import PROFILES, PROTOCOLS
+    from benchmarks.tableone.runner import build
+
+    cells, params = table_one_ablation.VARIANTS[name]
+    (cell,) = [c for c in cells if c.setting == setting]
+    clf = build(PROTOCOLS["PhysionetMI"], cell, 0, PROFILES["full"], params)
+    assert clf.client_optimizer_state == ("keep" if "kept" in name else "reset")
+    assert clf.server_momentum == momentum and clf.local_epochs == 2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["table-one-ablation", "--variants", "E=16 local epochs"], "invalid choice: 'E=16 local epochs'"),
+    (["client-optimizer-state", "--protocol", "both", "--subjects", "1"], "invalid choice: 'both'"),
+    (["no-such-experiment"], "invalid choice: 'no-such-experiment'"),
+])
+def test_the_command_line_refuses_unknown_names(argv, message, capsys):
+    from benchmarks.experiments.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(argv)
+    assert message in capsys.readouterr().err
+
+
+def test_domain_bn_rows_need_the_cross_protocol():
+    from benchmarks.experiments.__main__ import main
+
+    with pytest.raises(SystemExit, match="use --protocol cross"):
+        main(["client-optimizer-state", "--protocol", "within", "--models", "domain-bn", "--subjects", "1"])
+
+
+@pytest.mark.parametrize("row, state, partition", [
+    ("FedSPDnet, fresh client Adam (reset)", "reset", "stratified"),
+    ("FedSPDnet, kept client Adam (keep)", "keep", "stratified"),
+])
+def test_client_optimizer_state_rows_differ_in_the_client_state_only(row, state, partition):
+    model = client_optimizer_state.MODELS["plain"][row](1)
+    assert isinstance(model, FederatedSPDnetClassifier) and model.estimator is None
+    assert (model.client_optimizer_state, model.partition, model.groups_per_client) == (state, partition, 1)
+    assert model.get_params()["random_state"] == 0
+
+
+@pytest.mark.parametrize("k, batch", [(3, 21), (12, 5)])
+def test_domain_bn_rows_share_the_pooled_batch(k, batch):
+    """The local batch of the ablation row is the pooled batch's share of one of K subjects."""
+    models = client_optimizer_state.MODELS["domain-bn"]
+    local = models["FedSPDnet + domain BN, keep, local batch 64 / K"](k).estimator
+    assert (local.batchnorm, local.batch_size) == ("domain", batch)
+    assert models["FedSPDnet + domain BN, reset"](k).client_optimizer_state == "reset"
+    assert models["SPDnet + domain BN, whole-subject statistics"](k).batch_size >= 10**6
+
+
+@pytest.mark.parametrize("n, n_channels", [(36, 64), (144, 64), (720, 64), (36, 3), (500, 16)])
+def test_the_recommended_rule_is_the_package_defaults(n, n_channels):
+    """The ablation's recommended set, resolved at a training size, is what ``SPDnetClassifier()``
+    does there: ``hidden_dims="auto"`` and a validation part only when it is large enough."""
+    from skfedspd.base import uses_validation
+    from skfedspd.classifier import auto_hidden_dim
+
+    rule = defaults.RECOMMENDED(n, n_channels, 2)
+    package = SPDnetClassifier()
+    assert rule["hidden_dims"] == (auto_hidden_dim(n_channels),)
+    assert (rule["validation_fraction"] > 0) == uses_validation(n, 2, package.validation_fraction)
+    assert (rule["lr"], rule["max_epochs"], package.validation_metric) == (package.lr, package.max_epochs, "loss")
+
+
+def test_defaults_fold_applies_a_rule_on_the_starting_defaults(spd_domains):
+    X, y, _ = spd_domains(n_groups=1, n_per_group=40)
+    folds = defaults.stratified_folds(y)
+    assert len(folds) == 5 and all(len(np.intersect1d(tr, te)) == 0 for tr, te in folds)
+    tr, te = folds[0]
+    record = defaults.fit_fold(X, y, tr, te, lambda n, c, k: {"max_epochs": 3, "hidden_dims": (4,)}, "loss", 1)
+    assert record["params"] == {"max_epochs": 3, "hidden_dims": (4,)} and record["epochs"] == 3
+    assert 0.0 <= record["auc"] <= 1.0 and 0.0 <= record["acc"] <= 1.0
+    reference = defaults.fit_fold(X, y, tr, te, "ts-lr", None, 1)
+    assert np.isnan(reference["epochs"]) and reference["params"] == {}
