@@ -49,8 +49,11 @@ def test_the_subject_domains_ablation_differs_from_the_default_in_domains_only(s
     model = pipelines.ABLATIONS["FedSPDnet+dBN, subject domains"](0).set_params(n_rounds=1, local_epochs=1)
     default = pipelines.PIPELINES["FedSPDnet+dBN"](0)
     assert model.domains == "group" and default.domains == "client"
-    assert {k: v for k, v in model.get_params().items() if k not in ("domains", "n_rounds", "local_epochs")} == \
-        {k: v for k, v in default.get_params().items() if k not in ("domains", "n_rounds", "local_epochs")}
+    def settings(fed):
+        return {k: v for k, v in fed.get_params(deep=False).items()
+                if k not in ("domains", "n_rounds", "local_epochs", "estimator")}, fed.estimator.get_params()
+
+    assert settings(model) == settings(default)
     pipelines.fit(model, X, y, subjects + 5)
     assert model.n_clients_ == 2
 
