@@ -2,7 +2,8 @@
 
 Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
 ``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
-type, e.g. the labels of a ``class_weight``), and nested estimators. A callable
+type, e.g. the labels of a ``class_weight``), and nested estimators, among them the robust
+aggregation rules (``aggregation=TrimmedMean(trim=0.2)``). Any other callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
 The allow-list names each class by module and is resolved when used, so this module imports
 no estimator module (no import cycle with the modules that use it).
@@ -21,6 +22,10 @@ _ALLOWED = {
     "FederatedSPDnetClassifier": "skfedspd.federated",
     "SPDnetClassifier": "skfedspd.classifier",
     "EEGNetClassifier": "skfedspd.eegnet",
+    # robust aggregation rules, with their parameters
+    "GeometricMedian": "skfedspd.aggregation",
+    "TrimmedMean": "skfedspd.aggregation",
+    "Krum": "skfedspd.aggregation",
 }
 
 
