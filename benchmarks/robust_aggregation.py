@@ -184,6 +184,7 @@ def main(argv=None):
                         help="numbers of faulty clients of 8 (default: 1 2)")
     parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
     parser.add_argument("--jobs", type=int, default=1)
+    parser.add_argument("--report-only", action="store_true", help="fit nothing: report the cached records")
     parser.add_argument("--out", type=Path, default=Path("results/robust-aggregation"))
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -205,7 +206,7 @@ def main(argv=None):
         runs = [(rule, fault, n, seed) for seed in range(profile["seeds"])
                 for fault, n in scenarios(args.faults, args.faulty) for rule in args.rules]
         path = {run: args.out / ("__".join(map(str, run)) + f"__T{profile['rounds']}.json") for run in runs}
-        todo = [run for run in runs if not path[run].exists()]
+        todo = [] if args.report_only else [run for run in runs if not path[run].exists()]
         log.info(f"{len(todo)} of {len(runs)} fits to run ({args.jobs} in parallel)")
         start = time.perf_counter()
         for record in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
