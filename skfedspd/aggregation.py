@@ -482,11 +482,14 @@ class GeometricMedian(RobustAggregation):
     def aggregate(self, client_params, weights, previous, kinds):
         weights = self._normalised_weights(client_params, weights)
         current = projavg(client_params, weights, previous, kinds)
+        stacks = {name: np.stack([np.asarray(params[name], dtype=np.float64) for params in client_params])
+                  for name in current}
         for iteration in range(self.max_iter + 1):
-            distances = client_distances(client_params, current, kinds)
+            distances = np.sqrt(sum(((stack - current[name]) ** 2).reshape(len(stack), -1).sum(axis=1)
+                                    for name, stack in stacks.items()))
             shares = weights / np.maximum(distances, self.eps)
             shares /= shares.sum()
-            target = weighted_sum(client_params, shares, kinds)
+            target = {name: np.tensordot(shares, stack, axes=1) for name, stack in stacks.items()}
             steps = {name: lift(current[name], target[name]) if kinds[name] == "stiefel" else target[name] - current[name]
                      for name in current}
             step_norm = np.sqrt(sum(np.sum(step ** 2) for step in steps.values()))
