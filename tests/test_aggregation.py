@@ -51,6 +51,8 @@ SHAPES = [(3, 1), (4, 2), (6, 3), (5, 5), (8, 4), (64, 18)]
 RULES = {"projavg": projavg, "rlavg": rlavg}
 FROM_SUM = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
 ALL_RULES = {**RULES, "karcher": karcher}
+ROBUST = {"geomedian": GeometricMedian(), "trimmedmean": TrimmedMean(trim=0.2), "krum": Krum(n_faulty=1)}
+EVERY_RULE = {**ALL_RULES, **ROBUST}
 N_CLIENTS = [1, 2, 5]
 
 STIEFEL = "bimaps.0.weight"
@@ -140,12 +142,12 @@ def test_output_names_and_shapes(rule):
         assert value.dtype == np.float64
 
 
-@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("rule", EVERY_RULE)
 def test_inputs_not_modified(rule):
-    previous, clients, w = _clients(6, 3, 3, 0.1, seed=0)
+    previous, clients, w = _clients(6, 3, 5, 0.1, seed=0)
     before = [{n: a.copy() for n, a in c.items()} for c in clients], {n: a.copy() for n, a in previous.items()}
     w_before = w.copy()
-    ALL_RULES[rule](clients, w, previous, _kinds())
+    EVERY_RULE[rule](clients, w, previous, _kinds())
     for c, c0 in zip(clients, before[0]):
         for name in c:
             np.testing.assert_array_equal(c[name], c0[name])
@@ -697,8 +699,6 @@ def test_karcher_client_too_far_raises():
 # Robust rules: geometric median, trimmed mean, multi-Krum
 # ---------------------------------------------------------------------------------------------
 
-ROBUST = {"geomedian": GeometricMedian(), "trimmedmean": TrimmedMean(trim=0.2), "krum": Krum(n_faulty=1)}
-
 
 def _outlier(previous, seed, scale=1e3):
     """A client far from the others: a Haar Stiefel point and Euclidean arrays ``scale`` away."""
@@ -724,17 +724,9 @@ def test_robust_output_is_orthonormal_float64_and_deterministic(rule, shape, spr
 
 
 @pytest.mark.parametrize("rule", ROBUST)
-def test_robust_inputs_not_modified_and_effective_weights_sum_to_one(rule):
+def test_robust_effective_weights_sum_to_one(rule):
     previous, clients, w = _clients(6, 3, 5, 0.2, seed=0)
-    before = [{n: a.copy() for n, a in c.items()} for c in clients], {n: a.copy() for n, a in previous.items()}
-    w_before = w.copy()
-    out, effective = ROBUST[rule].aggregate(clients, w, previous, _kinds())
-    for c, c0 in zip(clients, before[0]):
-        for name in c:
-            np.testing.assert_array_equal(c[name], c0[name])
-    for name in previous:
-        np.testing.assert_array_equal(previous[name], before[1][name])
-    np.testing.assert_array_equal(w, w_before)
+    _, effective = ROBUST[rule].aggregate(clients, w, previous, _kinds())
     assert effective.shape == (5,) and (effective >= 0).all() and effective.sum() == pytest.approx(1, abs=1e-12)
 
 
