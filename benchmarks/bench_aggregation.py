@@ -41,7 +41,8 @@ def round_of_clients(n_clients, p, k, n_outliers, seed=0, delta=0.05):
     clients = []
     for i in range(n_clients):
         if i < n_outliers:
-            clients.append({NAME: random_stiefel(p, k, rng), "head.weight": head + 100, "head.bias": np.full(4, -100.0)})
+            clients.append({NAME: random_stiefel(p, k, rng), "head.weight": head + 100,
+                            "head.bias": np.full(4, -100.0)})
             continue
         xi = tangent_project(W, rng.standard_normal((p, k)))
         clients.append({NAME: retract(W, delta * xi / np.linalg.norm(xi)),
@@ -70,8 +71,9 @@ def main(argv=None):
     rules = {"ProjAvg": projavg, "RLAvg": rlavg, "geomedian": GeometricMedian(), "trimmedmean": TrimmedMean(),
              "krum (f=2)": Krum(n_faulty=2)}
     command = "python -m benchmarks.bench_aggregation " + " ".join(sys.argv[1:] if argv is None else argv)
-    print(f"command: {command.strip()}\nmachine: {cpu_name()}, 1 thread, load average {os.getloadavg()[0]:.1f}; skfedspd {__version__}, numpy "
-          f"{np.__version__}\n{args.clients} clients x St(64, 18) + head, float64, median CPU time of {args.reps} calls\n")
+    print(f"command: {command.strip()}\nmachine: {cpu_name()}, 1 thread, load average {os.getloadavg()[0]:.1f}; "
+          f"skfedspd {__version__}, numpy {np.__version__}\n"
+          f"{args.clients} clients x St(64, 18) + head, float64, median CPU time of {args.reps} calls\n")
     print("| clients | " + " | ".join(rules) + " |")
     print("| --- |" + " --- |" * len(rules))
     worst = 0.0
@@ -84,7 +86,8 @@ def main(argv=None):
             label = "honest" if n_outliers == 0 else f"{n_outliers} outliers"
             print(f"| {label} | " + " | ".join(f"{t:.2f} ms ({t / times['ProjAvg']:.0f}x)" for t in times.values())
                   + " |")
-    print(f"\nslowest robust rule: {worst:.2f} ms (target <= {TARGET_MS:g} ms: {'met' if worst <= TARGET_MS else 'not met'})")
+    verdict = "met" if worst <= TARGET_MS else "not met"
+    print(f"\nslowest robust rule: {worst:.2f} ms (target <= {TARGET_MS:g} ms: {verdict})")
     return 0
 
 

@@ -490,8 +490,8 @@ class GeometricMedian(RobustAggregation):
             shares = weights / np.maximum(distances, self.eps)
             shares /= shares.sum()
             target = {name: np.tensordot(shares, stack, axes=1) for name, stack in stacks.items()}
-            steps = {name: lift(current[name], target[name]) if kinds[name] == "stiefel" else target[name] - current[name]
-                     for name in current}
+            steps = {name: lift(current[name], target[name]) if kinds[name] == "stiefel"
+                     else target[name] - current[name] for name in current}
             step_norm = np.sqrt(sum(np.sum(step ** 2) for step in steps.values()))
             if step_norm <= self.tol * max(float(weights @ distances), self.eps) or iteration == self.max_iter:
                 return current, shares
@@ -549,7 +549,8 @@ class TrimmedMean(RobustAggregation):
         super().check_n_clients(n_clients)
         if self.trim > 0 and self.n_trimmed(n_clients) == 0:
             raise ValueError(f"TrimmedMean(trim={self.trim}) trims no client of {n_clients} per round "
-                             f"(⌊trim · {n_clients}⌋ = 0): use trim >= 1/{n_clients}, or trim=0 for the plain mean")
+                             f"(⌊trim · {n_clients}⌋ = 0): use trim >= 1/{n_clients}, "
+                             "or trim=0 for the plain mean")
 
     def aggregate(self, client_params, weights, previous, kinds):
         # Per round, fewer clients than planned (failed replies) may trim none: not an error.
@@ -693,7 +694,8 @@ def check_secure_rule(name):
     if name not in SUM_RULES:
         raise ValueError(
             f"secure aggregation reveals only the clients' weighted sum, but aggregation={name!r} is not a "
-            "function of the weighted sum: it needs each client's update (a robust rule compares the clients to down-weight or drop outliers; the Karcher mean "
-            f"and custom callables use each client's arrays): use {sorted(SUM_RULES)} under secure aggregation, "
+            "function of the weighted sum: it needs each client's update (a robust rule compares the clients "
+            "to down-weight or drop outliers; the Karcher mean and custom callables use each client's arrays): "
+            f"use {sorted(SUM_RULES)} under secure aggregation, "
             "or a robust rule without it (secure aggregation hides each update from the server, a robust rule "
             "limits what a faulty update does: one mode addresses each threat)")
