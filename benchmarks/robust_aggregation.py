@@ -157,7 +157,8 @@ def report(records, rules, faults, faulty):
     lines = ["| rule | " + " | ".join("no fault" if f == "none" else f"{f} ×{n}" for f, n in columns) + " |",
              "| --- |" + " --- |" * len(columns)]
     for rule in rules:
-        lines.append(f"| {rule} | " + " | ".join(f"{score(rule, f, n):.1f}" for f, n in columns) + " |")
+        cells = [score(rule, f, n) for f, n in columns]
+        lines.append(f"| {rule} | " + " | ".join("–" if np.isnan(c) else f"{c:.1f}" for c in cells) + " |")
     lines.append("")
     clean = {rule: score(rule, "none", 0) for rule in rules}
     robust = [rule for rule in rules if rule not in ("projavg", "rlavg")]
@@ -177,8 +178,9 @@ def report(records, rules, faults, faulty):
                      f"fault-free score (target >= 95 %: {'met' if kept(best) >= 0.95 else 'not met'}); ProjAvg keeps "
                      f"{kept('projavg'):.1%} (loses {clean['projavg'] * (1 - kept('projavg')):.1f} points)")
         for fault in faults:
+            changes = [(rule, score(rule, fault, worst) - clean[rule]) for rule in rules]
             lines.append(f"  - {fault} ×{worst}: " + ", ".join(
-                f"{rule} {score(rule, fault, worst) - clean[rule]:+.1f}" for rule in rules) + " (points vs no fault)")
+                f"{rule} {change:+.1f}" for rule, change in changes if not np.isnan(change)) + " (points vs no fault)")
     return "\n".join(lines)
 
 
