@@ -200,7 +200,7 @@ def figure(records, rules, faults, faulty, path):
         ax.bar(np.arange(len(columns)) + (i - (len(rules) - 1) / 2) * width, means, width, label=rule)
     ax.set_xticks(np.arange(len(columns)), ["no fault" if f == "none" else f"{f} ×{n}" for f, n in columns])
     ax.set_ylabel("test macro-F1 (%)")
-    ax.legend(ncols=len(rules), fontsize="small", loc="lower center")
+    ax.legend(ncols=len(rules), fontsize="small", loc="upper center", bbox_to_anchor=(0.5, -0.12))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
