@@ -140,7 +140,19 @@ def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=N
         pred = clf.predict(X[test])
     return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "rounds": rounds,
             "f1": float(f1_score(y[test], pred, average="macro")), "best_round": int(clf.best_round_),
-            "curve": [r["val_f1"] for r in clf.history_], "cpu_seconds": time.process_time() - start}
+            "curve": [r["val_f1"] for r in clf.history_], "cpu_seconds": time.process_time() - start,
+            **faulty_site_diagnostics(clf.history_, n_faulty if fault in DATA_FAULTS else 0)}
+
+
+def faulty_site_diagnostics(history, n_faulty):
+    """Median over rounds of the faulty sites' mean distance to the aggregate over the honest
+    sites' (``history_["client_distance"]``), and of the faulty sites' total effective weight
+    (robust rules); None without faulty sites whose replies the engine saw as sent."""
+    if not n_faulty:
+        return {"distance_ratio": None, "faulty_share": None}
+    ratios = [np.mean(r["client_distance"][:n_faulty]) / np.mean(r["client_distance"][n_faulty:]) for r in history]
+    shares = [sum(r["effective_weights"][:n_faulty]) for r in history if r["effective_weights"] is not None]
+    return {"distance_ratio": float(np.median(ratios)), "faulty_share": float(np.median(shares)) if shares else None}
 
 
 def scenarios(faults, faulty):
