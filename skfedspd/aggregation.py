@@ -34,11 +34,28 @@ of ``S``, so by its uniqueness ``W = uf(S)`` = ProjAvg; conversely ``W = uf(S)``
 ``sym(WᵀS)`` indefinite, are for distinct singular values the sign-flipped polar factors
 ``U diag(±1) Vᵀ`` of ``S = U Σ Vᵀ``: not means.) Started from ProjAvg the iteration does not
 move, so the R-barycenter is ProjAvg at a greater cost, not an independent reference.
+
+Robust rules, against a faulty or hostile client whose reply passes the engine's checks:
+:class:`GeometricMedian` (``"geomedian"``), :class:`TrimmedMean` (``"trimmedmean"``) and
+:class:`Krum` (``"krum"``, multi-Krum). They are callable objects with the rule signature
+and scikit-learn parameters (``FederatedSPDnetClassifier(aggregation=TrimmedMean(trim=0.25))``,
+``aggregation__trim`` in a grid search; saved and sent to a Flower ServerApp by
+:mod:`skfedspd.spec`), subclasses of :class:`RobustAggregation`, whose
+:meth:`~RobustAggregation.aggregate` also returns each client's *effective weight* (the
+engine records it in ``history_``). They need each client's arrays, not only their
+weighted sum: no secure aggregation. Distances between models are the Frobenius distance
+over the non-local arrays, :func:`client_distances` (for Stiefel arrays the chordal distance
+of the embedding: defined for any two points, unlike the Stiefel logarithm, and equal to
+the tangent norm ``‖L_W(W_i)‖`` to first order); ``docs/guide/robust-aggregation.md``.
 """
 
-import numpy as np
+from numbers import Integral, Real
 
-from .stiefel import lift, polar, retract, stiefel_exp, stiefel_log
+import numpy as np
+from sklearn.base import BaseEstimator, clone
+from sklearn.utils._param_validation import Interval
+
+from .stiefel import lift, polar, retract, stiefel_exp, stiefel_log, tangent_project
 
 __all__ = [
     "client_weights",
@@ -48,9 +65,15 @@ __all__ = [
     "projavg_from_sum",
     "rlavg_from_sum",
     "karcher",
+    "client_distances",
+    "RobustAggregation",
+    "GeometricMedian",
+    "TrimmedMean",
+    "Krum",
     "AGGREGATIONS",
     "SUM_RULES",
     "get_aggregation",
+    "check_secure_rule",
 ]
 
 
@@ -289,23 +312,390 @@ def karcher(client_params, weights, previous, kinds, tol=1e-11, max_iter=200, re
     return (current, iterations) if return_iterations else current
 
 
-#: The rules that ``FederatedSPDnetClassifier(aggregation=...)`` accepts by name.
-AGGREGATIONS = {"projavg": projavg, "rlavg": rlavg, "karcher": karcher}
+def client_distances(client_params, center, kinds):
+    """Each client's distance to the model ``center``: ``√(Σ ‖θ_i[name] − center[name]‖_F²)``
+    over the non-local names.
+
+    For a Stiefel array this is the chordal distance of the embedding ``St(p, k) ⊂ ℝ^{p×k}``:
+    a metric defined for any two points (the Stiefel logarithm is not), equal to the tangent
+    norm ``‖L_W(W_i)‖_F`` to first order, and the norm that ``max_update_norm`` bounds. The
+    robust rules measure the clients with it, and ``history_`` records it for every rule.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import client_distances
+    >>> kinds = {"W": "stiefel", "b": "euclidean", "bn": "local"}
+    >>> center = {"W": np.eye(3)[:, :2], "b": np.zeros(2)}
+    >>> clients = [{"W": np.eye(3)[:, :2], "b": np.array([3.0, 4.0]), "bn": np.ones(1)},
+    ...            {"W": np.eye(3)[:, 1:], "b": np.zeros(2), "bn": np.ones(1)}]
+    >>> client_distances(clients, center, kinds)
+    array([5., 2.])
+    """
+    names = [name for name, kind in kinds.items() if kind != "local"]
+    return np.array([np.sqrt(sum(np.sum((np.asarray(params[name], dtype=np.float64) - center[name]) ** 2)
+                                 for name in names)) for params in client_params])
+
+
+class RobustAggregation(BaseEstimator):
+    """Base class of the robust rules: a callable rule with scikit-learn parameters.
+
+    ``rule(client_params, weights, previous, kinds)`` returns the new global model;
+    :meth:`aggregate` returns it with each client's effective weight. Subclasses implement
+    :meth:`aggregate` and, when the rule needs a minimum number of clients,
+    :meth:`check_n_clients`, which the engine calls at the start of a fit with the clients
+    per round (a bad setting then fails before any round).
+
+    ``aggregate(client_params, weights, previous, kinds)`` returns
+    ``(new global {name: ndarray}, effective weights)``: the model, as for every rule, and a
+    1-D array, summing to 1, of each client's share of it.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.base import clone
+    >>> from skfedspd.aggregation import TrimmedMean
+    >>> rule = TrimmedMean(trim=0.2)
+    >>> clone(rule).set_params(trim=0.3), rule.get_params()
+    (TrimmedMean(trim=0.3), {'trim': 0.2})
+    >>> clients = [{"b": np.array([x])} for x in (0.0, 1.0, 2.0, 3.0, 40.0)]
+    >>> rule(clients, np.full(5, 0.2), None, {"b": "euclidean"})  # as any rule
+    {'b': array([2.])}
+    >>> rule.check_n_clients(4)
+    Traceback (most recent call last):
+    ...
+    ValueError: TrimmedMean(trim=0.2) trims no client of 4 per round (⌊trim · 4⌋ = 0): use trim >= 1/4, ...
+    """
+
+    #: Plain-text name of the rule in error messages.
+    label = "robust aggregation"
+
+    def __call__(self, client_params, weights, previous, kinds):
+        return self.aggregate(client_params, weights, previous, kinds)[0]
+
+    def check_params(self):
+        """Raise ValueError (naming the parameter) if a parameter is invalid."""
+        self._validate_params()
+
+    def check_n_clients(self, n_clients):
+        """Raise ValueError if a parameter is invalid or if the rule cannot aggregate
+        ``n_clients`` replies."""
+        self.check_params()
+
+    def _normalised_weights(self, client_params, weights, previous=None, kinds=None):
+        """Check the parameters, the weights (one per client, finite, ≥ 0, positive sum) and,
+        given ``kinds``, that ``previous`` is there to lift Stiefel arrays to; return the
+        weights normalised to sum 1."""
+        self.check_params()
+        weights = np.asarray(weights, dtype=np.float64)
+        if weights.shape != (len(client_params),):
+            raise ValueError(f"{len(client_params)} client parameter sets but weights of shape {weights.shape}")
+        if not (np.isfinite(weights).all() and (weights >= 0).all() and weights.sum() > 0):
+            raise ValueError(f"{self.label}: client weights must be finite and non-negative with a positive sum, "
+                             f"got {weights.tolist()}")
+        if kinds is not None and previous is None and "stiefel" in kinds.values():
+            raise ValueError(f"{self.label} works in the tangent space at the previous global model: "
+                             "previous must be given")
+        return weights / weights.sum()
+
+
+def _tangent_coordinates(client_params, previous, name, kind):
+    """``(n_clients, *shape)`` stack of the clients' arrays ``name``: Stiefel arrays lifted to
+    the tangent space at the previous global array (``L_{W_prev}(W_i)``), others as they are."""
+    values = [np.asarray(params[name], dtype=np.float64) for params in client_params]
+    if kind == "stiefel":
+        base = np.asarray(previous[name], dtype=np.float64)
+        values = [lift(base, value) for value in values]
+    return np.stack(values)
+
+
+def _from_tangent(mean, previous, name, kind):
+    """The global array of a mean of :func:`_tangent_coordinates`: retracted at the previous
+    Stiefel array (after projection onto its tangent space), as is otherwise."""
+    if kind != "stiefel":
+        return mean
+    base = np.asarray(previous[name], dtype=np.float64)
+    return retract(base, tangent_project(base, mean))
+
+
+class GeometricMedian(RobustAggregation):
+    """``"geomedian"``: weighted geometric median of the client models (Weiszfeld iterations).
+
+    The minimiser over the model (Stiefel arrays on their manifold) of
+    ``Σ_i w_i d(θ, θ_i)``, ``d`` the distance of :func:`client_distances` over all non-local
+    arrays together (one point per client: a client faulty in any array is down-weighted
+    in all). Weiszfeld's iteration in the tangent space at the current estimate ``θ``,
+    started from ProjAvg:
+
+        ``a_i = w_i / max(d(θ, θ_i), eps)``, normalised to sum 1;
+        ``θ ← Σ_i a_i θ_i`` (Euclidean arrays), ``W ← R_W(Σ_i a_i L_W(W_i))`` (Stiefel arrays)
+
+    (the Riemannian gradient of the objective vanishes at a fixed point). It stops when the
+    step's norm is at most ``tol`` times the weighted mean distance ``Σ_i w_i d(θ, θ_i)``,
+    or after ``max_iter`` steps, returning the last iterate (each step moves towards the
+    minimiser; an unconverged iterate is still a robust estimate). Euclidean-only models:
+    the ordinary weighted geometric median. ``eps`` floors the distances: the iterate may
+    land on a client's model, where ``1/d`` is infinite; that client then dominates the step,
+    which stays a valid Weiszfeld step. Deterministic. Breakdown point 1/2: fewer than half
+    the weight held by faulty clients cannot move the median arbitrarily far.
+
+    Effective weights: the final ``a_i`` (a client far from the median gets a small one).
+
+    Parameters
+    ----------
+    tol : float, default=1e-6
+        Relative stopping tolerance on the Weiszfeld step.
+    max_iter : int, default=100
+        Maximum number of Weiszfeld steps.
+    eps : float, default=1e-9
+        Distance floor, in the units of the parameters.
+
+    Examples
+    --------
+    Six clients near ``(0, 0)`` and one far away: the median stays with the six, the mean
+    does not.
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import GeometricMedian, projavg
+    >>> kinds = {"b": "euclidean"}
+    >>> clients = [{"b": np.array([x, -x])} for x in (-0.2, -0.1, 0.0, 0.0, 0.1, 0.2)] + [{"b": np.array([100.0, 0.0])}]
+    >>> weights = np.full(7, 1 / 7)
+    >>> median, effective = GeometricMedian().aggregate(clients, weights, None, kinds)
+    >>> bool(np.abs(median["b"]).max() < 1e-3), round(float(projavg(clients, weights, None, kinds)["b"][0]), 1)
+    (True, 14.3)
+    >>> bool(effective[-1] < 1e-3)
+    True
+    """
+
+    label = "the geometric median"
+    _parameter_constraints = {
+        "tol": [Interval(Real, 0, None, closed="neither")],
+        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "eps": [Interval(Real, 0, None, closed="neither")],
+    }
+
+    def __init__(self, tol=1e-6, max_iter=100, eps=1e-9):
+        self.tol = tol
+        self.max_iter = max_iter
+        self.eps = eps
+
+    def aggregate(self, client_params, weights, previous, kinds):
+        weights = self._normalised_weights(client_params, weights)
+        current = projavg(client_params, weights, previous, kinds)
+        stacks = {name: np.stack([np.asarray(params[name], dtype=np.float64) for params in client_params])
+                  for name in current}
+        for iteration in range(self.max_iter + 1):
+            distances = np.sqrt(sum(((stack - current[name]) ** 2).reshape(len(stack), -1).sum(axis=1)
+                                    for name, stack in stacks.items()))
+            shares = weights / np.maximum(distances, self.eps)
+            shares /= shares.sum()
+            target = {name: np.tensordot(shares, stack, axes=1) for name, stack in stacks.items()}
+            steps = {name: lift(current[name], target[name]) if kinds[name] == "stiefel"
+                     else target[name] - current[name] for name in current}
+            step_norm = np.sqrt(sum(np.sum(step ** 2) for step in steps.values()))
+            if step_norm <= self.tol * max(float(weights @ distances), self.eps) or iteration == self.max_iter:
+                return current, shares
+            current = {name: retract(current[name], steps[name]) if kinds[name] == "stiefel" else target[name]
+                       for name in current}
+
+
+class TrimmedMean(RobustAggregation):
+    """``"trimmedmean"``: coordinate-wise trimmed mean in the tangent space at the broadcast.
+
+    Each client's Stiefel array is lifted to the tangent space at the previous global
+    array (``L_{W_prev}(W_i)``, the lifting of RLAvg); other arrays are taken as they are.
+    At every coordinate the ``⌊trim · n⌋`` lowest and the ``⌊trim · n⌋`` highest of the
+    ``n`` clients' values are dropped (count-based trimming: a client's weight does not
+    protect it from being trimmed) and the remaining values are averaged with the clients'
+    weights, renormalised over the kept ones. Stiefel arrays: the mean is projected onto
+    the tangent space and retracted, ``R_{W_prev}(·)``. ``trim=0`` is RLAvg (to rounding).
+
+    Effective weights: each client's share of the mean, averaged over all coordinates of
+    the non-local arrays (a client trimmed everywhere gets 0).
+
+    Parameters
+    ----------
+    trim : float in [0, 0.5), default=0.25
+        Fraction of the clients trimmed from each end at each coordinate. At the start of a
+        fit a positive ``trim`` that trims no client at the clients per round
+        (``⌊trim · n⌋ = 0``) is refused: it would silently be the plain mean.
+
+    Examples
+    --------
+    Four clients, one of them far off: trimming one value per end at each coordinate
+    drops it.
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import TrimmedMean
+    >>> kinds = {"b": "euclidean"}
+    >>> clients = [{"b": np.array([1.0, 2.0])}, {"b": np.array([2.0, 3.0])}, {"b": np.array([3.0, 4.0])},
+    ...            {"b": np.array([1e6, -1e6])}]
+    >>> mean, effective = TrimmedMean(trim=0.25).aggregate(clients, np.full(4, 0.25), None, kinds)
+    >>> mean["b"], effective
+    (array([2.5, 2.5]), array([0.25, 0.5 , 0.25, 0.  ]))
+    """
+
+    label = "the trimmed mean"
+    _parameter_constraints = {"trim": [Interval(Real, 0, 0.5, closed="left")]}
+
+    def __init__(self, trim=0.25):
+        self.trim = trim
+
+    def n_trimmed(self, n_clients):
+        """Clients trimmed from each end at each coordinate: ``⌊trim · n_clients⌋``."""
+        return int(np.floor(self.trim * n_clients + 1e-9))  # 0.29 · 100 is 28.999…
+
+    def check_n_clients(self, n_clients):
+        super().check_n_clients(n_clients)
+        if self.trim > 0 and self.n_trimmed(n_clients) == 0:
+            raise ValueError(f"TrimmedMean(trim={self.trim}) trims no client of {n_clients} per round "
+                             f"(⌊trim · {n_clients}⌋ = 0): use trim >= 1/{n_clients}, "
+                             "or trim=0 for the plain mean")
+
+    def aggregate(self, client_params, weights, previous, kinds):
+        # Per round, fewer clients than planned (failed replies) may trim none: not an error.
+        weights = self._normalised_weights(client_params, weights, previous, kinds)
+        n = len(client_params)
+        k = self.n_trimmed(n)
+        out, shares, n_coordinates = {}, np.zeros(n), 0
+        for name, kind in kinds.items():
+            if kind == "local":
+                continue
+            values = _tangent_coordinates(client_params, previous, name, kind)
+            kept = np.argsort(values, axis=0, kind="stable")[k:n - k]
+            kept_weights = weights[kept]
+            total = kept_weights.sum(axis=0)
+            if not (total > 0).all():
+                raise ValueError(f"the trimmed mean of {name!r}: the clients kept at some coordinate all have "
+                                 "zero weight")
+            mean = (kept_weights * np.take_along_axis(values, kept, axis=0)).sum(axis=0) / total
+            out[name] = _from_tangent(mean, previous, name, kind)
+            shares += np.bincount(kept.ravel(), weights=(kept_weights / total).ravel(), minlength=n)
+            n_coordinates += mean.size
+        return out, (shares / n_coordinates if n_coordinates else weights)
+
+
+class Krum(RobustAggregation):
+    """``"krum"``: multi-Krum with distances in the tangent space at the broadcast.
+
+    Each client is scored by the sum of its squared distances to its ``n − f − 2`` nearest
+    other clients (``f = n_faulty``); the ``n_selected`` clients of lowest score are
+    averaged in the tangent space at the previous global model (Stiefel arrays lifted
+    with ``L_{W_prev}``, retracted with ``R_{W_prev}``; others as they are) with their
+    weights renormalised. Distances: Frobenius norm of the difference of the tangent
+    coordinates over all non-local arrays. Scores ignore the client weights (as in Krum);
+    ties go to the lower client index. Needs ``n > 2f + 2`` clients.
+
+    Effective weights: the selected clients' renormalised weights, 0 for the others.
+
+    Parameters
+    ----------
+    n_faulty : int, default=1
+        ``f``, the number of faulty clients tolerated.
+    n_selected : int or None, default=None
+        ``m``, the clients averaged: 1 is Krum; None: ``n − f`` (multi-Krum).
+
+    References
+    ----------
+    .. [1] P. Blanchard, E. M. El Mhamdi, R. Guerraoui and J. Stainer, "Machine learning with
+       adversaries: Byzantine tolerant gradient descent", NeurIPS 2017.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import Krum
+    >>> kinds = {"b": "euclidean"}
+    >>> clients = [{"b": np.array([x])} for x in (1.0, 1.1, 0.9, 1.05, 50.0)]
+    >>> mean, effective = Krum(n_faulty=1).aggregate(clients, np.full(5, 0.2), {"b": np.zeros(1)}, kinds)
+    >>> mean["b"].round(3), effective
+    (array([1.012]), array([0.25, 0.25, 0.25, 0.25, 0.  ]))
+    """
+
+    label = "Krum"
+    _parameter_constraints = {
+        "n_faulty": [Interval(Integral, 0, None, closed="left")],
+        "n_selected": [None, Interval(Integral, 1, None, closed="left")],
+    }
+
+    def __init__(self, n_faulty=1, n_selected=None):
+        self.n_faulty = n_faulty
+        self.n_selected = n_selected
+
+    def check_n_clients(self, n_clients):
+        super().check_n_clients(n_clients)
+        f = self.n_faulty
+        if not n_clients > 2 * f + 2:
+            raise ValueError(f"Krum(n_faulty={f}) needs more than 2·n_faulty + 2 = {2 * f + 2} clients per round, "
+                             f"got {n_clients}")
+        if self.n_selected is not None and self.n_selected > n_clients - f:
+            raise ValueError(f"Krum(n_selected={self.n_selected}) may select at most n − n_faulty = "
+                             f"{n_clients - f} of {n_clients} clients")
+
+    def aggregate(self, client_params, weights, previous, kinds):
+        self.check_n_clients(len(client_params))
+        weights = self._normalised_weights(client_params, weights, previous, kinds)
+        n, f = len(client_params), self.n_faulty
+        names = [name for name, kind in kinds.items() if kind != "local"]
+        coordinates = {name: _tangent_coordinates(client_params, previous, name, kinds[name]) for name in names}
+        flat = np.concatenate([coordinates[name].reshape(n, -1) for name in names], axis=1)
+        squared = ((flat[:, None, :] - flat[None, :, :]) ** 2).sum(axis=2)
+        scores = [np.sort(np.delete(squared[i], i))[:n - f - 2].sum() for i in range(n)]
+        selected = np.sort(np.argsort(scores, kind="stable")[:self.n_selected or n - f])
+        if not weights[selected].sum() > 0:
+            raise ValueError(f"Krum selected clients {selected.tolist()}, all of zero weight")
+        shares = np.zeros(n)
+        shares[selected] = weights[selected] / weights[selected].sum()
+        out = {name: _from_tangent(np.tensordot(shares, coordinates[name], axes=1), previous, name, kinds[name])
+               for name in names}
+        return out, shares
+
+
+#: The rules that ``FederatedSPDnetClassifier(aggregation=...)`` accepts by name (the robust
+#: ones with their default parameters).
+AGGREGATIONS = {"projavg": projavg, "rlavg": rlavg, "karcher": karcher, "geomedian": GeometricMedian(),
+                "trimmedmean": TrimmedMean(), "krum": Krum()}
 #: The rules that are functions of the weighted sum only (usable under secure aggregation).
 SUM_RULES = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
 
 
 def get_aggregation(aggregation):
-    """Resolve ``"projavg" | "rlavg" | "karcher"`` or a callable to a rule.
+    """Resolve a rule's name (:data:`AGGREGATIONS`; a robust rule: a new instance with its
+    default parameters) or a callable to a rule.
 
     Examples
     --------
     >>> from skfedspd.aggregation import get_aggregation, rlavg
     >>> get_aggregation("rlavg") is rlavg
     True
+    >>> get_aggregation("trimmedmean")
+    TrimmedMean()
     """
     if callable(aggregation):
         return aggregation
-    if aggregation in AGGREGATIONS:
-        return AGGREGATIONS[aggregation]
+    if isinstance(aggregation, str) and aggregation in AGGREGATIONS:
+        rule = AGGREGATIONS[aggregation]
+        return clone(rule) if isinstance(rule, RobustAggregation) else rule
     raise ValueError(f"aggregation must be one of {sorted(AGGREGATIONS)} or a callable, got {aggregation!r}")
+
+
+def check_secure_rule(name):
+    """Raise ValueError unless the rule called ``name`` (see :func:`skfedspd.engine.rule_name`)
+    can run under secure aggregation, i.e. is in :data:`SUM_RULES`.
+
+    Examples
+    --------
+    >>> from skfedspd.aggregation import check_secure_rule
+    >>> check_secure_rule("rlavg")  # a function of the weighted sum: fine
+    >>> check_secure_rule("geomedian")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: secure aggregation reveals only the clients' weighted sum, but aggregation='geomedian' is not ...
+    """
+    if name not in SUM_RULES:
+        raise ValueError(
+            f"secure aggregation reveals only the clients' weighted sum, but aggregation={name!r} is not a "
+            "function of the weighted sum: it needs each client's update (a robust rule compares the clients "
+            "to down-weight or drop outliers; the Karcher mean and custom callables use each client's arrays): "
+            f"use {sorted(SUM_RULES)} under secure aggregation, "
+            "or a robust rule without it (secure aggregation hides each update from the server, a robust rule "
+            "limits what a faulty update does: one mode addresses each threat)")

@@ -35,7 +35,7 @@ import warnings
 from dataclasses import dataclass
 
 import numpy as np
-from .aggregation import client_weights, get_aggregation
+from .aggregation import RobustAggregation, client_distances, client_weights, get_aggregation
 from .server_optimizer import is_identity_step, server_step
 from .stiefel import orthonormality_error
 from .training import PlateauSchedule, derive_seed
@@ -180,18 +180,21 @@ class FederatedResult:
 
 
 def rule_name(aggregation):
-    """A stable name for an aggregation rule: the name itself, or ``module.qualname`` of a
-    callable (of its class for a callable instance), never its memory address.
+    """A stable name for an aggregation rule: the name itself, ``module.repr`` of a robust
+    rule (its parameters included), or ``module.qualname`` of a callable (of its class for a
+    callable instance), never its memory address.
 
     Examples
     --------
-    >>> from skfedspd.aggregation import karcher
+    >>> from skfedspd.aggregation import TrimmedMean, karcher
     >>> from skfedspd.engine import rule_name
-    >>> rule_name("projavg"), rule_name(karcher)
-    ('projavg', 'skfedspd.aggregation.karcher')
+    >>> rule_name("projavg"), rule_name(karcher), rule_name(TrimmedMean(trim=0.3))
+    ('projavg', 'skfedspd.aggregation.karcher', 'skfedspd.aggregation.TrimmedMean(trim=0.3)')
     """
     if isinstance(aggregation, str):
         return aggregation
+    if isinstance(aggregation, RobustAggregation):
+        return f"{type(aggregation).__module__}.{aggregation!r}"
     target = aggregation if hasattr(aggregation, "__qualname__") else type(aggregation)
     return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
@@ -380,6 +383,29 @@ def _pool_scores(scores):
     return float(np.average(loss, weights=n)), float(np.average(f1, weights=n))
 
 
+#: A robust rule down-weights a client whose effective weight is below this fraction of its weight.
+DOWNWEIGHT_RATIO = 0.5
+
+
+def _robustness_entries(clients, aggregate, kinds, diagnostics):
+    """The record's ``client_distance`` (each accepted client's :func:`~skfedspd.aggregation.client_distances`
+    to the rule's aggregate, before any server-optimizer step), ``effective_weights`` (a robust
+    rule's, else None) and ``downweighted_clients`` (clients whose effective weight is below
+    ``DOWNWEIGHT_RATIO`` of their weight; None without effective weights); all None when the
+    server saw only sums."""
+    if diagnostics is None:
+        return {"client_distance": None, "effective_weights": None, "downweighted_clients": None}
+    client_params, weights, effective = diagnostics
+    distances = client_distances(client_params, aggregate, kinds)
+    entries = {"client_distance": [float(d) for d in distances], "effective_weights": None,
+               "downweighted_clients": None}
+    if effective is not None:
+        entries["effective_weights"] = [float(w) for w in effective]
+        entries["downweighted_clients"] = [cid for cid, w, e in zip(clients, weights, effective)
+                                           if e < DOWNWEIGHT_RATIO * w]
+    return entries
+
+
 def _describe(error):
     return f"{type(error).__name__}: {error}"
 
@@ -501,6 +527,8 @@ class FederatedEngine:
         self.aggregation = aggregation
         self.rule = get_aggregation(aggregation)
         self.rule_name = rule_name(aggregation)
+        if isinstance(self.rule, RobustAggregation):  # a bad setting fails before any round
+            self.rule.check_n_clients(self.n_select)
         self.weighting = weighting
         client_weights([1.0], weighting)
         if on_client_error not in ("raise", "skip"):
@@ -694,13 +722,18 @@ class FederatedEngine:
         accepted, failed = self._sort_replies(t, "train", selected, replies, self.check_train_reply)
         n_samples = [int(r.n_examples) if r.weight is None else _as_number(r.weight) for _, r in accepted]
         weights = client_weights(n_samples, self.weighting)
-        new_global = self.rule([r.params for _, r in accepted], weights, self._previous(), self.kinds)
+        client_params = [r.params for _, r in accepted]
+        if isinstance(self.rule, RobustAggregation):
+            new_global, effective_weights = self.rule.aggregate(client_params, weights, self._previous(), self.kinds)
+        else:
+            new_global, effective_weights = self.rule(client_params, weights, self._previous(), self.kinds), None
         local_names = [n for n, kind in self.kinds.items() if kind == "local"]
         local_states = {cid: {n: reply.params[n] for n in local_names} for cid, reply in accepted} if local_names else {}
         losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
         train_loss = float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan")
         record = self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
-                              int(sum(r.n_skipped for _, r in accepted)), local_states)
+                              int(sum(r.n_skipped for _, r in accepted)), local_states,
+                              diagnostics=(client_params, weights, effective_weights))
         self.client_optimizer_states.update({cid: r.optimizer_state for cid, r in accepted
                                              if r.optimizer_state is not None})
         return record
@@ -772,12 +805,15 @@ class FederatedEngine:
         return {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}
 
     def _commit(self, t, new_global, clients, n_samples, failed, train_loss, skipped, local_states=None,
-                pooled_local=None):
+                pooled_local=None, diagnostics=None):
         """Check the rule's output; only then make it the global model (with the clients'
-        new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record."""
+        new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record.
+        ``diagnostics``: ``(client_params, weights, effective_weights or None)`` of the
+        accepted clients, for the record's robustness entries (None: only sums were seen)."""
         check_aggregate(self.rule_name, new_global, self.template, self.kinds)
         previous = self._previous()
         new_global = {n: new_global[n] for n in previous}
+        robustness = _robustness_entries(clients, new_global, self.kinds, diagnostics)
         momentum = self.server_momentum_buffer
         if not is_identity_step(self.server_lr, self.server_momentum):
             new_global, momentum = server_step(new_global, previous, momentum, self.kinds, lr=self.server_lr,
@@ -799,6 +835,7 @@ class FederatedEngine:
             "orthonormality": {n: orthonormality_error(new_global[n]) for n, k in self.kinds.items() if k == "stiefel"},
             "lr": float(self.schedule.lr),
             "skipped_batches": skipped,
+            **robustness,
         }
 
     def evaluated_clients(self):

@@ -22,10 +22,10 @@ from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
 from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .aggregation import AGGREGATIONS
+from .aggregation import AGGREGATIONS, RobustAggregation, check_secure_rule, get_aggregation
 from .base import resolve_groups, training_weights, uses_validation
 from .classifier import SPDnetClassifier
-from .engine import DP_SAMPLE_WEIGHT_ERROR, FederatedEngine, FederatedResult, FitTask, n_selected
+from .engine import DP_SAMPLE_WEIGHT_ERROR, FederatedEngine, FederatedResult, FitTask, n_selected, rule_name
 from .local import fit_local
 from .online import drop_domain_requests
 from .spec import estimator_from_spec, estimator_to_spec
@@ -137,10 +137,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         epoch-level ``max_epochs``, ``patience``, ``lr_patience``, ``lr_factor``,
         ``validation_fraction``, ``warm_start``, ``verbose``, ``random_state`` (this
         estimator's own round-level parameters take their place).
-    aggregation : {"projavg", "rlavg", "karcher"} or callable, default="projavg"
+    aggregation : {"projavg", "rlavg", "karcher", "geomedian", "trimmedmean", "krum"} or callable, default="projavg"
         Server rule; a callable has the signature of :mod:`skfedspd.aggregation`
         (``rule(client_params, weights, previous, kinds) -> dict``); its output is checked
         (names, shapes, finite, orthonormal Stiefel arrays) and a bad one raises naming it.
+        The robust rules (against a faulty or hostile site) by name have their default
+        parameters; set them with an instance, e.g.
+        ``aggregation=TrimmedMean(trim=0.25)`` (reachable as ``aggregation__trim``; saved
+        and sent to Flower with the estimator): :class:`~skfedspd.aggregation.GeometricMedian`,
+        :class:`~skfedspd.aggregation.TrimmedMean`, :class:`~skfedspd.aggregation.Krum`
+        (``docs/guide/robust-aggregation.md``). Not with ``secure_aggregation``.
     n_rounds : int, default=150
     local_epochs : int, default=2
     clients_per_round : int, float or None, default=None
@@ -262,7 +268,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         every round's train and validation replies reach the server only as sums, by
         Flower's SecAgg+ protocol (:mod:`skfedspd.flower.secure`); ProjAvg / RLAvg are
         computed from the summed weighted arrays and match the plain run to ~1e-7. Needs
-        ``aggregation`` "projavg" or "rlavg" and at least 3 clients per round; tolerates
+        ``aggregation`` "projavg" or "rlavg" (a robust rule needs each client's update, which
+        secure aggregation hides: refused at fit) and at least 3 clients per round; tolerates
         ``M − round(2M/3)`` dropouts per round. Client-local arrays (BatchNorm statistics)
         stay on their site; only their training-size weighted sum joins the masked sum (the
         released model's pooled statistics). Combines with ``dp_epsilon`` (the noise is
@@ -338,7 +345,12 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "reason"}``), ``train_loss`` (weighted mean), ``val_f1``, ``val_loss`` (global model
         after aggregation, on every client's validation part, weighted by its size),
         ``orthonormality`` (``‖WᵀW − I‖`` per Stiefel weight), ``lr``,
-        ``skipped_batches``, ``wall_time``.
+        ``skipped_batches``, ``wall_time``; to spot a faulty site, ``client_distance`` (each
+        accepted client's distance to the rule's aggregate,
+        :func:`~skfedspd.aggregation.client_distances`, in ``clients`` order), and for a
+        robust rule ``effective_weights`` (each client's share of the aggregate) and
+        ``downweighted_clients`` (those whose share is below half their weight), None
+        otherwise; all three None under secure aggregation.
     best_round_ : int
     privacy_ : dict or None
         DP mode: the JSON-able report of :func:`skfedspd.privacy.plan_dp` (mechanism,
@@ -384,8 +396,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     >>> fed.predict(X[:5]).shape, fed.predict_proba(X[:5]).shape
     ((5,), (5, 2))
     >>> sorted(fed.history_[-1])  # one record per round
-    ['clients', 'failed_clients', 'lr', 'n_samples', 'orthonormality', 'round', 'skipped_batches',
-     'train_loss', 'val_f1', 'val_loss', 'wall_time']
+    ['client_distance', 'clients', 'downweighted_clients', 'effective_weights', 'failed_clients', 'lr',
+     'n_samples', 'orthonormality', 'round', 'skipped_batches', 'train_loss', 'val_f1', 'val_loss',
+     'wall_time']
 
     Without groups, a seeded partition of the samples (3 clients; 0.5 of them, floored: one per
     round) and RLAvg; the local model's parameters are reachable as ``estimator__*``:
@@ -554,6 +567,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.secure_aggregation and self.backend == "local":
             raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
                              "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
+        self._check_aggregation()
         task = self._prepare(X, y, groups, subjects, sample_weight)
         self.warn_about_settings()
         if self.dp_epsilon is not None and task.sample_weight is not None:
@@ -579,11 +593,20 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             Naming the parameter, its value and what is allowed.
         """
         self._validate_params()
+        self._check_aggregation()
         self._init_model()
         est = self.local_estimator()
         est.check_params()
         if self.dp_epsilon is not None:
             self._check_dp_mode(est)
+
+    def _check_aggregation(self):
+        """A robust rule's own parameters; under secure aggregation, a rule of the weighted sum."""
+        rule = get_aggregation(self.aggregation)
+        if isinstance(rule, RobustAggregation):
+            rule.check_params()  # the clients per round are checked by the engine, when they are known
+        if self.secure_aggregation:
+            check_secure_rule(rule_name(self.aggregation))
 
     def warn_about_settings(self):
         """Warn about parameter pairs measured to train badly; ``fit`` and

@@ -2,7 +2,8 @@
 
 Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
 ``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
-type, e.g. the labels of a ``class_weight``), and nested estimators. A callable
+type, e.g. the labels of a ``class_weight``), and nested estimators, among them the robust
+aggregation rules (``aggregation=TrimmedMean(trim=0.2)``). Any other callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
 A fitted model as a parameter (``FederatedSPDnetClassifier(init=...)``, where a fit starts)
 is no JSON value: a class lists such parameters in ``_params_not_in_spec`` and they are
@@ -25,15 +26,18 @@ _ALLOWED = {
     "SPDnetClassifier": "skfedspd.classifier",
     "EEGNetClassifier": "skfedspd.eegnet",
 }
+#: Allowed as a parameter's value only (``aggregation=``), never as the saved estimator.
+_NESTED = {name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum")}
 
 
-def _classes():
-    return {name: getattr(importlib.import_module(module), name) for name, module in _ALLOWED.items()}
+def _classes(nested=False):
+    allowed = {**_ALLOWED, **_NESTED} if nested else _ALLOWED
+    return {name: getattr(importlib.import_module(module), name) for name, module in allowed.items()}
 
 
 def _encode(value, where):
     if isinstance(value, BaseEstimator):
-        return {"__estimator__": estimator_to_spec(value)}
+        return {"__estimator__": _to_spec(value, _classes(nested=True))}
     if isinstance(value, tuple):
         return {"__tuple__": [_encode(v, where) for v in value]}
     if isinstance(value, dict):  # keys of any JSON type (labels), in order
@@ -60,7 +64,7 @@ def _is_pair_list(pairs):
 def _decode(value):
     if isinstance(value, dict):
         if "__estimator__" in value:
-            return estimator_from_spec(value["__estimator__"])
+            return _from_spec(value["__estimator__"], _classes(nested=True))
         if "__tuple__" in value and isinstance(value["__tuple__"], list):
             return tuple(_decode(v) for v in value["__tuple__"])
         if "__dict__" in value and _is_pair_list(value["__dict__"]):
@@ -88,7 +92,10 @@ def estimator_to_spec(estimator):
     ...
     TypeError: FederatedSPDnetClassifier.aggregation=<function <lambda> at ...> cannot be written as JSON: ...
     """
-    classes = _classes()
+    return _to_spec(estimator, _classes())
+
+
+def _to_spec(estimator, classes):
     name = type(estimator).__name__
     if classes.get(name) is not type(estimator):
         raise TypeError(f"{name} cannot be written as JSON; allowed: {sorted(classes)}")
@@ -108,8 +115,17 @@ def estimator_from_spec(spec):
     >>> rebuilt = estimator_from_spec(estimator_to_spec(fed))
     >>> rebuilt.n_rounds, rebuilt.estimator.hidden_dims
     (30, (8, 4))
+
+    A robust aggregation rule travels with its parameters:
+
+    >>> from skfedspd.aggregation import TrimmedMean
+    >>> estimator_from_spec(estimator_to_spec(FederatedSPDnetClassifier(aggregation=TrimmedMean(trim=0.3)))).aggregation
+    TrimmedMean(trim=0.3)
     """
-    classes = _classes()
+    return _from_spec(spec, _classes())
+
+
+def _from_spec(spec, classes):
     if not isinstance(spec, dict) or spec.get("class") not in classes or not isinstance(spec.get("params"), dict):
         raise ValueError(f"not an estimator spec of {sorted(classes)}: {spec!r}")
     return classes[spec["class"]](**{k: _decode(v) for k, v in spec["params"].items()})

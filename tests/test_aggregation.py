@@ -5,7 +5,9 @@ equivariance under ``W ↦ Q W R``, the ``O(δ²)`` agreement of ProjAvg and RLA
 secure-aggregation property (the clients enter only through their weighted sum), the
 Euclidean weighted mean, the exclusion of client-local arrays, and argument checking; the
 Karcher mean's first-order optimality and its ``O(δ²)`` gap to ProjAvg / RLAvg; the
-R-barycenter (RLAvg iterated at its own output) is ProjAvg.
+R-barycenter (RLAvg iterated at its own output) is ProjAvg. The robust rules (geometric
+median, trimmed mean, multi-Krum): their fixed cases, resistance to outliers, oracles (scipy's
+minimiser and trimmed mean, replicated clients), invariances and argument checking.
 """
 
 from collections import OrderedDict
@@ -13,8 +15,18 @@ from collections import OrderedDict
 import numpy as np
 import pytest
 
+from scipy.optimize import minimize
+from scipy.stats import trim_mean
+from sklearn.base import clone
+
 from skfedspd.aggregation import (
     AGGREGATIONS,
+    GeometricMedian,
+    Krum,
+    RobustAggregation,
+    TrimmedMean,
+    check_secure_rule,
+    client_distances,
     client_weights,
     get_aggregation,
     projavg,
@@ -39,6 +51,8 @@ SHAPES = [(3, 1), (4, 2), (6, 3), (5, 5), (8, 4), (64, 18)]
 RULES = {"projavg": projavg, "rlavg": rlavg}
 FROM_SUM = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
 ALL_RULES = {**RULES, "karcher": karcher}
+ROBUST = {"geomedian": GeometricMedian(), "trimmedmean": TrimmedMean(trim=0.2), "krum": Krum(n_faulty=1)}
+EVERY_RULE = {**ALL_RULES, **ROBUST}
 N_CLIENTS = [1, 2, 5]
 
 STIEFEL = "bimaps.0.weight"
@@ -128,12 +142,12 @@ def test_output_names_and_shapes(rule):
         assert value.dtype == np.float64
 
 
-@pytest.mark.parametrize("rule", ALL_RULES)
+@pytest.mark.parametrize("rule", EVERY_RULE)
 def test_inputs_not_modified(rule):
-    previous, clients, w = _clients(6, 3, 3, 0.1, seed=0)
+    previous, clients, w = _clients(6, 3, 5, 0.1, seed=0)
     before = [{n: a.copy() for n, a in c.items()} for c in clients], {n: a.copy() for n, a in previous.items()}
     w_before = w.copy()
-    ALL_RULES[rule](clients, w, previous, _kinds())
+    EVERY_RULE[rule](clients, w, previous, _kinds())
     for c, c0 in zip(clients, before[0]):
         for name in c:
             np.testing.assert_array_equal(c[name], c0[name])
@@ -504,7 +518,16 @@ def test_get_aggregation_names(name):
 
 
 def test_aggregations_registry():
-    assert sorted(AGGREGATIONS) == ["karcher", "projavg", "rlavg"]
+    assert sorted(AGGREGATIONS) == ["geomedian", "karcher", "krum", "projavg", "rlavg", "trimmedmean"]
+
+
+@pytest.mark.parametrize("name, cls", [("geomedian", GeometricMedian), ("trimmedmean", TrimmedMean), ("krum", Krum)])
+def test_get_aggregation_robust_names_give_fresh_default_instances(name, cls):
+    """A robust rule by name is a new default instance: setting its parameters cannot
+    change the registry's."""
+    rule = get_aggregation(name)
+    assert type(rule) is cls and rule.get_params() == cls().get_params()
+    assert rule is not AGGREGATIONS[name] and rule is not get_aggregation(name)
 
 
 def _my_rule(client_params, weights, previous, kinds):
@@ -670,3 +693,311 @@ def test_karcher_client_too_far_raises():
     w = np.array([0.45, 0.45, 0.1])
     with pytest.raises(RuntimeError, match="client 2 is too far"):
         karcher(clients, w, previous, _kinds())
+
+
+# ---------------------------------------------------------------------------------------------
+# Robust rules: geometric median, trimmed mean, multi-Krum
+# ---------------------------------------------------------------------------------------------
+
+
+def _outlier(previous, seed, scale=1e3):
+    """A client far from the others: a Haar Stiefel point and Euclidean arrays ``scale`` away."""
+    rng = np.random.default_rng(seed)
+    p, k = previous[STIEFEL].shape
+    return {STIEFEL: random_stiefel(p, k, rng), "head.weight": previous["head.weight"] + scale,
+            "head.bias": previous["head.bias"] - scale, "bn.running_mean": np.zeros(k)}
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("spread", [0.05, 0.5, None])
+def test_robust_output_is_orthonormal_float64_and_deterministic(rule, shape, spread):
+    p, k = shape
+    previous, clients, w = _clients(p, k, 5, spread, seed=k)
+    out = ROBUST[rule](clients, w, previous, _kinds())
+    assert list(out) == [STIEFEL, "head.weight", "head.bias"]
+    assert all(value.dtype == np.float64 and value.shape == previous[name].shape for name, value in out.items())
+    assert orthonormality_error(out[STIEFEL]) <= 1e-12
+    again = ROBUST[rule](clients, w, previous, _kinds())
+    for name in out:
+        np.testing.assert_array_equal(again[name], out[name])
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+def test_robust_effective_weights_sum_to_one(rule):
+    previous, clients, w = _clients(6, 3, 5, 0.2, seed=0)
+    _, effective = ROBUST[rule].aggregate(clients, w, previous, _kinds())
+    assert effective.shape == (5,) and (effective >= 0).all() and effective.sum() == pytest.approx(1, abs=1e-12)
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_robust_all_clients_equal_previous_unchanged(rule, shape):
+    p, k = shape
+    previous, _, w = _clients(p, k, 5, 0.1, seed=k)
+    clients = [{**{n: a.copy() for n, a in previous.items()}, "bn.running_mean": np.ones(k)} for _ in range(5)]
+    out = ROBUST[rule](clients, w, previous, _kinds())
+    for name, value in previous.items():
+        np.testing.assert_allclose(out[name], value, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+def test_robust_one_far_client_is_left_out_while_projavg_moves(rule):
+    """Six clients near the broadcast and one far away: the robust rule stays with the six
+    (near their own aggregate, the far client's share ≈ 0), ProjAvg moves far."""
+    previous, inliers, _ = _clients(8, 4, 6, 0.05, seed=1)
+    clients = inliers[:3] + [_outlier(previous, seed=2)] + inliers[3:]
+    w = np.full(7, 1 / 7)
+    out, effective = ROBUST[rule].aggregate(clients, w, previous, _kinds())
+    honest = ROBUST[rule](inliers, np.full(6, 1 / 6), previous, _kinds())
+    moved = client_distances([out], honest, _kinds())[0]
+    spread = client_distances(inliers, honest, _kinds()).max()
+    projavg_moved = client_distances([projavg(clients, w, previous, _kinds())], projavg(inliers, w[:6] * 7 / 6,
+                                                                                         previous, _kinds()), _kinds())[0]
+    assert moved < spread and projavg_moved > 100 * spread
+    assert effective[3] < 1e-3
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", [1, 2, 5])
+def test_geomedian_of_identical_clients_is_that_client(shape, n_clients):
+    p, k = shape
+    previous, (client,), _ = _clients(p, k, 1, 0.7, seed=k + 7)
+    w = _random_weights(n_clients, np.random.default_rng(0))
+    out, effective = GeometricMedian().aggregate([client] * n_clients, w, previous, _kinds())
+    for name in out:
+        np.testing.assert_allclose(out[name], client[name], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(effective, w, rtol=1e-12)
+
+
+@pytest.mark.parametrize("n_outliers", [1, 2, 3])
+def test_geomedian_breakdown_outliers_arbitrarily_far(n_outliers):
+    """``f < n/2`` clients arbitrarily far cannot drag the median away: it stays within a
+    bounded distance of the inliers, the same for outliers at 1e2, 1e4 or 1e6."""
+    rng = np.random.default_rng(n_outliers)
+    inliers = rng.uniform(-1, 1, (7, 3))
+    direction = rng.standard_normal(3)
+    direction /= np.linalg.norm(direction)
+    medians = []
+    for distance in (1e2, 1e4, 1e6):
+        points = np.vstack([inliers, np.tile(distance * direction, (n_outliers, 1))])
+        clients = [{"b": x} for x in points]
+        medians.append(GeometricMedian(tol=1e-12, max_iter=1000)(clients, np.full(len(points), 1 / len(points)),
+                                                                None, {"b": "euclidean"})["b"])
+    radius = np.linalg.norm(inliers, axis=1).max()
+    assert all(np.linalg.norm(m) < 3 * radius for m in medians)
+    np.testing.assert_allclose(medians[2], medians[1], rtol=0, atol=1e-3)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_geomedian_euclidean_matches_scipy_minimiser(seed):
+    """Euclidean arrays: the weighted geometric median, checked against scipy's minimiser of
+    ``Σ w_i ‖x − x_i‖`` (ours is at least as good, and the same point)."""
+    rng = np.random.default_rng(seed)
+    points = rng.standard_normal((6, 4)) * [1, 2, 3, 4]
+    w = _random_weights(6, rng)
+
+    def objective(x):
+        return float(w @ np.linalg.norm(points - x, axis=1))
+
+    oracle = minimize(objective, points.mean(axis=0), method="Nelder-Mead",
+                      options=dict(xatol=1e-10, fatol=1e-13, maxiter=20000)).x
+    median = GeometricMedian(tol=1e-12, max_iter=2000)([{"b": x} for x in points], w, None, {"b": "euclidean"})["b"]
+    assert objective(median) <= objective(oracle) + 1e-10
+    np.testing.assert_allclose(median, oracle, rtol=0, atol=1e-5)
+
+
+def test_geomedian_weights_equal_replicated_clients():
+    """Integer weights are replicated clients."""
+    previous, clients, _ = _clients(6, 3, 4, 0.3, seed=5)
+    counts = [2, 1, 1, 3]
+    rule = GeometricMedian(tol=1e-12, max_iter=1000)
+    weighted = rule(clients, np.array(counts) / 7, previous, _kinds())
+    replicated = rule([c for c, n in zip(clients, counts) for _ in range(n)], np.full(7, 1 / 7), previous, _kinds())
+    for name in weighted:
+        np.testing.assert_allclose(weighted[name], replicated[name], rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_geomedian_stiefel_first_order_optimality_and_minimality(shape):
+    """On the manifold: the Riemannian gradient of ``Σ w_i ‖W − W_i‖_F`` vanishes at the
+    median, and the objective is lower there than at ProjAvg or at nearby points."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 5, 0.4, seed=p)
+    kinds = {STIEFEL: "stiefel"}
+    clients = [{STIEFEL: c[STIEFEL]} for c in clients]
+    median = GeometricMedian(tol=1e-12, max_iter=2000)(clients, w, previous, kinds)
+
+    def objective(W):
+        return float(w @ client_distances(clients, {STIEFEL: W}, kinds))
+
+    W = median[STIEFEL]
+    gradient = tangent_project(W, sum(wi * (W - c[STIEFEL]) / np.linalg.norm(W - c[STIEFEL])
+                                      for wi, c in zip(w, clients)))
+    assert np.linalg.norm(gradient) <= 1e-8
+    assert objective(W) <= objective(projavg(clients, w, previous, kinds)[STIEFEL]) + 1e-14
+    rng = np.random.default_rng(0)
+    for _ in range(5):
+        assert objective(W) <= objective(retract(W, 1e-3 * tangent_project(W, rng.standard_normal(W.shape))))
+
+
+@pytest.mark.parametrize("rule", ["geomedian", "krum"])
+@pytest.mark.parametrize("shape", SHAPES)
+def test_geomedian_and_krum_equivariance(rule, shape):
+    """Their distances are invariant and their steps equivariant under ``W ↦ Q W R``."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 5, 0.3, seed=3 * k)
+    rng = np.random.default_rng(7)
+    Q, R = _orthogonal(p, rng), _orthogonal(k, rng)
+    moved = [{**c, STIEFEL: Q @ c[STIEFEL] @ R} for c in clients]
+    out = ROBUST[rule](clients, w, previous, _kinds())
+    out_moved = ROBUST[rule](moved, w, {**previous, STIEFEL: Q @ previous[STIEFEL] @ R}, _kinds())
+    np.testing.assert_allclose(out_moved[STIEFEL], Q @ out[STIEFEL] @ R, rtol=0, atol=1e-8)
+    np.testing.assert_allclose(out_moved["head.bias"], out["head.bias"], rtol=0, atol=1e-8)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("n_clients", [1, 3, 6])
+def test_trimmedmean_trim_zero_is_rlavg(shape, n_clients):
+    p, k = shape
+    previous, clients, w = _clients(p, k, n_clients, 0.4, seed=k)
+    out = TrimmedMean(trim=0)(clients, w, previous, _kinds())
+    expected = rlavg(clients, w, previous, _kinds())
+    for name in out:
+        np.testing.assert_allclose(out[name], expected[name], rtol=0, atol=1e-13)
+
+
+@pytest.mark.parametrize("trim", [0.1, 0.2, 0.3, 0.45])
+@pytest.mark.parametrize("n_clients", [5, 8, 11])
+def test_trimmedmean_equal_weights_is_scipy_trim_mean(trim, n_clients):
+    """Equal weights, Euclidean arrays: scipy's trimmed mean, coordinate by coordinate."""
+    rng = np.random.default_rng(n_clients)
+    values = rng.standard_normal((n_clients, 3, 4)) * rng.uniform(0.1, 100, (n_clients, 1, 1))
+    out = TrimmedMean(trim=trim)([{"a": v} for v in values], np.full(n_clients, 1 / n_clients), None,
+                                 {"a": "euclidean"})
+    np.testing.assert_allclose(out["a"], trim_mean(values, trim, axis=0), rtol=1e-13, atol=1e-13)
+
+
+def test_trimmedmean_weighted_matches_coordinate_loop():
+    """Weighted: count-based trimming, then the kept clients' weights renormalised."""
+    rng = np.random.default_rng(0)
+    values, w = rng.standard_normal((7, 5)), _random_weights(7, rng)
+    out, effective = TrimmedMean(trim=0.3).aggregate([{"a": v} for v in values], w, None, {"a": "euclidean"})
+    shares = np.zeros(7)
+    for j in range(5):
+        kept = np.argsort(values[:, j])[2:5]
+        np.testing.assert_allclose(out["a"][j], w[kept] @ values[kept, j] / w[kept].sum(), rtol=1e-14)
+        shares[kept] += w[kept] / w[kept].sum() / 5
+    np.testing.assert_allclose(effective, shares, rtol=1e-14)
+
+
+def test_trimmedmean_trims_the_extreme_coordinates():
+    """A client highest in some coordinates and lowest in others is trimmed in each."""
+    values = np.array([[0.0, 1.0], [1.0, 2.0], [2.0, 3.0], [100.0, -100.0]])
+    out, effective = TrimmedMean(trim=0.25).aggregate([{"a": v} for v in values], np.full(4, 0.25), None,
+                                                      {"a": "euclidean"})
+    np.testing.assert_array_equal(out["a"], [1.5, 1.5])
+    assert effective[3] == 0
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_trimmedmean_invariances(shape):
+    """The clients' order does not matter; Stiefel arrays are equivariant under signed
+    permutations ``W ↦ Q W R`` (coordinate-wise trimming commutes with them); Euclidean
+    arrays under ``θ ↦ aθ + b``, ``a > 0``."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 6, 0.3, seed=k)
+    rule = TrimmedMean(trim=0.2)
+    out = rule(clients, w, previous, _kinds())
+    order = [3, 0, 5, 1, 4, 2]
+    shuffled = rule([clients[i] for i in order], w[order], previous, _kinds())
+    for name in out:
+        np.testing.assert_allclose(shuffled[name], out[name], rtol=0, atol=1e-13)
+    rng = np.random.default_rng(1)
+    Q = np.eye(p)[rng.permutation(p)] * rng.choice([-1, 1], p)
+    R = np.eye(k)[rng.permutation(k)] * rng.choice([-1, 1], k)
+    moved = [{**c, STIEFEL: Q @ c[STIEFEL] @ R, "head.bias": 3 * c["head.bias"] + 2} for c in clients]
+    out_moved = rule(moved, w, {**previous, STIEFEL: Q @ previous[STIEFEL] @ R}, _kinds())
+    np.testing.assert_allclose(out_moved[STIEFEL], Q @ out[STIEFEL] @ R, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(out_moved["head.bias"], 3 * out["head.bias"] + 2, rtol=1e-13, atol=1e-13)
+
+
+def test_krum_selects_the_clients_nearest_the_others():
+    """Multi-Krum drops the two far clients; Krum (``n_selected=1``) keeps the most central
+    one, exactly (in the tangent space at the broadcast)."""
+    points = np.array([0.0, 0.1, -0.1, 0.05, 0.2, 50.0, -80.0])
+    clients = [{"b": np.array([x])} for x in points]
+    kinds, w = {"b": "euclidean"}, np.full(7, 1 / 7)
+    out, effective = Krum(n_faulty=2).aggregate(clients, w, {"b": np.zeros(1)}, kinds)
+    np.testing.assert_allclose(effective, [0.2] * 5 + [0, 0])
+    np.testing.assert_allclose(out["b"], points[:5].mean(), rtol=1e-14)
+    single, effective = Krum(n_faulty=2, n_selected=1).aggregate(clients, w, {"b": np.zeros(1)}, kinds)
+    # scores (3 nearest): 0.0 → 0.0025 + 0.01 + 0.01, 0.05 → 0.0025 + 0.0025 + 0.0225, ...
+    assert effective.tolist() == [1, 0, 0, 0, 0, 0, 0] and single["b"].tolist() == [0.0]
+
+
+@pytest.mark.parametrize("rule", ROBUST)
+@pytest.mark.parametrize("weights, match", [
+    (np.zeros(5), "positive sum"), (np.array([1, 1, 1, -1, 1.0]), "non-negative"),
+    (np.array([1, 1, np.nan, 1, 1.0]), "finite"), (np.full(4, 0.25), "weights of shape"),
+])
+def test_robust_rules_reject_bad_weights(rule, weights, match):
+    previous, clients, _ = _clients(5, 2, 5, 0.1, seed=0)
+    with pytest.raises(ValueError, match=match):
+        ROBUST[rule](clients, weights, previous, _kinds())
+
+
+@pytest.mark.parametrize("rule", ["trimmedmean", "krum"])
+def test_tangent_rules_need_previous(rule):
+    _, clients, w = _clients(5, 2, 5, 0.1, seed=0)
+    with pytest.raises(ValueError, match="previous must be given"):
+        ROBUST[rule](clients, w, None, _kinds())
+
+
+@pytest.mark.parametrize("rule, n_clients, match", [
+    (TrimmedMean(trim=0.6), 8, "'trim' parameter of TrimmedMean"),
+    (TrimmedMean(trim=-0.1), 8, "'trim' parameter of TrimmedMean"),
+    (TrimmedMean(trim=0.1), 8, r"trims no client of 8 per round \(⌊trim · 8⌋ = 0\)"),
+    (Krum(n_faulty=2), 6, r"Krum\(n_faulty=2\) needs more than 2·n_faulty \+ 2 = 6 clients per round, got 6"),
+    (Krum(n_faulty=1, n_selected=5), 5, "may select at most n − n_faulty = 4 of 5"),
+    (Krum(n_faulty=-1), 5, "'n_faulty' parameter of Krum"),
+    (GeometricMedian(tol=0), 5, "'tol' parameter of GeometricMedian"),
+    (GeometricMedian(max_iter=0), 5, "'max_iter' parameter of GeometricMedian"),
+])
+def test_robust_rule_settings_refused(rule, n_clients, match):
+    with pytest.raises(ValueError, match=match):
+        rule.check_n_clients(n_clients)
+
+
+def test_krum_with_too_few_replies_raises_in_the_round():
+    previous, clients, w = _clients(5, 2, 4, 0.1, seed=0)
+    with pytest.raises(ValueError, match="needs more than 2·n_faulty"):
+        Krum(n_faulty=1)(clients, w, previous, _kinds())
+
+
+def test_trimmedmean_trimming_nobody_in_a_smaller_round_is_the_mean():
+    """A round with fewer replies than planned may trim none: the weighted mean, no error."""
+    previous, clients, w = _clients(5, 2, 4, 0.1, seed=0)
+    out = TrimmedMean(trim=0.2)(clients, w, previous, _kinds())
+    np.testing.assert_allclose(out["head.bias"], sum(wi * c["head.bias"] for wi, c in zip(w, clients)), rtol=1e-13)
+
+
+def test_robust_rules_are_cloneable_estimators():
+    for rule in ROBUST.values():
+        assert isinstance(rule, RobustAggregation) and callable(rule)
+        copy = clone(rule)
+        assert copy is not rule and copy.get_params() == rule.get_params()
+
+
+def test_client_distances_is_the_frobenius_distance_over_non_local_arrays():
+    previous, clients, _ = _clients(6, 3, 3, 0.3, seed=0)
+    expected = [np.sqrt(sum(np.sum((c[n] - previous[n]) ** 2) for n in (STIEFEL, "head.weight", "head.bias")))
+                for c in clients]
+    np.testing.assert_allclose(client_distances(clients, previous, _kinds()), expected, rtol=1e-14)
+
+
+@pytest.mark.parametrize("name", ["karcher", "geomedian", "trimmedmean", "krum", "skfedspd.aggregation.TrimmedMean()"])
+def test_check_secure_rule_refuses_rules_of_individual_updates(name):
+    with pytest.raises(ValueError, match="needs each client's update"):
+        check_secure_rule(name)
+    check_secure_rule("projavg")

@@ -11,7 +11,7 @@ import re
 import numpy as np
 import pytest
 
-from skfedspd.aggregation import projavg
+from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, client_distances, projavg
 from skfedspd.engine import (
     EvalReply,
     FederatedEngine,
@@ -264,6 +264,7 @@ class CallableRule:
 def test_rule_name_is_stable():
     assert rule_name("rlavg") == "rlavg"
     assert rule_name(projavg) == "skfedspd.aggregation.projavg"
+    assert rule_name(Krum(n_faulty=2)) == "skfedspd.aggregation.Krum(n_faulty=2)"
     assert rule_name(CallableRule()) == "test_engine.CallableRule"
     assert "0x" not in rule_name(lambda *a: None)
 
@@ -430,3 +431,76 @@ def test_loaded_state_keeps_this_engines_schedule_configuration():
     restored.load_state_dict(*engine.state_dict())
     assert (restored.schedule.patience, restored.schedule.lr_patience, restored.schedule.lr_factor) == (1, 7, 0.25)
     assert restored.lr == engine.lr == 0.05 and restored.best_round == 0 and restored.should_stop
+
+
+# ---------------------------------------------------------------------------------------------
+# Robust rules: diagnostics in the history, settings checked before any round
+# ---------------------------------------------------------------------------------------------
+
+
+def _hostile(engine, cid, shift=50.0):
+    """A reply within the update-norm bound that moves the Euclidean array far."""
+    return _tampered(engine, cid, _set("b", lambda b: b + shift))
+
+
+@pytest.mark.parametrize("aggregation", ["projavg", "rlavg", "geomedian", "trimmedmean", "krum"])
+def test_record_has_each_clients_distance_to_the_aggregate(aggregation):
+    """Every rule: each accepted client's distance to the rule's aggregate, in client order;
+    JSON-able. Robust rules add effective weights and the down-weighted clients."""
+    engine = _engine(n_train=[10, 20, 30, 10, 20], n_val=[2, 0, 3, 2, 2], aggregation=aggregation)
+    previous = dict(engine.global_params)
+    replies = [_honest(engine, c) for c in range(4)] + [_hostile(engine, 4)]
+    record = engine.aggregate(0, list(range(5)), replies)
+    expected = client_distances([r.params for r in replies], engine.global_params, KINDS)
+    np.testing.assert_allclose(record["client_distance"], expected, rtol=1e-12)
+    assert np.argmax(record["client_distance"]) == 4
+    json.dumps(record)
+    if aggregation in ("projavg", "rlavg"):
+        assert record["effective_weights"] is None and record["downweighted_clients"] is None
+        assert not np.allclose(engine.global_params["b"], previous["b"], atol=1)  # the hostile site moved it
+    else:
+        assert len(record["effective_weights"]) == 5 and sum(record["effective_weights"]) == pytest.approx(1)
+        assert record["downweighted_clients"][-1] == 4
+        if aggregation != "trimmedmean":  # which trims the hostile site in its 3 moved coordinates of 13 only
+            assert record["effective_weights"][4] < 0.01
+        np.testing.assert_allclose(engine.global_params["b"], previous["b"], atol=0.1)
+
+
+def test_downweighted_clients_are_those_below_half_their_weight():
+    engine = _engine(aggregation=TrimmedMean(trim=0.34))
+    record = engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    weights = np.array([10, 20, 30]) / 60  # three clients, one trimmed per end: the median of each coordinate
+    assert record["downweighted_clients"] == [c for c in range(3) if record["effective_weights"][c] < weights[c] / 2]
+
+
+@pytest.mark.parametrize("aggregation, match", [
+    (Krum(n_faulty=1), r"needs more than 2·n_faulty \+ 2 = 4 clients per round, got 3"),
+    (TrimmedMean(trim=0.2), r"trims no client of 3 per round"),
+    (TrimmedMean(trim=0.7), "'trim' parameter"),
+    (GeometricMedian(eps=-1), "'eps' parameter"),
+])
+def test_robust_rule_settings_refused_before_any_round(aggregation, match):
+    with pytest.raises(ValueError, match=match):
+        _engine(aggregation=aggregation)
+
+
+def test_robust_rule_failing_in_a_round_leaves_the_engine_unchanged():
+    """Five clients planned, one left out: Krum(n_faulty=1) cannot rank the four others; the
+    round raises and the engine is as it was."""
+    engine = _engine(n_train=[10] * 5, n_val=[2] * 5, aggregation=Krum(n_faulty=1))
+    before = {n: v.copy() for n, v in engine.global_params.items()}
+    replies = [_honest(engine, c) for c in range(4)] + [RuntimeError("site down")]
+    with pytest.warns(RuntimeWarning, match="client 4 left out"), pytest.raises(ValueError, match="needs more than"):
+        engine.aggregate(0, list(range(5)), replies)
+    assert engine.history == [] and engine.local_states == {}
+    for name, value in before.items():
+        np.testing.assert_array_equal(engine.global_params[name], value)
+
+
+def test_secure_sums_record_no_per_client_diagnostics():
+    engine = _engine()
+    W = engine.global_params["W"]
+    record = engine.aggregate_from_sum(0, [0, 1, 2], [0, 1, 2], {}, summed={"W": W, "b": np.ones(3)}, weight=1.0,
+                                       n_examples=60.0, loss=0.5, n_nan_loss=0.0, n_skipped=0.0,
+                                       pooled_local={"bn": np.ones(2)})
+    assert record["client_distance"] is record["effective_weights"] is record["downweighted_clients"] is None

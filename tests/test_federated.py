@@ -27,7 +27,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-from skfedspd.aggregation import projavg
+from skfedspd.aggregation import Krum, TrimmedMean, projavg
 from skfedspd.federated import make_clients, partition_indices
 from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
@@ -35,7 +35,8 @@ from skfedspd.stiefel import orthonormality_error
 
 N_CHANNELS = 6
 HISTORY_KEYS = {"round", "clients", "n_samples", "failed_clients", "train_loss", "val_loss", "val_f1",
-                "orthonormality", "lr", "skipped_batches", "wall_time"}
+                "orthonormality", "lr", "skipped_batches", "wall_time", "client_distance", "effective_weights",
+                "downweighted_clients"}
 
 
 def _data(n=60, n_classes=3, seed=0):
@@ -517,6 +518,9 @@ def _temp_folders():
     (dict(batchnorm="spd", batch_size=16), dict(n_rounds=3)),
     # clients of two groups, each group a domain (their matrices go to the workers with their domains)
     (dict(batchnorm="domain", batch_size=16), dict(n_rounds=3, groups_per_client=2, domains="group")),
+    # robust rules (their diagnostics in the history too)
+    (dict(batch_size=16), dict(n_rounds=2, n_clients=5, aggregation="geomedian")),
+    (dict(batch_size=16), dict(n_rounds=2, n_clients=5, aggregation=TrimmedMean(trim=0.2))),
 ])
 def test_reproducible_serial_and_parallel(est_params, fed_params):
     """Same random_state: bit-identical with one or two processes (the only test that starts
@@ -645,7 +649,7 @@ def test_on_client_error_skip_all_fail(monkeypatch):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("aggregation", ["projavg", "rlavg", "karcher"])
+@pytest.mark.parametrize("aggregation", ["projavg", "rlavg", "karcher", "geomedian", TrimmedMean(trim=1 / 3)])
 def test_aggregation_rules(aggregation, fitted):
     reference, X, y = fitted
     clf = _fed(n_rounds=4, aggregation=aggregation).fit(X, y)
@@ -1483,3 +1487,47 @@ def test_checkpoint_of_another_init_is_not_resumed(public, tmp_path):
     other = _estimator(max_epochs=2, random_state=1).fit(*_data(seed=7))
     with pytest.warns(UserWarning, match="another configuration or data"):
         _fed(n_rounds=1, init=other, checkpoint_path=path).fit(X, y)
+# ---------------------------------------------------------------------------------------------
+# Robust aggregation rules as estimator parameters
+# ---------------------------------------------------------------------------------------------
+
+
+def test_robust_rule_parameters_are_nested_params_and_saved(tmp_path):
+    """``aggregation__trim`` like any nested parameter; a fitted estimator saved and loaded
+    keeps its rule with its parameters (and its history's robustness entries)."""
+    X, y = _data(n=60)
+    fed = _fed(n_rounds=2, n_clients=5, aggregation=TrimmedMean())
+    assert fed.get_params()["aggregation__trim"] == 0.25
+    fed.set_params(aggregation__trim=0.2).fit(X, y)
+    assert clone(fed).aggregation.get_params() == {"trim": 0.2} and clone(fed).aggregation is not fed.aggregation
+    assert all(len(r["effective_weights"]) == len(r["clients"]) == len(r["client_distance"]) for r in fed.history_)
+    save_estimator(fed, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert repr(loaded.aggregation) == "TrimmedMean(trim=0.2)" and loaded.history_ == fed.history_
+    np.testing.assert_array_equal(loaded.predict_proba(X), fed.predict_proba(X))
+
+
+@pytest.mark.parametrize("aggregation, match", [
+    (TrimmedMean(trim=0.1), r"trims no client of 3 per round"),
+    (Krum(n_faulty=1), r"needs more than 2·n_faulty \+ 2 = 4 clients per round, got 3"),
+    (TrimmedMean(trim=0.5), "'trim' parameter of TrimmedMean"),
+])
+def test_robust_rule_settings_refused_at_fit_leaving_the_estimator_unchanged(aggregation, match, fitted):
+    clf, X, y = fitted
+    reference = copy.deepcopy(clf).set_params(aggregation=aggregation, warm_start=False)
+    before = reference.decision_function(X)
+    with pytest.raises(ValueError, match=match):
+        reference.fit(X, y)
+    np.testing.assert_array_equal(reference.decision_function(X), before)
+    assert reference.history_ == clf.history_
+
+
+@pytest.mark.parametrize("aggregation", ["geomedian", "trimmedmean", "krum", TrimmedMean(trim=0.3), "karcher"])
+def test_secure_aggregation_refuses_rules_of_individual_updates(aggregation):
+    """Before any round or data check, and from check_params (what a ServerApp calls)."""
+    fed = _fed(aggregation=aggregation, backend="flower", secure_aggregation=True)
+    with pytest.raises(ValueError, match="secure aggregation reveals only the clients' weighted sum.*needs each "
+                                         "client's update"):
+        fed.check_params()
+    with pytest.raises(ValueError, match="needs each client's update"):
+        fed.fit(np.zeros((2, 3, 3)), [0, 1])

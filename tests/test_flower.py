@@ -37,6 +37,7 @@ from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
 from skfedspd.flower.simulation import quiet_flower_logs  # noqa: E402
 from skfedspd.persistence import load_estimator  # noqa: E402
+from skfedspd.aggregation import TrimmedMean  # noqa: E402
 from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
 
@@ -96,6 +97,9 @@ def spd():
     dict(groups=False, clients_per_round=2, estimator=_estimator(recenter_every=3, batch_size=16)),
     # clients of two subjects: each subject a domain of the site's domain batch norm
     dict(groups=True, groups_per_client=2, domains="group", estimator=_estimator(batchnorm="domain")),
+    # robust rules: one by name, one with its parameters (sent to the ServerApp in the spec)
+    dict(groups=True, aggregation="geomedian"),
+    dict(groups=True, aggregation=TrimmedMean(trim=0.25)),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd

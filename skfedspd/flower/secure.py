@@ -66,7 +66,7 @@ from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECOR
 from flwr.server.workflow.constant import Key as WorkflowKey
 from flwr.supercore import log
 
-from ..aggregation import SUM_RULES
+from ..aggregation import check_secure_rule
 from ..engine import within_declared_weight
 from .strategy import SPDnetStrategy
 
@@ -499,9 +499,7 @@ def _as_train(message):
 
 def check_secure_engine(engine):
     """Raise ValueError when a run cannot use secure aggregation."""
-    if engine.rule_name not in SUM_RULES:
-        raise ValueError(f"secure aggregation needs an aggregation rule of the weighted sum only "
-                         f"({sorted(SUM_RULES)}), got {engine.rule_name!r}")
+    check_secure_rule(engine.rule_name)
     if not 3 <= engine.n_select <= MAX_SITES:
         raise ValueError(f"secure aggregation needs between 3 and {MAX_SITES} sites per round (SecAgg+ with one "
                          f"dropout tolerated; {QUANTIZATION_BITS}-bit sums modulo 2**32), got {engine.n_select}")
