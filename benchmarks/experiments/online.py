@@ -50,6 +50,7 @@ def add_arguments(parser):
                         help="also score these prior weights (the ablation of domain_prior_weight); each adds rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/online"))
+    parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
 
 
 def adaptive_step(model):
@@ -99,6 +100,9 @@ def conditions(name, model, X, warmup):
 
 def run(args):
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.report_only:
+        write_report(args, pd.read_csv(args.out / "predictions.csv"), pd.read_csv(args.out / "latency.csv"))
+        return
     X, y, groups = load_left_right(args.subjects)
     rows, latency = [], []
     for k, (train, test) in enumerate(folds(groups, args.cv)):
@@ -180,6 +184,7 @@ def plot(table, path, warmup):
     if "TS+LR" in table.index:
         ax.axhline(table.loc["TS+LR"]["none"], color="grey", ls="--", lw=1, label="TS+LR (no adaptation)")
     ax.set_xscale("symlog", linthresh=1)
+    ax.set_xlim(-0.3, 60)
     ax.set_xticks(x, [str(k) for k in SEEN] + ["all"])
     ax.set_xlabel("unlabeled trials of the subject seen before the prediction")
     ax.set_ylabel("balanced accuracy (%)")
