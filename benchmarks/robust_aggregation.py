@@ -44,10 +44,10 @@ from sklearn.metrics import f1_score
 
 from benchmarks.tableone.cells import SERVER_MOMENTUM
 from benchmarks.tableone.console import console_and_log, warnings_to_file
-from benchmarks.tableone.protocols import PROTOCOLS, federated, machine, spdnet
+from benchmarks.tableone.protocols import PROTOCOLS, federated, load_offline_physionet, machine, spdnet
 from benchmarks.tableone.runner import client_split
 from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, get_aggregation
-from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance
+from skfedspd.datasets import sample_covariance
 from skfedspd.federated import make_clients
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
@@ -241,13 +241,11 @@ def main(argv=None):
     with console_and_log(log_file):
         command = "python -m benchmarks.robust_aggregation " + shlex.join(argv)
         log.info(f"command: {command.strip()}\nmachine: {machine()}\nprofile: {profile}")
-        root = find_physionet_root()
-        if root is None:
-            log.info("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        loaded = load_offline_physionet(log.info)
+        if loaded is None:
             return 1
-        configure_offline(root)
+        X_raw, y, subjects = loaded
         protocol = PROTOCOLS["PhysionetMI"]
-        X_raw, y, subjects = protocol.load()
         data = (sample_covariance(X_raw), y, subjects)
         runs = [(rule, fault, n, seed) for seed in range(profile["seeds"])
                 for fault, n in scenarios(args.faults, args.faulty) for rule in args.rules]

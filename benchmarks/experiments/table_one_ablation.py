@@ -37,10 +37,10 @@ import numpy as np
 
 from benchmarks.tableone.cells import Cell
 from benchmarks.tableone.console import console_and_log
-from benchmarks.tableone.protocols import PROFILES, PROTOCOLS, machine
+from benchmarks.tableone.protocols import PROFILES, PROTOCOLS, load_offline_physionet, machine
 from benchmarks.tableone.report import fmt
 from benchmarks.tableone.runner import run_table
-from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance
+from skfedspd.datasets import sample_covariance
 
 log = logging.getLogger("benchmarks.tableone.ablation")
 
@@ -84,13 +84,11 @@ def run(args):
     with console_and_log(log_file):
         command = "python -m benchmarks.experiments " + shlex.join(sys.argv[1:])
         log.info(f"command: {command.strip()}\nmachine: {machine()}\nlibrary output: {log_file}")
-        root = find_physionet_root()
-        if root is None:
-            log.info("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        loaded = load_offline_physionet(log.info)
+        if loaded is None:
             return 1
-        configure_offline(root)
+        X_raw, y, subjects = loaded
         protocol = PROTOCOLS["PhysionetMI"]
-        X_raw, y, subjects = protocol.load()
         data = (sample_covariance(X_raw), X_raw, y, subjects)
         budget = dataclasses.replace(PROFILES["full"], rounds=args.rounds, eegnet_rounds=args.rounds,
                                      seeds=args.seeds, eegnet_seeds=args.eegnet_seeds)

@@ -18,6 +18,7 @@ from skfedspd.classifier import auto_hidden_dim
 from skfedspd.datasets import (
     PHYSIONET_OFFLINE_SUBJECTS,
     WEIBO2014_EVENTS,
+    configure_offline,
     find_physionet_root,
     load_moabb,
     load_physionet_mi,
@@ -224,6 +225,17 @@ def protocols(n_classes=4, subjects=None):
 
 
 PROTOCOLS = protocols()
+
+
+def load_offline_physionet(say=print):
+    """``(X_raw, y, subjects)`` of Table I's PhysionetMI protocol from the offline copy, its MNE
+    and MOABB settings made; None where the EEG files are absent (``say`` tells why)."""
+    root = find_physionet_root()
+    if root is None:
+        say("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+        return None
+    configure_offline(root)
+    return PROTOCOLS["PhysionetMI"].load()
 
 
 def spdnet(protocol, seed, epochs, verbose=False):
