@@ -66,7 +66,7 @@ import numpy as np
 import sklearn
 import torch
 
-import skfedspd.federated as federated_module
+import skfedspd.local as local_backend
 from _machine import cpu_name
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.engine import FederatedEngine
@@ -131,7 +131,7 @@ class _TimedFederated(FederatedSPDnetClassifier):
     ``server_time_`` covers the engine's round steps (reply checks, aggregation, schedule,
     records: ``FederatedEngine.aggregate`` and ``finish_round``) plus the evaluation of the
     new global model on every client's validation part; ``eval_time_`` is the evaluation
-    alone (``skfedspd.federated.evaluate``, called once per client per round).
+    alone (``skfedspd.local.evaluate``, called once per client per round).
     """
 
     def fit(self, X, y, **kwargs):
@@ -148,7 +148,7 @@ class _TimedFederated(FederatedSPDnetClassifier):
             return wrapper
 
         patches = [(FederatedEngine, "aggregate", ("server",)), (FederatedEngine, "finish_round", ("server",)),
-                   (federated_module, "evaluate", ("server", "eval"))]
+                   (local_backend, "evaluate", ("server", "eval"))]
         originals = [getattr(owner, name) for owner, name, _ in patches]
         try:
             for owner, name, keys in patches:
