@@ -27,8 +27,7 @@ def spdnet(seed, **params):
 def fedspdnet(seed, groups_per_client=2, **params):
     """``FederatedSPDnetClassifier`` with the package defaults, clients of ``groups_per_client``
     subjects; ``params`` go to the local ``SPDnetClassifier``."""
-    return FederatedSPDnetClassifier(SPDnetClassifier(**params), groups_per_client=groups_per_client,
-                                     random_state=seed)
+    return federated(seed, SPDnetClassifier(**params), groups_per_client=groups_per_client)
 
 
 #: name -> factory(seed) of the pipelines the experiments compare.
