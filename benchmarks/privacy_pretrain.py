@@ -10,7 +10,7 @@ Protocol (left vs right hand imagery, ``load_physionet_mi(n_classes=2)``: MOABB'
 * public corpus, pooled, outside the budget: subjects 1-15 and 42; one centralized
   ``SPDnetClassifier`` (its validation rule: 10 % held out, early stopping) per seed;
 * sites: subjects 16-39 in sorted order, ``--site-size`` subjects per site (4: 6 sites;
-  8: 3 sites); each subject's trials split 80/20 stratified per seed (20 %: test);
+  8: 3 sites; 12: 2 sites); each subject's trials split 80/20 stratified per seed (20 %: test);
 * every federated row: ``n_rounds`` rounds (the profile's), one local epoch, Adam, batch
   32, all sites every round, no validation split (the last global model is kept, as in DP
   mode), per-matrix ``scaling="trace"``; DP rows: sample-level (ε, δ = 1e-5)-DP per site,
@@ -364,7 +364,8 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="the quick profile (3 seeds)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
-    parser.add_argument("--site-size", type=int, choices=(4, 8), default=4, help="subjects per site (6 or 3 sites)")
+    parser.add_argument("--site-size", type=int, choices=(4, 8, 12), default=4,
+                        help="subjects per site (6, 3 or 2 sites)")
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS), help="budgets of the DP rows")
     parser.add_argument("--channels", choices=("sensorimotor", "all"), default="sensorimotor",
                         help="the 16 sensorimotor channels (default) or all 64")

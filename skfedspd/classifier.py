@@ -207,6 +207,13 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         (``batchnorm="domain"``); > 0. One pseudo-trial: a domain's first trial is never
         re-centred by itself alone (which would make its prediction constant), and after
         about ten trials the domain's own data dominate.
+    domain_memory : float >= 2 or None, default=None
+        How many recent trials a domain's statistics remember (``batchnorm="domain"``).
+        None: every trial since the domain started weighs the same (the running mean).
+        A number ``m``: once a domain weighs ``m`` trials, each new trial moves its mean
+        ``1/m`` of the way to it (exponential forgetting), so the statistics follow a
+        recording that drifts across runs (see :mod:`skfedspd.online`). It applies to
+        every update from then on, stored domains included.
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
@@ -292,6 +299,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         class_weight=None,
         batchnorm=None,
         domain_prior_weight=1.0,
+        domain_memory=None,
         trainable="all",
     ):
         self.hidden_dims = hidden_dims
@@ -315,6 +323,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.class_weight = class_weight
         self.batchnorm = batchnorm
         self.domain_prior_weight = domain_prior_weight
+        self.domain_memory = domain_memory
         self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
@@ -390,6 +399,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "recenter_every": [Interval(Integral, 1, None, closed="left")],
         "batchnorm": [StrOptions({"spd", "domain"}), None],
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
+        "domain_memory": [Interval(Real, 2, None, closed="left"), None],
         "trainable": [StrOptions({"all", "head"})],
     }
 
@@ -555,7 +565,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         X = self.check_inputs(X, reset=False)
         labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
         stats = self._domain_statistics()
-        work = stats.working_copy(labels, float(self.domain_prior_weight))
+        work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
         with torch.no_grad():
             logits = self.module_.adapted_forward(self.to_tensor(X), stats, work, labels, predict=predict)
         if predict and stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):

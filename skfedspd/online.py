@@ -21,6 +21,12 @@ over the training data. It is chosen over the Karcher mean of the training domai
 because it is additive: ``Σ_i log Z_i`` and the count add up over sites, so a federation
 pools it exactly (each site sends its sum, the server divides), with no iteration and no
 domain mean leaving a site; a prior weighing one pseudo-trial needs no more precision.
+A recording drifts (electrodes dry, the subject tires: the trials of a subject's last run
+are re-centred better by that run's mean than by its first run's). A **memory**
+``domain_memory = m`` follows it: once a domain's weight reaches ``m``, each new trial moves
+the mean ``1/m`` of the way to it, an exponentially weighted mean of about the last ``m``
+trials. The default, None, weighs every trial since the start equally.
+
 Without a prior (a model saved before this feature, a deployment that could not compute
 it), a new domain starts empty: its first trial becomes its mean.
 """
@@ -55,8 +61,13 @@ def _sqrt_invsqrt(M):
 
 class RunningMean:
     """An immutable geodesic running mean: ``mean`` (``n×n`` SPD tensor), ``weight`` (total
-    weight, prior included), ``n_trials`` (trials added) and the cached ``half`` /
-    ``inv_half`` (``mean^{±1/2}``), which both :meth:`add` and the re-centring need.
+    weight, prior included), ``n_trials`` (trials added), ``memory`` (the most weight it
+    keeps; None: no limit) and the cached ``half`` / ``inv_half`` (``mean^{±1/2}``), which
+    both :meth:`add` and the re-centring need.
+
+    With a ``memory`` ``m``, the weight stops growing at ``m``: each new trial then moves
+    the mean ``1/m`` of the way to it, an exponentially weighted mean of the last ``m`` or
+    so trials, which follows a recording that drifts.
 
     Examples
     --------
@@ -66,27 +77,38 @@ class RunningMean:
     >>> after = start.add(torch.diag(torch.tensor([4.0, 1.0], dtype=torch.float64)))
     >>> after.mean.diagonal(), after.weight, after.n_trials  # halfway along the geodesic
     (tensor([2., 1.], dtype=torch.float64), 2.0, 1)
+    >>> short = RunningMean(torch.eye(2, dtype=torch.float64), weight=10.0, memory=4)
+    >>> short.add(16 * torch.eye(2, dtype=torch.float64)).mean.diagonal()  # a quarter of the way
+    tensor([2., 2.], dtype=torch.float64)
     """
 
-    __slots__ = ("mean", "weight", "n_trials", "half", "inv_half")
+    __slots__ = ("mean", "weight", "n_trials", "memory", "half", "inv_half")
 
-    def __init__(self, mean, weight, n_trials=0):
+    def __init__(self, mean, weight, n_trials=0, memory=None, *, halves=None):
         self.mean = mean
         self.weight = float(weight)
         self.n_trials = int(n_trials)
-        self.half, self.inv_half = _sqrt_invsqrt(mean)
+        self.memory = None if memory is None else float(memory)
+        self.half, self.inv_half = _sqrt_invsqrt(mean) if halves is None else halves
 
     def add(self, X):
         """The running mean with the SPD matrix ``X`` added with weight 1 (a new object)."""
+        weight = self.weight + 1.0 if self.memory is None else min(self.weight + 1.0, self.memory)
         lam, U = torch.linalg.eigh(_sym(self.inv_half @ X @ self.inv_half))
-        power = (U * lam ** (1.0 / (self.weight + 1.0))) @ U.transpose(-1, -2)
-        return RunningMean(_sym(self.half @ power @ self.half), self.weight + 1.0, self.n_trials + 1)
+        power = (U * lam ** (1.0 / weight)) @ U.transpose(-1, -2)
+        return RunningMean(_sym(self.half @ power @ self.half), weight, self.n_trials + 1, self.memory)
+
+    def with_memory(self, memory):
+        """The same mean with ``memory`` (no new eigendecomposition)."""
+        if memory == self.memory:
+            return self
+        return RunningMean(self.mean, self.weight, self.n_trials, memory, halves=(self.half, self.inv_half))
 
     def __getstate__(self):
-        return {"mean": self.mean, "weight": self.weight, "n_trials": self.n_trials}
+        return {"mean": self.mean, "weight": self.weight, "n_trials": self.n_trials, "memory": self.memory}
 
     def __setstate__(self, state):
-        self.__init__(state["mean"], state["weight"], state["n_trials"])
+        self.__init__(state["mean"], state["weight"], state["n_trials"], state.get("memory"))
 
 
 def geodesic_running_mean(X, mean, weight):
@@ -247,20 +269,24 @@ class DomainStatistics:
         self.prior = prior
         self.domains = {}
 
-    def start(self, prior_weight):
+    def start(self, prior_weight, memory=None):
         """The statistics of a new domain: the prior with ``prior_weight``, or empty."""
         if not prior_weight > 0:  # set_params after fit is not validated until the next fit
             raise ValueError(f"domain_prior_weight must be > 0, got {prior_weight!r}")
         if self.prior is None:
-            return [RunningMean(torch.eye(n, dtype=self.dtype, device=self.device), 0.0) for n in self.sizes]
-        return [RunningMean(M, prior_weight) for M in self.prior]
+            return [RunningMean(torch.eye(n, dtype=self.dtype, device=self.device), 0.0, memory=memory)
+                    for n in self.sizes]
+        return [RunningMean(M, prior_weight, memory=memory) for M in self.prior]
 
-    def working_copy(self, labels, prior_weight):
+    def working_copy(self, labels, prior_weight, memory=None):
         """Label → list of running means for the domains of ``labels``: the stored ones
         (copied lists; the running means themselves are immutable), new ones from
-        :meth:`start`. Updates go to this copy; :meth:`commit` stores it."""
-        return {label: list(self.domains[label]) if label in self.domains else self.start(prior_weight)
-                for label in dict.fromkeys(labels)}
+        :meth:`start`; all with ``memory`` (see :class:`RunningMean`). Updates go to this
+        copy; :meth:`commit` stores it."""
+        if memory is not None and not memory >= 2:  # one trial of memory would re-centre a trial by itself
+            raise ValueError(f"domain_memory must be None or >= 2, got {memory!r}")
+        return {label: [state.with_memory(memory) for state in self.domains[label]] if label in self.domains
+                else self.start(prior_weight, memory) for label in dict.fromkeys(labels)}
 
     @staticmethod
     def add_in_order(work, labels, Z, layer):

@@ -142,6 +142,12 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         Weight, in trials, of the prior that a new domain starts from; > 0. One
         pseudo-trial: a domain's first trial is never re-centred by itself alone, and after
         about ten trials the domain's own data dominate.
+    domain_memory : float >= 2 or None, default=None
+        How many recent trials a domain's statistics remember. None: every trial since the
+        domain started weighs the same (the running mean). A number ``m``: once a domain
+        weighs ``m`` trials, each new trial moves its mean ``1/m`` of the way to it
+        (exponential forgetting), which follows a recording that drifts (see
+        :mod:`skfedspd.online`). It applies to every update from then on.
 
     Attributes
     ----------
@@ -188,10 +194,12 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     __metadata_request__fit = {"groups": True, "subjects": True}
     __metadata_request__transform = {"groups": True, "domain": True}
 
-    _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")]}
+    _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
+                                    "domain_memory": [Interval(Real, 2, None, closed="left"), None]}
 
-    def __init__(self, domain_prior_weight=1.0):
+    def __init__(self, domain_prior_weight=1.0, domain_memory=None):
         self.domain_prior_weight = domain_prior_weight
+        self.domain_memory = domain_memory
 
     def _fit(self, X, groups):
         """Validated ``X``; sets ``n_features_in_`` and the prior, forgets stored domains."""
@@ -252,7 +260,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
             _, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
         stats = self._domain_statistics()
-        work = stats.working_copy(labels, float(self.domain_prior_weight))
+        work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
         with torch.no_grad():
             stats.add_in_order(work, labels, torch.as_tensor(X), 0)
         if keep:

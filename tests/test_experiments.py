@@ -7,7 +7,7 @@ import pytest
 from sklearn import config_context
 from sklearn.utils.metadata_routing import get_routing_for_object
 
-from benchmarks.experiments import client_optimizer_state, defaults, pipelines, report, table_one_ablation
+from benchmarks.experiments import client_optimizer_state, defaults, online, pipelines, report, table_one_ablation
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 
 
@@ -148,3 +148,21 @@ def test_defaults_fold_applies_a_rule_on_the_starting_defaults(spd_domains):
     assert 0.0 <= record["auc"] <= 1.0 and 0.0 <= record["acc"] <= 1.0
     reference = defaults.fit_fold(X, y, tr, te, "ts-lr", None, 1)
     assert np.isnan(reference["epochs"]) and reference["params"] == {}
+
+
+@pytest.mark.parametrize("params", [{}, {"domain_memory": 3.0}, {"domain_prior_weight": 4.0}])
+def test_online_conditions_score_every_trial_after_the_warmup_and_restore_the_model(spd_domains, params):
+    """Every condition predicts the same trials; "none" stays at the prior whatever the
+    ablation's parameters; the ablation's parameters come back after the block."""
+    X, y, groups = spd_domains(n_groups=3, n_per_group=30)
+    model = pipelines.fit(pipelines.PIPELINES["Recenter+TS+LR"](0), X[groups < 2], y[groups < 2], groups[groups < 2])
+    with online.domain_params(model, **params) if params else online.nullcontext():
+        proba, seconds = online.conditions("Recenter+TS+LR", model, X[groups == 2], warmup=20)
+    assert set(proba) == {"none", "all", "online", *map(str, online.SEEN), *(f"{k} recent" for k in online.RECENT)}
+    assert all(p.shape == (10,) for p in proba.values()) and seconds > 0
+    frozen = model[0].get_params()
+    assert (frozen["domain_memory"], frozen["domain_prior_weight"]) == (None, 1.0)
+    lam, U = np.linalg.eigh(model[0].domain_prior_)
+    inv_half = (U / np.sqrt(lam)) @ U.T  # re-centring by the prior alone
+    prior_only = model[1:].predict_proba(inv_half @ X[groups == 2][20:] @ inv_half)[:, 1]
+    np.testing.assert_allclose(proba["none"], prior_only, atol=1e-6)

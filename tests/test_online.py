@@ -83,6 +83,39 @@ def test_many_trials_approximate_the_weighted_mean(spd_dataset, n_channels, seed
     assert distance_riemann(M, reference) <= 0.03 * dispersion
 
 
+@pytest.mark.parametrize("memory", [2, 3.5, 10])
+@pytest.mark.parametrize("w0", [1.0, 4.0])
+def test_memory_is_an_exponentially_weighted_mean(memory, w0):
+    """Commuting matrices (log-domain averaging, exact): once the weight reaches the memory
+    m, each trial moves the log-mean 1/m of the way; before, the running mean's 1/(w+1)."""
+    rng = np.random.default_rng(int(memory * 10))
+    Q = np.linalg.qr(rng.standard_normal((4, 4)))[0]
+    logs = rng.standard_normal((25, 4))
+    prior_log = rng.standard_normal(4)
+    state = RunningMean(torch.as_tensor((Q * np.exp(prior_log)) @ Q.T), w0, memory=memory)
+    expected, weight = prior_log.copy(), w0
+    for d in logs:
+        state = state.add(torch.as_tensor((Q * np.exp(d)) @ Q.T))
+        weight = min(weight + 1, memory)
+        expected += (d - expected) / weight
+    assert (state.weight, state.n_trials, state.memory) == (min(w0 + len(logs), memory), len(logs), memory)
+    np.testing.assert_allclose(state.mean.numpy(), (Q * np.exp(expected)) @ Q.T, atol=1e-10)
+
+
+def test_memory_none_is_the_running_mean_and_pickles():
+    X = torch.diag_embed(torch.exp(torch.linspace(-1, 1, 12, dtype=torch.float64).reshape(6, 2)))
+    a, b = RunningMean(torch.eye(2, dtype=torch.float64), 1.0), RunningMean(torch.eye(2, dtype=torch.float64), 1.0,
+                                                                               memory=100)
+    for x in X:
+        a, b = a.add(x), b.add(x)
+    assert torch.equal(a.mean, b.mean) and a.weight == b.weight == 7.0
+    restored = pickle.loads(pickle.dumps(b))
+    assert restored.memory == 100 and torch.equal(restored.mean, b.mean)
+    legacy = RunningMean.__new__(RunningMean)
+    legacy.__setstate__({"mean": a.mean, "weight": a.weight, "n_trials": a.n_trials})  # pickled before the memory
+    assert legacy.memory is None and legacy.add(X[0]).weight == 8.0
+
+
 def test_running_mean_pickles_with_its_square_roots():
     state = RunningMean(torch.diag(torch.tensor([4.0, 9.0], dtype=torch.float64)), 2.0, 1)
     restored = pickle.loads(pickle.dumps(state))
@@ -312,6 +345,48 @@ def test_prior_weight_must_be_positive(domains_data, weight, make):
     X, y, _ = domains_data
     with pytest.raises(ValueError, match="domain_prior_weight"):
         make(weight).fit(X, y)
+
+
+@pytest.mark.parametrize("memory", [1, 1.99, 0, -3.0])
+@pytest.mark.parametrize("make", [lambda m: SPDnetClassifier(batchnorm="domain", domain_memory=m, **NET),
+                                  lambda m: Recenter(domain_memory=m)])
+def test_memory_below_two_trials_is_refused(domains_data, memory, make):
+    """A memory of one trial would re-centre each trial by itself (a constant prediction)."""
+    X, y, _ = domains_data
+    with pytest.raises(ValueError, match="domain_memory"):
+        make(memory).fit(X, y)
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_memory_set_after_fit_is_checked_before_anything_changes(fitted, domains_data, name):
+    X, _, groups = domains_data
+    est = _copy(fitted[name]).set_params(domain_memory=1)
+    with pytest.raises(ValueError, match="domain_memory must be None or >= 2"):
+        _output(est, X[groups == 4][:3], domain="a")
+    assert est.domains_ == {}
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_memory_follows_a_drifting_domain(fitted, domains_data, name):
+    """A domain whose trials switch to another subject's: with a memory its mean (at the
+    first re-centring layer) ends near that subject's own, without one between the two."""
+    X, _, groups = domains_data
+    first, second = X[groups == 4][:30], X[groups == 3][:30]
+    own = _copy(fitted[name]).adapt(second, domain="b").domain_statistics_.domains["b"][0].mean.numpy()
+    distance = {}
+    for memory in (None, 5):
+        est = _copy(fitted[name]).set_params(domain_memory=memory).adapt(first, domain="a").adapt(second, domain="a")
+        distance[memory] = distance_riemann(est.domain_statistics_.domains["a"][0].mean.numpy(), own)
+    assert distance[5] < 0.5 * distance[None]
+
+
+@pytest.mark.parametrize("name", ESTIMATORS)
+def test_memory_none_and_a_memory_never_reached_are_identical(fitted, domains_data, name):
+    X, _, groups = domains_data
+    x = X[groups == 4][:12]
+    a = _output(_copy(fitted[name]), x, domain="a")
+    b = _output(_copy(fitted[name]).set_params(domain_memory=50), x, domain="a")
+    np.testing.assert_array_equal(a, b)
 
 
 def test_prior_weight_sets_the_geodesic_step(fitted, domains_data):

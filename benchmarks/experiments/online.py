@@ -9,6 +9,9 @@ each subject, those after its first ``--warmup`` (20) trials in recording order:
 * ``none``: no adaptation (the domain statistics stay at the prior);
 * ``k`` = 0, 1, 5, 10, 20: each trial predicted with the statistics of the subject's first
   ``k`` trials and itself (what a predict call with ``domain=`` does);
+* ``k recent`` = 1, 5, 10, 20: the same with the ``k`` trials just before the predicted one.
+  Its difference to ``k`` is the subject's drift between runs (the first trials are minutes
+  older than the scored ones), which no amount of statistics from the first trials removes;
 * ``all``: the whole subject in one call (whole-subject adaptation);
 * ``online``: trial by trial in recording order, one predict call per trial, the domain
   updated by every trial before it (the online BCI).
@@ -19,6 +22,7 @@ all, for reference).
 """
 
 import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +40,7 @@ from .unseen_subjects import folds
 MODELS = ["SPDnet+dBN", "FedSPDnet+dBN"]
 REFITTED = ["Recenter+TS+LR", "TS+LR"]
 SEEN = [0, 1, 5, 10, 20]
+RECENT = [1, 5, 10, 20]
 #: A prior weight no run of trials moves: the statistics stay at the prior.
 FROZEN = 1e12
 
@@ -45,9 +50,12 @@ def add_arguments(parser):
     parser.add_argument("--cv", choices=["groupkfold5", "loso"], default="groupkfold5")
     parser.add_argument("--models", type=Path, default=Path("results/unseen-subjects/models"),
                         help="the unseen-subjects experiment's saved models")
-    parser.add_argument("--warmup", type=int, default=20, help="trials of each subject left out of every score")
+    parser.add_argument("--warmup", type=int, default=max(RECENT),
+                        help="trials of each subject left out of every score (at least the largest k recent)")
     parser.add_argument("--prior-weights", type=float, nargs="+", default=None,
                         help="also score these prior weights (the ablation of domain_prior_weight); each adds rows")
+    parser.add_argument("--memories", type=float, nargs="+", default=None,
+                        help="also score these domain memories (the ablation of domain_memory); each adds rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/online"))
     parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
@@ -61,10 +69,17 @@ def adaptive_step(model):
     return getattr(model, "global_estimator_", model)
 
 
-def with_prior_weight(model, weight):
-    """Set the prior weight of new domains on the fitted model (its adaptive step)."""
-    adaptive_step(model).set_params(domain_prior_weight=weight)
-    return model
+@contextmanager
+def domain_params(model, **params):
+    """Set the domain parameters ``params`` (``domain_prior_weight``, ``domain_memory``) of
+    the fitted model's adaptive step for the block; the former values come back after it."""
+    step = adaptive_step(model)
+    former = {name: step.get_params()[name] for name in params}
+    step.set_params(**params)
+    try:
+        yield model
+    finally:
+        step.set_params(**former)
 
 
 def conditions(name, model, X, warmup):
@@ -77,16 +92,19 @@ def conditions(name, model, X, warmup):
     step = adaptive_step(model)
     with sklearn.config_context(enable_metadata_routing=True):
         step.reset_domain()
-        default = step.domain_prior_weight
-        with_prior_weight(model, FROZEN)
-        proba["none"] = model.predict_proba(X[rest], domain=[f"none-{j}" for j in rest])[:, 1]
-        with_prior_weight(model, default)
+        with domain_params(model, domain_prior_weight=FROZEN, domain_memory=None):
+            proba["none"] = model.predict_proba(X[rest], domain=[f"none-{j}" for j in rest])[:, 1]
         for k in SEEN:
             labels = [f"{k}-{j}" for j in rest]
             for label in labels:
                 if k:
                     step.adapt(X[:k], domain=label)
             proba[str(k)] = model.predict_proba(X[rest], domain=labels)[:, 1]
+        for k in RECENT:
+            labels = [f"{k} recent-{j}" for j in rest]
+            for j, label in zip(rest, labels):
+                step.adapt(X[j - k : j], domain=label)
+            proba[f"{k} recent"] = model.predict_proba(X[rest], domain=labels)[:, 1]
         proba["all"] = model.predict_proba(X, domain="all")[rest, 1]
         online, seconds = np.empty(n), np.empty(n)
         for i in range(n):
@@ -99,6 +117,8 @@ def conditions(name, model, X, warmup):
 
 
 def run(args):
+    if args.warmup < max(RECENT):
+        raise ValueError(f"--warmup must be at least {max(RECENT)} (the largest k recent), got {args.warmup}")
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         write_report(args, pd.read_csv(args.out / "predictions.csv"), pd.read_csv(args.out / "latency.csv"))
@@ -112,19 +132,17 @@ def run(args):
                 model.fit_domain_prior(X[train], groups[train])
         for name in REFITTED:
             models[name] = fit(PIPELINES[name](args.seed), X[train], y[train], groups[train])
-        variants = {name: (model, None) for name, model in models.items()}
-        for weight in args.prior_weights or []:
-            variants.update({f"{name} (prior weight {weight:g})": (models[name], weight)
+        variants = {name: (model, {}) for name, model in models.items()}
+        ablations = [("prior weight", "domain_prior_weight", v) for v in args.prior_weights or []]
+        ablations += [("memory", "domain_memory", v) for v in args.memories or []]
+        for label, param, value in ablations:
+            variants.update({f"{name} ({label} {value:g})": (models[name], {param: value})
                              for name in MODELS + ["Recenter+TS+LR"]})
         for subject in pd.unique(groups[test]):
             mine = groups == subject
-            for name, (model, weight) in variants.items():
-                default = adaptive_step(model).domain_prior_weight if name != "TS+LR" else None
-                if weight is not None:
-                    with_prior_weight(model, weight)
-                proba, seconds = conditions(name.split(" (")[0], model, X[mine], args.warmup)
-                if weight is not None:
-                    with_prior_weight(model, default)
+            for name, (model, params) in variants.items():
+                with domain_params(model, **params) if params else nullcontext():
+                    proba, seconds = conditions(name.split(" (")[0], model, X[mine], args.warmup)
                 truth = (y[mine] == model.classes_[1]).astype(int)[args.warmup:]
                 for condition, p in proba.items():
                     rows.append(pd.DataFrame({"pipeline": f"{name} | {condition}", "subject": subject, "y": truth,
@@ -148,7 +166,7 @@ def curve(scores):
 def write_report(args, predictions, latency):
     scores = report.subject_scores(predictions)
     table = curve(scores)
-    columns = ["none"] + [str(k) for k in SEEN] + ["all", "online"]
+    columns = ["none"] + [str(k) for k in SEEN] + [f"{k} recent" for k in RECENT] + ["all", "online"]
     lines = ["# Online adaptation to unseen subjects", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv} (the unseen-subjects "
         f"folds), scored on each subject's trials after its first {args.warmup}; balanced accuracy %, mean over "
@@ -157,7 +175,8 @@ def write_report(args, predictions, latency):
         lines.append(f"| {model} | " + " | ".join(
                 "-" if pd.isna(table.loc[model].get(c)) else f"{table.loc[model][c]:.1f}" for c in columns) + " |")
     pairs = [(f"{m} | {a}", f"{m} | {b}") for m in MODELS + ["Recenter+TS+LR"]
-             for a, b in (("10", "all"), ("0", "none"), ("1", "none"), ("online", "all"), ("online", "none"))]
+             for a, b in (("10", "all"), ("10 recent", "all"), ("20 recent", "all"), ("0", "none"), ("1", "none"),
+                          ("online", "all"), ("online", "none"))]
     lines += ["", "Paired over subjects:"] + report.paired_lines(scores, pairs)
     if len(latency):
         lines += ["", "median seconds of one online predict call (one trial, domain updated), per model: " + ", ".join(
@@ -180,13 +199,17 @@ def plot(table, path, warmup):
         color = f"C{i}"
         ax.plot(x, [table.loc[model][str(k)] for k in SEEN] + [table.loc[model]["all"]], "o-", color=color,
                 label=model)
+        if all(f"{k} recent" in table.columns for k in RECENT):
+            ax.plot(RECENT, [table.loc[model][f"{k} recent"] for k in RECENT], "s--", color=color, ms=4,
+                    label=f"{model}, the k trials just before")
         ax.axhline(table.loc[model]["none"], color=color, ls=":", lw=1)
     if "TS+LR" in table.index:
         ax.axhline(table.loc["TS+LR"]["none"], color="grey", ls="--", lw=1, label="TS+LR (no adaptation)")
     ax.set_xscale("symlog", linthresh=1)
     ax.set_xlim(-0.3, 60)
     ax.set_xticks(x, [str(k) for k in SEEN] + ["all"])
-    ax.set_xlabel("unlabeled trials of the subject seen before the prediction")
+    ax.set_xlabel("unlabeled trials of the subject seen before the prediction (solid: its first k; dashed: "
+                  "the k just before)", fontsize=8)
     ax.set_ylabel("balanced accuracy (%)")
     ax.set_title(f"Unseen subjects, online (dotted: no adaptation; trials after the first {warmup})", fontsize=9)
     ax.legend(fontsize=8)
