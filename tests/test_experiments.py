@@ -166,3 +166,18 @@ def test_online_conditions_score_every_trial_after_the_warmup_and_restore_the_mo
     inv_half = (U / np.sqrt(lam)) @ U.T  # re-centring by the prior alone
     prior_only = model[1:].predict_proba(inv_half @ X[groups == 2][20:] @ inv_half)[:, 1]
     np.testing.assert_allclose(proba["none"], prior_only, atol=1e-6)
+
+
+def test_drift_means_are_the_exact_means_of_the_chosen_trials(spd_domains):
+    """The trial sets of the drift experiment: "10 before" ends at the warm-up, the
+    scored-run trials come after it."""
+    from pyriemann.geometry.mean import mean_riemann
+
+    from benchmarks.experiments import drift
+
+    X, _, _ = spd_domains(n_groups=1, n_per_group=30)
+    got = drift.means(X, warmup=20, rng=np.random.default_rng(0))
+    assert list(got) == drift.SETS
+    for name, trials in [("first 10", X[:10]), ("10 before", X[10:20]), ("whole subject", X),
+                         ("10 scored-run", X[20:])]:  # exactly 10 trials after the warm-up here
+        np.testing.assert_allclose(got[name], mean_riemann(trials))

@@ -12,7 +12,8 @@ lists them). The pieces every experiment shares live here, once:
   (command, package version, machine).
 
 The experiments: ``unseen-subjects`` (whole-subject adaptation, with the client-domains
-ablation), ``defaults`` (the rules behind ``SPDnetClassifier``'s defaults),
+ablation), ``online`` (trial by trial), ``drift`` (why the first trials adapt worse than
+recent ones), ``defaults`` (the rules behind ``SPDnetClassifier``'s defaults),
 ``client-optimizer-state`` (kept or fresh client Adam) and ``table-one-ablation`` (what
 moves the Table I figures, on the 4-class protocol of :mod:`benchmarks.tableone`).
 """

@@ -10,11 +10,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from . import client_optimizer_state, defaults, online, table_one_ablation, unseen_subjects  # noqa: E402
+from . import client_optimizer_state, defaults, drift, online, table_one_ablation, unseen_subjects  # noqa: E402
 
 EXPERIMENTS = {
     "unseen-subjects": unseen_subjects,
     "online": online,
+    "drift": drift,
     "defaults": defaults,
     "client-optimizer-state": client_optimizer_state,
     "table-one-ablation": table_one_ablation,
