@@ -78,7 +78,7 @@ def run(args):
     lines = ["# Re-centring by exact means of chosen trials (Recenter+TS+LR)", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv}; scored on each subject's "
         f"trials after its first {args.warmup}; the first 10 trials of a subject hold {min(first_counts)} to "
-        f"{max(first_counts)} trials of class {classes[0]!r}", ""] + report.score_table(scores, SETS) + [
+        f"{max(first_counts)} trials of class {classes[0]}", ""] + report.score_table(scores, SETS) + [
         "", "Paired over subjects:"] + report.paired_lines(scores, [(name, "whole subject") for name in SETS[:-1]])
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     scores.to_csv(args.out / "subject_scores.csv", index=False)
