@@ -338,23 +338,14 @@ def test_domains_need_domain_batchnorm(domains_data, batchnorm):
     clf.predict(X[:1])  # no domain: the former prediction
 
 
-@pytest.mark.parametrize("weight", [0, -1.0])
-@pytest.mark.parametrize("make", [lambda w: SPDnetClassifier(batchnorm="domain", domain_prior_weight=w, **NET),
-                                  lambda w: Recenter(domain_prior_weight=w)])
-def test_prior_weight_must_be_positive(domains_data, weight, make):
+@pytest.mark.parametrize("param, value", [("domain_prior_weight", 0), ("domain_prior_weight", -1.0),
+                                          # a memory of one trial would re-centre each trial by itself
+                                          ("domain_memory", 1), ("domain_memory", 1.99), ("domain_memory", 0)])
+@pytest.mark.parametrize("make", [lambda **p: SPDnetClassifier(batchnorm="domain", **p, **NET), Recenter])
+def test_domain_parameters_out_of_range_are_refused(domains_data, param, value, make):
     X, y, _ = domains_data
-    with pytest.raises(ValueError, match="domain_prior_weight"):
-        make(weight).fit(X, y)
-
-
-@pytest.mark.parametrize("memory", [1, 1.99, 0, -3.0])
-@pytest.mark.parametrize("make", [lambda m: SPDnetClassifier(batchnorm="domain", domain_memory=m, **NET),
-                                  lambda m: Recenter(domain_memory=m)])
-def test_memory_below_two_trials_is_refused(domains_data, memory, make):
-    """A memory of one trial would re-centre each trial by itself (a constant prediction)."""
-    X, y, _ = domains_data
-    with pytest.raises(ValueError, match="domain_memory"):
-        make(memory).fit(X, y)
+    with pytest.raises(ValueError, match=param):
+        make(**{param: value}).fit(X, y)
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
