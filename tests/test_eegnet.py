@@ -485,8 +485,6 @@ def test_paper_parameter_count_through_classifier():
 # Parameter validation, atomic fits, grad mode, one training loop (EEGNetClassifier)
 # ---------------------------------------------------------------------------------------------
 
-import copy  # noqa: E402
-
 TINY = dict(F1=2, D=1, F2=2, p1=2, p2=2, fs=32.0, batch_size=8, lr=1e-2, random_state=0)
 
 

@@ -36,7 +36,6 @@ from skfedspd.flower import make_client_app, run_inprocess_simulation, serve, wr
 from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
 from skfedspd.flower.simulation import quiet_flower_logs  # noqa: E402
-from skfedspd.persistence import load_estimator  # noqa: E402
 from skfedspd.aggregation import TrimmedMean  # noqa: E402
 from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
