@@ -181,3 +181,18 @@ def test_drift_means_are_the_exact_means_of_the_chosen_trials(spd_domains):
     for name, trials in [("first 10", X[:10]), ("10 before", X[10:20]), ("whole subject", X),
                          ("10 scored-run", X[20:])]:  # exactly 10 trials after the warm-up here
         np.testing.assert_allclose(got[name], mean_riemann(trials))
+
+
+@pytest.mark.parametrize("spread, expected", [(0.1, 4.0), (1.0, 0.04)])
+def test_empirical_bayes_weight_is_within_over_between_dispersion(spread, expected):
+    """Diagonal matrices whose log-eigenvalues are a subject offset (variance spread² per
+    coordinate) plus trial noise (variance 0.2² per coordinate): the weight is 0.04 / spread²."""
+    from benchmarks.experiments import drift
+
+    rng = np.random.default_rng(0)
+    n_subjects, n_trials, n = 200, 40, 3
+    offsets = rng.normal(0, spread, (n_subjects, 1, n))
+    logs = offsets + rng.normal(0, 0.2, (n_subjects, n_trials, n))
+    X = np.exp(logs).reshape(-1, n)[:, :, None] * np.eye(n)
+    groups = np.repeat(np.arange(n_subjects), n_trials)
+    assert drift.empirical_bayes_weight(X, groups) == pytest.approx(expected, rel=0.2)

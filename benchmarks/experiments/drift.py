@@ -12,14 +12,16 @@ the package's running mean) of a chosen set of that subject's trials, then class
 
 If the first 10 lose against the whole subject while 10 trials from the scored runs do not,
 the loss is the recording's drift, not the number of trials. The report gives the class
-counts of the first 10 trials, which rule out their balance as the cause.
+counts of the first 10 trials, which rule out their balance as the cause, and each fold's
+empirical-Bayes prior weight (:func:`empirical_bayes_weight`), the ``domain_prior_weight``
+that the dispersion of the training subjects argues for.
 """
 
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
-from pyriemann.geometry.base import invsqrtm
+from pyriemann.geometry.base import invsqrtm, logm
 from pyriemann.geometry.mean import mean_riemann
 
 from . import report
@@ -44,6 +46,25 @@ def recentred(X, mean):
     return inv_half @ X @ inv_half
 
 
+def empirical_bayes_weight(X, groups):
+    """``σ² / τ²``: the within-subject dispersion of the matrices (log-Euclidean, squared
+    Frobenius distance of ``log X`` to its subject's mean, per trial) over the between-subject
+    dispersion of the subjects' means (their variance less the part the within-subject noise
+    explains). A subject's mean estimated from ``k`` trials shrunk towards the prior with this
+    weight, in trials, has the least squared error (James–Stein)."""
+    logs = logm(X)
+    subject_means, within, dof = [], 0.0, 0
+    for subject in pd.unique(groups):
+        part = logs[groups == subject]
+        subject_means.append(part.mean(0))
+        within += ((part - subject_means[-1]) ** 2).sum()
+        dof += len(part) - 1
+    sigma2 = within / dof
+    subject_means = np.array(subject_means)
+    spread = ((subject_means - subject_means.mean(0)) ** 2).sum() / (len(subject_means) - 1)
+    return sigma2 / (spread - sigma2 * len(subject_means) / len(X))
+
+
 def means(X, warmup, rng):
     """``{set name: Karcher mean}`` of one subject's trial sets (module docstring)."""
     return {
@@ -60,8 +81,9 @@ def run(args):
     classes = np.unique(labels)
     y = np.searchsorted(classes, labels)
     rng = np.random.default_rng(args.seed)
-    rows, first_counts = [], []
+    rows, first_counts, weights = [], [], []
     for train, test in folds(groups, args.cv):
+        weights.append(empirical_bayes_weight(X[train], groups[train]))
         Xt = np.concatenate([recentred(X[train][groups[train] == s], mean_riemann(X[train][groups[train] == s]))
                              for s in pd.unique(groups[train])])
         yt = np.concatenate([y[train][groups[train] == s] for s in pd.unique(groups[train])])
@@ -79,7 +101,8 @@ def run(args):
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv}; scored on each subject's "
         f"trials after its first {args.warmup}; the first 10 trials of a subject hold {min(first_counts)} to "
         f"{max(first_counts)} trials of class {classes[0]}", ""] + report.score_table(scores, SETS) + [
-        "", "Paired over subjects:"] + report.paired_lines(scores, [(name, "whole subject") for name in SETS[:-1]])
+        "", "Paired over subjects:"] + report.paired_lines(scores, [(name, "whole subject") for name in SETS[:-1]]) + [
+        "", "Empirical-Bayes prior weight at the input (trials), per fold: " + ", ".join(f"{w:.2f}" for w in weights)]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     scores.to_csv(args.out / "subject_scores.csv", index=False)
     print("\n".join(lines))
