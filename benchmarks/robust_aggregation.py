@@ -46,10 +46,9 @@ from sklearn.metrics import f1_score
 
 from benchmarks.tableone.cells import SERVER_MOMENTUM
 from benchmarks.tableone.console import console_and_log, warnings_to_file
-from benchmarks.tableone.protocols import PROTOCOLS, federated, load_offline_physionet, machine, spdnet
+from benchmarks.tableone.protocols import federated, load_offline_physionet, machine, spdnet
 from benchmarks.tableone.runner import client_split
 from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, get_aggregation
-from skfedspd.datasets import sample_covariance
 from skfedspd.federated import make_clients
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
@@ -246,9 +245,8 @@ def main(argv=None):
         loaded = load_offline_physionet(log.info)
         if loaded is None:
             return 1
-        X_raw, y, subjects = loaded
-        protocol = PROTOCOLS["PhysionetMI"]
-        data = (sample_covariance(X_raw), y, subjects)
+        protocol, _, covariances, y, subjects = loaded
+        data = (covariances, y, subjects)
         runs = [(rule, fault, n, seed) for seed in range(profile["seeds"])
                 for fault, n in scenarios(args.faults, args.faulty) for rule in args.rules
                 if fault != DROPPED or rule == "projavg"]

@@ -193,6 +193,6 @@ def test_empirical_bayes_weight_is_within_over_between_dispersion(spread, expect
     n_subjects, n_trials, n = 200, 40, 3
     offsets = rng.normal(0, spread, (n_subjects, 1, n))
     logs = offsets + rng.normal(0, 0.2, (n_subjects, n_trials, n))
-    X = np.exp(logs).reshape(-1, n)[:, :, None] * np.eye(n)
+    log_matrices = logs.reshape(-1, n)[:, :, None] * np.eye(n)  # log X of diagonal X
     groups = np.repeat(np.arange(n_subjects), n_trials)
-    assert drift.empirical_bayes_weight(X, groups) == pytest.approx(expected, rel=0.2)
+    assert drift.empirical_bayes_weight(log_matrices, groups) == pytest.approx(expected, rel=0.2)

@@ -46,13 +46,12 @@ def recentred(X, mean):
     return inv_half @ X @ inv_half
 
 
-def empirical_bayes_weight(X, groups):
-    """``σ² / τ²``: the within-subject dispersion of the matrices (log-Euclidean, squared
-    Frobenius distance of ``log X`` to its subject's mean, per trial) over the between-subject
-    dispersion of the subjects' means (their variance less the part the within-subject noise
-    explains). A subject's mean estimated from ``k`` trials shrunk towards the prior with this
+def empirical_bayes_weight(logs, groups):
+    """``σ² / τ²`` of the matrix logarithms ``logs`` (``log X``): the within-subject dispersion
+    (log-Euclidean, squared Frobenius distance of ``log X`` to its subject's mean, per trial)
+    over the between-subject dispersion of the subjects' means (their variance less the part
+    the within-subject noise explains). A subject's mean estimated from ``k`` trials shrunk towards the prior with this
     weight, in trials, has the least squared error (James–Stein)."""
-    logs = logm(X)
     subject_means, within, dof = [], 0.0, 0
     for subject in pd.unique(groups):
         part = logs[groups == subject]
@@ -62,7 +61,7 @@ def empirical_bayes_weight(X, groups):
     sigma2 = within / dof
     subject_means = np.array(subject_means)
     spread = ((subject_means - subject_means.mean(0)) ** 2).sum() / (len(subject_means) - 1)
-    return sigma2 / (spread - sigma2 * len(subject_means) / len(X))
+    return sigma2 / (spread - sigma2 * len(subject_means) / len(logs))
 
 
 def means(X, warmup, rng):
@@ -81,9 +80,10 @@ def run(args):
     classes = np.unique(labels)
     y = np.searchsorted(classes, labels)
     rng = np.random.default_rng(args.seed)
+    logs = logm(X)  # once: the folds share their training subjects
     rows, first_counts, weights = [], [], []
     for train, test in folds(groups, args.cv):
-        weights.append(empirical_bayes_weight(X[train], groups[train]))
+        weights.append(empirical_bayes_weight(logs[train], groups[train]))
         Xt = np.concatenate([recentred(X[train][groups[train] == s], mean_riemann(X[train][groups[train] == s]))
                              for s in pd.unique(groups[train])])
         yt = np.concatenate([y[train][groups[train] == s] for s in pd.unique(groups[train])])

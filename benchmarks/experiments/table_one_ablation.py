@@ -37,10 +37,9 @@ import numpy as np
 
 from benchmarks.tableone.cells import Cell
 from benchmarks.tableone.console import console_and_log
-from benchmarks.tableone.protocols import PROFILES, PROTOCOLS, load_offline_physionet, machine
+from benchmarks.tableone.protocols import PROFILES, load_offline_physionet, machine
 from benchmarks.tableone.report import fmt
 from benchmarks.tableone.runner import run_table
-from skfedspd.datasets import sample_covariance
 
 log = logging.getLogger("benchmarks.tableone.ablation")
 
@@ -87,9 +86,8 @@ def run(args):
         loaded = load_offline_physionet(log.info)
         if loaded is None:
             return 1
-        X_raw, y, subjects = loaded
-        protocol = PROTOCOLS["PhysionetMI"]
-        data = (sample_covariance(X_raw), X_raw, y, subjects)
+        protocol, X_raw, covariances, y, subjects = loaded
+        data = (covariances, X_raw, y, subjects)
         budget = dataclasses.replace(PROFILES["full"], rounds=args.rounds, eegnet_rounds=args.rounds,
                                      seeds=args.seeds, eegnet_seeds=args.eegnet_seeds)
         start = time.perf_counter()

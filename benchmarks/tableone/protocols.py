@@ -22,6 +22,7 @@ from skfedspd.datasets import (
     find_physionet_root,
     load_moabb,
     load_physionet_mi,
+    sample_covariance,
 )
 
 LOCAL_EPOCHS = 2  # E of the paper; centralized models get rounds x E epochs
@@ -228,14 +229,17 @@ PROTOCOLS = protocols()
 
 
 def load_offline_physionet(say=print):
-    """``(X_raw, y, subjects)`` of Table I's PhysionetMI protocol from the offline copy, its MNE
-    and MOABB settings made; None where the EEG files are absent (``say`` tells why)."""
+    """``(protocol, X_raw, covariances, y, subjects)`` of Table I's PhysionetMI protocol from the
+    offline copy (its MNE and MOABB settings made; ``covariances``: the trials' sample
+    covariances); None where the EEG files are absent (``say`` tells why)."""
     root = find_physionet_root()
     if root is None:
         say("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
         return None
     configure_offline(root)
-    return PROTOCOLS["PhysionetMI"].load()
+    protocol = PROTOCOLS["PhysionetMI"]
+    X_raw, y, subjects = protocol.load()
+    return protocol, X_raw, sample_covariance(X_raw), y, subjects
 
 
 def spdnet(protocol, seed, epochs, verbose=False):
