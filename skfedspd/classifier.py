@@ -189,13 +189,15 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         the trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"``
         at each batch-norm layer (a new domain starts from the prior, ``domain_prior_``,
         weighing ``domain_prior_weight`` trials), then predicts every trial of ``X`` with
-        the updated statistics. So a whole subject in one call is whole-subject
-        adaptation, and one trial per call is online adaptation (a BCI). :meth:`adapt`
-        updates a domain without predicting (calibration), :meth:`reset_domain` forgets
-        one; ``domain`` may also give one label per row. Without ``domain``, the data of
-        the call form a temporary domain that starts from the prior and is not kept: all
-        of ``X`` re-centred by (nearly) its own mean, and a single trial by the prior,
-        never by itself alone. Same in ``decision_function`` and ``predict_proba``;
+        the updated statistics **without the trial itself** (``domain_include_self``). So
+        a whole subject in one call is whole-subject adaptation, and one trial per call is
+        online adaptation (a BCI): each trial scored with the statistics of the trials
+        before it, a new domain's first trial with the prior. :meth:`adapt` updates a
+        domain without predicting (calibration), :meth:`reset_domain` forgets one;
+        ``domain`` may also give one label per row. Without ``domain``, the data of the
+        call form a temporary domain that starts from the prior and is not kept: all of
+        ``X`` re-centred by (nearly) its own mean, and a single trial by the prior. Same in
+        ``decision_function`` and ``predict_proba``;
         ``domain`` is requested from metadata routing by default, so a Pipeline passes
         it on. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one unseen
         subject (MOABB routes the training subjects to ``fit(subjects=...)``, each a
@@ -214,6 +216,15 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         ``1/m`` of the way to it (exponential forgetting), so the statistics follow a
         recording that drifts across runs (see :mod:`skfedspd.online`). It applies to
         every update from then on, stored domains included.
+    domain_include_self : bool, default=False
+        Whether a trial's statistics at prediction include the trial itself
+        (``batchnorm="domain"``). False: each trial is re-centred by its domain's
+        statistics without it (the prior and the domain's other trials): a single trial
+        cannot tell its domain's offset from its own class, and re-centring it towards
+        itself shrinks its class signal (by half for a new domain's first trial), which
+        training never does (there each trial is one of its whole domain's minibatch).
+        So a new domain's first trial is scored exactly as without adaptation. The
+        statistics stored are the same either way.
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
@@ -300,6 +311,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         batchnorm=None,
         domain_prior_weight=1.0,
         domain_memory=None,
+        domain_include_self=False,
         trainable="all",
     ):
         self.hidden_dims = hidden_dims
@@ -324,6 +336,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.batchnorm = batchnorm
         self.domain_prior_weight = domain_prior_weight
         self.domain_memory = domain_memory
+        self.domain_include_self = domain_include_self
         self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
@@ -400,6 +413,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "batchnorm": [StrOptions({"spd", "domain"}), None],
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
         "domain_memory": [Interval(Real, 2, None, closed="left"), None],
+        "domain_include_self": ["boolean"],
         "trainable": [StrOptions({"all", "head"})],
     }
 
@@ -567,7 +581,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
         with torch.no_grad():
-            logits = self.module_.adapted_forward(self.to_tensor(X), stats, work, labels, predict=predict)
+            logits = self.module_.adapted_forward(self.to_tensor(X), stats, work, labels, predict=predict,
+                                                  include_self=self.domain_include_self)
         if predict and stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING, UserWarning, stacklevel=4)
         if keep:
@@ -593,8 +608,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         domain : str, int or array-like of shape (n_matrices,), default=None
             ``batchnorm="domain"``: the domain of the trials (one label, or one per row);
             its statistics are updated with ``X`` (in order) first, then used for every
-            trial. None: ``X`` is a temporary domain started from the prior. Requested
-            from metadata routing by default.
+            trial, without the trial itself (``domain_include_self``). None: ``X`` is a
+            temporary domain started from the prior. Requested from metadata routing by
+            default.
 
         Returns
         -------

@@ -1054,10 +1054,10 @@ def set_global_domain_prior(fed, est, task):
     simulations, both through ``fit``), in this one place and as the centralized ``fit``
     does: :meth:`SPDnetClassifier.fit_domain_prior <skfedspd.SPDnetClassifier.fit_domain_prior>`
     on all the training matrices, each training domain (a group, or without groups a
-    client) normalized by its own means. Its statistics are additive: a deployment whose
-    data stay on the sites would have each site compute
-    ``est.domain_prior_statistics(X_site, groups_site)`` and the server sum them and call
-    ``est.set_domain_prior``. Under ``dp_epsilon`` no prior is computed (a statistic of
+    client) normalized by its own means. Its statistics are additive: a Flower deployment,
+    whose data stay on the sites, sums the sites' ``est.domain_prior_statistics(X_site,
+    groups_site)`` (:func:`skfedspd.flower.server.set_domain_prior_from_sites`). Under
+    ``dp_epsilon`` no prior is computed (a statistic of
     the sites' data outside the privacy budget), nor by a deployment that skips it: the
     model then warns when a single trial starts a domain. Stored domain statistics of a
     warm-started model belong to its old weights and are forgotten.

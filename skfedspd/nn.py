@@ -865,7 +865,7 @@ class SPDNet(FederatedModule):
             pass
         return inputs
 
-    def adapted_forward(self, X, statistics, work, labels, predict=True):
+    def adapted_forward(self, X, statistics, work, labels, predict=True, include_self=False):
         """Add the trials of ``X`` to their domains' running means, then their logits.
 
         ``batchnorm="domain"`` only. Layer by layer, each trial ``X[t]`` updates the running
@@ -873,7 +873,9 @@ class SPDNet(FederatedModule):
         :meth:`skfedspd.online.DomainStatistics.working_copy`), in order, and reaches the
         next layer re-centred by the statistics just after its own update: the result after
         a trial depends only on the trials before it, so adapting in chunks equals adapting
-        at once. Then every trial is predicted with the final statistics.
+        at once. Then every trial is predicted with the final statistics, without the
+        trial itself (:meth:`~skfedspd.online.DomainStatistics.inv_halves_without_self`;
+        ``include_self``: with it).
 
         Returns
         -------
@@ -884,19 +886,21 @@ class SPDNet(FederatedModule):
             raise ValueError(f"domain statistics need batchnorm='domain' (this network has batchnorm={self.batchnorm!r})")
         if self.training:
             self.eval()
-        first_inputs, Y = None, X
+        added, Y = [], X
         for i, (bimap, bn) in enumerate(zip(self.bimaps, self.batchnorms)):
             Z = bimap(reeig(Y, self.eps) if i else Y)
-            first_inputs = Z if i == 0 else first_inputs
-            at_update = statistics.add_in_order(work, labels, Z, i)
+            before, at_update = statistics.add_in_order(work, labels, Z, i)
+            added.append((Z, before))
             if i + 1 < len(self.bimaps):
                 Y = bn.whiten(Z, at_update)
         if not predict:
             return None
         Y = X
         for i, (bimap, bn) in enumerate(zip(self.bimaps, self.batchnorms)):
-            Z = first_inputs if i == 0 else bimap(reeig(Y, self.eps))
-            Y = bn.whiten(Z, statistics.inv_halves(work, labels, i))
+            Z = added[0][0] if i == 0 else bimap(reeig(Y, self.eps))
+            inv_halves = (statistics.inv_halves(work, labels, i) if include_self
+                          else statistics.inv_halves_without_self(work, labels, i, *added[i]))
+            Y = bn.whiten(Z, inv_halves)
         return self.head(reeig_logeig_vech(Y, self.eps))
 
     def recenter_(self):

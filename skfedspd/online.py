@@ -14,8 +14,10 @@ matrices that commute, and a close approximation otherwise; it costs two eigende
 of one ``n×n`` matrix per trial whatever the number of trials seen.
 
 A new domain starts from the **prior** ``M₀`` with weight ``domain_prior_weight`` (default
-1): one pseudo-trial, so that a domain's first trial is never re-centred by itself alone
-(which maps it to a constant), and after about ten trials the domain's own data dominate.
+1): one pseudo-trial, so that a statistic never rests on one trial alone, and after about
+ten trials the domain's own data dominate. A trial is scored with its domain's statistics
+**without itself** (:meth:`DomainStatistics.inv_halves_without_self`): re-centring a trial
+towards itself would shrink its class signal, which training never does.
 The prior is the log-Euclidean mean ``exp(mean_i log Z_i)`` of the layer's inputs ``Z_i``
 over the training data. It is chosen over the Karcher mean of the training domains' means
 because it is additive: ``Σ_i log Z_i`` and the count add up over sites, so a federation
@@ -91,12 +93,35 @@ class RunningMean:
         self.memory = None if memory is None else float(memory)
         self.half, self.inv_half = _sqrt_invsqrt(mean) if halves is None else halves
 
+    def next_weight(self):
+        """The weight after one more trial (the trial then makes up ``1/next_weight`` of the mean)."""
+        return self.weight + 1.0 if self.memory is None else min(self.weight + 1.0, self.memory)
+
     def add(self, X):
         """The running mean with the SPD matrix ``X`` added with weight 1 (a new object)."""
-        weight = self.weight + 1.0 if self.memory is None else min(self.weight + 1.0, self.memory)
+        weight = self.next_weight()
         lam, U = torch.linalg.eigh(_sym(self.inv_half @ X @ self.inv_half))
         power = (U * lam ** (1.0 / weight)) @ U.transpose(-1, -2)
         return RunningMean(_sym(self.half @ power @ self.half), weight, self.n_trials + 1, self.memory)
+
+    def without(self, X, share):
+        """The mean with the SPD matrix ``X``, which makes up ``share`` (< 1) of it, taken
+        out: the point the geodesic from ``X`` through the mean reaches ``share / (1 - share)``
+        of their distance beyond it. It undoes :meth:`add` exactly (to rounding) and is the
+        exact weighted mean of the rest for commuting matrices.
+
+        Examples
+        --------
+        >>> import torch
+        >>> from skfedspd.online import RunningMean
+        >>> start = RunningMean(torch.eye(2, dtype=torch.float64), weight=3.0)
+        >>> X = torch.diag(torch.tensor([16.0, 1.0], dtype=torch.float64))
+        >>> start.add(X).without(X, share=0.25).mean.diagonal()
+        tensor([1., 1.], dtype=torch.float64)
+        """
+        lam, U = torch.linalg.eigh(_sym(self.inv_half @ X @ self.inv_half))
+        power = (U * lam ** (-share / (1.0 - share))) @ U.transpose(-1, -2)
+        return RunningMean(_sym(self.half @ power @ self.half), self.weight * (1.0 - share), memory=self.memory)
 
     def with_memory(self, memory):
         """The same mean with ``memory`` (no new eigendecomposition)."""
@@ -290,15 +315,44 @@ class DomainStatistics:
 
     @staticmethod
     def add_in_order(work, labels, Z, layer):
-        """Add each ``Z[t]`` to its domain ``labels[t]`` at ``layer``, in order; return the
-        ``inv_half`` of each trial's domain just after its update (what the trial is
-        re-centred by when the next layer's statistics are updated)."""
-        inv_halves = []
+        """Add each ``Z[t]`` to its domain ``labels[t]`` at ``layer``, in order. Return
+        ``(before, at_update)``: each trial's domain statistics just before its update (a
+        list of :class:`RunningMean`, for :meth:`inv_halves_without_self`) and their
+        ``inv_half`` just after it (what the trial is re-centred by when the next layer's
+        statistics are updated)."""
+        before, inv_halves = [], []
         for matrix, label in zip(Z, labels):
             states = work[label]
+            before.append(states[layer])
             states[layer] = states[layer].add(matrix)
             inv_halves.append(states[layer].inv_half)
-        return torch.stack(inv_halves)
+        return before, torch.stack(inv_halves)
+
+    @staticmethod
+    def inv_halves_without_self(work, labels, layer, Z, before):
+        """``mean^{-1/2}`` of each trial's domain at ``layer`` (final statistics) **without
+        the trial itself**: what a trial is scored with, so that it is never re-centred
+        towards itself (a single trial's own matrix cannot tell its domain's offset from
+        its class, and in training each trial weighs about one domain's worth of trials
+        less). ``Z`` and ``before`` are what :meth:`add_in_order` added and returned.
+
+        The last trial of each domain gets the statistics just before its update (exact,
+        no decomposition: one trial per call costs nothing more); an earlier one is taken
+        out of the final mean with :meth:`RunningMean.without`, its share being the
+        ``1/w`` it was added with, shrunk by every later update. A trial with nothing else
+        in its statistics (a new domain without a prior) keeps them, itself included.
+        """
+        result, kept = [None] * len(labels), {}
+        for t in range(len(labels) - 1, -1, -1):
+            label, prior_state = labels[t], before[t]
+            weight = prior_state.next_weight()
+            final = work[label][layer]
+            if label not in kept:  # nothing before it (a new domain without a prior): itself
+                result[t] = (prior_state if prior_state.weight > 0 else final).inv_half
+            else:
+                result[t] = final.without(Z[t], kept[label] / weight).inv_half
+            kept[label] = kept.get(label, 1.0) * (1.0 - 1.0 / weight)
+        return torch.stack(result)
 
     @staticmethod
     def inv_halves(work, labels, layer):

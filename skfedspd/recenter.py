@@ -111,13 +111,15 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     unlabeled trials (:mod:`skfedspd.online`). ``transform(X, domain="s17")`` first adds the
     trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"`` (a new
     domain starts from the prior, weighing ``domain_prior_weight`` trials), then re-centres
-    every trial of ``X`` by the updated mean. A whole subject in one call is whole-subject
-    adaptation (its own mean, the prior weighing one trial); one trial per call is online
-    adaptation, as in a BCI. :meth:`adapt` updates a domain without transforming,
+    every trial of ``X`` by the updated mean without the trial itself
+    (``domain_include_self``). A whole subject in one call is whole-subject adaptation
+    (each trial re-centred by the mean of the others, the prior weighing one trial); one
+    trial per call is online adaptation, as in a BCI (each trial re-centred by the trials
+    before it, a new domain's first by the prior). :meth:`adapt` updates a domain without transforming,
     :meth:`reset_domain` forgets one; ``domain`` may give one label per row.
     ``transform(X)`` without ``domain`` treats ``X`` as one temporary domain started from
     the prior and not kept (``groups``: each group a temporary domain): ``X`` re-centred by
-    nearly its own mean, and a single matrix by the prior, never by itself alone.
+    nearly its own mean, and a single matrix by the prior.
 
     In a Pipeline, ``predict(X_test)`` therefore re-centres the test data by (nearly) the
     test data's own mean, and ``predict(x, domain="s17")`` one trial with subject s17's
@@ -148,6 +150,12 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         weighs ``m`` trials, each new trial moves its mean ``1/m`` of the way to it
         (exponential forgetting), which follows a recording that drifts (see
         :mod:`skfedspd.online`). It applies to every update from then on.
+    domain_include_self : bool, default=False
+        Whether a matrix is re-centred by statistics that include it. False: by its
+        domain's statistics without it (the prior and the other matrices), so a new
+        domain's first matrix is re-centred by the prior exactly; re-centring a single
+        matrix towards itself would shrink its class signal, which ``fit_transform`` on
+        whole training domains never does. The statistics stored are the same either way.
 
     Attributes
     ----------
@@ -195,11 +203,13 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     __metadata_request__transform = {"groups": True, "domain": True}
 
     _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
-                                    "domain_memory": [Interval(Real, 2, None, closed="left"), None]}
+                                    "domain_memory": [Interval(Real, 2, None, closed="left"), None],
+                                    "domain_include_self": ["boolean"]}
 
-    def __init__(self, domain_prior_weight=1.0, domain_memory=None):
+    def __init__(self, domain_prior_weight=1.0, domain_memory=None, domain_include_self=False):
         self.domain_prior_weight = domain_prior_weight
         self.domain_memory = domain_memory
+        self.domain_include_self = domain_include_self
 
     def _fit(self, X, groups):
         """Validated ``X``; sets ``n_features_in_`` and the prior, forgets stored domains."""
@@ -248,7 +258,8 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
 
     def _update(self, X, domain, groups, *, keep):
         """Validate, add the trials of ``X`` to their domains in order; return ``(X, stats,
-        work, labels)`` (the updates stored only with ``keep``, after everything succeeded)."""
+        work, labels, before)`` (``before``: each trial's domain statistics just before its
+        update; the updates stored only with ``keep``, after everything succeeded)."""
         check_is_fitted(self)
         X = check_spd_batch(X, self.n_features_in_)
         if domain is not None and groups is not None:
@@ -262,11 +273,11 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
         with torch.no_grad():
-            stats.add_in_order(work, labels, torch.as_tensor(X), 0)
+            before, _ = stats.add_in_order(work, labels, torch.as_tensor(X), 0)
         if keep:
             stats.commit(work)
             self.domain_statistics_ = stats
-        return X, stats, work, labels
+        return X, stats, work, labels, before
 
     def _domain_statistics(self):
         """The stored statistics; for a Recenter pickled before they existed, an empty
@@ -275,7 +286,8 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         return DomainStatistics([self.n_features_in_], torch.float64) if stats is None else stats
 
     def transform(self, X, groups=None, domain=None):
-        """Update the domains of ``X``'s matrices, then re-centre each by its domain's mean.
+        """Update the domains of ``X``'s matrices, then re-centre each by its domain's mean
+        (without the matrix itself unless ``domain_include_self``).
 
         Parameters
         ----------
@@ -293,13 +305,15 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         ndarray of shape (n_matrices, n, n)
             Re-centred matrices.
         """
-        X, stats, work, labels = self._update(X, domain, groups, keep=domain is not None)
+        X, stats, work, labels, before = self._update(X, domain, groups, keep=domain is not None)
         if stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING.replace("fit_domain_prior(X_train, groups)", "fit(X_train)"),
                           UserWarning, stacklevel=2)
         with torch.no_grad():
-            W = stats.inv_halves(work, labels, 0)
-            Y = W @ torch.as_tensor(X) @ W
+            X = torch.as_tensor(X)
+            W = (stats.inv_halves(work, labels, 0) if self.domain_include_self
+                 else stats.inv_halves_without_self(work, labels, 0, X, before))
+            Y = W @ X @ W
         return (0.5 * (Y + Y.transpose(-1, -2))).numpy()
 
     def adapt(self, X, domain):

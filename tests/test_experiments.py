@@ -150,18 +150,25 @@ def test_defaults_fold_applies_a_rule_on_the_starting_defaults(spd_domains):
     assert np.isnan(reference["epochs"]) and reference["params"] == {}
 
 
-@pytest.mark.parametrize("params", [{}, {"domain_memory": 3.0}, {"domain_prior_weight": 4.0}])
+@pytest.mark.parametrize("params", [{}, {"domain_memory": 3.0}, {"domain_prior_weight": 4.0},
+                                    {"domain_include_self": True}])
 def test_online_conditions_score_every_trial_after_the_warmup_and_restore_the_model(spd_domains, params):
     """Every condition predicts the same trials; "none" stays at the prior whatever the
-    ablation's parameters; the ablation's parameters come back after the block."""
+    ablation's parameters, and "0" (no trial seen) is "none" unless a trial's own matrix
+    counts; the ablation's parameters come back after the block."""
     X, y, groups = spd_domains(n_groups=3, n_per_group=30)
     model = pipelines.fit(pipelines.PIPELINES["Recenter+TS+LR"](0), X[groups < 2], y[groups < 2], groups[groups < 2])
     with online.domain_params(model, **params) if params else online.nullcontext():
         proba, seconds = online.conditions("Recenter+TS+LR", model, X[groups == 2], warmup=20)
-    assert set(proba) == {"none", "all", "online", *map(str, online.SEEN), *(f"{k} recent" for k in online.RECENT)}
-    assert all(p.shape == (10,) for p in proba.values()) and seconds > 0
+    after = {f"{kind} after {k}": 30 - k for k in online.ONLINE_AFTER for kind in ("online", "all")}
+    assert set(proba) == {"none", "all", "online", *map(str, online.SEEN), *(f"{k} recent" for k in online.RECENT),
+                          *after}
+    assert all(p.shape == (after.get(c, 10),) for c, p in proba.items()) and seconds > 0
+    np.testing.assert_array_equal(proba["online after 10"][10:], proba["online"])
+    np.testing.assert_array_equal(proba["all after 10"][10:], proba["all"])
     frozen = model[0].get_params()
-    assert (frozen["domain_memory"], frozen["domain_prior_weight"]) == (None, 1.0)
+    assert (frozen["domain_memory"], frozen["domain_prior_weight"], frozen["domain_include_self"]) == (None, 1.0, False)
+    assert np.allclose(proba["0"], proba["none"], atol=1e-9) != params.get("domain_include_self", False)
     lam, U = np.linalg.eigh(model[0].domain_prior_)
     inv_half = (U / np.sqrt(lam)) @ U.T  # re-centring by the prior alone
     prior_only = model[1:].predict_proba(inv_half @ X[groups == 2][20:] @ inv_half)[:, 1]
@@ -196,3 +203,25 @@ def test_empirical_bayes_weight_is_within_over_between_dispersion(spread, expect
     log_matrices = logs.reshape(-1, n)[:, :, None] * np.eye(n)  # log X of diagonal X
     groups = np.repeat(np.arange(n_subjects), n_trials)
     assert drift.empirical_bayes_weight(log_matrices, groups) == pytest.approx(expected, rel=0.2)
+
+
+def test_unseen_subjects_reuses_a_saved_model_and_refits_the_others(spd_domains, tmp_path):
+    """``--models``: a pipeline with a saved model predicts with it (and reports that run's
+    fit time); one without is fitted."""
+    from types import SimpleNamespace
+
+    from benchmarks.experiments import unseen_subjects
+    from skfedspd import save_estimator
+
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20)
+    saved = pipelines.fit(pipelines.PIPELINES["SPDnet+dBN"](0).set_params(max_epochs=2), X, y, groups)
+    (tmp_path / "models").mkdir()
+    (tmp_path / "predictions").mkdir()
+    save_estimator(saved, tmp_path / "models" / "SPDnet+dBN-fold0.skfedspd")
+    pd.DataFrame({"fit_seconds": [12.5, 12.5]}).to_csv(tmp_path / "predictions" / "SPDnet+dBN-fold0.csv")
+    args = SimpleNamespace(models=tmp_path, seed=0)
+    model, seconds = unseen_subjects.trained(args, "SPDnet+dBN", 0, X, y, groups)
+    assert seconds == 12.5 and model.get_params()["max_epochs"] == 2
+    np.testing.assert_array_equal(model.predict_proba(X), saved.predict_proba(X))
+    refitted, seconds = unseen_subjects.trained(args, "TS+LR", 0, X, y, groups)
+    assert seconds > 0 and hasattr(refitted, "classes_")

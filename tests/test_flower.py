@@ -18,6 +18,7 @@ the loopback interface.
 
 import os
 import re
+import warnings
 from types import SimpleNamespace
 
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"
@@ -324,10 +325,30 @@ def test_site_data_file_groups_are_the_sites_domains(spd, tmp_path):
     np.testing.assert_array_equal(_read(paths[1], cid=1)[4], subjects[subjects >= 2], strict=True)
     estimator = _estimator(batchnorm="domain")
     deployed = _serve_files(_fed("local", estimator, n_rounds=2), paths)
-    assert_same_model(_fed("local", estimator, n_rounds=2, groups_per_client=2, domains="group")
-                      .fit(X, y, groups=subjects), deployed)
+    local = _fed("local", estimator, n_rounds=2, groups_per_client=2, domains="group").fit(X, y, groups=subjects)
+    assert_same_model(local, deployed)
     one_domain = _fed("local", estimator, n_rounds=2).fit(X, y, groups=subjects // 2)
     assert not np.array_equal(deployed.predict_proba(X), one_domain.predict_proba(X))
+    # the prior, summed from the sites' statistics, is the one fit computes on the pooled data
+    for summed, pooled in zip(deployed.domain_prior_, local.domain_prior_, strict=True):
+        np.testing.assert_allclose(summed, pooled, rtol=1e-10)
+
+
+def test_deployed_sites_without_groups_send_the_prior_of_one_domain_each(spd, tmp_path):
+    """Sites without groups: each site one domain, as it trained; the model then predicts
+    a single trial of a new domain with the prior, without warning."""
+    X, y = spd
+    sites = np.repeat(np.arange(3), 20)
+    paths = _site_files(tmp_path, X, y, sites)
+    estimator = _estimator(batchnorm="domain")
+    deployed = _serve_files(_fed("local", estimator, n_rounds=2), paths)
+    local = _fed("local", estimator, n_rounds=2).fit(X, y, groups=sites)
+    for summed, pooled in zip(deployed.domain_prior_, local.domain_prior_, strict=True):
+        np.testing.assert_allclose(summed, pooled, rtol=1e-10)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        np.testing.assert_allclose(deployed.predict_proba(X[:1], domain="new"),
+                                   local.predict_proba(X[:1], domain="new"), rtol=1e-8)
 
 
 @pytest.mark.parametrize("groups, shape", [(np.zeros(19), r"\(19,\)"), (np.zeros((20, 1)), r"\(20, 1\)")])

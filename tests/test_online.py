@@ -15,6 +15,7 @@ import torch
 from pyriemann.geometry.distance import distance_riemann
 from pyriemann.geometry.mean import mean_riemann
 from pyriemann.tangentspace import TangentSpace
+from sklearn.base import clone
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 
@@ -246,30 +247,92 @@ def test_a_call_without_domain_is_a_temporary_domain_from_the_prior(fitted, doma
     np.testing.assert_array_equal(_output(est, X[groups == 4][:6]), _output(est, X[groups == 4][:6], ["t"] * 6))
 
 
-def test_recenter_one_matrix_uses_the_prior(fitted, domains_data):
-    """Recentering a single new matrix by the weighted mean of the prior (1) and itself."""
+@pytest.mark.parametrize("include_self", [False, True])
+def test_recenter_one_matrix_uses_the_prior(fitted, domains_data, include_self):
+    """A single new matrix is re-centred by the prior; with ``domain_include_self``, by the
+    weighted mean of the prior (1) and itself."""
     X, _, groups = domains_data
-    rc = fitted["recenter"]
+    rc = clone(fitted["recenter"]).set_params(domain_include_self=include_self).fit(X[groups < 4],
+                                                                                   groups=groups[groups < 4])
     x = X[groups == 4][0]
-    M = _weighted_karcher(rc.domain_prior_, 1.0, x[None])
-    lam, U = np.linalg.eigh(M)
-    W = (U / np.sqrt(lam)) @ U.T
+    M = _weighted_karcher(rc.domain_prior_, 1.0, x[None]) if include_self else rc.domain_prior_
+    W = _inv_half(M)
     np.testing.assert_allclose(rc.transform(x[None])[0], W @ x @ W, rtol=1e-9, atol=1e-10)
+
+
+def _inv_half(M):
+    lam, U = np.linalg.eigh(M)
+    return (U / np.sqrt(lam)) @ U.T
+
+
+def test_whole_subject_call_leaves_each_trial_out_of_its_own_mean(fitted, domains_data):
+    """The whole subject in one call: each matrix re-centred by (nearly) the weighted
+    Karcher mean of the prior (1) and the subject's other matrices."""
+    X, _, groups = domains_data
+    new, rc = X[groups == 4], fitted["recenter"]
+    expected = []
+    for t, x in enumerate(new):
+        W = _inv_half(_weighted_karcher(rc.domain_prior_, 1.0, np.delete(new, t, axis=0)))
+        expected.append(W @ x @ W)
+    np.testing.assert_allclose(rc.transform(new), expected, atol=0.03)
 
 
 def test_whole_subject_call_is_close_to_the_former_own_mean_rule(fitted, domains_data):
     """The whole subject in one call: the prior weighs 1 of 41 and the running mean is near
-    the Karcher mean, so the output is near the former rule (X re-centred by its own mean)."""
+    the Karcher mean, so the output is near the former rule (X re-centred by its own mean),
+    itself included or not."""
     X, y, groups = domains_data
     new, y_new = X[groups == 4], y[groups == 4]
-    np.testing.assert_allclose(fitted["recenter"].transform(new), recenter_groups(new), atol=0.05)
+    rc = clone(fitted["recenter"]).set_params(domain_include_self=True).fit(X[groups < 4], groups=groups[groups < 4])
+    np.testing.assert_allclose(rc.transform(new), recenter_groups(new), atol=0.05)
     clf = _copy(fitted["spdnet"])
     clf.module_.eval()
     with torch.no_grad():
         former = torch.softmax(clf.module_(clf.to_tensor(new)), 1).numpy()  # one batch: its own means
-    np.testing.assert_allclose(clf.predict_proba(new), former, atol=0.05)
-    assert (clf.predict(new) == clf.classes_[former.argmax(1)]).mean() >= 0.95
-    assert clf.score(new, y_new) >= 0.9
+    for include_self in (False, True):
+        clf.set_params(domain_include_self=include_self)
+        np.testing.assert_allclose(clf.predict_proba(new), former, atol=0.05)
+        assert (clf.predict(new) == clf.classes_[former.argmax(1)]).mean() >= 0.95
+        assert clf.score(new, y_new) >= 0.9
+
+
+@pytest.mark.parametrize("memory", [None, 3.0])
+def test_leaving_a_trial_out_is_exact_for_commuting_matrices(memory):
+    """Diagonal matrices: each trial's statistics without itself are the exact weighted
+    log-Euclidean mean of the prior and the other trials, with each trial's weight in the
+    running mean (exponential with a memory)."""
+    rng = np.random.default_rng(0)
+    Z = torch.diag_embed(torch.as_tensor(np.exp(rng.standard_normal((6, 3)))))
+    labels = ["a", "b", "a", "a", "b", "a"]
+    stats = DomainStatistics([3], torch.float64, prior=[torch.diag(torch.tensor([2.0, 1.0, 0.5], dtype=torch.float64))])
+    work = stats.working_copy(labels, prior_weight=1.5, memory=memory)
+    before, _ = stats.add_in_order(work, labels, Z, layer=0)
+    got = stats.inv_halves_without_self(work, labels, 0, Z, before)
+    for label in ("a", "b"):
+        mine = [t for t, lab in enumerate(labels) if lab == label]
+        shares, weight = [1.0], 1.5  # each component's share of the final mean, prior first
+        for _ in mine:
+            weight = weight + 1 if memory is None else min(weight + 1, memory)
+            shares = [s * (1 - 1 / weight) for s in shares] + [1 / weight]
+        logs = [np.log(np.diag(stats.prior[0].numpy()))] + [np.log(np.diag(Z[t].numpy())) for t in mine]
+        for j, t in enumerate(mine):
+            rest = [s for i, s in enumerate(shares) if i != j + 1]
+            mean = sum(s * v for i, (s, v) in enumerate(zip(shares, logs)) if i != j + 1) / sum(rest)
+            np.testing.assert_allclose(np.diag(got[t].numpy()), np.exp(-mean / 2), rtol=1e-10)
+
+
+def test_first_trial_of_a_domain_is_predicted_as_without_adaptation(fitted, domains_data):
+    """One trial of a new domain is scored with the prior alone: as with statistics frozen
+    at the prior (no adaptation), and different once the trial itself is included."""
+    X, _, groups = domains_data
+    clf = _copy(fitted["spdnet"])
+    x = X[groups == 4][:1]
+    first = clf.predict_proba(x, domain="new")
+    frozen = _copy(fitted["spdnet"]).set_params(domain_prior_weight=1e12, domain_include_self=True)
+    np.testing.assert_allclose(first, frozen.predict_proba(x, domain="new"), atol=1e-9)
+    assert clf.domains_ == {"new": 1}
+    inclusive = _copy(fitted["spdnet"]).set_params(domain_include_self=True)
+    assert not np.allclose(first, inclusive.predict_proba(x, domain="new"), atol=1e-6)
 
 
 def test_online_prediction_recognises_the_new_subject(fitted, domains_data):

@@ -8,13 +8,20 @@ each subject, those after its first ``--warmup`` (20) trials in recording order:
 
 * ``none``: no adaptation (the domain statistics stay at the prior);
 * ``k`` = 0, 1, 5, 10, 20: each trial predicted with the statistics of the subject's first
-  ``k`` trials and itself (what a predict call with ``domain=`` does);
+  ``k`` trials (a predict call with ``domain=`` adds the trial to them but scores it without
+  itself, so ``0`` is ``none``; the ``(itself included)`` rows, ``--include-self``, score it
+  with itself);
 * ``k recent`` = 1, 5, 10, 20: the same with the ``k`` trials just before the predicted one.
   Its difference to ``k`` is the subject's drift between runs (the first trials are minutes
   older than the scored ones), which no amount of statistics from the first trials removes;
 * ``all``: the whole subject in one call (whole-subject adaptation);
 * ``online``: trial by trial in recording order, one predict call per trial, the domain
   updated by every trial before it (the online BCI).
+
+The online BCI is also scored from an earlier trial on: ``online after k`` (``k`` = 0, 1, 5,
+10) scores the same trial-by-trial predictions on every trial after the subject's first
+``k``, beside ``all after k``, the whole-subject call scored on those trials: the decoder
+once it has seen ``k`` unlabeled trials, adapting on.
 
 Rows: SPDnet + domain BN and FedSPDnet + domain BN (the saved models), Recenter+TS+LR
 (refitted per fold: ``Recenter`` adapts online the same way) and TS+LR (no adaptation at
@@ -41,6 +48,7 @@ MODELS = ["SPDnet+dBN", "FedSPDnet+dBN"]
 REFITTED = ["Recenter+TS+LR", "TS+LR"]
 SEEN = [0, 1, 5, 10, 20]
 RECENT = [1, 5, 10, 20]
+ONLINE_AFTER = [0, 1, 5, 10]
 #: A prior weight no run of trials moves: the statistics stay at the prior.
 FROZEN = 1e12
 
@@ -56,6 +64,9 @@ def add_arguments(parser):
                         help="also score these prior weights (the ablation of domain_prior_weight); each adds rows")
     parser.add_argument("--memories", type=float, nargs="+", default=None,
                         help="also score these domain memories (the ablation of domain_memory); each adds rows")
+    parser.add_argument("--include-self", action="store_true",
+                        help="also score each trial with statistics that include it (the ablation of "
+                             "domain_include_self); adds rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/online"))
     parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
@@ -83,8 +94,9 @@ def domain_params(model, **params):
 
 
 def conditions(name, model, X, warmup):
-    """``{condition: class-1 probabilities of trials warmup..}`` for one subject, plus the
-    median seconds of one online predict call."""
+    """``{condition: class-1 probabilities of the subject's last trials}`` (trials warmup..,
+    or k.. for ``online after k`` and ``all after k``), plus the median seconds of one
+    online predict call."""
     n, rest = len(X), np.arange(warmup, len(X))
     proba = {}
     if name == "TS+LR":
@@ -105,13 +117,16 @@ def conditions(name, model, X, warmup):
             for j, label in zip(rest, labels):
                 step.adapt(X[j - k : j], domain=label)
             proba[f"{k} recent"] = model.predict_proba(X[rest], domain=labels)[:, 1]
-        proba["all"] = model.predict_proba(X, domain="all")[rest, 1]
+        whole = model.predict_proba(X, domain="all")[:, 1]
+        proba["all"] = whole[rest]
         online, seconds = np.empty(n), np.empty(n)
         for i in range(n):
             start = time.perf_counter()
             online[i] = model.predict_proba(X[i : i + 1], domain="online")[0, 1]
             seconds[i] = time.perf_counter() - start
         proba["online"] = online[rest]
+        for k in ONLINE_AFTER:
+            proba[f"online after {k}"], proba[f"all after {k}"] = online[k:], whole[k:]
         step.reset_domain()
     return proba, float(np.median(seconds))
 
@@ -133,19 +148,20 @@ def run(args):
         for name in REFITTED:
             models[name] = fit(PIPELINES[name](args.seed), X[train], y[train], groups[train])
         variants = {name: (model, {}) for name, model in models.items()}
-        ablations = [("prior weight", "domain_prior_weight", v) for v in args.prior_weights or []]
-        ablations += [("memory", "domain_memory", v) for v in args.memories or []]
-        for label, param, value in ablations:
-            variants.update({f"{name} ({label} {value:g})": (models[name], {param: value})
-                             for name in MODELS + ["Recenter+TS+LR"]})
+        ablations = [(f"prior weight {v:g}", {"domain_prior_weight": v}) for v in args.prior_weights or []]
+        ablations += [(f"memory {v:g}", {"domain_memory": v}) for v in args.memories or []]
+        ablations += [("itself included", {"domain_include_self": True})] if args.include_self else []
+        for label, params in ablations:
+            variants.update({f"{name} ({label})": (models[name], params) for name in MODELS + ["Recenter+TS+LR"]})
         for subject in pd.unique(groups[test]):
             mine = groups == subject
             for name, (model, params) in variants.items():
                 with domain_params(model, **params) if params else nullcontext():
                     proba, seconds = conditions(name.split(" (")[0], model, X[mine], args.warmup)
-                truth = (y[mine] == model.classes_[1]).astype(int)[args.warmup:]
+                truth = (y[mine] == model.classes_[1]).astype(int)
                 for condition, p in proba.items():
-                    rows.append(pd.DataFrame({"pipeline": f"{name} | {condition}", "subject": subject, "y": truth,
+                    rows.append(pd.DataFrame({"pipeline": f"{name} | {condition}", "subject": subject,
+                                              "y": truth[len(truth) - len(p):],
                                               "pred": (p > 0.5).astype(int), "score": p}))
                 if seconds is not None:
                     latency.append({"pipeline": name, "subject": subject, "seconds": seconds})
@@ -174,9 +190,16 @@ def write_report(args, predictions, latency):
     for model in sorted(table.index, key=lambda m: (MODELS + REFITTED).index(m.split(" (")[0])):
         lines.append(f"| {model} | " + " | ".join(
                 "-" if pd.isna(table.loc[model].get(c)) else f"{table.loc[model][c]:.1f}" for c in columns) + " |")
+    after = [f"{kind} after {k}" for k in ONLINE_AFTER for kind in ("online", "all")]
+    lines += ["", "The online BCI scored from trial k on, beside the whole-subject call on the same trials:", "",
+              "| model | " + " | ".join(after) + " |", "| --- |" + " --- |" * len(after)]
+    for model in sorted(table.index, key=lambda m: (MODELS + REFITTED).index(m.split(" (")[0])):
+        if all(c in table.columns and not pd.isna(table.loc[model][c]) for c in after):
+            lines.append(f"| {model} | " + " | ".join(f"{table.loc[model][c]:.1f}" for c in after) + " |")
     pairs = [(f"{m} | {a}", f"{m} | {b}") for m in MODELS + ["Recenter+TS+LR"]
              for a, b in (("10", "all"), ("10 recent", "all"), ("20 recent", "all"), ("0", "none"), ("1", "none"),
-                          ("online", "all"), ("online", "none"))]
+                          ("online", "all"), ("online", "none"), ("online after 10", "all after 10"),
+                          ("online after 0", "all after 0"))]
     lines += ["", "Paired over subjects:"] + report.paired_lines(scores, pairs)
     if len(latency):
         lines += ["", "median seconds of one online predict call (one trial, domain updated), per model: " + ", ".join(

@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
-from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, save_estimator
+from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
 
 from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
@@ -39,6 +39,9 @@ def add_arguments(parser):
                         choices=list(PIPELINES) + list(ABLATIONS))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/unseen-subjects"))
+    parser.add_argument("--models", type=Path, default=None,
+                        help="an earlier run's folder: its saved models predict again instead of being refitted "
+                             "(the others are refitted), e.g. after a change to the prediction rule")
     parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
 
 
@@ -78,10 +81,7 @@ def run(args):
                 path = args.out / "predictions" / f"{name}-fold{k}.csv"
                 if path.exists():
                     continue
-                model = build(name, args.seed)
-                start = time.perf_counter()
-                fit(model, X[train], y[train], groups[train])
-                seconds = time.perf_counter() - start
+                model, seconds = trained(args, name, k, X[train], y[train], groups[train])
                 frame = predict_subjects(model, X[test], y[test], groups[test], model.classes_)
                 frame.insert(0, "pipeline", name)
                 frame["fold"] = k
@@ -95,6 +95,19 @@ def run(args):
                       f"{report.subject_scores(frame)['balanced_accuracy'].mean():.1f} ({seconds:.0f} s)",
                       flush=True)
     write_report(args)
+
+
+def trained(args, name, k, X, y, groups):
+    """``(model, fit seconds)``: the model of ``--models`` (with that run's fit time) when
+    it saved one for this pipeline and fold, else a new one fitted here."""
+    saved = None if args.models is None else args.models / "models" / f"{name}-fold{k}.skfedspd"
+    if saved is not None and saved.exists():
+        earlier = pd.read_csv(args.models / "predictions" / f"{name}-fold{k}.csv")
+        return load_estimator(saved), float(earlier["fit_seconds"].iloc[0])
+    model = build(name, args.seed)
+    start = time.perf_counter()
+    fit(model, X, y, groups)
+    return model, time.perf_counter() - start
 
 
 def write_report(args):

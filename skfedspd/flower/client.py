@@ -1,6 +1,6 @@
 """The FedSPDnet ClientApp: a site's data, the shared local-training routine.
 
-A site answers four messages; none of them carries its data out:
+A site answers five messages; none of them carries its data out:
 
 - ``query.setup``: with the run's seed, the site makes its stratified train/validation
   split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
@@ -18,7 +18,10 @@ A site answers four messages; none of them carries its data out:
   of skipped batches;
 - ``evaluate``: the global model's loss (weighted by the site's sample weights) and
   macro-F1 on the site's validation part (:func:`skfedspd.training.evaluate`) and the
-  validation size.
+  validation size;
+- ``query.prior`` (a deployment's last message, ``batchnorm="domain"``): the additive
+  statistics of the domain prior with the final weights it carries, on all the site's data
+  (:meth:`~skfedspd.SPDnetClassifier.domain_prior_statistics`).
 
 A site's sample weights (``sample_weight``, see :func:`load_site_from_node_config`) are its
 training weights, times the local estimator's ``class_weight`` when that is a dict (label
@@ -110,6 +113,7 @@ class _PreparedSite:
             raise ValueError(f"sample_weight: the training samples of client {cid} all have weight 0")
         self.weight = None if w is None else float(w_train.sum())  # the aggregation weight, as on the local backend
         self.shape = [int(s) for s in X.shape[1:]]
+        self.X, self.groups = X, groups  # the domain prior's statistics use all of them
         self.statistic = client_statistic(est, X[self.train], w_train)
         self.est = None
         self.setup = setup
@@ -356,6 +360,18 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
             est.set_parameters(local)
         loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val, prepared.w_val)
         return cid, float(loss), float(f1), prepared.n_val
+
+    @app.query("prior")
+    def prior(message, context):
+        """The site's additive statistics of the final model's domain prior
+        (:func:`skfedspd.flower.server.set_domain_prior_from_sites`)."""
+        cid, prepared = site(context, message.content["config"]["setup"])
+        check_client(message, cid)
+        est = prepared.est
+        est.set_parameters(from_array_record(message.content["arrays"]))
+        log_sums, count = est.domain_prior_statistics(prepared.X, prepared.groups)
+        record = {f"log-sum.{i}": S for i, S in enumerate(log_sums)} | {"count": np.asarray(count)}
+        return Message(RecordDict({"prior": to_array_record(record)}), reply_to=message)
 
     @app.evaluate()
     def evaluate(message, context):

@@ -21,7 +21,7 @@ from flwr.supercore import log
 from .. import spec as _spec
 from ..engine import FederatedEngine, FederatedResult, declared_weights, is_positive_weight, pool_input_statistic
 from ..training import draw_seed
-from .records import to_array_record
+from .records import from_array_record, to_array_record
 from .secure import SecureSPDnetStrategy
 from .strategy import ROUND_LOG, SPDnetStrategy
 
@@ -60,9 +60,11 @@ def connect_sites(grid, n_sites, timeout):
         time.sleep(min(1.0, max(0.05, deadline - time.monotonic())))
 
 
-def _query(grid, node_ids, action, configs, key, timeout):
-    """One ``query.<action>`` message per node; the replies by node (errors raised)."""
-    messages = [Message(content=RecordDict({"config": ConfigRecord(configs.get(node, {}))}),
+def _query(grid, node_ids, action, configs, key, timeout, arrays=None):
+    """One ``query.<action>`` message per node (with the ArrayRecord ``arrays``, if any);
+    the replies by node (errors raised)."""
+    extra = {} if arrays is None else {"arrays": arrays}
+    messages = [Message(content=RecordDict({"config": ConfigRecord(configs.get(node, {})), **extra}),
                         message_type=f"{MessageType.QUERY}.{action}", dst_node_id=node) for node in node_ids]
     replies = {m.metadata.src_node_id: m for m in grid.send_and_receive(messages, timeout=timeout)}
     missing = [node for node in node_ids if node not in replies]
@@ -142,6 +144,37 @@ def _read_setup(infos, nodes, with_labels=True):
     return node_of, shapes.pop(), labels, n_train, n_val, stats, None if weights == [None] * len(weights) else weights
 
 
+def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, timeout):
+    """Give the trained global model ``est`` the domain prior of the sites' data
+    (``batchnorm="domain"``; a no-op otherwise).
+
+    One ``query.prior`` message a site carries the final weights ``params``; each site
+    answers :meth:`~skfedspd.SPDnetClassifier.domain_prior_statistics` on all its data (its
+    groups the domains, or the site one domain, as it trained): per batch-norm layer the sum
+    of ``log Z`` and the count. The server adds them up, so the prior is the pooled
+    log-Euclidean mean that ``fit`` computes where it holds the data. Not under
+    ``dp_epsilon`` (a statistic of the sites' data outside the privacy budget) nor under
+    ``secure_aggregation`` (a site's sums would reach the server in clear): the model then
+    has no prior and warns when a single trial starts a domain
+    (:meth:`~skfedspd.FederatedSPDnetClassifier.fit_domain_prior` sets one later).
+    """
+    est.domain_statistics_ = None
+    if getattr(est, "batchnorm", None) != "domain" or fed.dp_epsilon is not None or fed.secure_aggregation:
+        return
+    configs = {node: {"setup": setup_json, "client-id": cid} for cid, node in enumerate(node_of)}
+    replies = _query(grid, node_of, "prior", configs, "prior", timeout, arrays=to_array_record(params))
+    sums, count = None, 0
+    for cid, node in enumerate(node_of):
+        reply = from_array_record(replies[node])
+        try:
+            site_sums, site_count = [reply[f"log-sum.{i}"] for i in range(len(reply) - 1)], int(reply["count"])
+        except (KeyError, TypeError, ValueError) as error:
+            raise ValueError(f"client {cid} sent a malformed domain prior reply: {error!r}") from None
+        sums = site_sums if sums is None else [a + b for a, b in zip(sums, site_sums)]
+        count += site_count
+    est.set_domain_prior(sums, count)  # checks the shapes and the count
+
+
 def _probe(shape):
     """A one-sample input of the sites' shape that the estimator's validation accepts
     (identity matrices), to set the server's shape attributes without any site data."""
@@ -149,7 +182,7 @@ def _probe(shape):
 
 
 def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600.0, connect_timeout=600.0,
-          client_source=None, client_groups=None, on_round=None, validation_fraction=None):
+          client_source=None, client_groups=None, on_round=None, validation_fraction=None, domain_prior=True):
     """Fit a :class:`~skfedspd.FederatedSPDnetClassifier`'s configuration through a Flower Grid.
 
     The ServerApp body of both the in-process simulation and a deployment. The client ids
@@ -177,6 +210,10 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
         None: ``fed.validation_fraction`` (a deployment's server does not see the data, so
         its sites hold out the fraction as given; 0 in DP mode, as
         :meth:`~skfedspd.FederatedSPDnetClassifier.resolved_settings` says).
+    domain_prior : bool, default=True
+        With ``batchnorm="domain"``, end with one ``query.prior`` round
+        (:func:`set_domain_prior_from_sites`). The simulation passes False: ``fit``
+        computes the prior from the data it holds, as on the local backend.
 
     Returns
     -------
@@ -260,6 +297,8 @@ def serve(fed, grid, *, n_sites, seed=None, estimator_factory=None, timeout=3600
                               on_round=on_round)
     strategy.start(grid, to_array_record(engine.global_params), num_rounds=fed.n_rounds, timeout=timeout)
     est.set_parameters(engine.best_params)
+    if domain_prior:
+        set_domain_prior_from_sites(fed, est, grid, node_of, _spec.dumps(setup), engine.best_params, timeout)
     if client_source is None:
         client_source, client_groups = "flower:client-id", [None] * len(node_of)
     return FederatedResult(est, engine, client_source, list(client_groups))

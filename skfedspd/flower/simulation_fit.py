@@ -62,7 +62,7 @@ def fit_simulation(fed, task):
     def _main(grid, context):
         results.append(serve(fed, grid, n_sites=len(sites), seed=task.seed, estimator_factory=lambda: clone(template),
                              client_source=task.client_source, client_groups=task.client_groups,
-                             validation_fraction=task.validation_fraction,
+                             validation_fraction=task.validation_fraction, domain_prior=False,
                              connect_timeout=60.0, on_round=lambda record: progress.round_done(record["val_f1"])))
 
     try:
