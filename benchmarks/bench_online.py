@@ -5,7 +5,8 @@ network (``hidden_dims="auto"``: one BiMap 64 → 18, then ReEig + LogEig → Li
 
 * ``plain predict``          — ``SPDnetClassifier()``: ``predict(x)`` (no batch norm);
 * ``domain predict+update``  — ``SPDnetClassifier(batchnorm="domain")``:
-  ``predict(x, domain="s17")`` (adds ``x`` to subject s17's running mean, then predicts);
+  ``predict(x, domain="s17")`` (adds ``x`` to subject s17's running mean, then predicts it
+  with the statistics without it: those just before the update, kept, so no extra cost);
 * ``domain, no domain=``     — the same model, ``predict(x)`` (a temporary domain from the prior);
 * ``Recenter+TS+LR``         — ``make_pipeline(Recenter(), TangentSpace(), LogisticRegression())``
   under metadata routing, ``predict(x, domain="s17")``;
