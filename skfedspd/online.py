@@ -116,8 +116,9 @@ class RunningMean:
         >>> from skfedspd.online import RunningMean
         >>> start = RunningMean(torch.eye(2, dtype=torch.float64), weight=3.0)
         >>> X = torch.diag(torch.tensor([16.0, 1.0], dtype=torch.float64))
-        >>> start.add(X).without(X, share=0.25).mean.diagonal()
-        tensor([1., 1.], dtype=torch.float64)
+        >>> back = start.add(X).without(X, share=0.25)  # X made up 1/4 of the mean
+        >>> bool(torch.allclose(back.mean, start.mean)), back.weight
+        (True, 3.0)
         """
         lam, U = torch.linalg.eigh(_sym(self.inv_half @ X @ self.inv_half))
         power = (U * lam ** (-share / (1.0 - share))) @ U.transpose(-1, -2)
