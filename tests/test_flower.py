@@ -35,7 +35,8 @@ from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifi
 from skfedspd.base import stratified_split  # noqa: E402
 from skfedspd.flower import make_client_app, run_inprocess_simulation, serve, write_app  # noqa: E402
 from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
-from skfedspd.flower.server import SPDnetStrategy  # noqa: E402
+from skfedspd.flower.records import to_array_record  # noqa: E402
+from skfedspd.flower.server import SPDnetStrategy, set_domain_prior_from_sites  # noqa: E402
 from skfedspd.flower.simulation import quiet_flower_logs  # noqa: E402
 from skfedspd.aggregation import TrimmedMean  # noqa: E402
 from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads  # noqa: E402
@@ -349,6 +350,49 @@ def test_deployed_sites_without_groups_send_the_prior_of_one_domain_each(spd, tm
         warnings.simplefilter("error")
         np.testing.assert_allclose(deployed.predict_proba(X[:1], domain="new"),
                                    local.predict_proba(X[:1], domain="new"), rtol=1e-8)
+
+
+class _PriorGrid:
+    """A Grid whose sites answer the prior query with the given ``{name: array}`` replies."""
+
+    def __init__(self, replies):
+        self.replies = replies
+
+    def send_and_receive(self, messages, timeout):
+        return [SimpleNamespace(metadata=SimpleNamespace(src_node_id=m.metadata.dst_node_id), has_error=lambda: False,
+                                content={"prior": to_array_record(reply)})
+                for m, reply in zip(messages, self.replies)]
+
+
+def _bad_count(reply):
+    return {**reply, "count": np.asarray(0)}
+
+
+def _asymmetric(reply):
+    S = reply["log-sum.0"].copy()
+    S[0, 1] += 1.0
+    return {**reply, "log-sum.0": S}
+
+
+def _extra(reply):
+    return {**reply, "log-sum.1": reply["log-sum.0"]}
+
+
+@pytest.mark.parametrize("corrupt, problem", [(_bad_count, "count"), (_asymmetric, "symmetric"),
+                                              (_extra, "arrays"),
+                                              (lambda r: {**r, "log-sum.0": r["log-sum.0"][:2, :2]}, "shape")])
+def test_a_malformed_prior_reply_is_refused_naming_the_site(spd, corrupt, problem):
+    """The server sums the sites' prior statistics only after checking each reply; a good
+    pair of replies gives the pooled prior."""
+    X, y = spd
+    est = _estimator(batchnorm="domain").fit(X, y)
+    halves = [est.domain_prior_statistics(X[:30]), est.domain_prior_statistics(X[30:])]
+    replies = [{"log-sum.0": sums[0], "count": np.asarray(count)} for sums, count in halves]
+    fed = _fed("local", est)
+    set_domain_prior_from_sites(fed, est, _PriorGrid(replies), [7, 8], "{}", {}, 1.0)
+    np.testing.assert_allclose(est.domain_prior_[0], est.fit_domain_prior(X).domain_prior_[0], rtol=1e-10)
+    with pytest.raises(ValueError, match=f"client 1 sent a malformed domain prior reply: .*{problem}"):
+        set_domain_prior_from_sites(fed, est, _PriorGrid([replies[0], corrupt(replies[1])]), [7, 8], "{}", {}, 1.0)
 
 
 @pytest.mark.parametrize("groups, shape", [(np.zeros(19), r"\(19,\)"), (np.zeros((20, 1)), r"\(20, 1\)")])

@@ -158,21 +158,42 @@ def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, tim
     has no prior and warns when a single trial starts a domain
     (:meth:`~skfedspd.FederatedSPDnetClassifier.fit_domain_prior` sets one later).
     """
-    est.domain_statistics_ = None
-    if getattr(est, "batchnorm", None) != "domain" or fed.dp_epsilon is not None or fed.secure_aggregation:
+    if getattr(est, "batchnorm", None) != "domain":
+        return
+    est.domain_statistics_ = None  # stored domains belong to earlier weights
+    if fed.dp_epsilon is not None or fed.secure_aggregation:
         return
     configs = {node: {"setup": setup_json, "client-id": cid} for cid, node in enumerate(node_of)}
     replies = _query(grid, node_of, "prior", configs, "prior", timeout, arrays=to_array_record(params))
-    sums, count = None, 0
+    shapes = [(n, n) for n in est._domain_statistics().sizes]
+    sums, count = [np.zeros(shape) for shape in shapes], 0
     for cid, node in enumerate(node_of):
-        reply = from_array_record(replies[node])
-        try:
-            site_sums, site_count = [reply[f"log-sum.{i}"] for i in range(len(reply) - 1)], int(reply["count"])
-        except (KeyError, TypeError, ValueError) as error:
-            raise ValueError(f"client {cid} sent a malformed domain prior reply: {error!r}") from None
-        sums = site_sums if sums is None else [a + b for a, b in zip(sums, site_sums)]
+        site_sums, site_count = _read_prior_reply(from_array_record(replies[node]), shapes, cid)
+        sums = [a + b for a, b in zip(sums, site_sums)]
         count += site_count
-    est.set_domain_prior(sums, count)  # checks the shapes and the count
+    est.set_domain_prior(sums, count)
+
+
+def _read_prior_reply(reply, shapes, cid):
+    """``(log-sums, count)`` of one site's prior reply, checked: a finite symmetric
+    ``log-sum.i`` of each batch-norm layer's shape and an integer ``count`` >= 1, nothing
+    else; a ValueError naming the client otherwise."""
+    names = [f"log-sum.{i}" for i in range(len(shapes))]
+    count = reply.get("count")
+    problem = None
+    if set(reply) != {*names, "count"}:
+        problem = f"arrays {sorted(reply)}, expected {[*names, 'count']}"
+    elif np.shape(count) != () or not _count(count.item(), 1):
+        problem = f"count {count!r} (an integer >= 1)"
+    else:
+        for name, shape in zip(names, shapes):
+            S = reply[name]
+            if S.shape != shape or not np.all(np.isfinite(S)) or not np.allclose(S, S.T):
+                problem = f"{name} of shape {S.shape}, expected a finite symmetric {shape}"
+                break
+    if problem is not None:
+        raise ValueError(f"client {cid} sent a malformed domain prior reply: {problem}")
+    return [reply[name] for name in names], int(count)
 
 
 def _probe(shape):
