@@ -18,6 +18,7 @@ from sklearn.utils.class_weight import compute_sample_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
+from .aggregation import projavg
 from .nn import DomainBatch
 from .training import (
     PlateauSchedule,
@@ -574,7 +575,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     @staticmethod
     def _fitted_attributes():
         """Names of the JSON fitted attributes that :meth:`fitted_state` saves."""
-        return ("n_features_in_", "history_", "best_epoch_", "n_iter_", "validation_used_")
+        return ("n_features_in_", "history_", "best_epoch_", "averaged_epochs_", "n_iter_", "validation_used_")
 
     # ------------------------------------------------------------------ parameters
     _parameter_constraints: dict = {
@@ -649,9 +650,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             yield generator
             self._rng_state = {"torch": torch.get_rng_state(), "shuffle": generator.get_state()}
 
-    def _train(self, X_train, y_train, X_val, y_val, *, n_epochs, schedule, w_train=None, w_val=None):
+    def _train(self, X_train, y_train, X_val, y_val, *, n_epochs, schedule, w_train=None, w_val=None,
+               checkpoints=None):
         """The one training loop (``fit``: ``max_epochs`` with the schedule; ``partial_fit``:
-        one epoch at ``lr``). Appends one record per epoch to ``history_``."""
+        one epoch at ``lr``). Appends one record per epoch to ``history_``, and each epoch's
+        parameters to ``checkpoints`` when it is a list."""
         epochs = _progress(range(n_epochs), self.verbose, type(self).__name__)
         for _ in epochs:
             lr = self.lr if schedule is None else schedule.lr
@@ -661,16 +664,44 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 loss, skipped = train_epochs(self.module_, self._optimizer, X_train, y_train, n_epochs=1,
                                              batch_size=self.batch_size, generator=generator, sample_weight=w_train)
             warn_skipped(skipped, f"epoch {len(self.history_)}")
-            val_loss, val_f1 = evaluate(self.module_, X_val, y_val, w_val)
+            val_loss, val_f1, val_loss_se = evaluate(self.module_, X_val, y_val, w_val, return_se=True)
             self.history_.append({"epoch": len(self.history_), "train_loss": loss, "val_loss": val_loss,
-                                  "val_f1": val_f1, "lr": lr, "skipped_batches": skipped})
+                                  "val_loss_se": val_loss_se, "val_f1": val_f1, "lr": lr, "skipped_batches": skipped})
             if self.verbose:
                 epochs.set_postfix(loss=f"{loss:.4f}", val_f1=f"{val_f1:.3f}")
+            if checkpoints is not None:
+                checkpoints.append(self.module_.get_parameters())
             if schedule is not None and len(y_val):
                 schedule.step(val_f1, val_loss, self.module_.state_dict())
                 if schedule.should_stop:
                     break
         self.n_iter_ = len(self.history_)
+
+    def _checkpoint_rule(self, domains):
+        """``"best"`` or ``"average"``: what :meth:`fit` keeps of its validated epochs (see
+        ``checkpoint`` on :class:`~skfedspd.SPDnetClassifier`; estimators without that
+        parameter keep the best epoch)."""
+        rule = getattr(self, "checkpoint", "best")
+        return "best" if rule == "auto" else rule
+
+    def _average_checkpoints(self, checkpoints, first_epoch):
+        """Load the average of the epochs whose validation loss is within one standard error
+        of the lowest, and return their indices in ``history_``.
+
+        Those epochs cannot be told apart from the best on the validation part; averaging
+        them rather than keeping whichever one its noise favoured gives a flatter solution,
+        which generalizes better to new domains (Cha et al. 2021). Stiefel weights are
+        averaged and projected back by their polar factor (ProjAvg); arrays that never
+        leave a client ("local") stay the best epoch's.
+        """
+        records = self.history_[first_epoch:]
+        lowest = min(records, key=lambda record: record["val_loss"])
+        bound = lowest["val_loss"] + lowest["val_loss_se"]
+        chosen = [i for i, record in enumerate(records) if record["val_loss"] <= bound]
+        kinds = self.module_.parameter_kinds()
+        self.module_.set_parameters(projavg([checkpoints[i] for i in chosen], [1 / len(chosen)] * len(chosen), None,
+                                            kinds))
+        return [first_epoch + i for i in chosen]
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
@@ -733,13 +764,18 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                                        monitor=getattr(self, "validation_metric", "loss"))
             first_epoch = len(self.history_)
             w_train, w_val = (None, None) if w is None else (torch.as_tensor(w[train]), torch.as_tensor(w[val]))
+            averaging = len(val) and self._checkpoint_rule(domains) == "average"
+            checkpoints = [] if averaging else None
             self._train(X_train, torch.as_tensor(codes[train]), X_val, torch.as_tensor(codes[val]),
-                        n_epochs=self.max_epochs, schedule=schedule, w_train=w_train, w_val=w_val)
+                        n_epochs=self.max_epochs, schedule=schedule, w_train=w_train, w_val=w_val,
+                        checkpoints=checkpoints)
             if schedule.best_state is not None:
                 self.module_.load_state_dict(schedule.best_state)
                 self.best_epoch_ = first_epoch + schedule.best_step
             else:
                 self.best_epoch_ = len(self.history_) - 1
+            self.averaged_epochs_ = ([self.best_epoch_] if not averaging
+                                     else self._average_checkpoints(checkpoints, first_epoch))
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
@@ -797,6 +833,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             self._train(X_train, y_train, X_train[:0], y_train[:0], n_epochs=1, schedule=None,
                         w_train=None if w is None else torch.as_tensor(w))
             self.best_epoch_ = len(self.history_) - 1
+            self.averaged_epochs_ = [self.best_epoch_]
         return self
 
     @property

@@ -153,6 +153,18 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     validation_metric : {"loss", "f1"}, default="loss"
         What the validation part judges: the loss (smoother on small parts), or the
         macro-F1 with ties broken by the loss (the paper's protocol).
+    checkpoint : {"auto", "best", "average"}, default="auto"
+        What ``fit`` keeps when it held out a validation part. "best": the weights of the
+        epoch with the lowest validation loss. "average": the average of every epoch whose
+        validation loss lies within one standard error of the lowest (``history_``'s
+        ``val_loss_se``), the epochs the validation part cannot tell apart from the best;
+        BiMap weights are averaged and projected back onto the Stiefel manifold, as
+        ProjAvg does. "auto": "average" for ``batchnorm="domain"`` fitted on several
+        domains, a model meant for new subjects, where a flat average generalizes across
+        domains better than one sharp epoch (Cha et al. 2021; measured on unseen subjects
+        in ``docs/benchmarks/unseen-subjects.md``); "best" otherwise.
+        ``averaged_epochs_`` records the epochs kept. A federation keeps its best round
+        (its own schedule; averaging the clients is its regularizer).
     patience : int >= 0 or None, default=75
         Early stopping in ``fit`` (with a validation part): **epochs** without a lower
         validation loss before training stops; the weights of the epoch with the lowest
@@ -247,10 +259,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     module_ : SPDNet
         The trained torch module.
     history_ : list of dict
-        One record per epoch: ``train_loss``, ``val_loss``, ``val_f1`` (macro), ``lr``,
-        ``skipped_batches``.
+        One record per epoch: ``train_loss``, ``val_loss``, ``val_loss_se`` (its standard
+        error), ``val_f1`` (macro), ``lr``, ``skipped_batches``.
     best_epoch_ : int
-        Index in ``history_`` of the epoch whose weights were kept.
+        Index in ``history_`` of the epoch with the best validation score (the last epoch
+        without a validation part).
+    averaged_epochs_ : list of int
+        Indices in ``history_`` of the epochs whose weights were kept: ``[best_epoch_]``,
+        or the epochs averaged (``checkpoint``).
     validation_used_ : bool
         Whether the last ``fit`` held out a validation part (see ``validation_fraction``);
         False: the last weights of ``max_epochs`` epochs were kept.
@@ -298,6 +314,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         validation_fraction=0.1,
         early_stopping="auto",
         validation_metric="loss",
+        checkpoint="auto",
         patience=75,
         lr_patience=20,
         lr_factor=0.5,
@@ -323,6 +340,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.validation_fraction = validation_fraction
         self.early_stopping = early_stopping
         self.validation_metric = validation_metric
+        self.checkpoint = checkpoint
         self.patience = patience
         self.lr_patience = lr_patience
         self.lr_factor = lr_factor
@@ -410,6 +428,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "eps": [Interval(Real, 0, np.inf, closed="neither")],
         "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
         "recenter_every": [Interval(Integral, 1, None, closed="left")],
+        "checkpoint": [StrOptions({"auto", "best", "average"})],
         "batchnorm": [StrOptions({"spd", "domain"}), None],
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
         "domain_memory": [Interval(Real, 2, None, closed="left"), None],
@@ -544,6 +563,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         # a warm-started fit trains what trainable says now, not what the module was built with
         self._apply_trainable(self.module_)
         super()._start_session(seed)
+
+    def _checkpoint_rule(self, domains):
+        if self.checkpoint != "auto":
+            return self.checkpoint
+        several = domains is not None and int(domains.max()) > int(domains.min())
+        return "average" if self.batchnorm == "domain" and several else "best"
 
     def fit_domains(self, groups, n_samples):
         """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise or

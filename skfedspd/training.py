@@ -327,7 +327,7 @@ def macro_f1(y_true, y_pred):
     return float(np.mean(2.0 * tp / denom))
 
 
-def evaluate(module, X, y, sample_weight=None):
+def evaluate(module, X, y, sample_weight=None, return_se=False):
     """Cross-entropy loss and macro-F1 of ``module`` on ``(X, y)``: the one evaluator.
 
     Parameters
@@ -339,6 +339,8 @@ def evaluate(module, X, y, sample_weight=None):
         Integer class codes.
     sample_weight : torch.Tensor or None
         Weights of the loss (``Σ w_i l_i / Σ w_i``); the macro-F1 is unweighted.
+    return_se : bool, default=False
+        Also return the standard error of the loss.
 
     Returns
     -------
@@ -347,6 +349,10 @@ def evaluate(module, X, y, sample_weight=None):
     macro_f1 : float
         :func:`macro_f1` of the predictions (equal to scikit-learn's ``f1_score(...,
         average="macro")``); NaN when ``y`` is empty.
+    loss_se : float
+        Only with ``return_se``: the standard error of ``loss`` as the (weighted) mean of
+        the per-sample losses, ``sqrt(Σ p_i² (l_i - loss)²)`` with ``p_i = w_i / Σ w``
+        (``std / sqrt(n)`` without weights); NaN when ``y`` is empty.
 
     Examples
     --------
@@ -362,12 +368,18 @@ def evaluate(module, X, y, sample_weight=None):
     (nan, nan)
     """
     if len(y) == 0:
-        return float("nan"), float("nan")
+        return (float("nan"),) * (3 if return_se else 2)
     logits = predict_logits(module, X)
     if sample_weight is not None and float(sample_weight.sum()) <= 0:
         sample_weight = None  # a validation part of zero weights: score it unweighted
     loss = float(cross_entropy(logits, y, sample_weight))
-    return loss, macro_f1(y.cpu().numpy(), logits.argmax(1).cpu().numpy())
+    f1 = macro_f1(y.cpu().numpy(), logits.argmax(1).cpu().numpy())
+    if not return_se:
+        return loss, f1
+    losses = torch.nn.functional.cross_entropy(logits, y, reduction="none").double()
+    p = torch.ones_like(losses) if sample_weight is None else sample_weight.to(losses.dtype)
+    p = p / p.sum()
+    return loss, f1, float(torch.sqrt((p**2 * (losses - loss) ** 2).sum()))
 
 
 class PlateauSchedule:

@@ -178,7 +178,7 @@ def test_get_params_set_params():
     params = clf.get_params()
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
-        "early_stopping", "validation_metric", "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
+        "early_stopping", "validation_metric", "checkpoint", "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
         "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_prior_weight", "domain_memory",
         "domain_include_self", "trainable",
     }
@@ -193,7 +193,7 @@ def test_defaults():
     clf = SPDnetClassifier()
     assert clf.hidden_dims == "auto" and clf.eps == 1e-2 and clf.scaling == "auto" and clf.lr == 1e-2
     assert clf.dtype == "float64" and clf.device == "cpu" and clf.warm_start is False
-    assert clf.class_weight is None
+    assert clf.class_weight is None and clf.checkpoint == "auto"
     assert clf.early_stopping == "auto" and clf.validation_metric == "loss"
 
 
@@ -250,11 +250,53 @@ def test_validation_metric_f1_selects_the_best_f1_epoch(spd_dataset):
     assert clf.best_epoch_ == max(range(len(scores)), key=lambda i: (scores[i], -i))
 
 
-@pytest.mark.parametrize("params", [dict(early_stopping="yes"), dict(validation_metric="accuracy")])
+@pytest.mark.parametrize("params", [dict(early_stopping="yes"), dict(validation_metric="accuracy"),
+                                    dict(checkpoint="mean")])
 def test_early_stopping_parameters_are_validated(spd_dataset, params):
     X, y = spd_dataset(n_matrices=20, n_channels=4, n_classes=2, seed=0)
     with pytest.raises(ValueError, match=next(iter(params))):
         SPDnetClassifier(**params).fit(X, y)
+
+
+@pytest.mark.parametrize("batchnorm, n_groups, checkpoint, averaged", [
+    ("domain", 2, "auto", True), ("domain", 1, "auto", False), (None, 2, "auto", False), ("spd", 2, "auto", False),
+    ("domain", 2, "best", False), (None, 1, "average", True)])
+def test_checkpoint_auto_averages_a_domain_model_of_several_domains(spd_dataset, batchnorm, n_groups, checkpoint,
+                                                                    averaged):
+    """"auto" averages for a model meant for new domains (domain batch norm, several
+    training domains), and keeps the best epoch otherwise."""
+    X, y = spd_dataset(n_matrices=100, n_channels=4, n_classes=2, seed=0)
+    groups = np.arange(100) % n_groups
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=8, validation_fraction=0.5, batchnorm=batchnorm,
+                           checkpoint=checkpoint, random_state=0).fit(X, y, groups=groups)
+    lowest = min(clf.history_, key=lambda record: record["val_loss"])
+    within = [r["epoch"] for r in clf.history_ if r["val_loss"] <= lowest["val_loss"] + lowest["val_loss_se"]]
+    assert clf.averaged_epochs_ == (within if averaged else [clf.best_epoch_])
+    assert clf.best_epoch_ in clf.averaged_epochs_
+
+
+def test_checkpoint_average_is_the_projected_mean_of_the_epochs_kept(spd_dataset):
+    """Oracle: each kept epoch's weights from the same run stopped there, averaged, the
+    BiMap weights projected back by scipy's polar factor."""
+    from scipy.linalg import polar
+    X, y = spd_dataset(n_matrices=100, n_channels=4, n_classes=2, seed=1)
+    kwargs = dict(hidden_dims=(3,), validation_fraction=0.5, lr=5e-2, patience=None, random_state=0)
+    clf = SPDnetClassifier(max_epochs=12, checkpoint="average", **kwargs).fit(X, y)
+    assert len(clf.averaged_epochs_) > 1  # a real average, not the best epoch alone
+    stopped = [SPDnetClassifier(max_epochs=e + 1, checkpoint="best", **kwargs).fit(X, y).module_.get_parameters()
+               for e in clf.averaged_epochs_]
+    averaged = clf.module_.get_parameters()
+    for name in averaged:
+        mean = np.mean([params[name] for params in stopped], axis=0)
+        expected = polar(mean)[0] if name.startswith("bimaps.") else mean
+        np.testing.assert_allclose(averaged[name], expected, rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def test_partial_fit_keeps_the_last_epoch(spd_dataset):
+    X, y = spd_dataset(n_matrices=40, n_channels=4, n_classes=2, seed=0)
+    clf = SPDnetClassifier(hidden_dims=(3,), batchnorm="domain", random_state=0)
+    clf.partial_fit(X, y, classes=[0, 1]).partial_fit(X, y)
+    assert clf.averaged_epochs_ == [clf.best_epoch_] == [1]
 
 
 def test_fit_does_not_change_params_or_input(data):

@@ -54,6 +54,24 @@ def test_evaluate_loss_and_f1():
 def test_evaluate_empty_is_nan():
     loss, f1 = evaluate(_Fixed(np.zeros((0, 2))), torch.arange(0), torch.arange(0))
     assert np.isnan(loss) and np.isnan(f1)
+    assert all(np.isnan(evaluate(_Fixed(np.zeros((0, 2))), torch.arange(0), torch.arange(0), return_se=True)))
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_evaluate_standard_error_of_the_loss(weighted):
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(30, 3))
+    y = rng.integers(0, 3, 30)
+    w = rng.uniform(0.5, 2.0, 30) if weighted else np.ones(30)
+    args = (_Fixed(logits), torch.arange(30), torch.as_tensor(y), torch.as_tensor(w) if weighted else None)
+    loss, f1, se = evaluate(*args, return_se=True)
+    assert (loss, f1) == evaluate(*args)
+    # the per-sample losses from a numpy log-softmax, then the weighted mean's standard error
+    losses = np.log(np.exp(logits).sum(axis=1)) - logits[np.arange(30), y]
+    p = w / w.sum()
+    assert se == pytest.approx(np.sqrt(np.sum(p**2 * (losses - p @ losses) ** 2)), rel=1e-12)
+    if not weighted:
+        assert se == pytest.approx(np.std(losses) / np.sqrt(30), rel=1e-12)
 
 
 def _drive(schedule, scores, start=0):

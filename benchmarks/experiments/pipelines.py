@@ -51,6 +51,7 @@ def fit(model, X, y, groups):
 #: Pipelines that differ from a named one in one setting (the ablations of the design decisions).
 ABLATIONS = {
     "FedSPDnet+dBN, subject domains": lambda seed: fedspdnet(seed, batchnorm="domain").set_params(domains="group"),
+    "SPDnet+dBN, best epoch": lambda seed: spdnet(seed, batchnorm="domain", checkpoint="best"),
 }
 
 

@@ -28,7 +28,7 @@ from .pipelines import ABLATIONS, PIPELINES, fit
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
 PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
          ("Recenter+TS+LR", "TS+LR"), ("SPDnet+dBN", "TS+LR"),
-         ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains")]
+         ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"), ("SPDnet+dBN", "SPDnet+dBN, best epoch")]
 
 
 def add_arguments(parser):
