@@ -691,13 +691,17 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Those epochs cannot be told apart from the best on the validation part; averaging
         them rather than keeping whichever one its noise favoured gives a flatter solution,
         which generalizes better to new domains (Cha et al. 2021). Stiefel weights are
-        averaged and projected back by their polar factor (ProjAvg); arrays that never
-        leave a client ("local") stay the best epoch's.
+        averaged and projected back by their polar factor (ProjAvg); running statistics
+        (``"local"`` arrays) stay the best epoch's. Epochs without a finite validation loss
+        are never averaged.
         """
         records = self.history_[first_epoch:]
-        lowest = min(records, key=lambda record: record["val_loss"])
+        finite = [i for i, record in enumerate(records) if np.isfinite(record["val_loss"])]
+        if not finite:
+            return [self.best_epoch_]
+        lowest = min((records[i] for i in finite), key=lambda record: record["val_loss"])
         bound = lowest["val_loss"] + lowest["val_loss_se"]
-        chosen = [i for i, record in enumerate(records) if record["val_loss"] <= bound]
+        chosen = [i for i in finite if records[i]["val_loss"] <= bound]
         kinds = self.module_.parameter_kinds()
         self.module_.set_parameters(projavg([checkpoints[i] for i in chosen], [1 / len(chosen)] * len(chosen), None,
                                             kinds))
@@ -764,7 +768,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                                        monitor=getattr(self, "validation_metric", "loss"))
             first_epoch = len(self.history_)
             w_train, w_val = (None, None) if w is None else (torch.as_tensor(w[train]), torch.as_tensor(w[val]))
-            averaging = len(val) and self._checkpoint_rule(domains) == "average"
+            averaging = len(val) > 0 and self._checkpoint_rule(domains) == "average"
             checkpoints = [] if averaging else None
             self._train(X_train, torch.as_tensor(codes[train]), X_val, torch.as_tensor(codes[val]),
                         n_epochs=self.max_epochs, schedule=schedule, w_train=w_train, w_val=w_val,

@@ -292,6 +292,20 @@ def test_checkpoint_average_is_the_projected_mean_of_the_epochs_kept(spd_dataset
         np.testing.assert_allclose(averaged[name], expected, rtol=1e-10, atol=1e-12, err_msg=name)
 
 
+def test_checkpoint_average_passes_over_epochs_without_a_finite_validation_loss(spd_dataset):
+    X, y = spd_dataset(n_matrices=40, n_channels=4, n_classes=2, seed=0)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=4, random_state=0).fit(X, y)
+    for record, loss in zip(clf.history_, [np.nan, 0.5, 0.52, 0.9]):
+        record.update(val_loss=loss, val_loss_se=0.03)
+    params = clf.module_.get_parameters()
+    checkpoints = [dict(params, **{"head.bias": np.full_like(params["head.bias"], k)}) for k in range(4)]
+    assert clf._average_checkpoints(checkpoints, 0) == [1, 2]
+    np.testing.assert_allclose(clf.module_.get_parameters()["head.bias"], 1.5)
+    for record in clf.history_:
+        record.update(val_loss=np.nan)
+    assert clf._average_checkpoints(checkpoints, 0) == [clf.best_epoch_]
+
+
 def test_partial_fit_keeps_the_last_epoch(spd_dataset):
     X, y = spd_dataset(n_matrices=40, n_channels=4, n_classes=2, seed=0)
     clf = SPDnetClassifier(hidden_dims=(3,), batchnorm="domain", random_state=0)
