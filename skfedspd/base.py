@@ -678,11 +678,9 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         self.n_iter_ = len(self.history_)
 
     def _checkpoint_rule(self, domains):
-        """``"best"`` or ``"average"``: what :meth:`fit` keeps of its validated epochs (see
-        ``checkpoint`` on :class:`~skfedspd.SPDnetClassifier`; estimators without that
-        parameter keep the best epoch)."""
-        rule = getattr(self, "checkpoint", "best")
-        return "best" if rule == "auto" else rule
+        """``"best"`` or ``"average"``: what :meth:`fit` keeps of its validated epochs. The
+        best epoch here; :class:`~skfedspd.SPDnetClassifier` decides by its ``checkpoint``."""
+        return "best"
 
     def _average_checkpoints(self, checkpoints, first_epoch):
         """Load the average of the epochs whose validation loss is within one standard error
