@@ -74,6 +74,7 @@ __all__ = [
     "SUM_RULES",
     "get_aggregation",
     "check_secure_rule",
+    "rule_name",
 ]
 
 
@@ -658,9 +659,11 @@ AGGREGATIONS = {"projavg": projavg, "rlavg": rlavg, "karcher": karcher, "geomedi
 SUM_RULES = {"projavg": projavg_from_sum, "rlavg": rlavg_from_sum}
 
 
-def get_aggregation(aggregation):
+def get_aggregation(aggregation, *, secure=False):
     """Resolve a rule's name (:data:`AGGREGATIONS`; a robust rule: a new instance with its
-    default parameters) or a callable to a rule.
+    default parameters) or a callable to a rule; the one check of the ``aggregation``
+    setting: a robust rule's own parameters, and under ``secure`` aggregation a rule of the
+    weighted sum (:func:`check_secure_rule`).
 
     Examples
     --------
@@ -670,16 +673,41 @@ def get_aggregation(aggregation):
     >>> get_aggregation("trimmedmean")
     TrimmedMean()
     """
-    if callable(aggregation):
-        return aggregation
     if isinstance(aggregation, str) and aggregation in AGGREGATIONS:
         rule = AGGREGATIONS[aggregation]
-        return clone(rule) if isinstance(rule, RobustAggregation) else rule
-    raise ValueError(f"aggregation must be one of {sorted(AGGREGATIONS)} or a callable, got {aggregation!r}")
+        rule = clone(rule) if isinstance(rule, RobustAggregation) else rule
+    elif callable(aggregation):
+        rule = aggregation
+    else:
+        raise ValueError(f"aggregation must be one of {sorted(AGGREGATIONS)} or a callable, got {aggregation!r}")
+    if isinstance(rule, RobustAggregation):
+        rule.check_params()  # the clients per round are checked by the engine, when they are known
+    if secure:
+        check_secure_rule(rule_name(aggregation))
+    return rule
+
+
+def rule_name(aggregation):
+    """A stable name for an aggregation rule: the name itself, ``module.repr`` of a robust
+    rule (its parameters included), or ``module.qualname`` of a callable (of its class for a
+    callable instance), never its memory address.
+
+    Examples
+    --------
+    >>> from skfedspd.aggregation import TrimmedMean, karcher, rule_name
+    >>> rule_name("projavg"), rule_name(karcher), rule_name(TrimmedMean(trim=0.3))
+    ('projavg', 'skfedspd.aggregation.karcher', 'skfedspd.aggregation.TrimmedMean(trim=0.3)')
+    """
+    if isinstance(aggregation, str):
+        return aggregation
+    if isinstance(aggregation, RobustAggregation):
+        return f"{type(aggregation).__module__}.{aggregation!r}"
+    target = aggregation if hasattr(aggregation, "__qualname__") else type(aggregation)
+    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
 def check_secure_rule(name):
-    """Raise ValueError unless the rule called ``name`` (see :func:`skfedspd.engine.rule_name`)
+    """Raise ValueError unless the rule called ``name`` (see :func:`rule_name`)
     can run under secure aggregation, i.e. is in :data:`SUM_RULES`.
 
     Examples

@@ -6,6 +6,7 @@ once, on top of :mod:`skfedspd.training`.
 """
 
 import copy
+import warnings
 from contextlib import contextmanager
 from numbers import Integral, Real
 
@@ -840,7 +841,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     @property
     def n_epochs_(self):
-        """Alias of ``n_iter_`` (epochs run), kept for compatibility."""
+        """Deprecated alias of ``n_iter_`` (epochs run), removed in 0.4."""
+        warnings.warn("n_epochs_ is deprecated and will be removed in 0.4: use n_iter_", FutureWarning, stacklevel=2)
         return self.n_iter_
 
     # ------------------------------------------------------------------ prediction

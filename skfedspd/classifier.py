@@ -272,7 +272,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         False: the last weights of ``max_epochs`` epochs were kept.
     n_iter_ : int
         Epochs run on this model (``fit``, ``partial_fit`` and warm starts), as in
-        :class:`~sklearn.neural_network.MLPClassifier`; ``n_epochs_`` is an alias.
+        :class:`~sklearn.neural_network.MLPClassifier` (``n_epochs_``: a deprecated alias).
     domain_statistics_ : skfedspd.online.DomainStatistics or None
         ``batchnorm="domain"``: the prior and the stored domains' running means (None:
         neither yet). Read them through ``domains_`` (label → trials seen) and

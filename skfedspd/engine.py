@@ -1,20 +1,17 @@
-"""The federated engine: FedSPDnet's server, one class for every backend.
+"""The server side of a federated run: :class:`FederatedEngine`, one class for every transport.
 
 :class:`FederatedEngine` owns the state of a federated run and every decision the server
-takes in it: the global parameters, the clients' ``"local"`` arrays (FedBN: BatchNorm
+takes in a round: the global parameters, the clients' ``"local"`` arrays (FedBN: BatchNorm
 statistics, returned to their own client only, never given to the aggregation rule), the
-seeded choice of each round's clients, the plateau schedule counted in rounds (learning
-rate, early stopping, best global model), the history, the failure policy and the
-validation of every reply before it reaches the aggregate. A backend only moves messages:
-
-- ``"local"`` (:class:`~skfedspd.FederatedSPDnetClassifier`): clients simulated in this
-  process, their replies built from the estimator's ``local_update``;
-- ``"flower"`` (:class:`skfedspd.flower.SPDnetStrategy`): replies are Flower messages from
-  sites that are not trusted.
-
-Both call, each round, :meth:`FederatedEngine.select`, then :meth:`~FederatedEngine.aggregate`
-with the train replies, then :meth:`~FederatedEngine.finish_round` with the validation
-replies, so the same seed gives the same model bit for bit on every backend.
+seeded choice of each round's clients, the aggregation rule and the server optimizer, the
+plateau schedule counted in rounds (learning rate, early stopping, best global model), the
+history, the failure policy and the validation of every reply before it reaches the
+aggregate. The run's set-up and end are :class:`skfedspd.run.FederatedRun`'s; the client
+side is :mod:`skfedspd.client`; a transport only moves the messages
+(:mod:`skfedspd.messages`). Every transport calls, each round, :meth:`FederatedEngine.select`,
+then :meth:`~FederatedEngine.aggregate` with the train replies, then
+:meth:`~FederatedEngine.finish_round` with the validation replies, so the same seed gives
+the same model bit for bit on every transport.
 
 Reply validation (:meth:`FederatedEngine.check_train_reply`,
 :meth:`~FederatedEngine.check_eval_reply`): array names exactly the model's, shapes,
@@ -32,28 +29,21 @@ under ``"skip"`` it is left out and ``{"client", "stage", "reason"}`` joins the 
 import copy
 import numbers
 import warnings
-from dataclasses import dataclass
 
 import numpy as np
-from .aggregation import RobustAggregation, client_distances, client_weights, get_aggregation
+
+from .aggregation import RobustAggregation, client_distances, client_weights, get_aggregation, rule_name
+from .messages import EvalReply, TrainReply
 from .server_optimizer import is_identity_step, server_step
 from .stiefel import orthonormality_error
 from .training import PlateauSchedule, derive_seed
 
 __all__ = [
     "FederatedEngine",
-    "TrainReply",
-    "EvalReply",
-    "FederatedResult",
-    "FitTask",
     "check_aggregate",
-    "client_statistic",
-    "client_update",
     "declared_weights",
     "is_positive_weight",
     "n_selected",
-    "pool_input_statistic",
-    "rule_name",
     "stiefel_tolerance",
     "within_declared_weight",
 ]
@@ -64,139 +54,6 @@ _STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
 # A client's weight is summed at set-up (numpy) and after training (torch): the order of
 # the summands may differ, not more.
 _WEIGHT_RTOL = 1e-9
-
-
-@dataclass
-class TrainReply:
-    """One client's answer to a train message: ``params`` (``{name: ndarray}``, every name
-    of the model, ``"local"`` ones included), ``loss`` (mean training loss), ``n_skipped``
-    (batches with a non-finite loss or gradient), ``n_examples`` (training samples) and
-    ``weight`` (the sum of its training samples' weights when it trained with
-    ``sample_weight``; None: ``n_examples``), its aggregation weight; and, from a client
-    simulated by the local backend that keeps its optimizer state, ``optimizer_state``
-    (its Adam state after the round), which no server step reads: the engine only keeps it
-    for that client (:attr:`FederatedEngine.client_optimizer_states`). A Flower site
-    keeps its own and never sends it.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.engine import TrainReply
-    >>> from skfedspd.stiefel import random_stiefel
-    >>> reply = TrainReply({"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}, loss=0.69, n_skipped=0,
-    ...                    n_examples=30)
-    >>> reply.weight is None  # aggregated with weight n_examples
-    True
-    """
-
-    params: dict
-    loss: float
-    n_skipped: int
-    n_examples: int
-    weight: float = None
-    optimizer_state: dict = None
-
-
-@dataclass
-class EvalReply:
-    """One client's validation of the global model: ``loss``, macro-``f1``, ``n_examples``.
-
-    Examples
-    --------
-    >>> from skfedspd.engine import EvalReply
-    >>> EvalReply(loss=0.61, f1=0.75, n_examples=4)
-    EvalReply(loss=0.61, f1=0.75, n_examples=4)
-    """
-
-    loss: float
-    f1: float
-    n_examples: int
-
-
-@dataclass
-class FitTask:
-    """A validated federated fit, handed to a backend: the local ``estimator`` (classes and
-    input shape set; fitted when resuming), the inputs ``X`` (validated), the labels ``y``
-    and their integer ``codes``, each client's sample ``indices``, the run's ``seed``, the
-    engine to continue (``resume``, None for a fresh fit), ``client_source`` and
-    ``client_groups`` (see :class:`FederatedResult`).
-
-    Examples
-    --------
-    What ``FederatedSPDnetClassifier.fit`` hands to its backend (a task built by hand and
-    run: :func:`skfedspd.local.fit_local`):
-
-    >>> import dataclasses
-    >>> from skfedspd.engine import FitTask
-    >>> [field.name for field in dataclasses.fields(FitTask)]  # doctest: +NORMALIZE_WHITESPACE
-    ['estimator', 'X', 'y', 'codes', 'indices', 'seed', 'resume', 'client_source', 'client_groups',
-     'sample_weight', 'validation_fraction', 'groups']
-    """
-
-    estimator: object
-    X: np.ndarray
-    y: np.ndarray
-    codes: np.ndarray
-    indices: list
-    seed: int
-    resume: object
-    client_source: str
-    client_groups: list
-    sample_weight: object = None  # ndarray of per-sample weights, or None (unweighted)
-    validation_fraction: float = None  # held out on each client (None: the estimator's parameter)
-    groups: object = None  # ndarray of per-sample groups (subjects), or None: the domains of batchnorm="domain"
-
-
-@dataclass
-class FederatedResult:
-    """What a backend hands back to :class:`~skfedspd.FederatedSPDnetClassifier`: the
-    released local estimator (best global model loaded), the engine, and where the clients
-    came from (``client_source``: ``"groups"``, ``"partition:<name>"`` or
-    ``"flower:client-id"``; ``client_groups``: the groups of each client or None).
-
-    Examples
-    --------
-    :meth:`~skfedspd.FederatedSPDnetClassifier.set_result` makes an estimator the fitted
-    model of a result (what a Flower ServerApp does with the result of a run):
-
-    >>> import numpy as np
-    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.engine import FederatedResult
-    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=0)
-    >>> subjects = np.repeat([1, 2, 3], 10)
-    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=2, random_state=0)
-    >>> fed = fed.fit(X, y, groups=subjects)
-    >>> result = FederatedResult(fed.global_estimator_, fed.engine_, "groups", fed.client_groups_)
-    >>> released = FederatedSPDnetClassifier().set_result(result)
-    >>> released.n_clients_, bool((released.predict(X) == fed.predict(X)).all())
-    (3, True)
-    """
-
-    estimator: object
-    engine: "FederatedEngine"
-    client_source: str
-    client_groups: list
-
-
-def rule_name(aggregation):
-    """A stable name for an aggregation rule: the name itself, ``module.repr`` of a robust
-    rule (its parameters included), or ``module.qualname`` of a callable (of its class for a
-    callable instance), never its memory address.
-
-    Examples
-    --------
-    >>> from skfedspd.aggregation import TrimmedMean, karcher
-    >>> from skfedspd.engine import rule_name
-    >>> rule_name("projavg"), rule_name(karcher), rule_name(TrimmedMean(trim=0.3))
-    ('projavg', 'skfedspd.aggregation.karcher', 'skfedspd.aggregation.TrimmedMean(trim=0.3)')
-    """
-    if isinstance(aggregation, str):
-        return aggregation
-    if isinstance(aggregation, RobustAggregation):
-        return f"{type(aggregation).__module__}.{aggregation!r}"
-    target = aggregation if hasattr(aggregation, "__qualname__") else type(aggregation)
-    return f"{getattr(target, '__module__', '?')}.{target.__qualname__}"
 
 
 def n_selected(clients_per_round, n_clients):
@@ -234,26 +91,6 @@ def stiefel_tolerance(dtype, n_columns):
     (2e-06, 0.002)
     """
     return _STIEFEL_TOL.get(np.dtype(dtype), 1e-3) * np.sqrt(n_columns)
-
-
-def pool_input_statistic(statistics, n_train):
-    """Training-size-weighted mean of the clients' input statistics (None if the model
-    has none). Raises ValueError naming a client whose statistic is missing or not finite.
-
-    Examples
-    --------
-    >>> from skfedspd.engine import pool_input_statistic
-    >>> pool_input_statistic([1.0, 4.0], n_train=[30, 10])
-    1.75
-    >>> pool_input_statistic([None, None], n_train=[30, 10]) is None
-    True
-    """
-    if all(s is None for s in statistics):
-        return None
-    for cid, s in enumerate(statistics):
-        if not _is_real(s) or not np.isfinite(s):
-            raise ValueError(f"client {cid} declared an invalid input statistic {s!r} (a finite number is needed)")
-    return float(np.average(np.asarray(statistics, dtype=np.float64), weights=n_train))
 
 
 def _is_real(value):
@@ -464,7 +301,8 @@ class FederatedEngine:
     clients (a backend builds the replies from the clients' messages):
 
     >>> import numpy as np
-    >>> from skfedspd.engine import EvalReply, FederatedEngine, TrainReply
+    >>> from skfedspd.engine import FederatedEngine
+    >>> from skfedspd.messages import EvalReply, TrainReply
     >>> from skfedspd.stiefel import random_stiefel
     >>> initial = {"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}
     >>> engine = FederatedEngine(initial, {"W": "stiefel", "b": "euclidean"}, n_train=[30, 10],
@@ -486,27 +324,6 @@ class FederatedEngine:
     >>> engine.check_train_reply(0, TrainReply({"W": np.ones((4, 2)), "b": np.zeros(2)}, 0.5, 0, 30))
     "arrays['W'] is not orthonormal: ‖WᵀW − I‖ = 7.07 > 1.41e-06"
     """
-
-    @classmethod
-    def from_estimator(cls, fed, estimator, *, n_train, n_val, seed, input_statistic, train_weights=None):
-        """The engine of a :class:`~skfedspd.FederatedSPDnetClassifier` ``fed`` (its round-level
-        parameters) for the initialised local ``estimator`` (its model and learning rate)."""
-        engine = cls(estimator.get_parameters(), estimator.parameter_kinds(), n_train=n_train, n_val=n_val,
-                     train_weights=train_weights,
-                     seed=seed, lr=estimator.lr, clients_per_round=fed.clients_per_round,
-                     aggregation=fed.aggregation, weighting=fed.weighting, patience=fed.patience,
-                     lr_patience=fed.lr_patience, lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
-                     max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
-                     server_lr=fed.server_lr, server_momentum=fed.server_momentum)
-        if getattr(fed, "dp_epsilon", None) is not None:
-            engine.plan_privacy(fed.dp_epsilon, fed.dp_delta, clip_norm=fed.dp_clip_norm,
-                                batch_size=estimator.batch_size, local_epochs=fed.local_epochs, n_rounds=fed.n_rounds)
-            # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
-            engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in estimator.module_.parameters()
-                                                              if p.requires_grad))
-            if hasattr(fed, "resolved_settings"):  # what DP mode chose, saved with the plan
-                engine.privacy["resolved"] = fed.resolved_settings()
-        return engine
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
                  aggregation="projavg", weighting="n_samples", patience=None, lr_patience=20, lr_factor=0.5,
@@ -968,64 +785,3 @@ class FederatedEngine:
         self.seed = int(meta["seed"])
         self.input_statistic = meta["input_statistic"]
         self.privacy = copy.deepcopy(meta.get("privacy"))
-
-
-# ---------------------------------------------------------------------- the client side
-#: Why ``dp_epsilon`` refuses sample weights (``fit``, and a Flower site whose data carry them).
-DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted "
-                          "samples")
-
-
-def client_statistic(est, X, sample_weight=None):
-    """A client's input statistic: the local estimator's ``input_statistic`` of its training
-    inputs, weighted by their sample weights when it has any (the local backend and every
-    Flower site call it).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.engine import client_statistic
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(np.stack([np.eye(2), np.exp(2) * np.eye(2)]), reset=True)
-    >>> client_statistic(est, X), client_statistic(est, X, sample_weight=np.array([3.0, 1.0]))  # mean log(tr / n)
-    (1.0, 0.5)
-    """
-    # Estimators whose statistic ignores weights may omit the argument.
-    return est.input_statistic(X) if sample_weight is None else est.input_statistic(X, sample_weight=sample_weight)
-
-
-def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, optimizer_state=None, **kwargs):
-    """One client's local training as a :class:`~skfedspd.engine.TrainReply`: the local
-    estimator's ``local_update`` (the one local-training routine) from the broadcast, with
-    the client's sample weights (its reply's weight is their sum) or DP settings, resuming
-    its ``optimizer_state`` when given (a dict, ``{}`` on its first round; the reply's
-    ``optimizer_state`` is the state after the round, a new dict). The local backend's
-    jobs and every Flower site call it; ``kwargs``: ``lr``, ``n_epochs``, ``n_threads``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> import torch
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.engine import client_update
-    >>> X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(X, reset=True)
-    >>> est.set_classes(y)
-    >>> est.set_input_statistic(est.input_statistic(X))
-    >>> est.init_module(0)
-    >>> weights = torch.as_tensor(np.repeat([1.0, 2.0], 6))
-    >>> reply = client_update(est, est.get_parameters(), None, est.to_tensor(X), torch.as_tensor(est.encode_labels(y)),
-    ...                       weights, seed=1, dp=None, lr=0.01, n_epochs=1)
-    >>> reply.n_examples, reply.weight
-    (12, 18.0)
-    """
-    # Estimators without DP, sample weights or kept optimizer state keep the older signature.
-    state = None if optimizer_state is None else dict(optimizer_state)
-    extra = ({} if dp is None else {"dp": dp}) | ({} if sample_weight is None else {"sample_weight": sample_weight}) | (
-        {} if state is None else {"optimizer_state": state})
-    params, loss, n_skipped = est.local_update(global_params, local_state, X, y, seed=seed, **extra, **kwargs)
-    return TrainReply(params, float(loss), int(n_skipped), len(y),
-                      None if sample_weight is None else float(sample_weight.sum()), optimizer_state=state)

@@ -1,13 +1,11 @@
 """``FederatedSPDnetClassifier``: FedSPDnet (Algorithm 1 of the paper) as a meta-estimator.
 
-``fit`` validates the parameters and the data, splits the samples into clients, and hands
-the run to a backend by name (:data:`BACKENDS`): ``"local"`` (:func:`skfedspd.local.fit_local`, clients
-simulated in this process, optionally in parallel with joblib) or ``"flower"`` (an
-in-process Flower simulation). Every backend drives one
-:class:`~skfedspd.engine.FederatedEngine` (seeded client sampling, reply validation,
-failure policy, aggregation, schedule, history); each selected client runs the local
-estimator's ``local_update`` (the one local-training routine). The estimator's attributes
-are assigned only when the backend succeeds: a fit that raises leaves it as it was.
+``fit`` validates the parameters and the data, splits the samples into clients
+(:class:`~skfedspd.run.ClientData`), builds the run (:class:`~skfedspd.run.FederatedRun`: set-up,
+engine, end) and hands both to a transport by name (:data:`BACKENDS`): ``"local"``
+(:func:`skfedspd.local.fit_local`, the clients' sites in this process, optionally in parallel
+with joblib) or ``"flower"`` (an in-process Flower simulation). The estimator's attributes
+are assigned only when the transport succeeds: a fit that raises leaves it as it was.
 """
 
 import copy
@@ -20,18 +18,22 @@ import sklearn
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
 from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, StrOptions
+from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
-from .aggregation import AGGREGATIONS, RobustAggregation, check_secure_rule, get_aggregation
-from .base import resolve_groups, training_weights, uses_validation
+from .aggregation import AGGREGATIONS, get_aggregation
+from .base import resolve_groups, training_weights
 from .classifier import SPDnetClassifier
-from .engine import DP_SAMPLE_WEIGHT_ERROR, FederatedEngine, FederatedResult, FitTask, n_selected, rule_name
+from .client import DP_SAMPLE_WEIGHT_ERROR
+from .engine import n_selected
 from .local import fit_local
 from .online import drop_domain_requests
+from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_out_fraction, init_model,
+                  local_estimator, run_seed)
 from .spec import estimator_from_spec, estimator_to_spec
-from .training import derive_seed, draw_seed
+from .training import derive_seed
 
-__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "fit_local", "make_clients", "partition_indices"]
+__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "make_clients", "partition_indices"]
 
 
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
@@ -98,8 +100,8 @@ def partition_indices(y, n_clients, partition, alpha, seed):
     raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
 
 
-def _fit_on_flower(fed, task):
-    """The ``"flower"`` backend, :func:`skfedspd.flower.simulation_fit.fit_simulation`,
+def _fit_on_flower(run, data):
+    """The ``"flower"`` transport, :func:`skfedspd.flower.simulation_fit.fit_simulation`,
     imported when used: Flower is an extra."""
     try:
         from .flower.simulation_fit import fit_simulation
@@ -108,20 +110,25 @@ def _fit_on_flower(fed, task):
             raise
         raise ImportError(f"backend='flower' needs the flower extra: pip install 'skfedspd[flower]' "
                           f"({error})") from error
-    return fit_simulation(fed, task)
+    return fit_simulation(run, data)
 
 
-#: Backends of ``FederatedSPDnetClassifier(backend=...)``, each called as
-#: ``backend(fed, task) -> FederatedResult``. A backend reads the estimator ``fed`` and the
-#: :class:`~skfedspd.engine.FitTask` and never imports this module.
+#: Transports of ``FederatedSPDnetClassifier(backend=...)``, each called as
+#: ``backend(run, data) -> FederatedResult`` with the :class:`~skfedspd.run.FederatedRun` and
+#: the :class:`~skfedspd.run.ClientData`; a transport never imports this module.
 BACKENDS = {"local": fit_local, "flower": _fit_on_flower}
 
 
 #: ``fit``'s warning for server momentum with clients that keep their Adam state.
 KEEP_WITH_SERVER_MOMENTUM_WARNING = (
-    "server_momentum > 0 with client_optimizer_state='keep': in Table I this pair fell to 31.2 macro-F1, "
-    "against 55.8 with client_optimizer_state='reset' (docs/design-decisions.md); use "
-    "client_optimizer_state='reset' with server momentum")
+    "server_momentum > 0 with client_optimizer_state='keep' trains badly (measured in "
+    "docs/design-decisions.md, 'Server momentum'); use client_optimizer_state='reset' with server momentum")
+
+
+def _local_estimator_has(name):
+    """``available_if`` check: the domain API (``adapt``, ``reset_domain``, ...) is the local
+    estimator's, delegated where it has it (``SPDnetClassifier``), absent otherwise (``EEGNetClassifier``)."""
+    return lambda fed: hasattr(type(fed._local_estimator()), name)
 
 
 class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
@@ -167,8 +174,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         (``SPDnetClassifier(batchnorm="domain")``): ``"client"``, each client's data form one
         domain; ``"group"``, each group (subject) of a client is a domain of its own
         (:meth:`~skfedspd.SPDnetClassifier.fit_domains`). The same with one group per client.
-        With clients of two subjects, unseen subjects score 2.0 ± 1.2 balanced-accuracy
-        points higher with ``"client"`` (40 subjects; ``docs/design-decisions.md``). A
+        The default is measured on unseen subjects in ``docs/design-decisions.md``. A
         deployed site's domains are the ``groups`` of its data file (none: the site is one
         domain). Ignored by local estimators without domains.
     n_clients : int, default=5
@@ -189,7 +195,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     validation_fraction : float, default=0.1
         Stratified share of each client's data kept on that client for validation, when
         the local estimator's ``early_stopping`` rule holds one out for the federation as a
-        whole (:meth:`held_out_fraction`: with the default ``"auto"``, only when the pooled
+        whole (:func:`skfedspd.run.held_out_fraction`: with the default ``"auto"``, only when the pooled
         part reaches ``max(50, 2 · n_classes)`` samples; otherwise every sample trains and
         the last global model is kept). A deployment's sites hold it out as given.
     max_update_norm : float or None, default=1000.0
@@ -210,8 +216,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         keeps the round a function of the clients' weighted sum (secure aggregation).
         With the paper's clients (``client_optimizer_state="reset"``), ``server_momentum=0.9``
         with ``server_lr=1.0`` is recommended (Table I, ``docs/benchmarks/tableone.md``). Not with clients
-        that keep their Adam state (the default): in Table I that pair fell to 31.2 macro-F1
-        against 55.8 with fresh clients (``docs/design-decisions.md``); ``fit`` and
+        that keep their Adam state (the default): that pair trains badly
+        (``docs/design-decisions.md``); ``fit`` and
         :func:`skfedspd.flower.fit_federated` warn (:meth:`warn_about_settings`).
     server_momentum : float in [0, 1), default=0.0
         Server momentum ``β``; the buffer is part of the checkpoint
@@ -301,7 +307,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Google's ``dp-accounting`` (RDP) so that the whole run — ``n_rounds``,
         ``local_epochs``, the exact rounds the seeded schedule draws each site in — spends at
         most ``(dp_epsilon, dp_delta)`` on each site's training samples. None: no DP.
-        DP mode is private by construction (:meth:`resolved_settings`, recorded in
+        DP mode is private by construction (:func:`skfedspd.run.resolved_settings`, recorded in
         ``privacy_["resolved"]``): no site holds out validation data (scores would steer
         the schedule and the released model outside the budget: a fixed number of rounds
         runs and the last global model is kept), and ``scaling="auto"`` becomes
@@ -360,7 +366,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``steps_run``, ``epsilon``: ε spent, recomputed by the accountant for the rounds
         actually run), ``privatized_parameters`` (the trainable coordinates that DP-SGD
         clips and noises: fewer with ``trainable="head"``) and ``resolved`` (the private
-        settings DP mode chose, :meth:`resolved_settings`). None without DP.
+        settings DP mode chose, :func:`skfedspd.run.resolved_settings`). None without DP.
 
     Notes
     -----
@@ -372,7 +378,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     is kept. Defaults: ``lr_patience=20`` and ``lr_factor=0.5`` are the values the
     meta-estimator used before (then read from the local estimator); ``patience=None``
     (previously the local estimator's 75, in rounds) runs all ``n_rounds`` as in the paper
-    and in ``benchmarks/physionet_experiment.py``. With partial participation the score is
+    and in the Table I experiment (``python -m benchmarks.tableone``). With partial participation the score is
     noisier (each round trains a subset, all clients validate) and a round holds fewer
     client updates, so a patience meant for full participation cuts the learning rate too
     early: scale ``lr_patience`` (and ``patience``) by ``N / M``. On PhysionetMI at M = N/2
@@ -567,19 +573,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.secure_aggregation and self.backend == "local":
             raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
                              "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
-        self._check_aggregation()
-        task = self._prepare(X, y, groups, subjects, sample_weight)
+        get_aggregation(self.aggregation, secure=self.secure_aggregation)
+        run, data = self._prepare(X, y, groups, subjects, sample_weight)
         self.warn_about_settings()
-        if self.dp_epsilon is not None and task.sample_weight is not None:
-            raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
-                                                       if sample_weight is None else ""))
-        backend = BACKENDS[self.backend]
         # Training needs autograd whatever the caller's mode: inference tensors made here
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
-            result = backend(self, task)
-        set_global_domain_prior(self, result.estimator, task)
-        return self.set_result(result)
+            result = BACKENDS[self.backend](run, data)
+        return self._set_result(result)
 
     def check_params(self):
         """Validate the parameters (``_parameter_constraints``) and the local estimator's.
@@ -593,20 +594,12 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             Naming the parameter, its value and what is allowed.
         """
         self._validate_params()
-        self._check_aggregation()
-        self._init_model()
-        est = self.local_estimator()
+        get_aggregation(self.aggregation, secure=self.secure_aggregation)
+        init_model(self)
+        est = local_estimator(self)
         est.check_params()
         if self.dp_epsilon is not None:
             self._check_dp_mode(est)
-
-    def _check_aggregation(self):
-        """A robust rule's own parameters; under secure aggregation, a rule of the weighted sum."""
-        rule = get_aggregation(self.aggregation)
-        if isinstance(rule, RobustAggregation):
-            rule.check_params()  # the clients per round are checked by the engine, when they are known
-        if self.secure_aggregation:
-            check_secure_rule(rule_name(self.aggregation))
 
     def warn_about_settings(self):
         """Warn about parameter pairs measured to train badly; ``fit`` and
@@ -620,7 +613,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     def _check_dp_mode(self, est):
         """DP mode shares nothing outside the budget: refuse an explicit choice that would
-        (the defaults resolve to private ones, :meth:`resolved_settings`; docs/guide/privacy.md)."""
+        (the defaults resolve to private ones, :func:`skfedspd.run.resolved_settings`; docs/guide/privacy.md)."""
         if self.validation_fraction > 0 and getattr(est, "early_stopping", True) is True:
             raise ValueError(f"dp_epsilon with an explicit validation split (validation_fraction="
                              f"{self.validation_fraction} and the local estimator's early_stopping=True): per-site "
@@ -636,231 +629,32 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                              "of n_rounds rounds")
 
     def _prepare(self, X, y, groups, subjects, sample_weight=None):
-        """Validated inputs, clients and seed as a :class:`FitTask` (``self`` untouched)."""
+        """The run and its data split into clients (``self`` untouched)."""
         groups = resolve_groups(groups, subjects)
         resume = self.warm_start and self.__sklearn_is_fitted__()
-        est = self.local_estimator()
+        # inputs and labels are validated by the fit's local estimator, read only when it continues
+        est = self.global_estimator_ if resume else local_estimator(self)
         if self.dp_epsilon is not None:
             self._check_dp_mode(est)
-        if resume:  # the fitted model continues; its parameters are still checked
-            est.check_params()
-            est = copy.deepcopy(self.global_estimator_)
-            X = est.check_inputs(X, reset=False)
-        else:
-            X = est.check_inputs(X, reset=True)
-        if self.agreed_classes(est, resume) is None and not resume:
-            est.set_classes(y)
+        X = est.check_inputs(X, reset=not resume)
+        y = np.asarray(y)
         if not resume:
-            self.check_init(est)
+            est.set_classes(self.classes if self.classes is not None else y)
         codes = est.encode_labels(y, len(X))  # names the labels outside the agreed classes
-        weights = training_weights(getattr(est, "class_weight", None), np.asarray(y), sample_weight)
-        seed = self.engine_.seed if resume else draw_seed(self.random_state)
+        weights = training_weights(getattr(est, "class_weight", None), y, sample_weight)
+        if self.dp_epsilon is not None and weights is not None:
+            raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
+                                                       if sample_weight is None else ""))
+        seed = run_seed(self)
         indices, source, client_groups = self._clients(codes, groups, seed)
         n_selected(self.clients_per_round, len(indices))
-        return FitTask(estimator=est, X=X, y=np.asarray(y), codes=codes, indices=indices, seed=seed,
-                       resume=self.engine_ if resume else None, client_source=source, client_groups=client_groups,
-                       sample_weight=weights, validation_fraction=self.held_out_fraction(est, len(codes)),
-                       # the domains of batchnorm="domain": None makes each client one
-                       groups=None if groups is None or self.domains == "client" else np.asarray(groups))
-
-    def held_out_fraction(self, est, n_samples):
-        """The share of each client's data held out for validation in a fit on ``n_samples``.
-
-        The local estimator's ``early_stopping`` rule, applied to the federation as a whole
-        (its pooled validation part drives the best-round selection and the round schedule):
-        ``"auto"`` holds out ``validation_fraction`` only when ``round(validation_fraction ·
-        n_samples)`` reaches ``max(50, 2 · n_classes)`` (:func:`skfedspd.base.uses_validation`),
-        otherwise nothing: every sample trains and the last global model is kept (a few
-        pooled validation trials would pick a round on noise); ``True``: always
-        ``validation_fraction``; ``False``: 0. A local estimator without ``early_stopping``
-        counts as ``True``. DP mode (``dp_epsilon``): 0.
-
-        Parameters
-        ----------
-        est : estimator
-            The local estimator, classes set.
-        n_samples : int
-            Training samples over all clients.
-
-        Returns
-        -------
-        float
-
-        Examples
-        --------
-        >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-        >>> est = SPDnetClassifier().set_params(early_stopping="auto")
-        >>> est.classes_ = [0, 1]
-        >>> fed = FederatedSPDnetClassifier(est)
-        >>> fed.held_out_fraction(est, 45), fed.held_out_fraction(est, 1000)
-        (0.0, 0.1)
-        >>> fed.held_out_fraction(est.set_params(early_stopping=True), 45)
-        0.1
-        """
-        if self.dp_epsilon is not None:
-            return 0.0  # DP mode: no validation scores (resolved_settings)
-        keep = uses_validation(n_samples, len(est.classes_), self.validation_fraction,
-                               getattr(est, "early_stopping", True))
-        return float(self.validation_fraction) if keep else 0.0
-
-    def agreed_classes(self, est, resume):
-        """The ``classes`` parameter applied to the local estimator ``est``.
-
-        A fresh fit sets ``est.classes_`` to them; a resumed fit checks that they are its
-        fitted ``classes_``. Both backends call it before any site is contacted.
-
-        Parameters
-        ----------
-        est : TorchClassifierBase
-            The local estimator of the fit (fitted when ``resume``).
-        resume : bool
-            Whether ``warm_start`` continues the fitted model.
-
-        Returns
-        -------
-        list or None
-            ``est.classes_`` as a JSON-able list (what the sites receive), None when
-            ``classes`` is None (the sites' labels then make the classes).
-
-        Raises
-        ------
-        ValueError
-            When ``classes`` are not valid classification labels (at least two), or differ
-            from the fitted ``classes_`` of a resumed fit.
-
-        Examples
-        --------
-        >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-        >>> est = SPDnetClassifier()
-        >>> FederatedSPDnetClassifier(classes=[2, 1, 3]).agreed_classes(est, resume=False)
-        [1, 2, 3]
-        """
-        if self.classes is None:
-            return None
-        if not resume:
-            est.set_classes(self.classes)
-        elif not np.array_equal(np.unique(np.asarray(self.classes)), est.classes_):
-            raise ValueError(f"classes={list(self.classes)!r} differ from the classes {est.classes_.tolist()} of the "
-                             "model that warm_start continues")
-        return est.classes_.tolist()
-
-    # ------------------------------------------------------------------ starting point
-    def resolved_settings(self, est=None):
-        """The settings a fresh fit resolves from ``init`` and ``dp_epsilon``.
-
-        ``scaling`` (local estimators with that parameter): ``init``'s input scaling when
-        ``init`` is given (``"trace"`` if it used it, else its fitted ``scale_``, a public
-        constant); in DP mode ``"auto"`` becomes ``"trace"`` (per matrix, no statistic of
-        the sites); otherwise the local estimator's own. ``validation_fraction``: the
-        share each site holds out for validation, 0 in DP mode (the rule of
-        :meth:`held_out_fraction` otherwise, given here as the parameter it applies).
-
-        Parameters
-        ----------
-        est : estimator or None, default=None
-            The local estimator (None: ``estimator``, or ``SPDnetClassifier()``).
-
-        Returns
-        -------
-        dict
-            ``{"validation_fraction": float, "scaling": value}`` (``scaling`` only for a
-            local estimator that has it). DP mode records it in ``privacy_["resolved"]``.
-
-        Examples
-        --------
-        >>> from skfedspd import FederatedSPDnetClassifier
-        >>> FederatedSPDnetClassifier().resolved_settings()
-        {'validation_fraction': 0.1, 'scaling': 'auto'}
-        >>> FederatedSPDnetClassifier(dp_epsilon=3.0).resolved_settings()
-        {'validation_fraction': 0.0, 'scaling': 'trace'}
-        """
-        if est is None:
-            est = self.estimator if self.estimator is not None else SPDnetClassifier()
-        private = self.dp_epsilon is not None
-        settings = {"validation_fraction": 0.0 if private else float(self.validation_fraction)}
-        if "scaling" in est.get_params(deep=False):
-            model = self._init_model()
-            if model is not None and "scaling" in model.get_params(deep=False):
-                settings["scaling"] = "trace" if model.scaling == "trace" else float(model.scale_)
-            elif private and est.scaling == "auto":
-                settings["scaling"] = "trace"
-            else:
-                settings["scaling"] = est.scaling
-        return settings
-
-    def local_estimator(self):
-        """The unfitted local estimator of a fresh fit: a clone of ``estimator``
-        (``SPDnetClassifier()`` when None) with its :meth:`resolved_settings` applied.
-
-        Returns
-        -------
-        estimator
-
-        Examples
-        --------
-        >>> from skfedspd import FederatedSPDnetClassifier
-        >>> FederatedSPDnetClassifier(dp_epsilon=3.0).local_estimator().scaling
-        'trace'
-        """
-        est = clone(self.estimator if self.estimator is not None else SPDnetClassifier())
-        settings = self.resolved_settings(est)
-        if "scaling" in settings:
-            est.set_params(scaling=settings["scaling"])
-        return est
-
-    def _init_model(self):
-        """The fitted local model ``init`` names (a fitted federated model's global estimator), or None."""
-        if self.init is None:
-            return None
-        model = getattr(self.init, "global_estimator_", self.init)
-        fitted = getattr(model, "__sklearn_is_fitted__", None)
-        if fitted is None or not fitted() or not hasattr(model, "get_parameters"):
-            raise ValueError(f"init must be a fitted local model (e.g. SPDnetClassifier) or a fitted "
-                             f"FederatedSPDnetClassifier, got an unfitted {type(self.init).__name__}")
-        return model
-
-    def check_init(self, est):
-        """Check that ``init`` fits the local estimator ``est`` (input shape and classes set):
-        same class, number of features and classes. Does nothing without ``init``.
-
-        Raises
-        ------
-        ValueError
-            Naming what differs.
-        """
-        model = self._init_model()
-        if model is None:
-            return
-        if type(model) is not type(est):
-            raise ValueError(f"init is a fitted {type(model).__name__}, but the local estimator is a "
-                             f"{type(est).__name__}")
-        if model.n_features_in_ != est.n_features_in_:
-            raise ValueError(f"init was fitted on {model.n_features_in_} features (channels), but X has "
-                             f"{est.n_features_in_}")
-        if not np.array_equal(model.classes_, est.classes_):
-            raise ValueError(f"init has the classes {model.classes_.tolist()}, but this fit has "
-                             f"{est.classes_.tolist()}: agree the classes (classes=...) or pre-train on the same ones")
-
-    def initialize(self, est, seed):
-        """Build the local estimator's module (classes and input shape set): seeded by
-        ``seed``, then, with ``init``, loaded with its weights. The backends call it.
-
-        Raises
-        ------
-        ValueError
-            When ``init``'s arrays (names, shapes) are not the local estimator's: another
-            architecture.
-        """
-        est.init_module(seed)
-        model = self._init_model()
-        if model is None:
-            return
-        params, shapes = model.get_parameters(), {n: a.shape for n, a in est.get_parameters().items()}
-        theirs = {n: a.shape for n, a in params.items()}
-        if theirs != shapes:
-            raise ValueError(f"init's architecture differs from the local estimator's: arrays {theirs} against "
-                             f"{shapes}")
-        est.set_parameters(params)
+        run = FederatedRun(self, seed=seed, validation_fraction=held_out_fraction(self, est, len(codes),
+                                                                                   len(est.classes_)))
+        data = ClientData(X, y, indices, sample_weight=weights,
+                          # the domains of batchnorm="domain": None makes each client one
+                          groups=None if groups is None or self.domains == "client" else np.asarray(groups),
+                          client_source=source, client_groups=client_groups)
+        return run, data
 
     def __sklearn_clone__(self):
         """scikit-learn's ``clone``, except that ``init`` (a fitted model, only read by
@@ -903,16 +697,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"clients {empty} received no samples (partition={partition!r})")
         return indices, f"partition:{partition}", [None] * len(indices)
 
-    def set_result(self, result):
-        """Make this estimator the fitted model of a backend's :class:`FederatedResult`.
-
-        Only assignments: what ``fit`` does once its backend has succeeded (and what a
-        Flower ServerApp does with :func:`skfedspd.flower.serve`'s result).
-
-        Returns
-        -------
-        self
-        """
+    def _set_result(self, result):
+        """Make this estimator the fitted model of a run's
+        :class:`~skfedspd.run.FederatedResult` (only assignments: what ``fit`` does once its
+        transport has succeeded, and a Flower ServerApp with :func:`skfedspd.flower.serve`'s
+        result)."""
         est, engine = result.estimator, result.engine
         self.global_estimator_ = est
         self.engine_ = engine
@@ -947,14 +736,14 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
 
         est = (estimator_from_spec(meta["local_estimator"]) if "local_estimator" in meta
-               else self.local_estimator())
+               else local_estimator(self))
         est.restore_fitted_state(part("estimator/"), meta["estimator"])
         engine_meta = meta["engine"]
-        engine = FederatedEngine.from_estimator(self, est, n_train=engine_meta["n_train"], n_val=engine_meta["n_val"],
-                                                seed=engine_meta["seed"], input_statistic=engine_meta["input_statistic"])
+        engine = build_engine(self, est, n_train=engine_meta["n_train"], n_val=engine_meta["n_val"],
+                              seed=engine_meta["seed"], input_statistic=engine_meta["input_statistic"])
         engine.load_state_dict(part("engine/"), engine_meta)
         groups = [None if g is None else tuple(g) for g in meta["client_groups"]]
-        self.set_result(FederatedResult(est, engine, meta["client_source"], groups))
+        self._set_result(FederatedResult(est, engine, meta["client_source"], groups))
 
     # ------------------------------------------------------------------ predict
     def __sklearn_is_fitted__(self):
@@ -991,13 +780,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         kwargs = self._domain_kwargs(domain)  # first: an unfitted model raises NotFittedError
         return self.global_estimator_.decision_function(X, **kwargs)
 
-    def _global_domain_method(self, name):
-        check_is_fitted(self)
-        if not hasattr(self.global_estimator_, name):
-            raise ValueError(f"{name} needs a local estimator with domain statistics (SPDnetClassifier with "
-                             f"batchnorm='domain'), not {type(self.global_estimator_).__name__}")
-        return getattr(self.global_estimator_, name)
-
+    @available_if(_local_estimator_has("adapt"))
     def adapt(self, X, domain):
         """Unlabeled calibration of the global model's ``domain`` statistics (see
         :meth:`SPDnetClassifier.adapt <skfedspd.SPDnetClassifier.adapt>`).
@@ -1006,19 +789,24 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        self._global_domain_method("adapt")(X, domain)
+        check_is_fitted(self)
+        self.global_estimator_.adapt(X, domain)
         return self
 
+    @available_if(_local_estimator_has("reset_domain"))
     def reset_domain(self, domain=None):
-        """Forget the global model's statistics of ``domain`` (None: of every domain).
+        """Forget the global model's statistics of ``domain`` (see
+        :meth:`SPDnetClassifier.reset_domain <skfedspd.SPDnetClassifier.reset_domain>`).
 
         Returns
         -------
         self
         """
-        self._global_domain_method("reset_domain")(domain)
+        check_is_fitted(self)
+        self.global_estimator_.reset_domain(domain)
         return self
 
+    @available_if(_local_estimator_has("fit_domain_prior"))
     def fit_domain_prior(self, X, groups=None):
         """(Re)compute the global model's domain prior from training data (see
         :meth:`SPDnetClassifier.fit_domain_prior <skfedspd.SPDnetClassifier.fit_domain_prior>`).
@@ -1027,18 +815,32 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        self._global_domain_method("fit_domain_prior")(X, groups)
+        check_is_fitted(self)
+        self.global_estimator_.fit_domain_prior(X, groups)
         return self
 
     @property
     def domains_(self):
         """The global model's domains: label → trials seen."""
-        return self._global_domain_method("domains_")
+        return self._global_attribute("domains_")
 
     @property
     def domain_prior_(self):
         """The global model's domain prior (list of ndarray, one per batch-norm layer), or None."""
-        return self._global_domain_method("domain_prior_")
+        return self._global_attribute("domain_prior_")
+
+    def _global_attribute(self, name):
+        if not _local_estimator_has(name)(self):
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}: its local estimator "
+                                 f"{type(self._local_estimator()).__name__} keeps no domain statistics")
+        check_is_fitted(self)
+        return getattr(self.global_estimator_, name)
+
+    def _local_estimator(self):
+        """The fitted global model, or before ``fit`` the local estimator it will be."""
+        if self.__sklearn_is_fitted__():
+            return self.global_estimator_
+        return self.estimator if self.estimator is not None else SPDnetClassifier()
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
@@ -1046,30 +848,3 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         tags.input_tags.three_d_array = True
         return tags
 
-
-def set_global_domain_prior(fed, est, task):
-    """Give the trained global model ``est`` its domain prior (``batchnorm="domain"``).
-
-    Computed where the training data are in this process (the local backend and Flower
-    simulations, both through ``fit``), in this one place and as the centralized ``fit``
-    does: :meth:`SPDnetClassifier.fit_domain_prior <skfedspd.SPDnetClassifier.fit_domain_prior>`
-    on all the training matrices, each training domain (a group, or without groups a
-    client) normalized by its own means. Its statistics are additive: a Flower deployment,
-    whose data stay on the sites, sums the sites' ``est.domain_prior_statistics(X_site,
-    groups_site)`` (:func:`skfedspd.flower.server.set_domain_prior_from_sites`). Under
-    ``dp_epsilon`` no prior is computed (a statistic of
-    the sites' data outside the privacy budget), nor by a deployment that skips it: the
-    model then warns when a single trial starts a domain. Stored domain statistics of a
-    warm-started model belong to its old weights and are forgotten.
-    """
-    if getattr(est, "batchnorm", None) != "domain":
-        return
-    est.domain_statistics_ = None
-    if fed.dp_epsilon is not None:
-        return
-    domains = task.groups
-    if domains is None:  # each client one domain, as it trained
-        domains = np.zeros(len(task.X), dtype=np.intp)
-        for client, idx in enumerate(task.indices):
-            domains[idx] = client
-    est.fit_domain_prior(task.X, domains)

@@ -1,11 +1,10 @@
-"""The ``"local"`` backend of :class:`~skfedspd.FederatedSPDnetClassifier`: :func:`fit_local`.
+"""The ``"local"`` transport of :class:`~skfedspd.FederatedSPDnetClassifier`: :func:`fit_local`.
 
-The clients are simulated in this process, serially or on ``n_jobs`` joblib processes
-(their data memory-mapped once per fit), around one
-:class:`~skfedspd.engine.FederatedEngine`; with ``checkpoint_path`` the run is saved after
-every round and resumed from a checkpoint of the same configuration and data. The backend
-reads the estimator's parameters and never imports :mod:`skfedspd.federated` (which
-imports it).
+The clients are :class:`~skfedspd.client.Site` s in this process, trained serially or on
+``n_jobs`` joblib processes (their data memory-mapped once per fit), around one
+:class:`~skfedspd.run.FederatedRun`; with ``checkpoint_path`` the run is saved after every
+round and resumed from a checkpoint of the same configuration and data. The set-up, the
+engine and the end of the run are the run's: this module only moves the messages.
 """
 
 import hashlib
@@ -19,30 +18,51 @@ import warnings
 import numpy as np
 import torch
 from joblib import Parallel, delayed, effective_n_jobs
+from sklearn.base import clone
 
-from .base import stratified_split
+from .aggregation import rule_name
 from .classifier import SPDnetClassifier
-from .engine import (
-    EvalReply,
-    FederatedEngine,
-    FederatedResult,
-    client_statistic,
-    client_update,
-    declared_weights,
-    pool_input_statistic,
-    rule_name,
-)
+from .client import Site, client_update
+from .messages import EvalReply
 from .nn import DomainBatch
 from .persistence import load_bundle, save_bundle
-from .training import derive_seed, evaluate, load_optimizer_arrays, torch_threads
+from .run import domain_prior_from_data, init_model
+from .training import evaluate, load_optimizer_arrays, torch_threads
 
-__all__ = ["fit_local", "CHECKPOINT_KIND"]
+__all__ = ["fit_local", "site_estimator", "CHECKPOINT_KIND"]
 
 CHECKPOINT_KIND = "federated-checkpoint"
 
 
-def fit_local(fed, task):
-    """The ``"local"`` backend: clients simulated in this process (joblib with ``n_jobs``).
+def site_estimator(run):
+    """The unfitted estimator of the sites of a fit in this process (one, shared: every
+    message loads the parameters it uses): the run's local estimator without its
+    ``class_weight``, which the fit's training weights already hold (computed on all the
+    labels).
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.local import site_estimator
+    >>> from skfedspd.run import FederatedRun
+    >>> run = FederatedRun(FederatedSPDnetClassifier(SPDnetClassifier(class_weight="balanced")))
+    >>> site_estimator(run).class_weight is None
+    True
+    """
+    est = clone(run.estimator)
+    if "class_weight" in est.get_params(deep=False):
+        est.set_params(class_weight=None)
+    return est
+
+
+def fit_local(run, data):
+    """The ``"local"`` transport: the clients of ``data`` as sites in this process (joblib
+    with ``n_jobs``).
+
+    Parameters
+    ----------
+    run : FederatedRun
+    data : ClientData
 
     Returns
     -------
@@ -50,63 +70,35 @@ def fit_local(fed, task):
 
     Examples
     --------
-    ``FederatedSPDnetClassifier(backend="local").fit`` prepares a
-    :class:`~skfedspd.engine.FitTask` and calls this; by hand:
+    ``FederatedSPDnetClassifier(backend="local").fit`` prepares the run and the data and
+    calls this; by hand:
 
     >>> import numpy as np
-    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd import FederatedSPDnetClassifier
     >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.engine import FitTask
     >>> from skfedspd.local import fit_local
+    >>> from skfedspd.run import ClientData, FederatedRun
     >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=1)
-    >>> est = SPDnetClassifier()
-    >>> X = est.check_inputs(X, reset=True)
-    >>> est.set_classes(y)
-    >>> task = FitTask(est, X, y, est.encode_labels(y), np.array_split(np.arange(30), 2), seed=0,
-    ...                resume=None, client_source="partition:contiguous", client_groups=[None, None])
-    >>> result = fit_local(FederatedSPDnetClassifier(n_rounds=2, validation_fraction=0), task)
+    >>> run = FederatedRun(FederatedSPDnetClassifier(n_rounds=2, random_state=0), validation_fraction=0.0)
+    >>> result = fit_local(run, ClientData(X, y, np.array_split(np.arange(30), 2), client_groups=[None, None]))
     >>> result.engine.n_clients, len(result.engine.history), result.estimator.predict(X[:3]).shape
     (2, 2, (3,))
     """
-    est, X, codes, seed = task.estimator, task.X, task.codes, task.seed
-    fraction = (fed.held_out_fraction(est, len(codes)) if task.validation_fraction is None
-                else task.validation_fraction)
-    splits = [stratified_split(codes[idx], fraction, derive_seed(seed, 8, i))
-              for i, idx in enumerate(task.indices)]
-    n_train, n_val = [len(tr) for tr, _ in splits], [len(va) for _, va in splits]
-    w = task.sample_weight
-    train_weights = None if w is None else [float(w[idx[tr]].sum()) for idx, (tr, _) in zip(task.indices, splits)]
-    client_weights = declared_weights(n_train, train_weights)
-    empty = [i for i, total in enumerate(client_weights) if not total > 0]
-    if empty:
-        raise ValueError(f"sample_weight: the training samples of clients {empty} all have weight 0")
-    if task.resume is None:
-        statistic = None if fed.dp_epsilon is not None else pool_input_statistic(
-            [client_statistic(est, X[idx[tr]], None if w is None else w[idx[tr]])
-             for idx, (tr, _) in zip(task.indices, splits)], client_weights)
-        est.set_input_statistic(statistic)
-        fed.initialize(est, seed)
-    else:
-        statistic = task.resume.input_statistic
-    engine = FederatedEngine.from_estimator(fed, est, n_train=n_train, n_val=n_val, seed=seed, input_statistic=statistic,
-                                            train_weights=train_weights)
-    if task.resume is not None:
-        engine.load_state_dict(*task.resume.state_dict())
-    # A client of several groups (groups_per_client > 1) keeps each group a domain of its own.
-    domains = est.fit_domains(task.groups, len(X))
-    clients = [(est.module_input(X, idx[tr], domains), torch.as_tensor(codes[idx[tr]]),
-                est.module_input(X, idx[va], domains), torch.as_tensor(codes[idx[va]]),
-                None if w is None else torch.as_tensor(w[idx[tr]]), None if w is None else torch.as_tensor(w[idx[va]]))
-               for idx, (tr, va) in zip(task.indices, splits)]
+    fed = run.fed
+    est = site_estimator(run)
+    sites = [Site(cid, *data.site_arrays(cid), run.site_setup(), est) for cid in range(len(data.indices))]
+    engine = run.start([site.reply for site in sites])
+    setup = run.site_setup()
+    for site in sites:
+        site.prepare(setup)
+    clients = [(s.X_train, s.y_train, s.X_val, s.y_val, s.w_train, s.w_val) for s in sites]
     first_round = engine.next_round
-    fingerprint = _fingerprint(fed, clients, seed, first_round) if fed.checkpoint_path else None
+    fingerprint = _fingerprint(fed, clients, run.seed, first_round) if fed.checkpoint_path else None
     if fingerprint:
         _resume_from_checkpoint(os.fspath(fed.checkpoint_path), fingerprint, engine)
         _check_client_optimizer_states(os.fspath(fed.checkpoint_path), engine, est)
     _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, fingerprint)
-    engine.client_optimizer_states.clear()  # the clients' own, for this fit only (see client_optimizer_state)
-    est.set_parameters(engine.best_params)
-    return FederatedResult(est, engine, task.client_source, task.client_groups)
+    return run.finish(data.client_source, data.client_groups, prior=domain_prior_from_data(data))
 
 
 def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
@@ -200,7 +192,7 @@ def _train_tasks(fed, engine, clients, ids, seeds):
 
 def _client_batch(est, global_params, tasks, **kwargs):
     """Several clients' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)`` in turn, each a
-    :class:`~skfedspd.engine.TrainReply` (:func:`~skfedspd.engine.client_update`) or the
+    :class:`~skfedspd.messages.TrainReply` (:func:`~skfedspd.client.client_update`) or the
     exception it raised (joblib-safe: the server applies the failure policy).
 
     Every client starts from the broadcast and its own seed, so running them in one job, on
@@ -303,7 +295,7 @@ def _fingerprint(fed, clients, seed, first_round):
     params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",
                            "params": est.get_params(deep=False)}
     data = hashlib.sha256()
-    init = fed._init_model()
+    init = init_model(fed)
     for a in ([] if init is None else init.get_parameters().values()):  # the starting weights
         data.update(np.ascontiguousarray(a).tobytes())
     for arrays in clients:

@@ -32,10 +32,6 @@ def _t(A):
     return A.swapaxes(-1, -2)
 
 
-def _linalg(A):
-    return torch.linalg if isinstance(A, torch.Tensor) else np.linalg
-
-
 def sym(A):
     """Symmetric part ``(A + Aᵀ) / 2``.
 

@@ -992,7 +992,7 @@ def test_no_clamp_warning_on_well_scaled_input(data, scaling):
 def test_history_records(data, validation_fraction):
     X, y = data
     clf = make_clf(max_epochs=4, validation_fraction=validation_fraction, patience=100).fit(X, y)
-    assert len(clf.history_) == clf.n_epochs_ == 4
+    assert len(clf.history_) == clf.n_iter_ == 4
     for i, record in enumerate(clf.history_):
         assert {"train_loss", "val_loss", "val_f1", "lr"} <= set(record)
         assert record["epoch"] == i
@@ -1019,10 +1019,10 @@ def test_early_stopping_restores_best_epoch(noise_data, patience):
     kwargs = dict(max_epochs=60, lr=2e-3, batch_size=16, validation_fraction=0.25,
                   lr_patience=100, random_state=1)
     clf = make_clf(patience=patience, **kwargs).fit(X, y)
-    assert clf.n_epochs_ < 60
-    assert len(clf.history_) == clf.n_epochs_
+    assert clf.n_iter_ < 60
+    assert len(clf.history_) == clf.n_iter_
     # stopped exactly `patience` epochs after the best one ...
-    assert clf.n_epochs_ == clf.best_epoch_ + patience + 1
+    assert clf.n_iter_ == clf.best_epoch_ + patience + 1
     assert clf.best_epoch_ > 0 or patience == 1
     best = clf.history_[clf.best_epoch_]
     assert not any(_improves(r, best) for r in clf.history_)  # best over all epochs ...
@@ -1035,7 +1035,7 @@ def test_early_stopping_restores_best_epoch(noise_data, patience):
 def test_early_stopping_disabled_without_validation(noise_data):
     X, y = noise_data
     clf = make_clf(max_epochs=12, patience=1, validation_fraction=0.0).fit(X, y)
-    assert clf.n_epochs_ == 12 and clf.best_epoch_ == 11
+    assert clf.n_iter_ == 12 and clf.best_epoch_ == 11
 
 
 @pytest.mark.parametrize("lr_patience, lr_factor", [(0, 0.5), (1, 0.5), (2, 0.1)])

@@ -11,17 +11,10 @@ import re
 import numpy as np
 import pytest
 
-from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, client_distances, projavg
-from skfedspd.engine import (
-    EvalReply,
-    FederatedEngine,
-    TrainReply,
-    check_aggregate,
-    n_selected,
-    pool_input_statistic,
-    rule_name,
-    stiefel_tolerance,
-)
+from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, client_distances, projavg, rule_name
+from skfedspd.engine import FederatedEngine, check_aggregate, n_selected, stiefel_tolerance
+from skfedspd.messages import EvalReply, TrainReply
+from skfedspd.run import pool_input_statistic
 from skfedspd.stiefel import random_stiefel
 
 KINDS = {"W": "stiefel", "b": "euclidean", "bn": "local"}

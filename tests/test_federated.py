@@ -29,6 +29,7 @@ from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import Krum, TrimmedMean, projavg
 from skfedspd.federated import make_clients, partition_indices
+from skfedspd.run import held_out_fraction, resolved_settings
 from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
 from skfedspd.stiefel import orthonormality_error
@@ -1319,13 +1320,13 @@ def test_validation_is_held_out_by_the_local_estimators_rule(early_stopping, hel
     X, y = _data(45, n_classes=2)
     fed = FederatedSPDnetClassifier(SPDnetClassifier(early_stopping=early_stopping), n_rounds=4, n_clients=3,
                                     partition="stratified", random_state=0).fit(X, y)
-    assert fed.held_out_fraction(fed.global_estimator_, 45) == held_out
+    assert held_out_fraction(fed, fed.global_estimator_, 45, 2) == held_out
     assert (sum(fed.engine_.n_val) > 0) == (held_out > 0)
     if held_out == 0:
         assert fed.engine_.best_round == 3 and all(np.isnan(h["val_f1"]) for h in fed.history_)
         assert sum(fed.engine_.n_train) == 45
     est = fed.global_estimator_.set_params(early_stopping="auto")
-    assert fed.held_out_fraction(est, 1000) == 0.1  # 100 pooled validation samples: enough
+    assert held_out_fraction(fed, est, 1000, 2) == 0.1  # 100 pooled validation samples: enough
 
 
 @pytest.mark.parametrize("domains", ["group", "client"])
@@ -1423,7 +1424,7 @@ def test_init_input_scaling_is_adopted(scaling, adopted):
     start = _estimator(max_epochs=1, scaling=scaling, random_state=0).fit(*_data(seed=7))
     fed = _fed(_estimator(scaling="auto"), n_rounds=1, init=start).fit(X, y)
     expected = start.scale_ if adopted == "scale_" else adopted
-    assert fed.global_estimator_.scaling == expected == fed.resolved_settings()["scaling"]
+    assert fed.global_estimator_.scaling == expected == resolved_settings(fed)["scaling"]
     assert fed.estimator.scaling == "auto"
 
 

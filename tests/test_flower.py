@@ -198,7 +198,7 @@ def test_sites_keep_their_optimizer_state_for_one_fit_only(spd):
                                  estimator_factory=_estimator)
     with quiet_flower_logs():
         run_inprocess_simulation(server_app, client_app, 3)
-    first, second = (_fed("flower").set_result(result) for result in results)
+    first, second = (_fed("flower")._set_result(result) for result in results)
     assert_same_model(first, second)
     local = _fed("local", partition="contiguous").fit(X, y)
     np.testing.assert_array_equal(second.decision_function(X), local.decision_function(X))
@@ -295,7 +295,7 @@ def _serve_files(fed, paths):
                                                        context.node_config["partition-id"]))
     with quiet_flower_logs():
         run_inprocess_simulation(server_app, client_app, len(paths))
-    return fed.set_result(results[0])
+    return fed._set_result(results[0])
 
 
 def test_site_data_file_sample_weight_is_read_and_used(spd, tmp_path):

@@ -138,9 +138,53 @@ def test_core_does_not_import_flower_and_flower_uses_the_engine():
     for name, targets in graph.items():
         if not name.startswith("skfedspd.flower"):
             assert not [t for t in targets if t.startswith("skfedspd.flower")], name
-    assert "skfedspd.engine" in graph["skfedspd.flower.server"]
+    assert "skfedspd.run" in graph["skfedspd.flower.server"] and "skfedspd.client" in graph["skfedspd.flower.client"]
+    assert "skfedspd.engine" in graph["skfedspd.flower.strategy"]
     assert not [t for t in graph["skfedspd.flower.server"] + graph["skfedspd.flower.client"]
                 if t == "skfedspd.federated"]
+
+
+#: The layers of ``skfedspd``, lowest first (``docs/guide/architecture.md``): a module imports
+#: only modules of lower layers, lazy imports included. The Flower modules sit where their
+#: imports put them: the transport below the estimator, the deployment tools above it.
+LAYERS = [
+    {"functional", "stiefel", "messages", "spec", "training", "datasets",
+     "flower.records", "flower.progress", "flower.runtime", "flower.simulation"},
+    {"nn", "aggregation", "server_optimizer", "online", "persistence"},
+    {"privacy"},
+    {"base"},
+    {"classifier", "eegnet"},
+    {"recenter", "client", "engine"},  # the client side and the server side, apart
+    {"run", "flower.strategy"},
+    {"local", "flower.secure"},
+    {"flower.server", "flower.client"},
+    {"flower.simulation_fit"},
+    {"federated"},
+    {"flower.deploy", "flower.app"},
+    {"flower.loopback"},
+    {"", "flower"},  # the packages' __init__
+    {"flower.__main__"},
+]
+
+
+def _layer_of():
+    layer = {}
+    for rank, names in enumerate(LAYERS):
+        for name in names:
+            layer["skfedspd" + (f".{name}" if name else "")] = rank
+    return layer
+
+
+def test_every_module_has_a_layer():
+    assert set(_layer_of()) == set(MODULES)
+
+
+def test_no_upward_import():
+    """No module imports one of its own layer or above, counting imports inside functions."""
+    layer = _layer_of()
+    upward = [f"{name} -> {target}" for name, targets in import_graph().items() for target in targets
+              if layer[target] >= layer[name]]
+    assert not upward, f"imports that go up or sideways: {upward}"
 
 
 def _private(attr):

@@ -644,24 +644,17 @@ def test_a_recenter_pickled_before_domain_statistics_warns_on_one_matrix(fitted,
     assert old.domains_ == {"a": 2}
 
 
-@pytest.mark.parametrize("dp_epsilon, groups", [(None, None), (None, "groups"), (1.0, "groups")])
-def test_global_domain_prior_from_the_training_domains(fitted, domains_data, dp_epsilon, groups):
-    """Each group a domain, or without groups each client; none under dp_epsilon (a
-    statistic of the sites' data outside the privacy budget). Stored domains are dropped."""
-    from types import SimpleNamespace
+@pytest.mark.parametrize("groups", [None, "groups"])
+def test_global_domain_prior_from_the_training_domains(fitted, domains_data, groups):
+    """Each group a domain, or without groups each client."""
+    from skfedspd.run import ClientData, domain_prior_from_data
 
-    from skfedspd.federated import set_global_domain_prior
-
-    X, _, subjects = domains_data
+    X, y, subjects = domains_data
     train = subjects < 4
     indices = [np.flatnonzero(subjects[train] == s) for s in range(4)]
-    task = SimpleNamespace(X=X[train], groups=subjects[train] if groups else None, indices=indices)
-    est = _copy(fitted["spdnet-2"]).adapt(X[:3], domain="a")
-    set_global_domain_prior(FederatedSPDnetClassifier(dp_epsilon=dp_epsilon), est, task)
-    assert est.domains_ == {}
-    if dp_epsilon is not None:
-        assert est.domain_prior_ is None
-        return
+    data = ClientData(X[train], y[train], indices, groups=subjects[train] if groups else None)
+    est = _copy(fitted["spdnet-2"])
+    domain_prior_from_data(data)(est)
     # The second layer's inputs depend on the domains (each normalized by its own means at
     # the first); the clients here are the subjects, so both ways give the subjects' prior.
     by_subject = _copy(est).fit_domain_prior(X[train], subjects[train]).domain_prior_
@@ -669,3 +662,14 @@ def test_global_domain_prior_from_the_training_domains(fitted, domains_data, dp_
     for got, expected in zip(est.domain_prior_, by_subject):
         np.testing.assert_array_equal(got, expected)
     assert not np.allclose(est.domain_prior_[1], as_one[1])
+
+
+@pytest.mark.parametrize("dp_epsilon", [None, 1.0])
+def test_federated_model_forgets_stored_domains_and_has_no_prior_under_dp(dp_epsilon):
+    """A statistic of the sites' data outside the privacy budget is not computed: no prior
+    under dp_epsilon."""
+    from skfedspd.run import FederatedRun
+
+    est = SPDnetClassifier(batchnorm="domain")
+    assert FederatedRun(FederatedSPDnetClassifier(est, dp_epsilon=dp_epsilon)).wants_domain_prior == (
+        dp_epsilon is None)

@@ -56,7 +56,7 @@ def _assert_same_fitted(a, b, X):
     np.testing.assert_array_equal(a.classes_, b.classes_, strict=True)
     assert a.classes_.dtype == b.classes_.dtype
     np.testing.assert_equal(a.history_, b.history_)
-    for name in ("n_features_in_", "best_epoch_", "averaged_epochs_", "n_iter_", "n_epochs_", "scale_", "n_times_"):
+    for name in ("n_features_in_", "best_epoch_", "averaged_epochs_", "n_iter_", "scale_", "n_times_"):
         assert getattr(a, name, None) == getattr(b, name, None), name
     assert a.get_params() == b.get_params()
 

@@ -14,7 +14,7 @@ pytest.importorskip("dp_accounting")
 
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
-from skfedspd.engine import TrainReply  # noqa: E402
+from skfedspd.messages import TrainReply  # noqa: E402
 from skfedspd.persistence import load_estimator, save_estimator  # noqa: E402
 from skfedspd.stiefel import orthonormality_error  # noqa: E402
 

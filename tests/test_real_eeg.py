@@ -90,7 +90,7 @@ def test_spdnet_four_class_pooled_above_chance(cov4, cov_model):
     assert accuracy_score(y[test], pred) >= MIN_MACRO_F1_4
     assert set(pred.tolist()) == CLASSES_4  # no collapsed class
     assert clf.scale_ > 1e6  # "auto" scaling of volts² inputs (traces ~1e-8)
-    assert 1 <= clf.n_epochs_ <= 150
+    assert 1 <= clf.n_iter_ <= 150
 
 
 def test_pipeline_covariances_spdnet_on_raw_epochs(raw4, cov4, cov_model):

@@ -13,7 +13,8 @@ import torch
 from conftest import make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import get_aggregation, projavg_from_sum, rlavg_from_sum
-from skfedspd.engine import FederatedEngine, TrainReply
+from skfedspd.engine import FederatedEngine
+from skfedspd.messages import TrainReply
 from skfedspd.persistence import load_bundle
 from skfedspd.server_optimizer import inverse_retract, server_step
 from skfedspd.stiefel import orthonormality_error, random_stiefel, retract, tangent_project

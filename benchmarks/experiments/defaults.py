@@ -152,7 +152,7 @@ def fit_fold(X, y, tr, te, rule, criterion, k):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", UserWarning)
             clf.fit(X[tr], y[tr])
-        epochs, best = clf.n_epochs_, clf.best_epoch_
+        epochs, best = clf.n_iter_, clf.best_epoch_
     elapsed = time.perf_counter() - start
     auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
     return dict(auc=auc, acc=acc, epochs=epochs, best=best, time=elapsed, params=params)

@@ -55,7 +55,7 @@ def _main(grid, context):
         raise ValueError("run config 'output' (where to write the fitted model) is empty")
     result = serve(fed, grid, n_sites=int(config["n-sites"]), timeout=float(config["round-timeout"]),
                    connect_timeout=float(config["connect-timeout"]))
-    fed.set_result(result)
+    fed._set_result(result)  # the ServerApp makes its estimator the fitted model
     save_estimator(fed, output)
     best = fed.history_[fed.best_round_]
     log(20, "FedSPDnet: %d rounds, best round %d (val macro-F1 %.4f); model written to %s",

@@ -1,4 +1,4 @@
-"""The FedSPDnet ClientApp: a site's data, the shared local-training routine.
+"""The FedSPDnet ClientApp: a site's :class:`~skfedspd.client.Site` behind Flower messages.
 
 A site answers five messages; none of them carries its data out:
 
@@ -10,7 +10,7 @@ A site answers five messages; none of them carries its data out:
   it has sample weights) and its input statistic (one scalar, e.g. the mean log-trace
   that ``scaling="auto"`` pools; weighted by the sample weights);
 - ``train``: the local estimator's ``local_update`` (the one local-training routine,
-  through :func:`skfedspd.engine.client_update`) from the broadcast global parameters,
+  through :func:`skfedspd.client.client_update`) from the broadcast global parameters,
   with the learning rate and seed of the round, the site's sample weights (and, in DP
   mode, ``dp-noise-multiplier``, ``dp-clip-norm``, ``dp-sample-rate``: DP-SGD); replies the
   new parameters, its training size, the sum of its training sample weights (its
@@ -29,7 +29,7 @@ training weights, times the local estimator's ``class_weight`` when that is a di
 the site; only their training sum does. The in-process simulation hands each site the
 weights the local backend computes (its ``class_weight`` included).
 
-The server checks every reply before it is used (:mod:`skfedspd.engine`).
+The server checks every reply before it is used (:mod:`skfedspd.run`, :mod:`skfedspd.engine`).
 
 Under secure aggregation (:mod:`skfedspd.flower.secure`) the train and validation replies
 go out only as masked vectors of Flower's SecAgg+ (its ``secaggplus_mod`` handles the
@@ -61,10 +61,8 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from .. import spec as _spec
-from .. import training
-from ..base import check_sample_weight, stratified_split, training_weights
-from ..engine import DP_SAMPLE_WEIGHT_ERROR, client_statistic, client_update
-from ..training import derive_seed
+from ..base import check_sample_weight
+from ..client import Site
 from . import secure
 from .records import LOCAL_STATE_KEY, from_array_record, to_array_record
 
@@ -73,62 +71,6 @@ __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "
 # A site's Adam state and the fit it belongs to, in its Flower context state (one
 # namespace: the two records need distinct keys).
 OPTIMIZER_STATE_KEY, OPTIMIZER_FIT_KEY = "skfedspd.client-optimizer", "skfedspd.client-optimizer-fit"
-
-
-def _site_training_weights(est, y, sample_weight):
-    """The site's training weights: its ``sample_weight`` times the local estimator's
-    ``class_weight`` (a dict: the weight of each label, as on the local backend); None when
-    it has neither."""
-    class_weight = getattr(est, "class_weight", None)
-    if isinstance(class_weight, str) and class_weight == "balanced":
-        raise ValueError("class_weight='balanced' is not supported on a Flower deployment: it needs the class counts "
-                         "of every site's data, which no site knows; give class_weight as a dict (label -> weight) or "
-                         "put the weights in each site's sample_weight")
-    return training_weights(class_weight, y, sample_weight, all_data=False)
-
-
-class _PreparedSite:
-    """A site's data after the set-up: split, encoded, weighted, as tensors, with an estimator."""
-
-    def __init__(self, cid, X, y, sample_weight, groups, setup, estimator_factory):
-        est = estimator_factory() if estimator_factory is not None else _spec.estimator_from_spec(setup["estimator"])
-        X = est.check_inputs(X, reset=True)
-        y = np.asarray(y)
-        self.labels, local_codes = np.unique(y, return_inverse=True)
-        if setup["classes"] is not None:
-            unknown = sorted(set(self.labels.tolist()) - set(setup["classes"]), key=repr)
-            if unknown:
-                raise ValueError(f"this site holds labels {unknown} that are not in the agreed classes "
-                                 f"{setup['classes']}")
-        w = _site_training_weights(est, y, sample_weight)
-        if w is not None and setup.get("private"):
-            raise ValueError(DP_SAMPLE_WEIGHT_ERROR)
-        # The split sees the labels only through their order and counts, so the site's own
-        # label codes give the split that the global codes give on the local backend.
-        self.train, self.val = stratified_split(local_codes.reshape(-1), setup["validation_fraction"],
-                                                derive_seed(setup["seed"], 8, cid))
-        self.n_train, self.n_val = len(self.train), len(self.val)
-        w_train = None if w is None else w[self.train]
-        if w_train is not None and not w_train.sum() > 0:
-            raise ValueError(f"sample_weight: the training samples of client {cid} all have weight 0")
-        self.weight = None if w is None else float(w_train.sum())  # the aggregation weight, as on the local backend
-        self.shape = [int(s) for s in X.shape[1:]]
-        self.X, self.groups = X, groups  # the domain prior's statistics use all of them
-        self.statistic = client_statistic(est, X[self.train], w_train)
-        self.est = None
-        self.setup = setup
-        if setup["ready"]:
-            est.set_classes(setup["classes"])
-            codes = est.encode_labels(y, len(X))
-            est.set_input_statistic(setup["input_statistic"])
-            est.init_module(setup["seed"])
-            self.est = est
-            # The site's groups (subjects, sessions) are domains of batchnorm="domain", as on the local backend.
-            domains = est.fit_domains(groups, len(X))
-            self.X_train, self.y_train = est.module_input(X, self.train, domains), torch.as_tensor(codes[self.train])
-            self.X_val, self.y_val = est.module_input(X, self.val, domains), torch.as_tensor(codes[self.val])
-            self.w_train, self.w_val = (None, None) if w is None else (torch.as_tensor(w_train),
-                                                                       torch.as_tensor(w[self.val]))
 
 
 def _site_file_arrays(path, n_samples, sample_weight, groups):
@@ -276,8 +218,10 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
                     raise TypeError("load_site must return (client_id, X, y), (client_id, X, y, sample_weight) or "
                                     "(client_id, X, y, sample_weight, groups)")
                 cid, X, y, sample_weight, groups = (*data, None, None)[:5]
-                cache[key] = (cid, _PreparedSite(cid, X, y, sample_weight, groups, _spec.loads(setup_json),
-                                                 estimator_factory))
+                setup = _spec.loads(setup_json)
+                est = estimator_factory() if estimator_factory is not None else _spec.estimator_from_spec(
+                    setup["estimator"])
+                cache[key] = (cid, Site(cid, X, y, sample_weight, groups, setup, est))
             return cache[key]
 
     def check_client(message, cid):
@@ -288,14 +232,14 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
     @app.query("setup")
     def setup(message, context):
         cid, prepared = site(context, message.content["config"]["setup"])
-        setup = _spec.loads(message.content["config"]["setup"])
-        info = {"client-id": cid, "shape": prepared.shape, "num-examples": prepared.n_train, "n-val": prepared.n_val}
-        if prepared.weight is not None:
-            info["weight"] = prepared.weight
-        if setup["classes"] is None:  # agreed classes: the site's own labels stay on it
-            info["labels"] = _spec.dumps(prepared.labels.tolist())
-        if prepared.statistic is not None and not setup.get("private"):
-            info["input-statistic"] = float(prepared.statistic)
+        reply = prepared.reply
+        info = {"client-id": cid, "shape": reply.shape, "num-examples": reply.n_train, "n-val": reply.n_val}
+        if reply.weight is not None:
+            info["weight"] = reply.weight
+        if reply.labels is not None:  # none with agreed classes: the site's own labels stay on it
+            info["labels"] = _spec.dumps(reply.labels)
+        if reply.statistic is not None:  # none in DP mode
+            info["input-statistic"] = float(reply.statistic)
         return Message(RecordDict({"site": ConfigRecord(info)}), reply_to=message)
 
     def local_arrays(message, context, layout):
@@ -332,10 +276,10 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         local = local_arrays(message, context, layout) or None
         dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
               if f"dp-{key.replace('_', '-')}" in config}
-        setup = prepared.setup
-        reply = client_update(prepared.est, from_array_record(message.content["arrays"]), local, prepared.X_train,
-                              prepared.y_train, prepared.w_train, config["seed"], dp or None,
-                              kept_optimizer_state(context, setup), lr=config["lr"], n_epochs=config["local-epochs"])
+        setup = _spec.loads(config["setup"])
+        reply = prepared.train_update(from_array_record(message.content["arrays"]), local, seed=config["seed"],
+                                      lr=config["lr"], n_epochs=config["local-epochs"], dp=dp or None,
+                                      optimizer_state=kept_optimizer_state(context, setup))
         if reply.optimizer_state is not None:
             keep_optimizer_state(context, setup, reply.optimizer_state)
         if layout is not None:
@@ -353,13 +297,8 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         """``(client id, loss, macro-F1, n_val)`` of the broadcast model on the site's validation part."""
         cid, prepared = site(context, message.content["config"]["setup"])
         check_client(message, cid)
-        est = prepared.est
-        est.set_parameters(from_array_record(message.content["arrays"]))
-        local = local_arrays(message, context, layout)
-        if local:
-            est.set_parameters(local)
-        loss, f1 = training.evaluate(est.module_, prepared.X_val, prepared.y_val, prepared.w_val)
-        return cid, float(loss), float(f1), prepared.n_val
+        reply = prepared.validate(from_array_record(message.content["arrays"]), local_arrays(message, context, layout))
+        return cid, reply.loss, reply.f1, reply.n_examples
 
     @app.query("prior")
     def prior(message, context):
@@ -367,9 +306,7 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         (:func:`skfedspd.flower.server.set_domain_prior_from_sites`)."""
         cid, prepared = site(context, message.content["config"]["setup"])
         check_client(message, cid)
-        est = prepared.est
-        est.set_parameters(from_array_record(message.content["arrays"]))
-        log_sums, count = est.domain_prior_statistics(prepared.X, prepared.groups)
+        log_sums, count = prepared.prior_statistics(from_array_record(message.content["arrays"]))
         record = {f"log-sum.{i}": S for i, S in enumerate(log_sums)} | {"count": np.asarray(count)}
         return Message(RecordDict({"prior": to_array_record(record)}), reply_to=message)
 

@@ -2,7 +2,7 @@
 
 :func:`fit_simulation` is the ``"flower"`` entry of :data:`skfedspd.federated.BACKENDS`.
 The data are split into clients exactly as on the local backend (``groups`` or the
-seeded partition, in :class:`~skfedspd.engine.FitTask`); virtual SuperNode ``i`` holds
+seeded partition, in :class:`~skfedspd.run.ClientData`); virtual SuperNode ``i`` holds
 client ``i``'s samples, with their training weights when the fit has any (``sample_weight``
 times the local estimator's ``class_weight``, computed on all the labels as on the local
 backend) and their groups (the domains of ``batchnorm="domain"``), and runs the FedSPDnet ClientApp; the ServerApp runs
@@ -13,6 +13,8 @@ runtime (no Ray).
 from flwr.serverapp import ServerApp
 from sklearn.base import clone
 
+from ..local import site_estimator
+from ..run import domain_prior_from_data
 from .client import make_client_app
 from .progress import RoundProgress
 from .server import serve
@@ -21,8 +23,8 @@ from .simulation import quiet_flower_logs, run_inprocess_simulation
 __all__ = ["fit_simulation"]
 
 
-def fit_simulation(fed, task):
-    """Fit ``fed``'s configuration on ``task`` by an in-process Flower simulation.
+def fit_simulation(run, data):
+    """Fit the run's configuration on ``data`` by an in-process Flower simulation.
 
     Returns
     -------
@@ -44,26 +46,27 @@ def fit_simulation(fed, task):
     >>> bool(np.array_equal(on_flower.predict_proba(X), on_local.predict_proba(X)))
     True
     """
+    fed = run.fed
     if fed.checkpoint_path:
         raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
-    w, groups = task.sample_weight, task.groups
-    sites = [(cid, task.X[idx], task.y[idx], None if w is None else w[idx], None if groups is None else groups[idx])
-             for cid, idx in enumerate(task.indices)]
-    template = clone(task.estimator)  # unfitted: each site builds its model from the set-up
-    if "class_weight" in template.get_params(deep=False):
-        template.set_params(class_weight=None)  # already in the sites' weights: not applied twice
+    sites = [(cid, *data.site_arrays(cid)) for cid in range(len(data.indices))]
+    template = site_estimator(run)  # unfitted: each site builds its model from the set-up
+
+    def factory():
+        return clone(template)
+
     client_app = make_client_app(lambda context: sites[int(context.node_config["partition-id"])],
-                                 estimator_factory=lambda: clone(template))
+                                 estimator_factory=factory)
     server_app = ServerApp()
     results = []
     progress = RoundProgress(fed.n_rounds, disable=not fed.verbose)  # verbose: the bar, as on the local backend
 
     @server_app.main()
     def _main(grid, context):
-        results.append(serve(fed, grid, n_sites=len(sites), seed=task.seed, estimator_factory=lambda: clone(template),
-                             client_source=task.client_source, client_groups=task.client_groups,
-                             validation_fraction=task.validation_fraction, domain_prior=False,
-                             connect_timeout=60.0, on_round=lambda record: progress.round_done(record["val_f1"])))
+        results.append(serve(fed, grid, n_sites=len(sites), run=run, estimator_factory=factory,
+                             client_source=data.client_source, client_groups=data.client_groups,
+                             prior=domain_prior_from_data(data), connect_timeout=60.0,
+                             on_round=lambda record: progress.round_done(record["val_f1"])))
 
     try:
         with quiet_flower_logs():

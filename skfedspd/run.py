@@ -1,0 +1,538 @@
+"""One federated run, whatever moves its messages: :class:`FederatedRun`.
+
+The run is built once from a :class:`~skfedspd.FederatedSPDnetClassifier`'s settings and
+owns every server-side step of a fit that is not a round: the seed, the local estimator
+(fresh, or the fitted one that ``warm_start`` continues), the set-up every site receives,
+the check of the sites' declarations, the agreed or pooled classes, the pooled input
+statistic, the initial model (seeded, or ``init``'s weights), the
+:class:`~skfedspd.engine.FederatedEngine` (resumed when continuing), and at the end the best
+global model with its domain prior, handed back as a :class:`FederatedResult`.
+
+A transport only moves messages between the run and its :class:`~skfedspd.client.Site` s:
+the local backend (:mod:`skfedspd.local`) calls them in this process, the Flower backend
+(:mod:`skfedspd.flower`) sends them to SuperNodes. Each transport does::
+
+    run = FederatedRun(fed)
+    replies = [site's SetupReply for each site of run.site_setup()]
+    engine = run.start(replies)              # the sites then get run.site_setup() again: ready
+    ... rounds: engine.select, train replies, engine.aggregate, validation replies, engine.finish_round
+    result = run.finish(prior)               # prior: how the domain prior reaches the model
+
+so a new transport (a Ray or Dask executor) writes the message moves and nothing else.
+"""
+
+import copy
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+from sklearn.base import clone
+
+from .base import uses_validation
+from .classifier import SPDnetClassifier
+from .engine import FederatedEngine, declared_weights, is_positive_weight
+from .messages import SetupReply
+from .training import derive_seed, draw_seed
+
+__all__ = [
+    "FederatedRun",
+    "FederatedResult",
+    "ClientData",
+    "check_setup_replies",
+    "pool_input_statistic",
+    "resolved_settings",
+    "run_seed",
+    "build_engine",
+    "domain_prior_from_data",
+    "held_out_fraction",
+    "init_model",
+    "local_estimator",
+]
+
+
+@dataclass
+class ClientData:
+    """A fit's data in this process, split into clients: validated inputs ``X``, labels
+    ``y``, each client's sample ``indices``, the training weights (``sample_weight``: the
+    fit's times the local estimator's ``class_weight``, on all the labels; None: unweighted),
+    the samples' ``groups`` (the domains of ``batchnorm="domain"``; None: each client one
+    domain) and where the clients came from (``client_source``, ``client_groups``, as in
+    :class:`FederatedResult`).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.run import ClientData
+    >>> data = ClientData(np.zeros((4, 2, 2)), np.array([0, 1, 0, 1]), [np.arange(2), np.arange(2, 4)],
+    ...                   client_source="partition:contiguous", client_groups=[None, None])
+    >>> [data.site_arrays(i)[1].tolist() for i in range(2)]
+    [[0, 1], [0, 1]]
+    """
+
+    X: np.ndarray
+    y: np.ndarray
+    indices: list
+    sample_weight: object = None
+    groups: object = None
+    client_source: str = "partition:contiguous"
+    client_groups: list = None
+
+    def site_arrays(self, cid):
+        """Client ``cid``'s ``(X, y, sample_weight, groups)``."""
+        idx, w, g = self.indices[cid], self.sample_weight, self.groups
+        return self.X[idx], self.y[idx], None if w is None else w[idx], None if g is None else g[idx]
+
+    def domains(self):
+        """Each sample's training domain: its group, or without groups its client."""
+        if self.groups is not None:
+            return self.groups
+        domains = np.zeros(len(self.X), dtype=np.intp)
+        for client, idx in enumerate(self.indices):
+            domains[idx] = client
+        return domains
+
+
+@dataclass
+class FederatedResult:
+    """What a run hands back: the released local estimator (best global model loaded), the
+    engine, and where the clients came from (``client_source``: ``"groups"``,
+    ``"partition:<name>"`` or ``"flower:client-id"``; ``client_groups``: the groups of each
+    client or None).
+
+    Examples
+    --------
+    >>> import dataclasses
+    >>> from skfedspd.run import FederatedResult
+    >>> [field.name for field in dataclasses.fields(FederatedResult)]
+    ['estimator', 'engine', 'client_source', 'client_groups']
+    """
+
+    estimator: object
+    engine: FederatedEngine
+    client_source: str
+    client_groups: list
+
+
+# ---------------------------------------------------------------------- settings
+def init_model(fed):
+    """The fitted local model ``fed.init`` names (a fitted federated model's global estimator), or None.
+
+    Examples
+    --------
+    >>> from sklearn.linear_model import LogisticRegression
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.run import init_model
+    >>> init_model(FederatedSPDnetClassifier()) is None
+    True
+    >>> init_model(FederatedSPDnetClassifier(init=LogisticRegression()))  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: init must be a fitted local model of skfedspd (e.g. SPDnetClassifier) or a fitted ...
+    """
+    if fed.init is None:
+        return None
+    if not hasattr(fed.init, "fitted_state"):  # the persistence protocol of the package's estimators
+        raise ValueError(f"init must be a fitted local model of skfedspd (e.g. SPDnetClassifier) or a fitted "
+                         f"FederatedSPDnetClassifier; a {type(fed.init).__name__} is not one (it has no weights "
+                         "a federated fit can start from)")
+    model = getattr(fed.init, "global_estimator_", fed.init)
+    fitted = getattr(model, "__sklearn_is_fitted__", None)
+    if fitted is None or not fitted():
+        raise ValueError(f"init must be a fitted local model (e.g. SPDnetClassifier) or a fitted "
+                         f"FederatedSPDnetClassifier, got an unfitted {type(fed.init).__name__}")
+    return model
+
+
+def resolved_settings(fed, est=None):
+    """The settings a fresh fit of ``fed`` resolves from ``init`` and ``dp_epsilon``.
+
+    ``scaling`` (local estimators with that parameter): ``init``'s input scaling when
+    ``init`` is given (``"trace"`` if it used it, else its fitted ``scale_``, a public
+    constant); in DP mode ``"auto"`` becomes ``"trace"`` (per matrix, no statistic of the
+    sites); otherwise the local estimator's own. ``validation_fraction``: the share each
+    site holds out for validation, 0 in DP mode. DP mode records them in
+    ``privacy_["resolved"]``.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.run import resolved_settings
+    >>> resolved_settings(FederatedSPDnetClassifier())
+    {'validation_fraction': 0.1, 'scaling': 'auto'}
+    >>> resolved_settings(FederatedSPDnetClassifier(dp_epsilon=3.0))
+    {'validation_fraction': 0.0, 'scaling': 'trace'}
+    """
+    if est is None:
+        est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
+    private = fed.dp_epsilon is not None
+    settings = {"validation_fraction": 0.0 if private else float(fed.validation_fraction)}
+    if "scaling" in est.get_params(deep=False):
+        model = init_model(fed)
+        if model is not None and "scaling" in model.get_params(deep=False):
+            settings["scaling"] = "trace" if model.scaling == "trace" else float(model.scale_)
+        elif private and est.scaling == "auto":
+            settings["scaling"] = "trace"
+        else:
+            settings["scaling"] = est.scaling
+    return settings
+
+
+def local_estimator(fed):
+    """The unfitted local estimator of a fresh fit: a clone of ``fed.estimator``
+    (``SPDnetClassifier()`` when None) with its :func:`resolved_settings` applied.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.run import local_estimator
+    >>> local_estimator(FederatedSPDnetClassifier(dp_epsilon=3.0)).scaling
+    'trace'
+    """
+    est = clone(fed.estimator if fed.estimator is not None else SPDnetClassifier())
+    settings = resolved_settings(fed, est)
+    if "scaling" in settings:
+        est.set_params(scaling=settings["scaling"])
+    return est
+
+
+def run_seed(fed):
+    """The run's seed: the fitted engine's when ``warm_start`` continues, else drawn from ``random_state``.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.run import run_seed
+    >>> run_seed(FederatedSPDnetClassifier(random_state=0)) == run_seed(FederatedSPDnetClassifier(random_state=0))
+    True
+    """
+    return fed.engine_.seed if _continues(fed) else draw_seed(fed.random_state)
+
+
+def _continues(fed):
+    return bool(fed.warm_start and fed.__sklearn_is_fitted__())
+
+
+def held_out_fraction(fed, est, n_samples, n_classes):
+    """The share of each client's data held out for validation in a fit on ``n_samples``
+    of ``n_classes`` classes: the local estimator's ``early_stopping`` rule applied to the
+    federation as a whole (:func:`skfedspd.base.uses_validation`; a local estimator
+    without ``early_stopping`` counts as ``True``); 0 in DP mode.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.run import held_out_fraction
+    >>> fed, est = FederatedSPDnetClassifier(), SPDnetClassifier()
+    >>> held_out_fraction(fed, est, 45, 2), held_out_fraction(fed, est, 1000, 2)
+    (0.0, 0.1)
+    """
+    if fed.dp_epsilon is not None:
+        return 0.0
+    keep = uses_validation(n_samples, n_classes, fed.validation_fraction, getattr(est, "early_stopping", True))
+    return float(fed.validation_fraction) if keep else 0.0
+
+
+# ---------------------------------------------------------------------- set-up
+def _count(value, minimum):
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
+
+
+def _label_kind(label):
+    """"str", "bool" or "number" (a finite int or float); None for anything else."""
+    if isinstance(label, (str, bool)):
+        return type(label).__name__
+    if isinstance(label, numbers.Real) and np.isfinite(label):
+        return "number"
+    return None
+
+
+def check_setup_replies(replies, *, with_labels=True):
+    """Check the sites' declarations (one :class:`~skfedspd.messages.SetupReply` per client
+    id, in order) and return their common sample shape. Any bad declaration raises a
+    ValueError naming the client: the federation's membership and data shape are settled
+    before any round. ``with_labels=False`` (agreed ``classes``): the sites declare none.
+
+    Examples
+    --------
+    >>> from skfedspd.messages import SetupReply
+    >>> from skfedspd.run import check_setup_replies
+    >>> check_setup_replies([SetupReply(0, [4, 4], [0, 1], 20, 2), SetupReply(1, [4, 4], [1, 2], 10, 1)])
+    (4, 4)
+    >>> check_setup_replies([SetupReply(0, [4, 4], [0, 1], 20, 2), SetupReply(1, [4, 4], [0, 1], 10, 1, weight=0.0)])
+    Traceback (most recent call last):
+    ...
+    ValueError: sample_weight: the training samples of clients [1] all have weight 0
+    """
+    shapes, empty = set(), []
+    for cid, reply in enumerate(replies):
+        shape = tuple(reply.shape) if isinstance(reply.shape, (list, tuple)) else ()
+        if not shape or not all(_count(s, 1) for s in shape):
+            raise ValueError(f"client {cid} declared an invalid sample shape {reply.shape!r}")
+        labels = reply.labels
+        kinds = {_label_kind(label) for label in labels} if isinstance(labels, list) else {None}
+        if with_labels and (not labels or None in kinds or len(set(labels)) != len(labels)):
+            raise ValueError(f"client {cid} declared invalid labels {labels!r} (a non-empty list of "
+                             "distinct strings, booleans or finite numbers)")
+        if not _count(reply.n_train, 1) or not _count(reply.n_val, 0):
+            raise ValueError(f"client {cid} declared invalid sample counts (num-examples {reply.n_train!r}, "
+                             f"n-val {reply.n_val!r})")
+        if isinstance(reply.weight, numbers.Real) and not isinstance(reply.weight, bool) and reply.weight == 0:
+            empty.append(cid)
+        elif reply.weight is not None and not is_positive_weight(reply.weight):
+            raise ValueError(f"client {cid} declared an invalid training weight {reply.weight!r} (the sum of its "
+                             "training sample weights: a finite number > 0)")
+        shapes.add(shape)
+    if empty:
+        raise ValueError(f"sample_weight: the training samples of clients {empty} all have weight 0")
+    if len(shapes) != 1:
+        raise ValueError(f"the sites' samples differ in shape: {sorted(shapes)}")
+    kinds = {cid: {_label_kind(label) for label in r.labels} for cid, r in enumerate(replies) if r.labels is not None}
+    if with_labels and len(set().union(*kinds.values())) != 1:
+        raise ValueError(f"the sites declare labels of different types: {kinds} (a label must mean the same "
+                         "class at every site)")
+    return shapes.pop()
+
+
+def pool_input_statistic(statistics, weights):
+    """Weighted mean of the clients' input statistics (None if the model has none). Raises
+    ValueError naming a client whose statistic is missing or not finite.
+
+    Examples
+    --------
+    >>> from skfedspd.run import pool_input_statistic
+    >>> pool_input_statistic([1.0, 4.0], [30, 10])
+    1.75
+    >>> pool_input_statistic([None, None], [30, 10]) is None
+    True
+    """
+    if all(s is None for s in statistics):
+        return None
+    for cid, s in enumerate(statistics):
+        if not isinstance(s, numbers.Real) or isinstance(s, bool) or not np.isfinite(s):
+            raise ValueError(f"client {cid} declared an invalid input statistic {s!r} (a finite number is needed)")
+    return float(np.average(np.asarray(statistics, dtype=np.float64), weights=weights))
+
+
+def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weights=None):
+    """The :class:`~skfedspd.engine.FederatedEngine` of ``fed``'s round-level settings for the
+    initialised local estimator ``est`` (its model and learning rate); in DP mode with its
+    privacy plan.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.run import build_engine
+    >>> est = SPDnetClassifier(hidden_dims=2)
+    >>> est.check_inputs(np.eye(4)[None], reset=True)[:0].shape
+    (0, 4, 4)
+    >>> est.set_classes([0, 1]); est.set_input_statistic(0.0); est.init_module(0)
+    >>> engine = build_engine(FederatedSPDnetClassifier(clients_per_round=1), est, n_train=[10, 12], n_val=[0, 0],
+    ...                       seed=0, input_statistic=0.0)
+    >>> engine.n_clients, engine.n_select
+    (2, 1)
+    """
+    engine = FederatedEngine(est.get_parameters(), est.parameter_kinds(), n_train=n_train, n_val=n_val,
+                             train_weights=train_weights, seed=seed, lr=est.lr,
+                             clients_per_round=fed.clients_per_round, aggregation=fed.aggregation,
+                             weighting=fed.weighting, patience=fed.patience, lr_patience=fed.lr_patience,
+                             lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
+                             max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
+                             server_lr=fed.server_lr, server_momentum=fed.server_momentum)
+    if fed.dp_epsilon is not None:
+        engine.plan_privacy(fed.dp_epsilon, fed.dp_delta, clip_norm=fed.dp_clip_norm, batch_size=est.batch_size,
+                            local_epochs=fed.local_epochs, n_rounds=fed.n_rounds)
+        # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
+        engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in est.module_.parameters()
+                                                          if p.requires_grad))
+        engine.privacy["resolved"] = resolved_settings(fed)  # what DP mode chose, saved with the plan
+    return engine
+
+
+def _check_init(model, est):
+    """``init`` (a fitted local model) must fit the local estimator ``est`` (input shape and
+    classes set): same class, number of features and classes."""
+    if type(model) is not type(est):
+        raise ValueError(f"init is a fitted {type(model).__name__}, but the local estimator is a "
+                         f"{type(est).__name__}")
+    if model.n_features_in_ != est.n_features_in_:
+        raise ValueError(f"init was fitted on {model.n_features_in_} features (channels), but X has "
+                         f"{est.n_features_in_}")
+    if not np.array_equal(model.classes_, est.classes_):
+        raise ValueError(f"init has the classes {model.classes_.tolist()}, but this fit has "
+                         f"{est.classes_.tolist()}: agree the classes (classes=...) or pre-train on the same ones")
+
+
+def _probe(shape):
+    """A one-sample input of the sites' shape that the estimator's validation accepts
+    (identity matrices), to set the server's shape attributes without any site data."""
+    return np.broadcast_to(np.eye(shape[-2], shape[-1]), (1, *shape)).copy()
+
+
+class FederatedRun:
+    """One federated fit of ``fed``'s configuration: its set-up and its end, for any transport.
+
+    ``fed`` is read, never changed (its fitted state when ``warm_start`` continues a fit).
+
+    Parameters
+    ----------
+    fed : FederatedSPDnetClassifier
+    seed : int or None, default=None
+        The run's seed (None: :func:`run_seed`).
+    validation_fraction : float or None, default=None
+        Share of each site's data held out for validation (a fit on data in this process
+        passes :func:`held_out_fraction` of the whole data); None: the resolved parameter
+        (a deployment's server does not see the data).
+
+    Attributes
+    ----------
+    estimator : estimator
+        The server's local estimator: the released model at the end.
+    seed : int
+    engine : FederatedEngine or None
+        Built by :meth:`start`.
+
+    Examples
+    --------
+    A run whose two sites live in this process (what the local backend does, round loop aside):
+
+    >>> import numpy as np
+    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd.client import Site
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.run import FederatedRun
+    >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=1)
+    >>> run = FederatedRun(FederatedSPDnetClassifier(n_rounds=1, random_state=0), validation_fraction=0.0)
+    >>> sites = [Site(i, X[i::2], y[i::2], None, None, run.site_setup(), SPDnetClassifier()) for i in range(2)]
+    >>> engine = run.start([site.reply for site in sites])
+    >>> engine.n_clients, run.site_setup()["ready"], run.estimator.classes_.tolist()
+    (2, True, [0, 1])
+    """
+
+    def __init__(self, fed, *, seed=None, validation_fraction=None):
+        self.fed = fed
+        self.resume = _continues(fed)
+        if self.resume:
+            local_estimator(fed).check_params()  # the fitted model continues; its parameters are still checked
+            self.estimator = copy.deepcopy(fed.global_estimator_)
+        else:
+            self.estimator = local_estimator(fed)
+        self.seed = run_seed(fed) if seed is None else int(seed)
+        self.engine = None
+        agreed = self._agreed_classes()
+        self._setup = {"seed": self.seed, "classes": agreed, "input_statistic": None, "ready": False,
+                       "private": fed.dp_epsilon is not None,
+                       "validation_fraction": (resolved_settings(fed, self.estimator)["validation_fraction"]
+                                               if validation_fraction is None else float(validation_fraction)),
+                       "client_optimizer_state": fed.client_optimizer_state}
+
+    def _agreed_classes(self):
+        """``fed.classes`` applied to the estimator: set on a fresh fit, checked against the
+        fitted ``classes_`` of a continued one; a JSON-able list, or None without ``classes``."""
+        classes, est = self.fed.classes, self.estimator
+        if classes is None:
+            return None
+        if not self.resume:
+            est.set_classes(classes)
+        elif not np.array_equal(np.unique(np.asarray(classes)), est.classes_):
+            raise ValueError(f"classes={list(classes)!r} differ from the classes {est.classes_.tolist()} of the "
+                             "model that warm_start continues")
+        return est.classes_.tolist()
+
+    def site_setup(self):
+        """The set-up every site receives (a JSON-able dict): ``seed``,
+        ``validation_fraction``, ``classes`` (agreed, or None), ``private``,
+        ``client_optimizer_state``; once :meth:`start` has run, ``ready`` with the run's
+        ``classes`` and ``input_statistic``."""
+        return dict(self._setup)
+
+    def start(self, replies):
+        """Read the sites' declarations (:class:`~skfedspd.messages.SetupReply`, one per
+        client id in order), set the classes, the pooled input statistic and the initial
+        model, and build the engine (resumed when continuing). Returns the engine."""
+        fed, est = self.fed, self.estimator
+        agreed = self._setup["classes"]
+        shape = check_setup_replies(replies, with_labels=agreed is None)
+        known = est.classes_ if self.resume else None
+        for cid, reply in enumerate(replies if agreed is None and known is not None else []):
+            unknown = sorted(set(reply.labels) - set(np.asarray(known).tolist()))
+            if unknown:
+                raise ValueError(f"client {cid} declared labels {unknown} that are not in classes {known.tolist()}")
+        est.check_inputs(_probe(shape), reset=not self.resume)
+        n_train, n_val = [r.n_train for r in replies], [r.n_val for r in replies]
+        weights = [r.weight for r in replies]
+        weights = None if weights == [None] * len(weights) else weights
+        if self.resume:
+            statistic = fed.engine_.input_statistic
+        else:
+            if agreed is None:
+                est.set_classes(np.unique(np.concatenate([np.asarray(r.labels) for r in replies])))
+            model = init_model(fed)
+            if model is not None:
+                _check_init(model, est)
+            # DP mode: the sites' input statistics are neither sent nor used (docs/guide/privacy.md)
+            statistic = None if self._setup["private"] else pool_input_statistic(
+                [r.statistic for r in replies], declared_weights(n_train, weights))
+            est.set_input_statistic(statistic)
+            self._initialize(model)
+        engine = build_engine(fed, est, n_train=n_train, n_val=n_val, seed=self.seed, input_statistic=statistic,
+                              train_weights=weights)
+        if self.resume:
+            engine.load_state_dict(*fed.engine_.state_dict())
+        self._setup.update(classes=est.classes_.tolist(), input_statistic=statistic, ready=True)
+        self.engine = engine
+        return engine
+
+    def _initialize(self, model):
+        """The estimator's module, seeded by the run's seed, then with ``init``'s weights."""
+        est = self.estimator
+        est.init_module(self.seed)
+        if model is None:
+            return
+        params, shapes = model.get_parameters(), {n: a.shape for n, a in est.get_parameters().items()}
+        theirs = {n: a.shape for n, a in params.items()}
+        if theirs != shapes:
+            raise ValueError(f"init's architecture differs from the local estimator's: arrays {theirs} against "
+                             f"{shapes}")
+        est.set_parameters(params)
+
+    @property
+    def wants_domain_prior(self):
+        """Whether the released model gets a domain prior: ``batchnorm="domain"``, outside DP
+        mode (a statistic of the sites' data outside the privacy budget)."""
+        return getattr(self.estimator, "batchnorm", None) == "domain" and self.fed.dp_epsilon is None
+
+    def finish(self, client_source, client_groups, prior=None):
+        """Load the best global model into the estimator and return the
+        :class:`FederatedResult`. ``prior(estimator)``, when given and
+        :attr:`wants_domain_prior`, sets the domain prior (from the data in this process, or
+        summed from the sites); stored domain statistics of a continued model belong to its
+        old weights and are forgotten."""
+        est, engine = self.estimator, self.engine
+        engine.client_optimizer_states.clear()  # the clients' own, for this fit only
+        est.set_parameters(engine.best_params)
+        if getattr(est, "batchnorm", None) == "domain":
+            est.domain_statistics_ = None
+            if self.wants_domain_prior and prior is not None:
+                prior(est)
+        return FederatedResult(est, engine, client_source, list(client_groups))
+
+
+def domain_prior_from_data(data):
+    """The ``prior`` of :meth:`FederatedRun.finish` when the training data are in this
+    process: :meth:`~skfedspd.SPDnetClassifier.fit_domain_prior` on all of them, each
+    training domain (a group, or without groups a client) normalized by its own means.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.run import ClientData, domain_prior_from_data
+    >>> X, y = make_spd_classification(n_matrices=20, n_channels=4, n_classes=2, seed=0)
+    >>> est = SPDnetClassifier(batchnorm="domain", max_epochs=2, random_state=0).fit(X, y)
+    >>> est = domain_prior_from_data(ClientData(X, y, np.array_split(np.arange(20), 2)))(est)
+    >>> len(est.domain_prior_)
+    1
+    """
+    return lambda est: est.fit_domain_prior(data.X, data.domains())
