@@ -17,9 +17,9 @@ from .training import derive_seed, evaluate
 
 __all__ = ["Site", "client_statistic", "client_update", "site_training_weights", "DP_SAMPLE_WEIGHT_ERROR"]
 
-#: Why ``dp_epsilon`` refuses sample weights (``fit``, and a site whose data carry them).
-DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with dp_epsilon: the privacy accounting assumes unweighted "
-                          "samples")
+#: Why ``privacy`` refuses sample weights (``fit``, and a site whose data carry them).
+DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with privacy (DP-SGD): the privacy accounting assumes "
+                          "unweighted samples")
 
 
 def client_statistic(est, X, sample_weight=None):

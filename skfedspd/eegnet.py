@@ -476,7 +476,7 @@ class EEGNetClassifier(TorchClassifierBase):
         statistics: client-local arrays in federation); ``"group"``, GroupNorm with one
         group, each trial normalised by its own statistics (no running statistics, nothing
         client-local, the same in training and prediction): the variant that trains under
-        per-sample differential privacy (``FederatedSPDnetClassifier(dp_epsilon=...)``),
+        per-sample differential privacy (``FederatedSPDnetClassifier(privacy=DPSGD(...))``),
         where BatchNorm has to be frozen. See :class:`EEGNet`.
     standardize : {"trial", "channel"}, default="trial"
         How each trial is z-scored. Both centre every channel over time. ``"trial"``

@@ -25,11 +25,13 @@ from .aggregation import AGGREGATIONS, get_aggregation
 from .base import resolve_groups, training_weights
 from .classifier import SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
-from .engine import n_selected
+from .engine import RoundSchedule, n_selected
 from .local import fit_local
 from .online import drop_domain_requests
+from .privacy import DPSGD
 from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_out_fraction, init_model,
                   local_estimator, run_seed)
+from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
 from .training import derive_seed
 
@@ -125,6 +127,51 @@ KEEP_WITH_SERVER_MOMENTUM_WARNING = (
     "docs/design-decisions.md, 'Server momentum'); use client_optimizer_state='reset' with server momentum")
 
 
+#: The flat parameters grouped into objects: old name → (parameter, its field). Accepted
+#: (``__init__``, ``set_params``, saved specs) with a ``FutureWarning`` until 0.4.
+RENAMED = {
+    "patience": ("schedule", "patience"),
+    "lr_patience": ("schedule", "lr_patience"),
+    "lr_factor": ("schedule", "lr_factor"),
+    "server_lr": ("server_optimizer", "lr"),
+    "server_momentum": ("server_optimizer", "momentum"),
+    "dp_epsilon": ("privacy", "epsilon"),
+    "dp_delta": ("privacy", "delta"),
+    "dp_clip_norm": ("privacy", "clip_norm"),
+}
+_GROUP_CLASSES = {"schedule": RoundSchedule, "server_optimizer": ServerMomentum, "privacy": DPSGD}
+
+
+def _regroup(fed, params):
+    """``params`` with the old flat names of :data:`RENAMED` folded into their objects (a
+    ``FutureWarning`` names them); any other name passes through. ``dp_epsilon=None``
+    turns privacy off."""
+    old = {name: params[name] for name in params if name in RENAMED}
+    if not old:
+        return params
+    news = ", ".join(f"{RENAMED[name][0]}={_GROUP_CLASSES[RENAMED[name][0]].__name__}({RENAMED[name][1]}=...)"
+                     for name in old)
+    warnings.warn(f"{sorted(old)} are deprecated and will be removed in 0.4: use {news}", FutureWarning, stacklevel=3)
+    params = {name: value for name, value in params.items() if name not in RENAMED}
+    for group, cls in _GROUP_CLASSES.items():
+        fields = {RENAMED[name][1]: value for name, value in old.items() if RENAMED[name][0] == group}
+        if not fields:
+            continue
+        if group == "privacy" and fields.get("epsilon", ...) is None:
+            params[group] = None
+            continue
+        current = params.get(group, getattr(fed, group, None))
+        if current is not None:
+            params[group] = clone(current).set_params(**fields)
+        elif group == "privacy":
+            if "epsilon" not in fields:
+                raise ValueError(f"{sorted(fields)} without privacy: set privacy=DPSGD(epsilon=...) first")
+            params[group] = DPSGD(**fields)
+        else:  # the defaults of the flat parameters: no schedule change, no momentum
+            params[group] = cls(**({"momentum": 0.0} if group == "server_optimizer" else {}) | fields)
+    return params
+
+
 def _local_estimator_has(name):
     """``available_if`` check: the domain API (``adapt``, ``reset_domain``, ...) is the local
     estimator's, delegated where it has it (``SPDnetClassifier``), absent otherwise (``EEGNetClassifier``)."""
@@ -159,14 +206,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     clients_per_round : int, float or None, default=None
         None: every client every round. int: exactly that many. float in (0, 1]:
         ``max(1, floor(fraction * N))`` (the paper's half participation is 0.5).
-    patience : int or None, default=None
-        Early stopping, in rounds without improvement of the global validation score.
-        None: all ``n_rounds`` rounds run (the paper's protocol); the best global model is
-        kept either way.
-    lr_patience : int, default=20
-        Rounds without improvement before the clients' learning rate is multiplied by
-        ``lr_factor`` (torch's ``ReduceLROnPlateau`` semantics).
-    lr_factor : float in (0, 1], default=0.5
+    schedule : RoundSchedule or None, default=None
+        The plateau schedule, counted in rounds (:class:`~skfedspd.engine.RoundSchedule`:
+        ``patience``, ``lr_patience``, ``lr_factor``); None: ``RoundSchedule()`` (every round
+        runs, as in the paper; the learning rate halves after 20 rounds without
+        improvement). Reachable as ``schedule__lr_patience`` once set.
     groups_per_client : int, default=1
         Sorted groups (subjects) are merged this many at a time into one client.
     domains : {"client", "group"}, default="client"
@@ -204,24 +248,16 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         failed client. The default only stops absurd replies: an honest round moves a
         Stiefel array by at most ``2√k`` and the other arrays by a few learning-rate steps.
         None: no bound.
-    server_lr : float, default=1.0
-        Server learning rate ``η`` of the server optimizer (FedAvgM on the Stiefel manifold,
-        :mod:`skfedspd.server_optimizer`). With ``Δ`` the aggregate's tangent vector at the
-        previous global weight ``W`` (inverse polar retraction, ``uf(W + Δ)`` = the
-        aggregate) and ``m`` the momentum: ``m ← β m + Δ``, ``W ← uf(W + η m)``, then ``m``
-        is projected onto the tangent space at the new ``W``; Euclidean arrays:
-        ``m ← β m + (θ̄ − θ)``, ``θ ← θ + η m``. ``"local"`` arrays are untouched. With
-        the defaults (``η = 1``, ``β = 0``) the aggregate is the new global model exactly
-        (the paper). The step uses only the aggregate and the server's own state, so it
-        keeps the round a function of the clients' weighted sum (secure aggregation).
-        With the paper's clients (``client_optimizer_state="reset"``), ``server_momentum=0.9``
-        with ``server_lr=1.0`` is recommended (Table I, ``docs/benchmarks/tableone.md``). Not with clients
-        that keep their Adam state (the default): that pair trains badly
-        (``docs/design-decisions.md``); ``fit`` and
+    server_optimizer : ServerMomentum or None, default=None
+        The server optimizer (:class:`~skfedspd.server_optimizer.ServerMomentum`: FedAvgM on
+        the Stiefel manifold, server learning rate ``lr`` and momentum ``momentum``); None:
+        the aggregate is the new global model (the paper). It uses only the aggregate and the
+        server's own state, so it also runs under secure aggregation, and its buffer is part
+        of the checkpoint. With the paper's clients (``client_optimizer_state="reset"``),
+        ``ServerMomentum()`` (``lr=1.0``, ``momentum=0.9``) is recommended
+        (``docs/benchmarks/tableone.md``). Not with clients that keep their Adam state (the
+        default): that pair trains badly (``docs/design-decisions.md``); ``fit`` and
         :func:`skfedspd.flower.fit_federated` warn (:meth:`warn_about_settings`).
-    server_momentum : float in [0, 1), default=0.0
-        Server momentum ``β``; the buffer is part of the checkpoint
-        (``engine_.state_dict()``), so a resumed run continues bit for bit.
     client_optimizer_state : {"keep", "reset"}, default="keep"
         Whether each client's Adam optimizer keeps its moments and step count from one of
         its rounds to the next (``"keep"``; the learning rate is the round's) or starts
@@ -278,7 +314,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         secure aggregation hides: refused at fit) and at least 3 clients per round; tolerates
         ``M − round(2M/3)`` dropouts per round. Client-local arrays (BatchNorm statistics)
         stay on their site; only their training-size weighted sum joins the masked sum (the
-        released model's pooled statistics). Combines with ``dp_epsilon`` (the noise is
+        released model's pooled statistics). Combines with ``privacy`` (the noise is
         added on the site before the sum).
         ``history_`` then holds totals only (``n_samples``: the one-element total, of the
         clients' weights with ``sample_weight``).
@@ -292,21 +328,18 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         weights expect that input, and it is not a statistic of the sites' data, so in DP
         mode nothing is spent on it. Its classes and number of features must be the fit's
         (a ValueError otherwise: agree ``classes`` when sites may miss one), and its
-        architecture the local estimator's. Allowed with ``dp_epsilon``: a public model
+        architecture the local estimator's. Allowed with ``privacy``: a public model
         costs nothing (pre-train publicly, fine-tune privately; with the local estimator's
         ``trainable="head"`` only its head is trained and privatized). It is read, never
         modified; ``clone`` keeps it as is (cloning would unfit it); the JSON spec
         (:mod:`skfedspd.spec`, ``save_estimator``) stores it as None: the fitted federated
         model holds everything it contributed. A ``warm_start`` continuation ignores it.
-    dp_epsilon : float or None, default=None
-        Sample-level differential privacy (``docs/guide/privacy.md``): every site's local training
-        runs DP-SGD (:func:`skfedspd.privacy.dp_train_epochs`: Poisson sampling at
-        ``q = batch_size / n_site``, per-sample gradients — Riemannian for the Stiefel
-        weights — clipped jointly to ``dp_clip_norm``, Gaussian noise projected to the
-        tangent space, Adam, retraction), with a noise multiplier per site calibrated by
-        Google's ``dp-accounting`` (RDP) so that the whole run — ``n_rounds``,
+    privacy : DPSGD or None, default=None
+        Sample-level differential privacy (:class:`~skfedspd.privacy.DPSGD`: ``epsilon``,
+        ``delta``, ``clip_norm``; ``docs/guide/privacy.md``): every site's local training runs
+        DP-SGD with a noise multiplier per site calibrated so that the whole run — ``n_rounds``,
         ``local_epochs``, the exact rounds the seeded schedule draws each site in — spends at
-        most ``(dp_epsilon, dp_delta)`` on each site's training samples. None: no DP.
+        most ``(epsilon, delta)`` on each site's training samples. None: no DP.
         DP mode is private by construction (:func:`skfedspd.run.resolved_settings`, recorded in
         ``privacy_["resolved"]``): no site holds out validation data (scores would steer
         the schedule and the released model outside the budget: a fixed number of rounds
@@ -315,11 +348,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         of the sites. Refused: an explicit validation split (``validation_fraction > 0``
         with the local estimator's ``early_stopping=True``) and ``warm_start`` (the budget
         covers one fit). Sites do not release their training loss or input statistic.
-    dp_delta : float or None, default=None
-        δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
-        site's training size). A δ not below ``1 / n_min`` is refused.
-    dp_clip_norm : float, default=1.0
-        Bound ``C`` on each sample's joint gradient norm.
     classes : array-like of shape (n_classes,) or None, default=None
         The label set the consortium agreed out of band (as ``partial_fit``'s ``classes``
         in scikit-learn). None: the union of the sites' labels, each site sending the set
@@ -370,20 +398,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     Notes
     -----
-    Schedule semantics: after each round the new global model is evaluated on every
-    client's validation part; the global validation macro-F1 is the mean of the clients'
-    macro-F1 weighted by their validation sizes (loss likewise). This score drives, in
-    rounds, ReduceLROnPlateau (``lr_patience``, ``lr_factor``: the learning rate of the
-    clients' optimizers) and early stopping (``patience``), and the best global model
-    is kept. Defaults: ``lr_patience=20`` and ``lr_factor=0.5`` are the values the
-    meta-estimator used before (then read from the local estimator); ``patience=None``
-    (previously the local estimator's 75, in rounds) runs all ``n_rounds`` as in the paper
-    and in the Table I experiment (``python -m benchmarks.tableone``). With partial participation the score is
-    noisier (each round trains a subset, all clients validate) and a round holds fewer
-    client updates, so a patience meant for full participation cuts the learning rate too
-    early: scale ``lr_patience`` (and ``patience``) by ``N / M``. On PhysionetMI at M = N/2
-    this took the learning rate from 2-4 halvings in 150 rounds to 0-1 (seeds 0-2,
-    ``python -m benchmarks.experiments table-one-ablation``; ``docs/design-decisions.md``).
+    Parameters grouped by concern: ``schedule``, ``server_optimizer`` and ``privacy`` took the
+    place of ``patience``, ``lr_patience``, ``lr_factor`` (in rounds; the local estimator's
+    parameters of those names count epochs), ``server_lr``, ``server_momentum``,
+    ``dp_epsilon``, ``dp_delta`` and ``dp_clip_norm`` (:data:`RENAMED`). The old names still
+    work, with a ``FutureWarning``, until 0.4.
 
     Examples
     --------
@@ -439,9 +458,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "local_epochs": [Interval(Integral, 1, None, closed="left")],
         "clients_per_round": [None, Interval(Integral, 1, None, closed="left"),
                               Interval(RealNotInt, 0, 1, closed="right")],
-        "patience": [None, Interval(Integral, 1, None, closed="left")],
-        "lr_patience": [Interval(Integral, 0, None, closed="left")],
-        "lr_factor": [Interval(Real, 0, 1, closed="right")],
+        "schedule": [None, RoundSchedule],
         "groups_per_client": [Interval(Integral, 1, None, closed="left")],
         "n_clients": [Interval(Integral, 1, None, closed="left")],
         "partition": [None, StrOptions(set(PARTITIONS))],
@@ -449,8 +466,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "weighting": [StrOptions({"n_samples", "uniform"})],
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
         "max_update_norm": [None, Interval(Real, 0, None, closed="neither")],
-        "server_lr": [Interval(Real, 0, None, closed="neither")],
-        "server_momentum": [Interval(Real, 0, 1, closed="left")],
+        "server_optimizer": [None, ServerMomentum],
         "client_optimizer_state": [StrOptions({"keep", "reset"})],
         "domains": [StrOptions({"client", "group"})],
         "n_jobs": [None, Integral],
@@ -461,9 +477,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "checkpoint_path": [None, str, os.PathLike],
         "backend": [StrOptions(set(BACKENDS))],
         "secure_aggregation": ["boolean"],
-        "dp_epsilon": [None, Interval(Real, 0, None, closed="neither")],
-        "dp_delta": [None, Interval(Real, 0, 1, closed="neither")],
-        "dp_clip_norm": [Interval(Real, 0, None, closed="neither")],
+        "privacy": [None, DPSGD],
         "classes": [None, "array-like"],
         "init": [None, HasMethods(["get_params", "predict"])],
     }
@@ -475,9 +489,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         n_rounds=150,
         local_epochs=2,
         clients_per_round=None,
-        patience=None,
-        lr_patience=20,
-        lr_factor=0.5,
+        schedule=None,
         groups_per_client=1,
         n_clients=5,
         partition=None,
@@ -485,8 +497,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         weighting="n_samples",
         validation_fraction=0.1,
         max_update_norm=1e3,
-        server_lr=1.0,
-        server_momentum=0.0,
+        server_optimizer=None,
         client_optimizer_state="keep",
         domains="client",
         n_jobs=None,
@@ -497,20 +508,17 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         checkpoint_path=None,
         backend="local",
         secure_aggregation=False,
-        dp_epsilon=None,
-        dp_delta=None,
-        dp_clip_norm=1.0,
+        privacy=None,
         classes=None,
         init=None,
+        **renamed,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
         self.n_rounds = n_rounds
         self.local_epochs = local_epochs
         self.clients_per_round = clients_per_round
-        self.patience = patience
-        self.lr_patience = lr_patience
-        self.lr_factor = lr_factor
+        self.schedule = schedule
         self.groups_per_client = groups_per_client
         self.n_clients = n_clients
         self.partition = partition
@@ -518,8 +526,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.weighting = weighting
         self.validation_fraction = validation_fraction
         self.max_update_norm = max_update_norm
-        self.server_lr = server_lr
-        self.server_momentum = server_momentum
+        self.server_optimizer = server_optimizer
         self.client_optimizer_state = client_optimizer_state
         self.domains = domains
         self.n_jobs = n_jobs
@@ -530,11 +537,22 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.checkpoint_path = checkpoint_path
         self.backend = backend
         self.secure_aggregation = secure_aggregation
-        self.dp_epsilon = dp_epsilon
-        self.dp_delta = dp_delta
-        self.dp_clip_norm = dp_clip_norm
+        self.privacy = privacy
         self.classes = classes
         self.init = init
+        if renamed:  # the names of before the grouping, for one version
+            for name, value in _regroup(self, renamed).items():
+                setattr(self, name, value)
+
+    def set_params(self, **params):
+        """Set the parameters (scikit-learn's), the old flat names of :data:`RENAMED`
+        included, with a ``FutureWarning``.
+
+        Returns
+        -------
+        self
+        """
+        return super().set_params(**_regroup(self, params))
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -563,7 +581,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             ``backend="flower"`` the weights travel with each site's data and the model is
             the local backend's, bit for bit (under ``secure_aggregation`` the weighted sums
             are masked). A real deployment reads each site's weights from its data file
-            (``docs/guide/deployment.md``). Not with ``dp_epsilon``.
+            (``docs/guide/deployment.md``). Not with ``privacy``.
 
         Returns
         -------
@@ -573,7 +591,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.secure_aggregation and self.backend == "local":
             raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
                              "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
-        get_aggregation(self.aggregation, secure=self.secure_aggregation)
+        self._check_settings()
         run, data = self._prepare(X, y, groups, subjects, sample_weight)
         self.warn_about_settings()
         # Training needs autograd whatever the caller's mode: inference tensors made here
@@ -594,12 +612,20 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             Naming the parameter, its value and what is allowed.
         """
         self._validate_params()
-        get_aggregation(self.aggregation, secure=self.secure_aggregation)
+        self._check_settings()
         init_model(self)
         est = local_estimator(self)
         est.check_params()
-        if self.dp_epsilon is not None:
+        if self.privacy is not None:
             self._check_dp_mode(est)
+
+    def _check_settings(self):
+        """The settings objects check their own parameters (the aggregation rule, under
+        secure aggregation a rule of the weighted sum)."""
+        get_aggregation(self.aggregation, secure=self.secure_aggregation)
+        for settings in (self.schedule, self.server_optimizer, self.privacy):
+            if settings is not None:
+                settings.check_params()
 
     def warn_about_settings(self):
         """Warn about parameter pairs measured to train badly; ``fit`` and
@@ -608,24 +634,25 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Server momentum with clients that keep their Adam state
         (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``).
         """
-        if self.server_momentum > 0 and self.client_optimizer_state == "keep":
+        momentum = 0.0 if self.server_optimizer is None else self.server_optimizer.momentum
+        if momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
         """DP mode shares nothing outside the budget: refuse an explicit choice that would
         (the defaults resolve to private ones, :func:`skfedspd.run.resolved_settings`; docs/guide/privacy.md)."""
         if self.validation_fraction > 0 and getattr(est, "early_stopping", True) is True:
-            raise ValueError(f"dp_epsilon with an explicit validation split (validation_fraction="
+            raise ValueError(f"privacy with an explicit validation split (validation_fraction="
                              f"{self.validation_fraction} and the local estimator's early_stopping=True): per-site "
                              "validation scores would steer the schedule and the released model outside the privacy "
                              "budget; leave early_stopping='auto' (DP mode then holds nothing out, runs n_rounds "
                              "rounds and keeps the last model) and evaluate on a test set outside the federation")
         if getattr(est, "batchnorm", None) is not None:
-            raise ValueError(f"dp_epsilon with the local estimator's batchnorm={est.batchnorm!r}: SPD batch "
+            raise ValueError(f"privacy with the local estimator's batchnorm={est.batchnorm!r}: SPD batch "
                              "normalization re-centres each minibatch (or domain) by its own mean, which mixes the "
                              "samples, so one sample's gradient is not bounded by the clip norm; use batchnorm=None")
         if self.warm_start:
-            raise ValueError("dp_epsilon with warm_start=True is not supported: the budget is planned for one fit "
+            raise ValueError("privacy with warm_start=True is not supported: the budget is planned for one fit "
                              "of n_rounds rounds")
 
     def _prepare(self, X, y, groups, subjects, sample_weight=None):
@@ -634,7 +661,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         resume = self.warm_start and self.__sklearn_is_fitted__()
         # inputs and labels are validated by the fit's local estimator, read only when it continues
         est = self.global_estimator_ if resume else local_estimator(self)
-        if self.dp_epsilon is not None:
+        if self.privacy is not None:
             self._check_dp_mode(est)
         X = est.check_inputs(X, reset=not resume)
         y = np.asarray(y)
@@ -642,7 +669,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             est.set_classes(self.classes if self.classes is not None else y)
         codes = est.encode_labels(y, len(X))  # names the labels outside the agreed classes
         weights = training_weights(getattr(est, "class_weight", None), y, sample_weight)
-        if self.dp_epsilon is not None and weights is not None:
+        if self.privacy is not None and weights is not None:
             raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
                                                        if sample_weight is None else ""))
         seed = run_seed(self)

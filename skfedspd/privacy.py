@@ -41,8 +41,12 @@ import logging
 import math
 import numbers
 
+from numbers import Real
+
 import torch
 import torch.nn.functional as F
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval
 from torch.func import functional_call, grad, vmap
 
 from .nn import BiMap
@@ -50,6 +54,7 @@ from .stiefel import tangent_project
 from .training import seeded_torch
 
 __all__ = [
+    "DPSGD",
     "ACCOUNTANTS",
     "stiefel_charts",
     "per_sample_gradients",
@@ -760,3 +765,52 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
         participation=float(participation) if isinstance(participation, numbers.Real) else list(rounds),
         per_site_noise=bool(per_site_noise), sites=sites,
     )
+
+
+class DPSGD(BaseEstimator):
+    """Sample-level differential privacy of a federated fit: DP-SGD at every site
+    (``FederatedSPDnetClassifier(privacy=DPSGD(epsilon=8.0))``, ``docs/guide/privacy.md``).
+
+    Every site's local training runs DP-SGD (:func:`dp_train_epochs`: Poisson sampling at
+    ``q = batch_size / n_site``, per-sample gradients, Riemannian for the Stiefel weights,
+    clipped jointly to ``clip_norm``, Gaussian noise projected to the tangent space, Adam,
+    retraction), with a noise multiplier per site calibrated by Google's ``dp-accounting``
+    (RDP) so that the whole run spends at most ``(epsilon, delta)`` on each site's training
+    samples (:func:`plan_dp`).
+
+    Parameters
+    ----------
+    epsilon : float
+        ε of the guarantee, > 0.
+    delta : float or None, default=None
+        δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
+        site's training size). A δ not below ``1 / n_min`` is refused.
+    clip_norm : float, default=1.0
+        Bound ``C`` on each sample's joint gradient norm.
+
+    Examples
+    --------
+    >>> from sklearn.base import clone
+    >>> from skfedspd.privacy import DPSGD
+    >>> clone(DPSGD(epsilon=8.0)).set_params(clip_norm=0.5)
+    DPSGD(clip_norm=0.5, epsilon=8.0)
+    >>> DPSGD(epsilon=-1.0).check_params()  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    sklearn.utils._param_validation.InvalidParameterError: The 'epsilon' parameter of DPSGD must be ...
+    """
+
+    _parameter_constraints = {
+        "epsilon": [Interval(Real, 0, None, closed="neither")],
+        "delta": [None, Interval(Real, 0, 1, closed="neither")],
+        "clip_norm": [Interval(Real, 0, None, closed="neither")],
+    }
+
+    def __init__(self, epsilon, delta=None, clip_norm=1.0):
+        self.epsilon = epsilon
+        self.delta = delta
+        self.clip_norm = clip_norm
+
+    def check_params(self):
+        """Raise ValueError (naming the parameter) if a parameter is invalid."""
+        self._validate_params()

@@ -30,8 +30,9 @@ from sklearn.base import clone
 
 from .base import uses_validation
 from .classifier import SPDnetClassifier
-from .engine import FederatedEngine, declared_weights, is_positive_weight
+from .engine import FederatedEngine, RoundSchedule, declared_weights, is_positive_weight
 from .messages import SetupReply
+from .server_optimizer import ServerMomentum
 from .training import derive_seed, draw_seed
 
 __all__ = [
@@ -144,7 +145,7 @@ def init_model(fed):
 
 
 def resolved_settings(fed, est=None):
-    """The settings a fresh fit of ``fed`` resolves from ``init`` and ``dp_epsilon``.
+    """The settings a fresh fit of ``fed`` resolves from ``init`` and ``privacy``.
 
     ``scaling`` (local estimators with that parameter): ``init``'s input scaling when
     ``init`` is given (``"trace"`` if it used it, else its fitted ``scale_``, a public
@@ -159,12 +160,13 @@ def resolved_settings(fed, est=None):
     >>> from skfedspd.run import resolved_settings
     >>> resolved_settings(FederatedSPDnetClassifier())
     {'validation_fraction': 0.1, 'scaling': 'auto'}
-    >>> resolved_settings(FederatedSPDnetClassifier(dp_epsilon=3.0))
+    >>> from skfedspd.privacy import DPSGD
+    >>> resolved_settings(FederatedSPDnetClassifier(privacy=DPSGD(epsilon=3.0)))
     {'validation_fraction': 0.0, 'scaling': 'trace'}
     """
     if est is None:
         est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
-    private = fed.dp_epsilon is not None
+    private = fed.privacy is not None
     settings = {"validation_fraction": 0.0 if private else float(fed.validation_fraction)}
     if "scaling" in est.get_params(deep=False):
         model = init_model(fed)
@@ -185,7 +187,8 @@ def local_estimator(fed):
     --------
     >>> from skfedspd import FederatedSPDnetClassifier
     >>> from skfedspd.run import local_estimator
-    >>> local_estimator(FederatedSPDnetClassifier(dp_epsilon=3.0)).scaling
+    >>> from skfedspd.privacy import DPSGD
+    >>> local_estimator(FederatedSPDnetClassifier(privacy=DPSGD(epsilon=3.0))).scaling
     'trace'
     """
     est = clone(fed.estimator if fed.estimator is not None else SPDnetClassifier())
@@ -226,7 +229,7 @@ def held_out_fraction(fed, est, n_samples, n_classes):
     >>> held_out_fraction(fed, est, 45, 2), held_out_fraction(fed, est, 1000, 2)
     (0.0, 0.1)
     """
-    if fed.dp_epsilon is not None:
+    if fed.privacy is not None:
         return 0.0
     keep = uses_validation(n_samples, n_classes, fed.validation_fraction, getattr(est, "early_stopping", True))
     return float(fed.validation_fraction) if keep else 0.0
@@ -332,15 +335,18 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
     >>> engine.n_clients, engine.n_select
     (2, 1)
     """
+    schedule = fed.schedule if fed.schedule is not None else RoundSchedule()
+    optimizer = fed.server_optimizer if fed.server_optimizer is not None else ServerMomentum(momentum=0.0)
     engine = FederatedEngine(est.get_parameters(), est.parameter_kinds(), n_train=n_train, n_val=n_val,
                              train_weights=train_weights, seed=seed, lr=est.lr,
                              clients_per_round=fed.clients_per_round, aggregation=fed.aggregation,
-                             weighting=fed.weighting, patience=fed.patience, lr_patience=fed.lr_patience,
-                             lr_factor=fed.lr_factor, on_client_error=fed.on_client_error,
+                             weighting=fed.weighting, patience=schedule.patience, lr_patience=schedule.lr_patience,
+                             lr_factor=schedule.lr_factor, on_client_error=fed.on_client_error,
                              max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
-                             server_lr=fed.server_lr, server_momentum=fed.server_momentum)
-    if fed.dp_epsilon is not None:
-        engine.plan_privacy(fed.dp_epsilon, fed.dp_delta, clip_norm=fed.dp_clip_norm, batch_size=est.batch_size,
+                             server_lr=optimizer.lr, server_momentum=optimizer.momentum)
+    if fed.privacy is not None:
+        privacy = fed.privacy
+        engine.plan_privacy(privacy.epsilon, privacy.delta, clip_norm=privacy.clip_norm, batch_size=est.batch_size,
                             local_epochs=fed.local_epochs, n_rounds=fed.n_rounds)
         # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
         engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in est.module_.parameters()
@@ -421,7 +427,7 @@ class FederatedRun:
         self.engine = None
         agreed = self._agreed_classes()
         self._setup = {"seed": self.seed, "classes": agreed, "input_statistic": None, "ready": False,
-                       "private": fed.dp_epsilon is not None,
+                       "private": fed.privacy is not None,
                        "validation_fraction": (resolved_settings(fed, self.estimator)["validation_fraction"]
                                                if validation_fraction is None else float(validation_fraction)),
                        "client_optimizer_state": fed.client_optimizer_state}
@@ -500,7 +506,7 @@ class FederatedRun:
     def wants_domain_prior(self):
         """Whether the released model gets a domain prior: ``batchnorm="domain"``, outside DP
         mode (a statistic of the sites' data outside the privacy budget)."""
-        return getattr(self.estimator, "batchnorm", None) == "domain" and self.fed.dp_epsilon is None
+        return getattr(self.estimator, "batchnorm", None) == "domain" and self.fed.privacy is None
 
     def finish(self, client_source, client_groups, prior=None):
         """Load the best global model into the estimator and return the

@@ -33,12 +33,16 @@ the step uses nothing else from the clients, so the server optimizer keeps the r
 function of that sum. ``"local"`` arrays are never touched.
 """
 
+from numbers import Real
+
 import numpy as np
 import scipy.linalg
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval
 
 from .stiefel import lift, retract, tangent_project
 
-__all__ = ["inverse_retract", "server_step", "is_identity_step"]
+__all__ = ["ServerMomentum", "inverse_retract", "server_step", "is_identity_step"]
 
 
 def is_identity_step(lr, momentum):
@@ -139,3 +143,45 @@ def server_step(aggregate, previous, momentum, kinds, *, lr=1.0, beta=0.0):
             raise ValueError(f"server_step got the {kind!r} array {name!r}: only shared arrays are stepped")
         new_global[name] = updated
     return new_global, new_momentum
+
+
+class ServerMomentum(BaseEstimator):
+    """The server optimizer of a federated fit: FedAvgM on the Stiefel manifold
+    (``FederatedSPDnetClassifier(server_optimizer=ServerMomentum())``; :func:`server_step`).
+
+    With ``Δ`` the aggregate's tangent vector at the previous global weight ``W`` (inverse
+    polar retraction, ``uf(W + Δ)`` = the aggregate) and ``m`` the momentum:
+    ``m ← β m + Δ``, ``W ← uf(W + η m)``, then ``m`` is projected onto the tangent space at
+    the new ``W``; Euclidean arrays: ``m ← β m + (θ̄ − θ)``, ``θ ← θ + η m``. ``"local"``
+    arrays are untouched. The step uses only the aggregate and the server's own state, so it
+    keeps the round a function of the clients' weighted sum (secure aggregation). The buffer
+    is part of the checkpoint, so a resumed run continues bit for bit.
+
+    Parameters
+    ----------
+    lr : float, default=1.0
+        Server learning rate ``η``, > 0.
+    momentum : float in [0, 1), default=0.9
+        Server momentum ``β``. With ``lr=1.0`` and ``momentum=0.0`` the aggregate is the new
+        global model exactly (the paper; ``server_optimizer=None``).
+
+    Examples
+    --------
+    >>> from sklearn.base import clone
+    >>> from skfedspd.server_optimizer import ServerMomentum
+    >>> clone(ServerMomentum()).set_params(momentum=0.5)
+    ServerMomentum(momentum=0.5)
+    """
+
+    _parameter_constraints = {
+        "lr": [Interval(Real, 0, None, closed="neither")],
+        "momentum": [Interval(Real, 0, 1, closed="left")],
+    }
+
+    def __init__(self, lr=1.0, momentum=0.9):
+        self.lr = lr
+        self.momentum = momentum
+
+    def check_params(self):
+        """Raise ValueError (naming the parameter) if a parameter is invalid."""
+        self._validate_params()

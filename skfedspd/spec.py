@@ -3,7 +3,8 @@
 Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
 ``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
 type, e.g. the labels of a ``class_weight``), and nested estimators, among them the robust
-aggregation rules (``aggregation=TrimmedMean(trim=0.2)``). Any other callable
+aggregation rules (``aggregation=TrimmedMean(trim=0.2)``) and the settings objects
+(``schedule=RoundSchedule(...)``, ``server_optimizer=ServerMomentum(...)``, ``privacy=DPSGD(...)``). Any other callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
 A fitted model as a parameter (``FederatedSPDnetClassifier(init=...)``, where a fit starts)
 is no JSON value: a class lists such parameters in ``_params_not_in_spec`` and they are
@@ -27,7 +28,9 @@ _ALLOWED = {
     "EEGNetClassifier": "skfedspd.eegnet",
 }
 #: Allowed as a parameter's value only (``aggregation=``), never as the saved estimator.
-_NESTED = {name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum")}
+_NESTED = {**{name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum")},
+           "RoundSchedule": "skfedspd.engine", "ServerMomentum": "skfedspd.server_optimizer",
+           "DPSGD": "skfedspd.privacy"}
 
 
 def _classes(nested=False):

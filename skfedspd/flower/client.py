@@ -3,7 +3,7 @@
 A site answers five messages; none of them carries its data out:
 
 - ``query.setup``: with the run's seed, the site makes its stratified train/validation
-  split (seeded by ``(seed, client id)``, as on the local backend) and replies its client
+  split (seeded by ``(seed, client id)``: :class:`~skfedspd.client.Site`) and replies its client
   id, the labels it holds (none when the set-up carries the agreed ``classes``: the site
   checks that its labels are among them, and fails otherwise), its sample shape, its
   training and validation sizes, the sum of its training sample weights (``weight``, when
@@ -46,9 +46,8 @@ A site without it (first round, restarted SuperNode) starts a fresh Adam.
 Every message carries the run's set-up (a JSON string), so a site keeps no other state
 between messages: the SuperNode may start a new ClientApp process for each one, and a
 restarted SuperNode rejoins without losing anything but its optimizer state. Client-local
-arrays (BatchNorm statistics of EEGNet) go back to the server with the parameters, exactly as
-on the local backend, which returns them to that client only (under secure aggregation: see
-above).
+arrays (BatchNorm statistics of EEGNet) go back to the server with the parameters, which
+returns them to that client only (under secure aggregation: see above).
 """
 
 import importlib

@@ -118,7 +118,7 @@ def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, tim
     groups the domains, or the site one domain, as it trained): per batch-norm layer the sum
     of ``log Z`` and the count. The server adds them up, so the prior is the pooled
     log-Euclidean mean that ``fit`` computes where it holds the data. Not under
-    ``dp_epsilon`` (a statistic of the sites' data outside the privacy budget) nor under
+    ``privacy`` (a statistic of the sites' data outside the privacy budget) nor under
     ``secure_aggregation`` (a site's sums would reach the server in clear): the model then
     has no prior and warns when a single trial starts a domain
     (:meth:`~skfedspd.FederatedSPDnetClassifier.fit_domain_prior` sets one later).
@@ -126,7 +126,7 @@ def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, tim
     if getattr(est, "batchnorm", None) != "domain":
         return
     est.domain_statistics_ = None  # stored domains belong to earlier weights
-    if fed.dp_epsilon is not None or fed.secure_aggregation:
+    if fed.privacy is not None or fed.secure_aggregation:
         return
     configs = {node: {"setup": setup_json, "client-id": cid} for cid, node in enumerate(node_of)}
     replies = _query(grid, node_of, "prior", configs, "prior", timeout, arrays=to_array_record(params))

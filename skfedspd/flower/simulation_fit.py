@@ -1,7 +1,7 @@
 """``FederatedSPDnetClassifier(backend="flower").fit``: an in-process Flower simulation.
 
 :func:`fit_simulation` is the ``"flower"`` entry of :data:`skfedspd.federated.BACKENDS`.
-The data are split into clients exactly as on the local backend (``groups`` or the
+The data are split into clients by ``fit`` (``groups`` or the
 seeded partition, in :class:`~skfedspd.run.ClientData`); virtual SuperNode ``i`` holds
 client ``i``'s samples, with their training weights when the fit has any (``sample_weight``
 times the local estimator's ``class_weight``, computed on all the labels as on the local
@@ -59,7 +59,7 @@ def fit_simulation(run, data):
                                  estimator_factory=factory)
     server_app = ServerApp()
     results = []
-    progress = RoundProgress(fed.n_rounds, disable=not fed.verbose)  # verbose: the bar, as on the local backend
+    progress = RoundProgress(fed.n_rounds, disable=not fed.verbose)
 
     @server_app.main()
     def _main(grid, context):
