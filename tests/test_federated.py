@@ -28,10 +28,14 @@ from sklearn.utils.validation import check_is_fitted
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import Krum, TrimmedMean, projavg
+from skfedspd.engine import RoundSchedule
 from skfedspd.federated import make_clients, partition_indices
-from skfedspd.run import held_out_fraction, resolved_settings
 from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
+from skfedspd.privacy import DPSGD
+from skfedspd.run import held_out_fraction, resolved_settings
+from skfedspd.server_optimizer import ServerMomentum
+from skfedspd.spec import estimator_from_spec, estimator_to_spec
 from skfedspd.stiefel import orthonormality_error
 
 N_CHANNELS = 6
@@ -1532,3 +1536,47 @@ def test_secure_aggregation_refuses_rules_of_individual_updates(aggregation):
         fed.check_params()
     with pytest.raises(ValueError, match="needs each client's update"):
         fed.fit(np.zeros((2, 3, 3)), [0, 1])
+
+
+# ---------------------------------------------------------------------------------------------
+# Settings grouped by concern
+@pytest.mark.parametrize("old, group, expected", [
+    (dict(patience=5, lr_patience=7), "schedule", RoundSchedule(patience=5, lr_patience=7)),
+    (dict(lr_factor=0.25), "schedule", RoundSchedule(lr_factor=0.25)),
+    (dict(server_momentum=0.9), "server_optimizer", ServerMomentum(lr=1.0, momentum=0.9)),
+    (dict(server_lr=0.5), "server_optimizer", ServerMomentum(lr=0.5, momentum=0.0)),
+    (dict(dp_epsilon=3.0, dp_clip_norm=0.5), "privacy", DPSGD(epsilon=3.0, clip_norm=0.5)),
+])
+@pytest.mark.parametrize("how", ["init", "set_params"])
+def test_old_flat_names_fold_into_their_objects_with_a_future_warning(old, group, expected, how):
+    with pytest.warns(FutureWarning, match=r"deprecated and will be removed in 0\.4: use " + group):
+        fed = FederatedSPDnetClassifier(**old) if how == "init" else FederatedSPDnetClassifier().set_params(**old)
+    assert fed.get_params()[group].get_params() == expected.get_params()
+    assert not set(old) & set(fed.get_params())
+    assert clone(fed).get_params()[group].get_params() == expected.get_params()
+
+
+def test_old_names_update_a_set_object_and_dp_epsilon_none_turns_privacy_off():
+    fed = FederatedSPDnetClassifier(schedule=RoundSchedule(patience=9), privacy=DPSGD(epsilon=1.0))
+    with pytest.warns(FutureWarning):
+        fed.set_params(lr_patience=3, dp_epsilon=None)
+    assert fed.schedule.get_params() == {"patience": 9, "lr_patience": 3, "lr_factor": 0.5}
+    assert fed.privacy is None
+    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="set privacy=DPSGD"):
+        FederatedSPDnetClassifier().set_params(dp_delta=1e-6)
+
+
+def test_settings_objects_are_validated_at_fit_naming_their_parameter():
+    X, y = _data(n=30, n_classes=2)
+    with pytest.raises(ValueError, match="'lr_patience' parameter of RoundSchedule"):
+        _fed(schedule=RoundSchedule(lr_patience=-1)).fit(X, y)
+    with pytest.raises(ValueError, match="'momentum' parameter of ServerMomentum"):
+        _fed(server_optimizer=ServerMomentum(momentum=1.0)).fit(X, y)
+
+
+def test_settings_objects_travel_as_json():
+    fed = FederatedSPDnetClassifier(schedule=RoundSchedule(lr_patience=40), server_optimizer=ServerMomentum(),
+                                    privacy=DPSGD(epsilon=8.0))
+    again = estimator_from_spec(estimator_to_spec(fed))
+    for name in ("schedule", "server_optimizer", "privacy"):
+        assert again.get_params()[name].get_params() == fed.get_params()[name].get_params()

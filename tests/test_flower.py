@@ -38,6 +38,7 @@ from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
 from skfedspd.flower.records import to_array_record  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy, set_domain_prior_from_sites  # noqa: E402
 from skfedspd.flower.simulation import quiet_flower_logs  # noqa: E402
+from skfedspd.privacy import DPSGD  # noqa: E402
 from skfedspd.aggregation import TrimmedMean  # noqa: E402
 from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
@@ -258,10 +259,10 @@ def test_simulation_sample_weight_bit_identical_to_local(spd, config):
 def test_simulation_weights_refused_under_dp(spd):
     """DP mode keeps refusing sample weights, from ``sample_weight`` or ``class_weight``."""
     X, y = spd
-    dp = dict(dp_epsilon=1.0, validation_fraction=0.0)
-    with pytest.raises(ValueError, match="sample_weight is not supported with dp_epsilon"):
+    dp = dict(privacy=DPSGD(epsilon=1.0), validation_fraction=0.0)
+    with pytest.raises(ValueError, match="sample_weight is not supported with privacy"):
         _fed("flower", _estimator(scaling="trace"), **dp).fit(X, y, sample_weight=np.ones(len(y)))
-    with pytest.raises(ValueError, match="sample_weight is not supported with dp_epsilon: .* class_weight"):
+    with pytest.raises(ValueError, match="sample_weight is not supported with privacy .*: .* class_weight"):
         _fed("flower", _estimator(scaling="trace", class_weight={0: 2.0}), **dp).fit(X, y)
 
 
@@ -453,11 +454,12 @@ def test_bad_site_weights_fail_the_setup(spd, tmp_path):
     validation_only[groups == 1] = np.isin(np.arange(20), validation)
     with pytest.raises(ValueError, match=r"training samples of clients \[1\] all have weight 0"):
         _fed("local", n_rounds=1, validation_fraction=0.5).fit(X, y, groups=groups, sample_weight=validation_only)
-    with pytest.raises(RuntimeError, match=r"failed the setup query: .*training samples of client 1 all have weight 0"):
+    with pytest.raises(ValueError, match=r"training samples of clients \[1\] all have weight 0"):  # the same refusal
         _serve_files(_fed("local", n_rounds=1, validation_fraction=0.5),
                      _site_files(tmp_path, X, y, groups, validation_only))
-    with pytest.raises(RuntimeError, match="failed the setup query: .*sample_weight is not supported with dp_epsilon"):
-        _serve_files(_fed("local", _estimator(scaling="trace"), n_rounds=1, dp_epsilon=1.0, validation_fraction=0.0),
+    with pytest.raises(RuntimeError, match="failed the setup query: .*sample_weight is not supported with privacy"):
+        _serve_files(_fed("local", _estimator(scaling="trace"), n_rounds=1, privacy=DPSGD(epsilon=1.0),
+                          validation_fraction=0.0),
                      _site_files(tmp_path, X, y, groups, w))
 
 

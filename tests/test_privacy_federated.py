@@ -1,4 +1,4 @@
-"""Tests of DP mode of ``FederatedSPDnetClassifier`` (``dp_epsilon``): the budget, the wiring
+"""Tests of DP mode of ``FederatedSPDnetClassifier`` (``privacy=DPSGD(...)``): the budget, the wiring
 into both backends, the noise, the parameter rules. The building blocks (DP-SGD, the
 accountant wrappers) are tested in ``test_privacy.py``."""
 
@@ -16,6 +16,7 @@ from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.messages import TrainReply  # noqa: E402
 from skfedspd.persistence import load_estimator, save_estimator  # noqa: E402
+from skfedspd.privacy import DPSGD  # noqa: E402
 from skfedspd.stiefel import orthonormality_error  # noqa: E402
 
 N_CHANNELS = 6
@@ -23,7 +24,7 @@ N_CHANNELS = 6
 
 def _fed(estimator=None, **kwargs):
     params = dict(n_rounds=3, local_epochs=1, n_clients=4, partition="stratified", validation_fraction=0.0,
-                  dp_epsilon=2.0, dp_delta=1e-3, random_state=0)
+                  privacy=DPSGD(epsilon=2.0, delta=1e-3), random_state=0)
     params.update(kwargs)
     est = estimator if estimator is not None else SPDnetClassifier(hidden_dims=(3,), scaling="trace", batch_size=8,
                                                                     lr=0.05)
@@ -105,7 +106,7 @@ def test_privacy_report_survives_save_and_load(partial_fit, tmp_path):
 
 
 def test_without_dp_there_is_no_report(spd):
-    fed = _fed(n_rounds=1, dp_epsilon=None, dp_delta=None).fit(*spd)
+    fed = _fed(n_rounds=1, privacy=None).fit(*spd)
     assert fed.privacy_ is None
     assert np.isfinite(fed.history_[0]["train_loss"])
 
@@ -158,7 +159,7 @@ def test_tiny_epsilon_destroys_accuracy_that_no_dp_learns():
     (X_train, y_train), (X_test, y_test) = (X[:200], y[:200]), (X[200:], y[200:])
     scores = {}
     for epsilon in (None, 0.01):
-        fed = _fed(n_rounds=10, local_epochs=2, dp_epsilon=epsilon, dp_delta=1e-3 if epsilon else None,
+        fed = _fed(n_rounds=10, local_epochs=2, privacy=DPSGD(epsilon=epsilon, delta=1e-3) if epsilon else None,
                    estimator=SPDnetClassifier(hidden_dims=(4,), scaling="trace", batch_size=16, lr=0.05))
         scores[epsilon] = fed.fit(X_train, y_train).score(X_test, y_test)
     assert scores[None] >= 0.9
@@ -171,11 +172,12 @@ def test_tiny_epsilon_destroys_accuracy_that_no_dp_learns():
     (dict(estimator=SPDnetClassifier(batchnorm="domain")), "batchnorm='domain'"),
     (dict(estimator=SPDnetClassifier(batchnorm="spd")), "batchnorm='spd'"),
     (dict(warm_start=True), "warm_start"),
-    (dict(dp_delta=0.05), r"delta=0\.05 must be below 1 / \(smallest site's training size 20\)"),
-    (dict(dp_epsilon=0.0), "dp_epsilon"),
-    (dict(dp_epsilon="8"), "dp_epsilon"),
-    (dict(dp_delta=1.0), "dp_delta"),
-    (dict(dp_clip_norm=0.0), "dp_clip_norm"),
+    (dict(privacy=DPSGD(epsilon=2.0, delta=0.05)), r"delta=0\.05 must be below 1 / \(smallest site's training size 20\)"),
+    (dict(privacy=DPSGD(epsilon=0.0)), "'epsilon' parameter of DPSGD"),
+    (dict(privacy=DPSGD(epsilon="8")), "'epsilon' parameter of DPSGD"),
+    (dict(privacy=DPSGD(epsilon=2.0, delta=1.0)), "'delta' parameter of DPSGD"),
+    (dict(privacy=DPSGD(epsilon=2.0, clip_norm=0.0)), "'clip_norm' parameter of DPSGD"),
+    (dict(privacy=8.0), "'privacy' parameter of FederatedSPDnetClassifier"),
 ])
 def test_parameter_errors_are_named(spd, params, match):
     fed = _fed(**params)
@@ -198,7 +200,7 @@ def test_dp_defaults_resolve_to_private_choices(spd, scaling, resolved, early_st
     site holds out validation data, and "auto" scaling becomes per-matrix "trace"."""
     est = SPDnetClassifier(hidden_dims=(3,), batch_size=8, scaling=scaling, early_stopping=early_stopping)
     fed = FederatedSPDnetClassifier(est, n_rounds=1, local_epochs=1, n_clients=4, partition="stratified",
-                                    dp_epsilon=2.0, dp_delta=1e-3, random_state=0).fit(*spd)
+                                    privacy=DPSGD(epsilon=2.0, delta=1e-3), random_state=0).fit(*spd)
     assert fed.validation_fraction == 0.1 and fed.estimator.scaling == scaling  # the parameters are untouched
     assert fed.privacy_["resolved"] == {"validation_fraction": 0.0, "scaling": resolved}
     assert fed.global_estimator_.scaling == resolved

@@ -16,7 +16,7 @@ from skfedspd.aggregation import get_aggregation, projavg_from_sum, rlavg_from_s
 from skfedspd.engine import FederatedEngine
 from skfedspd.messages import TrainReply
 from skfedspd.persistence import load_bundle
-from skfedspd.server_optimizer import inverse_retract, server_step
+from skfedspd.server_optimizer import ServerMomentum, inverse_retract, server_step
 from skfedspd.stiefel import orthonormality_error, random_stiefel, retract, tangent_project
 
 KINDS = {"W": "stiefel", "b": "euclidean", "s": "local"}
@@ -170,12 +170,11 @@ def test_engine_state_rejects_bad_momentum():
         engine.load_state_dict(dict(arrays, **{"momentum/s": np.zeros(2)}), meta)
 
 
-@pytest.mark.parametrize("params", [{"server_lr": 0}, {"server_lr": -1.0}, {"server_momentum": 1.0},
-                                    {"server_momentum": -0.1}, {"server_lr": "1"}])
+@pytest.mark.parametrize("params", [{"lr": 0}, {"lr": -1.0}, {"momentum": 1.0}, {"momentum": -0.1}, {"lr": "1"}])
 def test_invalid_parameters(params):
     X, y = make_spd_dataset(20, 6, 2, seed=0)
-    with pytest.raises(ValueError, match=next(iter(params))):
-        _fed(**params).fit(X, y)
+    with pytest.raises(ValueError, match=f"'{next(iter(params))}' parameter of ServerMomentum"):
+        _fed(server_optimizer=ServerMomentum(**params)).fit(X, y)
 
 
 # ---------------------------------------------------------------------- the estimator
@@ -186,7 +185,7 @@ def _fed(**kwargs):
 
 
 def test_defaults_are_the_paper_bit_for_bit(monkeypatch):
-    """server_lr=1, server_momentum=0 (explicit or default) never calls the server step and
+    """ServerMomentum(lr=1, momentum=0) (explicit, or None by default) never calls the server step and
     gives the fit of the plain rule bit for bit."""
     import skfedspd.engine as engine_module
 
@@ -197,19 +196,19 @@ def test_defaults_are_the_paper_bit_for_bit(monkeypatch):
         raise AssertionError("server step called at the defaults")
 
     monkeypatch.setattr(engine_module, "server_step", forbidden)
-    explicit = _fed(server_lr=1.0, server_momentum=0.0).fit(X, y)
+    explicit = _fed(server_optimizer=ServerMomentum(lr=1.0, momentum=0.0)).fit(X, y)
     np.testing.assert_array_equal(explicit.decision_function(X), plain.decision_function(X))
     for name, value in plain.engine_.global_params.items():
         np.testing.assert_array_equal(explicit.engine_.global_params[name], value)
     assert explicit.engine_.server_momentum_buffer == {}
     monkeypatch.undo()
-    moved = _fed(server_momentum=0.5).fit(X, y)
+    moved = _fed(server_optimizer=ServerMomentum(momentum=0.5)).fit(X, y)
     assert not np.array_equal(moved.decision_function(X), plain.decision_function(X))
 
 
 def test_checkpoint_resume_with_momentum_is_bit_identical(tmp_path, monkeypatch):
     X, y = make_spd_dataset(60, 6, 3, seed=0)
-    params = dict(n_rounds=4, server_momentum=0.9, clients_per_round=2, n_clients=4)
+    params = dict(n_rounds=4, server_optimizer=ServerMomentum(), clients_per_round=2, n_clients=4)
     uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.ckpt"), **params).fit(X, y)
 
     original, calls = SPDnetClassifier.local_update, []
@@ -240,7 +239,7 @@ def test_server_momentum_still_converges():
     X, y = make_spd_dataset(150, 6, 2, seed=1)
     X_test, y_test = make_spd_dataset(90, 6, 2, seed=2)
     paper = _fed(n_rounds=15, client_optimizer_state="reset").fit(X, y)
-    momentum = _fed(n_rounds=15, server_momentum=0.9, client_optimizer_state="reset").fit(X, y)
+    momentum = _fed(n_rounds=15, server_optimizer=ServerMomentum(), client_optimizer_state="reset").fit(X, y)
     assert momentum.score(X_test, y_test) >= min(0.9, paper.score(X_test, y_test) - 0.05)
     assert all(max(r["orthonormality"].values()) < 1e-10 for r in momentum.history_)
 
@@ -249,10 +248,10 @@ def test_saved_estimator_keeps_the_momentum(tmp_path):
     from skfedspd.persistence import load_estimator, save_estimator
 
     X, y = make_spd_dataset(40, 6, 2, seed=0)
-    fitted = _fed(n_rounds=2, server_momentum=0.9, server_lr=0.5).fit(X, y)
+    fitted = _fed(n_rounds=2, server_optimizer=ServerMomentum(lr=0.5, momentum=0.9)).fit(X, y)
     save_estimator(fitted, tmp_path / "fed.skfedspd")
     loaded = load_estimator(tmp_path / "fed.skfedspd")
-    assert loaded.get_params()["server_momentum"] == 0.9 and loaded.get_params()["server_lr"] == 0.5
+    assert loaded.get_params()["server_optimizer"].get_params() == {"lr": 0.5, "momentum": 0.9}
     assert set(loaded.engine_.server_momentum_buffer) == set(fitted.engine_.server_momentum_buffer) != set()
     for name, value in fitted.engine_.server_momentum_buffer.items():
         np.testing.assert_array_equal(loaded.engine_.server_momentum_buffer[name], value)
@@ -270,7 +269,7 @@ def test_server_momentum_with_kept_client_state_warns(momentum, state, warns):
     X, y = make_spd_dataset(40, 4, 2, seed=0)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        _fed(n_rounds=1, server_momentum=momentum, client_optimizer_state=state).fit(X, y)
+        _fed(n_rounds=1, server_optimizer=ServerMomentum(momentum=momentum), client_optimizer_state=state).fit(X, y)
     assert (KEEP_WITH_SERVER_MOMENTUM_WARNING in [str(w.message) for w in caught]) == warns
 
 
@@ -284,4 +283,4 @@ def test_fit_federated_warns_about_server_momentum_with_kept_client_state(tmp_pa
     taken.write_text("an earlier model")
     with pytest.warns(UserWarning, match=re.escape(KEEP_WITH_SERVER_MOMENTUM_WARNING)):
         with pytest.raises(FileExistsError):  # stops before anything is submitted
-            fit_federated(_fed(server_momentum=0.9), "127.0.0.1:1", 2, taken)
+            fit_federated(_fed(server_optimizer=ServerMomentum()), "127.0.0.1:1", 2, taken)
