@@ -6,13 +6,14 @@ once, on top of :mod:`skfedspd.training`.
 """
 
 import copy
+import functools
 import warnings
 from contextlib import contextmanager
 from numbers import Integral, Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
 from sklearn.model_selection import train_test_split
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.class_weight import compute_sample_weight
@@ -22,7 +23,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d
 from .aggregation import projavg
 from .nn import DomainBatch
 from .training import (
-    PlateauSchedule,
+    EpochSchedule,
     derive_seed,
     draw_seed,
     evaluate,
@@ -170,6 +171,90 @@ def _progress(iterable, enabled, desc):
     return tqdm(iterable, desc=desc, leave=False)
 
 
+
+def merge_into(default):
+    """A merge for :func:`fold_renamed`: the old fields set on a copy of the estimator's
+    object, or of ``default`` when it has none.
+
+    Examples
+    --------
+    >>> from skfedspd.base import merge_into
+    >>> from skfedspd.training import EpochSchedule
+    >>> merge_into(EpochSchedule())(None, {"patience": 5})
+    EpochSchedule(patience=5)
+    """
+    return lambda current, fields: clone(current if current is not None else default).set_params(**fields)
+
+
+def accepts_renamed(renamed, merges):
+    """Decorate an estimator's ``__init__`` so that the old flat names of ``renamed`` are
+    accepted for one version, with a ``FutureWarning``, folded into their objects
+    (:func:`fold_renamed`). The signature (what ``get_params``, scikit-learn's checks and the
+    docs see) is the ``__init__``'s own; any other unexpected name is Python's TypeError.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from skfedspd import SPDnetClassifier
+    >>> with warnings.catch_warnings(record=True):
+    ...     warnings.simplefilter("always")
+    ...     SPDnetClassifier(patience=5).schedule
+    EpochSchedule(patience=5)
+    >>> "patience" in SPDnetClassifier().get_params()
+    False
+    """
+    def decorate(init):
+        @functools.wraps(init)
+        def accepting(self, *args, **kwargs):
+            old = {name: kwargs.pop(name) for name in list(kwargs) if name in renamed}
+            init(self, *args, **kwargs)
+            for name, value in fold_renamed(self, old, renamed, merges).items():
+                setattr(self, name, value)
+
+        return accepting
+
+    return decorate
+
+
+def fold_renamed(est, params, renamed, merges):
+    """``params`` with the old flat names of ``renamed`` (old name → (parameter, field))
+    folded into the parameter objects they now belong to, with a ``FutureWarning`` that
+    names them; ``merges[parameter](current object or None, {field: value})`` gives the new
+    object. Any other name passes through.
+
+    Examples
+    --------
+    >>> import warnings
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.base import fold_renamed, merge_into
+    >>> from skfedspd.training import EpochSchedule
+    >>> with warnings.catch_warnings(record=True):
+    ...     warnings.simplefilter("always")
+    ...     fold_renamed(SPDnetClassifier(), {"lr": 0.1, "patience": 5}, {"patience": ("schedule", "patience")},
+    ...                  {"schedule": merge_into(EpochSchedule())})
+    {'lr': 0.1, 'schedule': EpochSchedule(patience=5)}
+    """
+    old = {name: value for name, value in params.items() if name in renamed}
+    if not old:
+        return params
+    params = {name: value for name, value in params.items() if name not in renamed}
+    news = []
+    for group in dict.fromkeys(renamed[name][0] for name in old):
+        fields = {renamed[name][1]: value for name, value in old.items() if renamed[name][0] == group}
+        params[group] = merges[group](params.get(group, getattr(est, group, None)), fields)
+        news.append(f"{group}=None" if params[group] is None else
+                    f"{group}={type(params[group]).__name__}({', '.join(f'{f}=...' for f in fields)})")
+    warnings.warn(f"{sorted(old)} are deprecated and will be removed in 0.4: use {', '.join(news)}", FutureWarning,
+                  stacklevel=3)
+    return params
+    news = ", ".join(f"{renamed[name][0]}=...({renamed[name][1]}=...)" for name in old)
+    warnings.warn(f"{sorted(old)} are deprecated and will be removed in 0.4: use {news}", FutureWarning, stacklevel=4)
+    params = {name: value for name, value in params.items() if name not in renamed}
+    for group in dict.fromkeys(renamed[name][0] for name in old):
+        fields = {renamed[name][1]: value for name, value in old.items() if renamed[name][0] == group}
+        params[group] = merges[group](params.get(group, getattr(est, group, None)), fields)
+    return params
+
 def stratified_split(y, fraction, seed):
     """Indices ``(train, validation)``, stratified when every class allows it.
 
@@ -205,6 +290,12 @@ def _as_tensor(a):
     if not isinstance(a, np.ndarray):
         return a
     return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
+
+
+#: The epoch schedule's flat parameters of before: old name → (parameter, its field).
+#: Accepted (``__init__``, ``set_params``, saved specs) with a ``FutureWarning`` until 0.4.
+EPOCH_RENAMED = {name: ("schedule", name) for name in ("patience", "lr_patience", "lr_factor")}
+EPOCH_MERGES = {"schedule": merge_into(EpochSchedule())}
 
 
 class TorchClassifierBase(ClassifierMixin, BaseEstimator):
@@ -275,6 +366,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             A ``ValueError`` naming the parameter, its value and what is allowed.
         """
         self._validate_params()
+        if getattr(self, "schedule", None) is not None:  # a settings object checks its own parameters
+            self.schedule.check_params()
 
     def set_classes(self, classes):
         """Set ``classes_`` to the sorted unique labels of ``classes``.
@@ -586,9 +679,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
         "early_stopping": [StrOptions({"auto"}), "boolean"],
         "validation_metric": [StrOptions({"loss", "f1"})],
-        "patience": [Interval(Integral, 0, None, closed="left"), None],
-        "lr_patience": [Interval(Integral, 0, None, closed="left")],
-        "lr_factor": [Interval(Real, 0, 1, closed="neither")],
+        "schedule": [None, EpochSchedule],
         "dtype": [StrOptions(set(_DTYPES))],
         "device": [str, torch.device],
         "random_state": ["random_state"],
@@ -596,6 +687,16 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         "warm_start": ["boolean"],
         "class_weight": [StrOptions({"balanced"}), dict, None],
     }
+
+    def set_params(self, **params):
+        """Set the parameters (scikit-learn's), the old flat names of
+        :data:`EPOCH_RENAMED` included, with a ``FutureWarning``.
+
+        Returns
+        -------
+        self
+        """
+        return super().set_params(**fold_renamed(self, params, EPOCH_RENAMED, EPOCH_MERGES))
 
     @property
     def torch_dtype_(self):
@@ -762,9 +863,9 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 train, val = np.arange(len(codes)), np.arange(0)
             X_train, X_val = self.module_input(X, train, domains), self.module_input(X, val, domains)
             self._warn_about_input(X_train.X if isinstance(X_train, DomainBatch) else X_train)
-            schedule = PlateauSchedule(self.lr, patience=self.patience if len(val) else None,
-                                       lr_patience=self.lr_patience, lr_factor=self.lr_factor,
-                                       monitor=getattr(self, "validation_metric", "loss"))
+            settings = getattr(self, "schedule", None) or EpochSchedule()  # third-party estimators: the defaults
+            schedule = settings.plateau(self.lr, validating=len(val) > 0,
+                                        monitor=getattr(self, "validation_metric", "loss"))
             first_epoch = len(self.history_)
             w_train, w_val = (None, None) if w is None else (torch.as_tensor(w[train]), torch.as_tensor(w[val]))
             averaging = len(val) > 0 and self._checkpoint_rule(domains) == "average"

@@ -9,7 +9,8 @@ from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.validation import check_is_fitted
 
-from .base import TorchClassifierBase, decision_from_logits, proba_from_logits, resolve_groups
+from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed, decision_from_logits,
+                   proba_from_logits, resolve_groups)
 from .nn import SPDNet, domain_codes
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
 
@@ -165,15 +166,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         in ``docs/benchmarks/unseen-subjects.md``); "best" otherwise.
         ``averaged_epochs_`` records the epochs kept. A federation keeps its best round
         (its own schedule; averaging the clients is its regularizer).
-    patience : int >= 0 or None, default=75
-        Early stopping in ``fit`` (with a validation part): **epochs** without a lower
-        validation loss before training stops; the weights of the epoch with the lowest
-        validation loss are restored. None: no early stopping. (The federated schedule
-        counts rounds and is set on :class:`~skfedspd.FederatedSPDnetClassifier`.)
-    lr_patience : int >= 0, default=20
-        ReduceLROnPlateau patience, in **epochs**, on the validation loss.
-    lr_factor : float in (0, 1), default=0.5
-        ReduceLROnPlateau factor.
+    schedule : EpochSchedule or None, default=None
+        The plateau schedule of ``fit`` with a validation part, counted in **epochs**
+        (:class:`~skfedspd.training.EpochSchedule`: ``patience``, early stopping after that
+        many epochs without a lower validation loss, the best epoch's weights restored;
+        ``lr_patience`` and ``lr_factor``, ReduceLROnPlateau); None: ``EpochSchedule()``
+        (75, 20, 0.5). The old flat ``patience``, ``lr_patience``, ``lr_factor`` still work,
+        with a ``FutureWarning``, until 0.4. (A federation's schedule counts rounds: set on
+        :class:`~skfedspd.FederatedSPDnetClassifier`.)
     recenter_every : int, default=1
         Re-centre the Stiefel charts every this many optimizer steps.
     dtype : {"float64", "float32"}, default="float64"
@@ -303,6 +303,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     (5,)
     """
 
+    @accepts_renamed(EPOCH_RENAMED, EPOCH_MERGES)  # the flat names of before, until 0.4
     def __init__(
         self,
         hidden_dims="auto",
@@ -315,9 +316,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         early_stopping="auto",
         validation_metric="loss",
         checkpoint="auto",
-        patience=75,
-        lr_patience=20,
-        lr_factor=0.5,
+        schedule=None,
         recenter_every=1,
         dtype="float64",
         device="cpu",
@@ -341,9 +340,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.early_stopping = early_stopping
         self.validation_metric = validation_metric
         self.checkpoint = checkpoint
-        self.patience = patience
-        self.lr_patience = lr_patience
-        self.lr_factor = lr_factor
+        self.schedule = schedule
         self.recenter_every = recenter_every
         self.dtype = dtype
         self.device = device

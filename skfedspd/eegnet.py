@@ -89,7 +89,7 @@ import torch.nn.functional as F
 from sklearn.utils._param_validation import Interval, StrOptions
 from torch import nn
 
-from .base import TorchClassifierBase
+from .base import EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed
 from .nn import FederatedModule
 
 __all__ = ["EEGNet", "EEGNetClassifier"]
@@ -485,8 +485,8 @@ class EEGNetClassifier(TorchClassifierBase):
         that motor imagery is decoded from. ``"channel"`` divides each channel by its
         own standard deviation, which erases it (PhysionetMI figures for both in
         ``docs/design-decisions.md``).
-    lr, batch_size, max_epochs, validation_fraction, early_stopping, validation_metric, patience, lr_patience,
-    lr_factor, dtype, device, random_state, verbose, warm_start, class_weight
+    lr, batch_size, max_epochs, validation_fraction, early_stopping, validation_metric, schedule, dtype, device,
+    random_state, verbose, warm_start, class_weight
         As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here, ``lr``
         to the EEGNet paper's 1e-3). The same validation rule: a split only when it holds
         at least ``max(50, 2 · n_classes)`` trials (``early_stopping="auto"``). ``fit(X, y, sample_weight=...)`` weights
@@ -511,11 +511,11 @@ class EEGNetClassifier(TorchClassifierBase):
     ((3,), ['left', 'right'], 128)
     """
 
+    @accepts_renamed(EPOCH_RENAMED, EPOCH_MERGES)  # the flat names of before, until 0.4
     def __init__(self, fs=160.0, F1=8, D=2, F2=16, p1=4, p2=8, dropout=0.25, standardize="trial", lr=1e-3,
                  batch_size=64, max_epochs=300, validation_fraction=0.1, early_stopping="auto",
-                 validation_metric="loss", patience=75, lr_patience=20,
-                 lr_factor=0.5, dtype="float32", device="cpu", random_state=None, verbose=False,
-                 warm_start=False, class_weight=None, norm="batch"):
+                 validation_metric="loss", schedule=None, dtype="float32", device="cpu", random_state=None,
+                 verbose=False, warm_start=False, class_weight=None, norm="batch"):
         self.fs = fs
         self.F1 = F1
         self.D = D
@@ -530,9 +530,7 @@ class EEGNetClassifier(TorchClassifierBase):
         self.validation_fraction = validation_fraction
         self.early_stopping = early_stopping
         self.validation_metric = validation_metric
-        self.patience = patience
-        self.lr_patience = lr_patience
-        self.lr_factor = lr_factor
+        self.schedule = schedule
         self.dtype = dtype
         self.device = device
         self.random_state = random_state

@@ -29,11 +29,8 @@ under ``"skip"`` it is left out and ``{"client", "stage", "reason"}`` joins the 
 import copy
 import numbers
 import warnings
-from numbers import Integral, Real
 
 import numpy as np
-from sklearn.base import BaseEstimator
-from sklearn.utils._param_validation import Interval
 
 from .aggregation import RobustAggregation, client_distances, client_weights, get_aggregation, rule_name
 from .messages import EvalReply, TrainReply
@@ -43,7 +40,6 @@ from .training import PlateauSchedule, derive_seed
 
 __all__ = [
     "FederatedEngine",
-    "RoundSchedule",
     "check_aggregate",
     "declared_weights",
     "is_positive_weight",
@@ -249,51 +245,6 @@ def _robustness_entries(clients, aggregate, kinds, diagnostics):
 
 def _describe(error):
     return f"{type(error).__name__}: {error}"
-
-
-class RoundSchedule(BaseEstimator):
-    """The plateau schedule of a federated fit, counted in **rounds**
-    (``FederatedSPDnetClassifier(schedule=RoundSchedule(...))``).
-
-    After each round the new global model is validated on every client's validation part
-    (macro-F1 and loss weighted by the validation sizes). That score drives
-    ReduceLROnPlateau (``lr_patience`` rounds without improvement, then the clients'
-    learning rate times ``lr_factor``) and early stopping (``patience``); the best global
-    model is kept either way. With partial participation the score is noisier and a round
-    holds fewer client updates: scale ``lr_patience`` (and ``patience``) by ``N / M``
-    (``docs/design-decisions.md``).
-
-    Parameters
-    ----------
-    patience : int or None, default=None
-        Rounds without improvement before the fit stops. None: every round runs (the
-        paper's protocol).
-    lr_patience : int, default=20
-        Rounds without improvement before the learning rate is multiplied by ``lr_factor``
-        (torch's ``ReduceLROnPlateau`` semantics).
-    lr_factor : float in (0, 1], default=0.5
-
-    Examples
-    --------
-    >>> from skfedspd.engine import RoundSchedule
-    >>> RoundSchedule(lr_patience=40).get_params()
-    {'lr_factor': 0.5, 'lr_patience': 40, 'patience': None}
-    """
-
-    _parameter_constraints = {
-        "patience": [Interval(Integral, 1, None, closed="left"), None],
-        "lr_patience": [Interval(Integral, 0, None, closed="left")],
-        "lr_factor": [Interval(Real, 0, 1, closed="right")],
-    }
-
-    def __init__(self, patience=None, lr_patience=20, lr_factor=0.5):
-        self.patience = patience
-        self.lr_patience = lr_patience
-        self.lr_factor = lr_factor
-
-    def check_params(self):
-        """Raise ValueError (naming the parameter) if a parameter is invalid."""
-        self._validate_params()
 
 
 class FederatedEngine:

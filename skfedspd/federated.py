@@ -22,10 +22,10 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS, get_aggregation
-from .base import resolve_groups, training_weights
+from .base import accepts_renamed, fold_renamed, merge_into, resolve_groups, training_weights
 from .classifier import SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
-from .engine import RoundSchedule, n_selected
+from .engine import n_selected
 from .local import fit_local
 from .online import drop_domain_requests
 from .privacy import DPSGD
@@ -33,7 +33,7 @@ from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_
                   local_estimator, run_seed)
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
-from .training import derive_seed
+from .training import RoundSchedule, derive_seed
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "make_clients", "partition_indices"]
 
@@ -139,37 +139,20 @@ RENAMED = {
     "dp_delta": ("privacy", "delta"),
     "dp_clip_norm": ("privacy", "clip_norm"),
 }
-_GROUP_CLASSES = {"schedule": RoundSchedule, "server_optimizer": ServerMomentum, "privacy": DPSGD}
 
 
-def _regroup(fed, params):
-    """``params`` with the old flat names of :data:`RENAMED` folded into their objects (a
-    ``FutureWarning`` names them); any other name passes through. ``dp_epsilon=None``
-    turns privacy off."""
-    old = {name: params[name] for name in params if name in RENAMED}
-    if not old:
-        return params
-    news = ", ".join(f"{RENAMED[name][0]}={_GROUP_CLASSES[RENAMED[name][0]].__name__}({RENAMED[name][1]}=...)"
-                     for name in old)
-    warnings.warn(f"{sorted(old)} are deprecated and will be removed in 0.4: use {news}", FutureWarning, stacklevel=3)
-    params = {name: value for name, value in params.items() if name not in RENAMED}
-    for group, cls in _GROUP_CLASSES.items():
-        fields = {RENAMED[name][1]: value for name, value in old.items() if RENAMED[name][0] == group}
-        if not fields:
-            continue
-        if group == "privacy" and fields.get("epsilon", ...) is None:
-            params[group] = None
-            continue
-        current = params.get(group, getattr(fed, group, None))
-        if current is not None:
-            params[group] = clone(current).set_params(**fields)
-        elif group == "privacy":
-            if "epsilon" not in fields:
-                raise ValueError(f"{sorted(fields)} without privacy: set privacy=DPSGD(epsilon=...) first")
-            params[group] = DPSGD(**fields)
-        else:  # the defaults of the flat parameters: no schedule change, no momentum
-            params[group] = cls(**({"momentum": 0.0} if group == "server_optimizer" else {}) | fields)
-    return params
+def _merge_privacy(current, fields):
+    """``dp_epsilon=None`` turns privacy off; other DP fields need privacy on."""
+    if fields.get("epsilon", ...) is None:
+        return None
+    if current is None and "epsilon" not in fields:
+        raise ValueError(f"{sorted(fields)} without privacy: set privacy=DPSGD(epsilon=...) first")
+    return DPSGD(**fields) if current is None else clone(current).set_params(**fields)
+
+
+# the defaults of the flat parameters: no schedule change, no momentum, no DP
+_MERGES = {"schedule": merge_into(RoundSchedule()), "server_optimizer": merge_into(ServerMomentum(momentum=0.0)),
+           "privacy": _merge_privacy}
 
 
 def _local_estimator_has(name):
@@ -207,7 +190,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         None: every client every round. int: exactly that many. float in (0, 1]:
         ``max(1, floor(fraction * N))`` (the paper's half participation is 0.5).
     schedule : RoundSchedule or None, default=None
-        The plateau schedule, counted in rounds (:class:`~skfedspd.engine.RoundSchedule`:
+        The plateau schedule, counted in rounds (:class:`~skfedspd.training.RoundSchedule`:
         ``patience``, ``lr_patience``, ``lr_factor``); None: ``RoundSchedule()`` (every round
         runs, as in the paper; the learning rate halves after 20 rounds without
         improvement). Reachable as ``schedule__lr_patience`` once set.
@@ -482,6 +465,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "init": [None, HasMethods(["get_params", "predict"])],
     }
 
+    @accepts_renamed(RENAMED, _MERGES)  # the flat names of before, until 0.4
     def __init__(
         self,
         estimator=None,
@@ -511,7 +495,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         privacy=None,
         classes=None,
         init=None,
-        **renamed,
     ):
         self.estimator = estimator
         self.aggregation = aggregation
@@ -540,9 +523,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.privacy = privacy
         self.classes = classes
         self.init = init
-        if renamed:  # the names of before the grouping, for one version
-            for name, value in _regroup(self, renamed).items():
-                setattr(self, name, value)
 
     def set_params(self, **params):
         """Set the parameters (scikit-learn's), the old flat names of :data:`RENAMED`
@@ -552,7 +532,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        return super().set_params(**_regroup(self, params))
+        return super().set_params(**fold_renamed(self, params, RENAMED, _MERGES))
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)

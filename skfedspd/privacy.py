@@ -45,13 +45,12 @@ from numbers import Real
 
 import torch
 import torch.nn.functional as F
-from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval
 from torch.func import functional_call, grad, vmap
 
 from .nn import BiMap
 from .stiefel import tangent_project
-from .training import seeded_torch
+from .training import Settings, seeded_torch
 
 __all__ = [
     "DPSGD",
@@ -767,7 +766,7 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     )
 
 
-class DPSGD(BaseEstimator):
+class DPSGD(Settings):
     """Sample-level differential privacy of a federated fit: DP-SGD at every site
     (``FederatedSPDnetClassifier(privacy=DPSGD(epsilon=8.0))``, ``docs/guide/privacy.md``).
 
@@ -810,7 +809,3 @@ class DPSGD(BaseEstimator):
         self.epsilon = epsilon
         self.delta = delta
         self.clip_norm = clip_norm
-
-    def check_params(self):
-        """Raise ValueError (naming the parameter) if a parameter is invalid."""
-        self._validate_params()

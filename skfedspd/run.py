@@ -30,10 +30,10 @@ from sklearn.base import clone
 
 from .base import uses_validation
 from .classifier import SPDnetClassifier
-from .engine import FederatedEngine, RoundSchedule, declared_weights, is_positive_weight
+from .engine import FederatedEngine, declared_weights, is_positive_weight
 from .messages import SetupReply
 from .server_optimizer import ServerMomentum
-from .training import derive_seed, draw_seed
+from .training import RoundSchedule, derive_seed, draw_seed
 
 __all__ = [
     "FederatedRun",
@@ -335,7 +335,7 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
     >>> engine.n_clients, engine.n_select
     (2, 1)
     """
-    schedule = fed.schedule if fed.schedule is not None else RoundSchedule()
+    schedule = fed.schedule if fed.schedule is not None else RoundSchedule()  # counted in rounds
     optimizer = fed.server_optimizer if fed.server_optimizer is not None else ServerMomentum(momentum=0.0)
     engine = FederatedEngine(est.get_parameters(), est.parameter_kinds(), n_train=n_train, n_val=n_val,
                              train_weights=train_weights, seed=seed, lr=est.lr,
@@ -371,7 +371,10 @@ def _check_init(model, est):
 
 def _probe(shape):
     """A one-sample input of the sites' shape that the estimator's validation accepts
-    (identity matrices), to set the server's shape attributes without any site data."""
+    (identity matrices; ones for vectors), to set the server's shape attributes without any
+    site data."""
+    if len(shape) < 2:
+        return np.ones((1, *shape))
     return np.broadcast_to(np.eye(shape[-2], shape[-1]), (1, *shape)).copy()
 
 

@@ -37,10 +37,10 @@ from numbers import Real
 
 import numpy as np
 import scipy.linalg
-from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval
 
 from .stiefel import lift, retract, tangent_project
+from .training import Settings
 
 __all__ = ["ServerMomentum", "inverse_retract", "server_step", "is_identity_step"]
 
@@ -145,7 +145,7 @@ def server_step(aggregate, previous, momentum, kinds, *, lr=1.0, beta=0.0):
     return new_global, new_momentum
 
 
-class ServerMomentum(BaseEstimator):
+class ServerMomentum(Settings):
     """The server optimizer of a federated fit: FedAvgM on the Stiefel manifold
     (``FederatedSPDnetClassifier(server_optimizer=ServerMomentum())``; :func:`server_step`).
 
@@ -181,7 +181,3 @@ class ServerMomentum(BaseEstimator):
     def __init__(self, lr=1.0, momentum=0.9):
         self.lr = lr
         self.momentum = momentum
-
-    def check_params(self):
-        """Raise ValueError (naming the parameter) if a parameter is invalid."""
-        self._validate_params()

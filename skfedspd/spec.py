@@ -29,7 +29,7 @@ _ALLOWED = {
 }
 #: Allowed as a parameter's value only (``aggregation=``), never as the saved estimator.
 _NESTED = {**{name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum")},
-           "RoundSchedule": "skfedspd.engine", "ServerMomentum": "skfedspd.server_optimizer",
+           "RoundSchedule": "skfedspd.training", "EpochSchedule": "skfedspd.training", "ServerMomentum": "skfedspd.server_optimizer",
            "DPSGD": "skfedspd.privacy"}
 
 

@@ -9,13 +9,16 @@ stepped once per epoch (centralized) or once per round (federated).
 import copy
 import warnings
 from contextlib import contextmanager
+from numbers import Integral, Real
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator
+from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_random_state
 
-__all__ = ["train_epochs", "minibatches", "evaluate", "macro_f1", "PlateauSchedule", "seeded_torch", "derive_seed", "draw_seed", "torch_threads",
-           "optimizer_arrays", "load_optimizer_arrays"]
+__all__ = ["train_epochs", "minibatches", "evaluate", "macro_f1", "PlateauSchedule", "Settings", "EpochSchedule", "RoundSchedule",
+           "seeded_torch", "derive_seed", "draw_seed", "torch_threads", "optimizer_arrays", "load_optimizer_arrays"]
 
 
 def derive_seed(*entropy):
@@ -492,3 +495,113 @@ def warn_skipped(n_skipped, where):
             RuntimeWarning,
             stacklevel=3,
         )
+
+
+class Settings(BaseEstimator):
+    """A group of an estimator's settings as one cloneable parameter object (as the
+    aggregation rules are): scikit-learn's ``get_params`` / ``set_params``, its own
+    validation, and equal when its class and parameters are.
+
+    Examples
+    --------
+    >>> from skfedspd.training import EpochSchedule
+    >>> EpochSchedule(patience=5) == EpochSchedule(patience=5), EpochSchedule() == EpochSchedule(patience=5)
+    (True, False)
+    """
+
+    def check_params(self):
+        """Raise ValueError (naming the parameter) if a parameter is invalid."""
+        self._validate_params()
+
+    def __eq__(self, other):
+        return type(other) is type(self) and other.get_params(deep=False) == self.get_params(deep=False)
+
+    def __hash__(self):
+        return hash((type(self).__name__, repr(sorted(self.get_params(deep=False).items()))))
+
+
+class _ScheduleSettings(Settings):
+    """The settings of a :class:`PlateauSchedule`."""
+
+    def plateau(self, lr, *, validating=True, monitor="loss"):
+        """The :class:`PlateauSchedule` of a fit at learning rate ``lr`` (no early stopping
+        without validation data)."""
+        return PlateauSchedule(lr, patience=self.patience if validating else None, lr_patience=self.lr_patience,
+                               lr_factor=self.lr_factor, monitor=monitor)
+
+
+class EpochSchedule(_ScheduleSettings):
+    """The plateau schedule of a centralized fit, counted in **epochs**
+    (``SPDnetClassifier(schedule=EpochSchedule(...))``; a federated fit's is a
+    :class:`RoundSchedule`).
+
+    On the validation part (when the fit holds one out): ReduceLROnPlateau (``lr_patience``
+    epochs without improvement, then the learning rate times ``lr_factor``) and early
+    stopping (``patience``); without a validation part every epoch runs.
+
+    Parameters
+    ----------
+    patience : int >= 0 or None, default=75
+        Epochs without improvement before the fit stops; None: ``max_epochs`` run.
+    lr_patience : int >= 0, default=20
+        Epochs without improvement before the learning rate is multiplied by ``lr_factor``.
+    lr_factor : float in (0, 1), default=0.5
+
+    Examples
+    --------
+    >>> from skfedspd.training import EpochSchedule
+    >>> EpochSchedule(patience=10).plateau(0.01).lr
+    0.01
+    """
+
+    _parameter_constraints = {
+        "patience": [Interval(Integral, 0, None, closed="left"), None],
+        "lr_patience": [Interval(Integral, 0, None, closed="left")],
+        "lr_factor": [Interval(Real, 0, 1, closed="neither")],
+    }
+
+    def __init__(self, patience=75, lr_patience=20, lr_factor=0.5):
+        self.patience = patience
+        self.lr_patience = lr_patience
+        self.lr_factor = lr_factor
+
+
+class RoundSchedule(_ScheduleSettings):
+    """The plateau schedule of a federated fit, counted in **rounds**
+    (``FederatedSPDnetClassifier(schedule=RoundSchedule(...))``).
+
+    After each round the new global model is validated on every client's validation part
+    (macro-F1 and loss weighted by the validation sizes). That score drives
+    ReduceLROnPlateau (``lr_patience`` rounds without improvement, then the clients'
+    learning rate times ``lr_factor``) and early stopping (``patience``); the best global
+    model is kept either way. With partial participation the score is noisier and a round
+    holds fewer client updates: scale ``lr_patience`` (and ``patience``) by ``N / M``
+    (``docs/design-decisions.md``).
+
+    Parameters
+    ----------
+    patience : int or None, default=None
+        Rounds without improvement before the fit stops. None: every round runs (the
+        paper's protocol).
+    lr_patience : int, default=20
+        Rounds without improvement before the learning rate is multiplied by ``lr_factor``
+        (torch's ``ReduceLROnPlateau`` semantics).
+    lr_factor : float in (0, 1], default=0.5
+
+    Examples
+    --------
+    >>> from skfedspd.training import RoundSchedule
+    >>> RoundSchedule(lr_patience=40).get_params()
+    {'lr_factor': 0.5, 'lr_patience': 40, 'patience': None}
+    """
+
+    _parameter_constraints = {
+        "patience": [Interval(Integral, 1, None, closed="left"), None],
+        "lr_patience": [Interval(Integral, 0, None, closed="left")],
+        "lr_factor": [Interval(Real, 0, 1, closed="right")],
+    }
+
+    def __init__(self, patience=None, lr_patience=20, lr_factor=0.5):
+        self.patience = patience
+        self.lr_patience = lr_patience
+        self.lr_factor = lr_factor

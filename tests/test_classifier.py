@@ -178,7 +178,7 @@ def test_get_params_set_params():
     params = clf.get_params()
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
-        "early_stopping", "validation_metric", "checkpoint", "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
+        "early_stopping", "validation_metric", "checkpoint", "schedule", "recenter_every", "dtype", "device",
         "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_prior_weight", "domain_memory",
         "domain_include_self", "trainable",
     }

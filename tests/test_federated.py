@@ -28,7 +28,6 @@ from sklearn.utils.validation import check_is_fitted
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import Krum, TrimmedMean, projavg
-from skfedspd.engine import RoundSchedule
 from skfedspd.federated import make_clients, partition_indices
 from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
@@ -36,6 +35,7 @@ from skfedspd.privacy import DPSGD
 from skfedspd.run import held_out_fraction, resolved_settings
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.spec import estimator_from_spec, estimator_to_spec
+from skfedspd.training import RoundSchedule
 from skfedspd.stiefel import orthonormality_error
 
 N_CHANNELS = 6
@@ -1562,7 +1562,7 @@ def test_old_names_update_a_set_object_and_dp_epsilon_none_turns_privacy_off():
         fed.set_params(lr_patience=3, dp_epsilon=None)
     assert fed.schedule.get_params() == {"patience": 9, "lr_patience": 3, "lr_factor": 0.5}
     assert fed.privacy is None
-    with pytest.warns(FutureWarning), pytest.raises(ValueError, match="set privacy=DPSGD"):
+    with pytest.raises(ValueError, match="set privacy=DPSGD"):
         FederatedSPDnetClassifier().set_params(dp_delta=1e-6)
 
 
