@@ -6,14 +6,16 @@ from numbers import Integral, Real
 import numpy as np
 import torch
 from sklearn.base import _fit_context
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
+from sklearn.utils.validation import _num_samples, check_is_fitted
 
-from .base import TorchClassifierBase, decision_from_logits, proba_from_logits, resolve_groups
+from .base import TorchClassifierBase, check_groups, decision_from_logits, proba_from_logits, resolve_groups
 from .nn import SPDNet, domain_codes
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
+from .training import predict_logits
 
-__all__ = ["SPDnetClassifier", "check_spd_batch", "auto_hidden_dim", "NO_PRIOR_WARNING"]
+__all__ = ["SPDnetClassifier", "check_spd_batch", "spectral_summary", "input_range", "check_input_range",
+           "INPUT_RANGE_MARGIN", "auto_hidden_dim", "NO_PRIOR_WARNING", "HEAD_ON_RANDOM_WARNING"]
 
 #: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
 #: which is a str or an int.
@@ -24,6 +26,12 @@ NO_PRIOR_WARNING = (
     "deployed without it), so the first trial of a new domain is re-centred by itself alone and its output is the "
     "same whatever the trial. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
     "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
+)
+
+HEAD_ON_RANDOM_WARNING = (
+    "trainable='head' on a new model trains only the linear head on the frozen random BiMaps it starts from (random "
+    "spatial filters). That is meant for a model that starts from trained weights: warm_start=True on a fitted "
+    "model, or FederatedSPDnetClassifier(init=...). Set trainable='all' to train the whole network"
 )
 
 
@@ -46,12 +54,35 @@ def auto_hidden_dim(n_channels):
     return int(min(n_channels, max(8, round(0.28 * n_channels))))
 
 
-def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
+def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
     """Validate a batch of SPD matrices; return it as a float64 array.
 
     Raises ``ValueError`` naming the problem and the index of the first bad matrix: not 3-D,
     not square, wrong size (``n_channels``), not finite, not symmetric (relative tolerance
-    ``sym_rtol`` of the matrix's largest entry), not positive definite.
+    ``sym_rtol`` of the matrix's largest entry), not positive definite **at float64
+    precision**: its smallest eigenvalue must exceed ``n · eps`` (``eps`` = 2.2e-16) times
+    its largest, so a matrix with an eigenvalue of 0, of -1e-16 or of 1e-20 relative to its
+    largest (rank-deficient, or rounded to singular) is refused although a Cholesky
+    factorization may succeed on it; everything computed from it (its logarithm, a running
+    mean, a re-centring) would be rounding noise. Eigenvalues are computed on each matrix
+    divided by its largest entry, so matrices of any finite scale are checked without
+    overflow.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_matrices, n, n)
+    n_channels : int or None
+        The size the matrices must have (None: any).
+    sym_rtol : float
+    return_summary : bool, default=False
+        Also return :func:`spectral_summary`'s statistics of each matrix (computed from the
+        same eigenvalues).
+
+    Returns
+    -------
+    X : ndarray of float64 of shape (n_matrices, n, n)
+    summary : ndarray of shape (n_matrices, 2)
+        Only with ``return_summary``: see :func:`spectral_summary`.
 
     Examples
     --------
@@ -62,7 +93,12 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     >>> check_spd_batch([np.eye(2), np.diag([1.0, -1.0])])
     Traceback (most recent call last):
     ...
-    ValueError: X matrix 1 is not positive definite
+    ValueError: X matrix 1 is not positive definite (smallest eigenvalue -1, largest 1)
+    >>> check_spd_batch([np.eye(2), np.diag([1.0, 1e-20])])
+    Traceback (most recent call last):
+    ...
+    ValueError: X matrix 1 is not numerically positive definite: its smallest eigenvalue is 1e-20 times its largest, \
+below 2 · eps(float64) = 4.4e-16 (a rank-deficient or singular matrix)
     """
     X = np.asarray(X)
     if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
@@ -76,6 +112,8 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
         raise ValueError(f"X must hold square matrices, got matrices of shape {X.shape[1:]}")
     if X.shape[0] == 0:
         raise ValueError("X holds 0 matrices; at least one is required")
+    if X.shape[1] == 0:
+        raise ValueError("X holds matrices of size 0x0")
     if n_channels is not None and X.shape[1] != n_channels:
         raise ValueError(
             f"X has matrices of size {X.shape[1]}x{X.shape[2]}, but the estimator was fitted on "
@@ -90,20 +128,132 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"X matrix {i} is not symmetric (max |X - X^T| = {asym[i]:.3g})")
-    try:
-        np.linalg.cholesky(X)  # batched LAPACK; X untouched (it may be read-only)
-    except np.linalg.LinAlgError:
-        i = next(k for k, M in enumerate(X) if not _cholesky_succeeds(M))
-        raise ValueError(f"X matrix {i} is not positive definite") from None
-    return X
+    # batched LAPACK on entries in [-1, 1]: no overflow (an all-zero matrix stays zero)
+    lam = np.linalg.eigvalsh(X / np.where(scale > 0, scale, 1.0)[:, None, None])
+    n = X.shape[1]
+    rcond = n * np.finfo(np.float64).eps
+    negative = lam[:, 0] <= 0
+    if negative.any():
+        i = int(np.argmax(negative))
+        raise ValueError(f"X matrix {i} is not positive definite (smallest eigenvalue {lam[i, 0] * scale[i]:.3g}, "
+                         f"largest {lam[i, -1] * scale[i]:.3g})")
+    singular = lam[:, 0] <= rcond * lam[:, -1]
+    if singular.any():
+        i = int(np.argmax(singular))
+        raise ValueError(f"X matrix {i} is not numerically positive definite: its smallest eigenvalue is "
+                         f"{lam[i, 0] / lam[i, -1]:.3g} times its largest, below {n} · eps(float64) = {rcond:.2g} "
+                         "(a rank-deficient or singular matrix)")
+    if not return_summary:
+        return X
+    log_lam = np.log10(lam)
+    summary = np.stack([log_lam.mean(axis=1) + np.log10(scale), log_lam[:, -1] - log_lam[:, 0]], axis=1)
+    return X, summary
 
 
-def _cholesky_succeeds(M):
-    try:
-        np.linalg.cholesky(M)
-    except np.linalg.LinAlgError:
-        return False
-    return True
+def spectral_summary(X):
+    """Two statistics of each SPD matrix that no EEG recording in fixed units moves far:
+    ``log10`` of the geometric mean of its eigenvalues (``log10 det(X) / n``: its scale,
+    e.g. +12 for a covariance in µV² when the model was fitted in V²) and ``log10`` of its
+    condition number (largest over smallest eigenvalue).
+
+    :class:`SPDnetClassifier` and :class:`~skfedspd.Recenter` record their range over the
+    training matrices (``input_range_``) and refuse a matrix beyond it by more than
+    :data:`INPUT_RANGE_MARGIN` before it reaches any domain's statistics
+    (:func:`check_input_range`).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_matrices, n, n)
+        SPD matrices (validated by :func:`check_spd_batch`).
+
+    Returns
+    -------
+    ndarray of shape (n_matrices, 2)
+        Columns ``log_scale`` and ``log_condition``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import spectral_summary
+    >>> spectral_summary([np.diag([1.0, 100.0]), np.diag([1e-12, 1e-12])])
+    array([[  1.,   2.],
+           [-12.,   0.]])
+    """
+    return check_spd_batch(X, return_summary=True)[1]
+
+
+#: How far beyond its training range (in decades, ``log10`` units) a matrix's
+#: :func:`spectral_summary` may lie before :func:`check_input_range` refuses it: a scale
+#: (geometric mean of the eigenvalues, i.e. the power) 1000 times above the largest or
+#: below the smallest seen in training, and a condition number 1e5 times the largest seen.
+#: An electrode that pops (one channel 100 times its amplitude: its power ×1e4) moves the
+#: scale of an ``n``-channel matrix by ``4 / n`` decades and its condition number by at
+#: most 4 decades, so it passes; a trial in other units (µV² for V²: 12 decades), or
+#: overflowing, or nearly singular, does not.
+INPUT_RANGE_MARGIN = {"log_scale": 3.0, "log_condition": 5.0}
+
+_SUMMARY_NAMES = {"log_scale": "scale (log10 of the geometric mean of its eigenvalues)",
+                  "log_condition": "condition number (log10 of largest / smallest eigenvalue)"}
+
+
+def input_range(summary, previous=None):
+    """The ``input_range_`` of training matrices (their :func:`spectral_summary`), the
+    union with a ``previous`` range when given: ``{"log_scale": [low, high],
+    "log_condition": [low, high]}`` (plain floats: saved as JSON)."""
+    summary = np.asarray(summary, dtype=np.float64)
+    result = {name: [float(summary[:, j].min()), float(summary[:, j].max())] for j, name in enumerate(_SUMMARY_NAMES)}
+    if previous is not None:
+        result = {name: [min(low, previous[name][0]), max(high, previous[name][1])]
+                  for name, (low, high) in result.items()}
+    return result
+
+
+def check_input_range(summary, fitted_range, *, scale_invariant=False, what="X"):
+    """Refuse matrices whose :func:`spectral_summary` lies beyond ``fitted_range`` (an
+    ``input_range_``) by more than :data:`INPUT_RANGE_MARGIN`. Only the upper end of the
+    condition number is checked; the scale is not when ``scale_invariant`` (a model that
+    divides each matrix by its trace). ``fitted_range`` None (a model saved before the
+    range existed): nothing is checked.
+
+    Raises
+    ------
+    ValueError
+        Naming the first matrix out of range, its statistic, the training range and the
+        accepted one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import check_input_range, input_range, spectral_summary
+    >>> fitted = input_range(spectral_summary(np.stack([np.eye(3), 2 * np.eye(3)])))
+    >>> check_input_range(spectral_summary(100 * np.eye(3)[None]), fitted)
+    >>> check_input_range(spectral_summary(1e30 * np.eye(3)[None]), fitted)  # doctest: +NORMALIZE_WHITESPACE
+    Traceback (most recent call last):
+    ...
+    ValueError: X matrix 0 is far outside the matrices the model was fitted on: its scale (log10 of the geometric \
+mean of its eigenvalues) is 30, the training matrices span [0, 0.301] and up to 3 decades beyond are \
+accepted ([-3, 3.3]). A matrix in other units (e.g. µV² for V²), an amplifier fault or a wrong \
+scaling would corrupt the statistics of its domain: rescale it, or refit on such data.
+    """
+    if fitted_range is None:
+        return
+    summary = np.asarray(summary)
+    for j, name in enumerate(_SUMMARY_NAMES):
+        if name == "log_scale" and scale_invariant:
+            continue
+        low, high = fitted_range[name]
+        margin = INPUT_RANGE_MARGIN[name]
+        accepted_low = low - margin if name == "log_scale" else -np.inf
+        bad = (summary[:, j] < accepted_low) | (summary[:, j] > high + margin)
+        if bad.any():
+            i = int(np.argmax(bad))
+            accepted = f"[{accepted_low:.3g}, {high + margin:.3g}]" if name == "log_scale" else f"up to {high + margin:.3g}"
+            raise ValueError(
+                f"{what} matrix {i} is far outside the matrices the model was fitted on: its {_SUMMARY_NAMES[name]} "
+                f"is {summary[i, j]:.3g}, the training matrices span [{low:.3g}, {high:.3g}] and up to {margin:g} "
+                f"decades beyond are accepted ({accepted}). A matrix in other units (e.g. µV² for V²), an amplifier "
+                "fault or a wrong scaling would corrupt the statistics of its domain: rescale it, or refit on such "
+                "data.")
 
 
 class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
@@ -237,6 +387,13 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         training never does (there each trial is one of its whole domain's minibatch).
         So a new domain's first trial is scored exactly as without adaptation. The
         statistics stored are the same either way.
+    max_domains : int >= 1 or None, default=None
+        The most domains whose statistics are stored (``batchnorm="domain"``). When a call
+        would store more, the least recently used domains (those whose statistics were
+        updated longest ago) are forgotten, with a ``UserWarning`` naming them: a
+        long-running service that meets a new subject every session then holds bounded
+        memory (about 2 KB per domain at 64 channels). None: no bound; forget domains with
+        :meth:`reset_domain` (one label, several, or all).
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
@@ -244,16 +401,32 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         ``FederatedSPDnetClassifier(init=...)``). Frozen
         weights get no gradient: under DP-SGD they are neither clipped nor noised, so the
         privatized dimension shrinks to the head's and the noise per coordinate falls for
-        the same clip norm and budget (:mod:`skfedspd.privacy`).
+        the same clip norm and budget (:mod:`skfedspd.privacy`). On a new model (``fit``
+        without a warm start, the first ``partial_fit``) it warns
+        (:data:`HEAD_ON_RANDOM_WARNING`) rather than refusing: a head on frozen random
+        BiMaps is a legitimate random-features baseline, but rarely what was meant.
 
-    All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
-    ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
+    Every parameter is validated at ``fit`` (scikit-learn's ``_parameter_constraints``);
+    those that prediction reads (``scaling``, ``domain_prior_weight``, ``domain_memory``,
+    ``domain_include_self``, ``max_domains``) are validated again, by the same constraints,
+    at every prediction or adaptation, so a ``set_params`` after ``fit`` gets the same
+    error naming the parameter. Prediction and adaptation refuse matrices that are not
+    positive definite at float64 precision (:func:`check_spd_batch`) or that lie far
+    outside the training matrices' scale and condition number (``input_range_``,
+    :func:`check_input_range`), before any domain statistic changes. A ``fit``,
+    ``partial_fit`` or prediction that raises leaves the estimator as it was.
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
     n_features_in_ : int
         Number of channels (matrix size).
+    input_range_ : dict
+        The training matrices' range of :func:`spectral_summary` statistics:
+        ``{"log_scale": [low, high], "log_condition": [low, high]}`` (decades); grows with
+        warm-started fits and ``partial_fit`` batches. Matrices beyond it by more than
+        :data:`INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model saved
+        before it existed (nothing is then checked but positive definiteness).
     scale_ : float or None
         Input scaling factor fitted with ``scaling="auto"`` (1.0 for a float/None scaling).
     module_ : SPDNet
@@ -329,6 +502,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         domain_prior_weight=1.0,
         domain_memory=None,
         domain_include_self=False,
+        max_domains=None,
         trainable="all",
     ):
         self.hidden_dims = hidden_dims
@@ -355,6 +529,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.domain_prior_weight = domain_prior_weight
         self.domain_memory = domain_memory
         self.domain_include_self = domain_include_self
+        self.max_domains = max_domains
         self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
@@ -397,10 +572,16 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             With ``batchnorm="domain"``: stored domains forgotten, the prior computed
             (:meth:`fit_domain_prior` on ``X`` and ``groups``).
         """
-        groups = resolve_groups(groups, subjects)
+        groups = check_groups(resolve_groups(groups, subjects), _num_samples(X))
         domains = self.fit_domains(groups, len(X))
+        warm = self.warm_start and self.__sklearn_is_fitted__()
+        if self.trainable == "head" and not warm:
+            warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
         with self._atomic():
+            previous = getattr(self, "input_range_", None) if warm else None
             self._fit(X, y, domains, sample_weight=sample_weight)
+            if previous is not None:  # the training range grows with every fit that continues this model
+                self.input_range_ = input_range(spectral_summary(X), previous)
             # New weights: the statistics of the old ones (domains, prior) no longer apply.
             self.domain_statistics_ = None
             if self.batchnorm == "domain":
@@ -418,7 +599,13 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         -------
         self
         """
+        first = not self.__sklearn_is_fitted__()
+        if first and self.trainable == "head":
+            warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
+        previous = getattr(self, "input_range_", None)
         super().partial_fit(X, y, classes=classes, sample_weight=sample_weight)
+        if not first and previous is not None:  # the training range grows with every batch
+            self.input_range_ = input_range(spectral_summary(X), previous)
         self.domain_statistics_ = None
         return self
 
@@ -433,6 +620,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
         "domain_memory": [Interval(Real, 2, None, closed="left"), None],
         "domain_include_self": ["boolean"],
+        "max_domains": [Interval(Integral, 1, None, closed="left"), None],
         "trainable": [StrOptions({"all", "head"})],
     }
 
@@ -455,13 +643,30 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return dims
 
     def _check_array(self, X, reset):
-        X = check_spd_batch(X, None if reset else self.n_features_in_)
-        if reset:
-            dims = (X.shape[1],) + self._hidden_dims(X.shape[1])
-            if any(b > a for a, b in zip(dims, dims[1:])):
-                raise ValueError(f"hidden_dims {dims[1:]} must not increase from {X.shape[1]} channels")
-            self.n_features_in_ = X.shape[1]
+        if not reset:
+            return check_spd_batch(X, self.n_features_in_)
+        X, summary = check_spd_batch(X, return_summary=True)
+        dims = (X.shape[1],) + self._hidden_dims(X.shape[1])
+        if any(b > a for a, b in zip(dims, dims[1:])):
+            raise ValueError(f"hidden_dims {dims[1:]} must not increase from {X.shape[1]} channels")
+        self.n_features_in_ = X.shape[1]
+        self.input_range_ = input_range(summary)
         return X
+
+    def _check_prediction_input(self, X):
+        """``X`` validated for prediction or adaptation: SPD at float64 precision, of the
+        fitted size, and within the training range (``input_range_``, :func:`check_input_range`);
+        the parameters used at prediction validated as :meth:`fit` does (they may have been
+        changed by ``set_params`` since). Runs before any domain statistic is touched."""
+        self._check_prediction_params()
+        X, summary = check_spd_batch(X, self.n_features_in_, return_summary=True)
+        check_input_range(summary, getattr(self, "input_range_", None), scale_invariant=self.scaling == "trace")
+        return X
+
+    def _check_prediction_params(self):
+        names = ("scaling", "domain_prior_weight", "domain_memory", "domain_include_self", "max_domains")
+        validate_parameter_constraints({name: self._parameter_constraints[name] for name in names},
+                                       {name: getattr(self, name) for name in names}, caller_name=type(self).__name__)
 
     def input_statistic(self, X, sample_weight=None):
         """Mean over matrices of ``log(trace(X)/n)`` (weighted by ``sample_weight`` if given):
@@ -479,7 +684,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         float
         """
         n = X.shape[-1]
-        return float(np.average(np.log(np.trace(X, axis1=1, axis2=2) / n), weights=sample_weight))
+        with np.errstate(over="ignore"):
+            traces = np.trace(X, axis1=1, axis2=2)
+        log_traces = np.log(traces / n)
+        overflow = ~np.isfinite(log_traces)
+        if overflow.any():  # entries near the float64 maximum: the trace of the matrix divided by its largest entry
+            big = np.abs(X[overflow]).max(axis=(1, 2))
+            log_traces[overflow] = np.log(np.trace(X[overflow] / big[:, None, None], axis1=1, axis2=2) / n) + np.log(big)
+        return float(np.average(log_traces, weights=sample_weight))
 
     def set_input_statistic(self, log_mean_trace):
         """Set ``scale_``: ``exp(-log_mean_trace)`` for ``scaling="auto"``, the constant for a
@@ -499,7 +711,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     @staticmethod
     def _fitted_attributes():
-        return TorchClassifierBase._fitted_attributes() + ("scale_",)
+        return TorchClassifierBase._fitted_attributes() + ("scale_", "input_range_")
 
     def fitted_state(self):
         """:meth:`TorchClassifierBase.fitted_state`, plus the domain statistics (the prior
@@ -525,8 +737,11 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             self.domain_statistics_ = None
             if stats_meta is not None:
                 self._check_domain_support("saved domain statistics")
-                self.domain_statistics_ = DomainStatistics.from_state(stats_arrays, stats_meta, self.torch_dtype_,
-                                                                      self.device)
+                if not isinstance(stats_meta, dict):
+                    raise ValueError(f"domain_statistics must be a JSON object, got {stats_meta!r}")
+                self.domain_statistics_ = DomainStatistics.from_state(
+                    stats_arrays, stats_meta, self.torch_dtype_, self.device,
+                    sizes=[int(n) for n in self._hidden_dims(self.n_features_in_)])
 
     def to_tensor(self, X):
         """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.
@@ -540,11 +755,33 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         -------
         torch.Tensor
         """
+        self._check_working_range(X)
         if self.scaling == "trace":
             X = X * (X.shape[-1] / np.trace(X, axis1=1, axis2=2))[:, None, None]
         else:
             X = X * self.scale_
         return torch.as_tensor(X, dtype=self.torch_dtype_, device=self.device)
+
+    def _check_working_range(self, X):
+        """Refuse matrices whose largest entry, once scaled, leaves the range in which
+        ``dtype`` computes eigenvalues without overflow or underflow (the square roots of its
+        largest and smallest normal numbers, as LAPACK's safe range): e.g. a 1e308 trial
+        with ``scaling=10``, which would overflow to infinity."""
+        info = np.finfo(np.dtype(self.dtype))
+        low, high = np.log10(np.sqrt(info.tiny)), np.log10(np.sqrt(info.max))
+        log_max = np.log10(np.abs(X).max(axis=(1, 2)))
+        if self.scaling == "trace":  # entries within [1, n] of trace / n, unless the trace overflows
+            with np.errstate(over="ignore"):
+                finite = np.isfinite(np.trace(X, axis1=1, axis2=2))
+            log_max = np.where(finite, 0.0, log_max + np.log10(X.shape[-1]))
+        else:
+            log_max = log_max + np.log10(self.scale_)
+        bad = (log_max < low) | (log_max > high)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"X matrix {i} has entries of magnitude 1e{log_max[i]:.0f} after scaling (scaling="
+                             f"{self.scaling!r}, scale_={self.scale_:.3g}): outside the range in which {self.dtype} "
+                             f"computes eigenvalues reliably ([1e{low:.0f}, 1e{high:.0f}]); rescale the input")
 
     def _build_module(self, seed):
         module = SPDNet(
@@ -553,6 +790,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         )
         self._apply_trainable(module)
         return module
+
+    def _module_state_shapes(self):
+        return SPDNet.state_shapes(self.n_features_in_, self._hidden_dims(self.n_features_in_), len(self.classes_),
+                                   self.batchnorm)
 
     def _apply_trainable(self, module):
         """Freeze what ``trainable`` leaves out (no gradient, hence no update nor DP noise)."""
@@ -597,31 +838,32 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return stats
 
     def _adapted_logits(self, X, domain, *, keep, predict=True):
-        """Update the domains of ``X``'s trials (``domain``; None: one temporary domain),
-        then the logits of ``X`` (or None when not ``predict``). Everything is validated
-        before any statistic changes; ``keep`` stores the updated domains."""
-        check_is_fitted(self)
-        X = self.check_inputs(X, reset=False)
+        """Update the domains of the trials of ``X`` (validated by
+        :meth:`_check_prediction_input`; ``domain`` None: one temporary domain), then the
+        logits of ``X`` (or None when not ``predict``). Everything is validated before any
+        statistic changes; ``keep`` stores the updated domains."""
         labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
         stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
+        Xt = self.to_tensor(X)
         with torch.no_grad():
-            logits = self.module_.adapted_forward(self.to_tensor(X), stats, work, labels, predict=predict,
+            logits = self.module_.adapted_forward(Xt, stats, work, labels, predict=predict,
                                                   include_self=self.domain_include_self)
         if predict and stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING, UserWarning, stacklevel=4)
         if keep:
-            stats.commit(work)
+            stats.commit(work, self.max_domains)
             self.domain_statistics_ = stats
         return None if logits is None else logits.cpu().numpy()
 
     def _logits(self, X, domain=None):
+        check_is_fitted(self)
+        if domain is not None and self.batchnorm != "domain":
+            self._check_domain_support("domain=")
+        X = self._check_prediction_input(X)
         if self.batchnorm == "domain":
             return self._adapted_logits(X, domain, keep=domain is not None)
-        if domain is not None:
-            check_is_fitted(self)
-            self._check_domain_support("domain=")
-        return super()._logits(X)
+        return predict_logits(self.module_, self.to_tensor(X)).cpu().numpy()
 
     def decision_function(self, X, domain=None):
         """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, the
@@ -705,7 +947,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self._check_domain_support("adapt")
         if domain is None:
             raise ValueError("adapt needs the domain the trials belong to (domain=...)")
-        self._adapted_logits(X, domain, keep=True, predict=False)
+        self._adapted_logits(self._check_prediction_input(X), domain, keep=True, predict=False)
         return self
 
     @property
@@ -734,6 +976,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         check_is_fitted(self)
         self._check_domain_support("domain_prior_statistics")
         X = self.check_inputs(X, reset=False)
+        groups = check_groups(groups, len(X))
         codes = np.zeros(len(X), dtype=np.intp) if groups is None else domain_codes(groups, len(X))
         sums = None
         with torch.no_grad():

@@ -180,6 +180,7 @@ def test_get_params_set_params():
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
         "early_stopping", "validation_metric", "checkpoint", "patience", "lr_patience", "lr_factor", "recenter_every", "dtype", "device",
         "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_prior_weight", "domain_memory",
+        "max_domains",
         "domain_include_self", "trainable",
     }
     assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
@@ -1475,7 +1476,7 @@ def test_domain_batchnorm_prediction_is_one_call_beyond_predict_chunks(data):
 
 def test_groups_of_the_wrong_length(data):
     X, y = data
-    with pytest.raises(ValueError, match="one label per matrix"):
+    with pytest.raises(ValueError, match=f"groups has {len(X) - 1} entries but X has {len(X)} samples"):
         make_clf(batchnorm="domain").fit(X, y, groups=np.zeros(len(X) - 1))
 
 
