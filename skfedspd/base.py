@@ -670,6 +670,10 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             for name, value in arrays.items():
                 if not name.startswith("rng.") and not (value.dtype.kind in "biuf" and np.isfinite(value).all()):
                     raise ValueError(f"array {name!r} is not finite numbers")
+            optimizer = meta.get("optimizer")
+            if optimizer is not None and (not isinstance(optimizer, list)
+                                          or not all(isinstance(group, dict) for group in optimizer)):
+                raise ValueError(f"the optimizer state must be a list of parameter groups, got {optimizer!r}")
             for name, value in attributes.items():
                 setattr(self, name, value)
             module_arrays = {k[7:]: v for k, v in arrays.items() if k.startswith("module.")}
@@ -681,10 +685,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             for name, value in attributes.items():  # init_module reset the history
                 setattr(self, name, value)
             _load_module_state(self.module_, module_arrays)
-            optimizer = meta.get("optimizer")
             if optimizer is not None:
-                if not isinstance(optimizer, list) or not all(isinstance(group, dict) for group in optimizer):
-                    raise ValueError(f"the optimizer state must be a list of parameter groups, got {optimizer!r}")
                 self._restore_session(arrays, optimizer)
 
     def _module_state_shapes(self):

@@ -9,7 +9,7 @@ from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import _num_samples, check_is_fitted
 
-from .base import TorchClassifierBase, check_groups, decision_from_logits, proba_from_logits, resolve_groups
+from .base import TorchClassifierBase, check_fitted_attributes, check_groups, decision_from_logits, proba_from_logits, resolve_groups
 from .nn import SPDNet, domain_codes
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
 from .training import predict_logits
@@ -725,23 +725,27 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
-        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics."""
+        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics
+        (validated first, like everything else, before the network is built)."""
         prefix = "domain_statistics."
         stats_arrays = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        stats_meta = meta.get("domain_statistics")
+        stats_meta = meta.get("domain_statistics") if isinstance(meta, dict) else None
         if stats_arrays and stats_meta is None:
             raise ValueError("domain statistics arrays without their metadata")
         with self._atomic():
-            super().restore_fitted_state({k: v for k, v in arrays.items() if not k.startswith(prefix)},
-                                         {k: v for k, v in meta.items() if k != "domain_statistics"})
-            self.domain_statistics_ = None
+            stats = None
             if stats_meta is not None:
+                self.check_params()
                 self._check_domain_support("saved domain statistics")
                 if not isinstance(stats_meta, dict):
                     raise ValueError(f"domain_statistics must be a JSON object, got {stats_meta!r}")
-                self.domain_statistics_ = DomainStatistics.from_state(
-                    stats_arrays, stats_meta, self.torch_dtype_, self.device,
-                    sizes=[int(n) for n in self._hidden_dims(self.n_features_in_)])
+                check_fitted_attributes(meta.get("attributes"), self._fitted_attributes())
+                n_features = meta["attributes"]["n_features_in_"]
+                stats = DomainStatistics.from_state(stats_arrays, stats_meta, self.torch_dtype_, self.device,
+                                                    sizes=[int(n) for n in self._hidden_dims(n_features)])
+            super().restore_fitted_state({k: v for k, v in arrays.items() if not k.startswith(prefix)},
+                                         {k: v for k, v in meta.items() if k != "domain_statistics"})
+            self.domain_statistics_ = stats
 
     def to_tensor(self, X):
         """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.

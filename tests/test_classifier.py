@@ -1181,7 +1181,8 @@ def test_trainable_head_updates_the_head_alone(data, batchnorm):
     changed = {name for name in before if not np.array_equal(before[name], after[name])}
     assert {"head.weight", "head.bias"} <= changed
     assert not any(name.startswith(("bimaps.", "batchnorms.")) and "running_mean" not in name for name in changed)
-    fresh = make_clf(trainable="head", max_epochs=1).fit(X, y)
+    with pytest.warns(UserWarning, match="frozen random BiMaps"):  # a new model: random spatial filters
+        fresh = make_clf(trainable="head", max_epochs=1).fit(X, y)
     assert [n for n, p in fresh.module_.named_parameters() if p.requires_grad] == ["head.weight", "head.bias"]
 
 
