@@ -9,7 +9,8 @@ from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import _num_samples, check_is_fitted
 
-from .base import TorchClassifierBase, check_fitted_attributes, check_groups, decision_from_logits, proba_from_logits, resolve_groups
+from .base import (TorchClassifierBase, check_fitted_attributes, check_groups, decision_from_logits, proba_from_logits,
+                   resolve_groups)
 from .nn import SPDNet, domain_codes
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
 from .training import predict_logits
@@ -199,7 +200,18 @@ _SUMMARY_NAMES = {"log_scale": "scale (log10 of the geometric mean of its eigenv
 def input_range(summary, previous=None):
     """The ``input_range_`` of training matrices (their :func:`spectral_summary`), the
     union with a ``previous`` range when given: ``{"log_scale": [low, high],
-    "log_condition": [low, high]}`` (plain floats: saved as JSON)."""
+    "log_condition": [low, high]}`` (plain floats: saved as JSON).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import input_range, spectral_summary
+    >>> first = input_range(spectral_summary([np.eye(2), np.diag([10.0, 1000.0])]))
+    >>> first
+    {'log_scale': [0.0, 2.0], 'log_condition': [0.0, 2.0]}
+    >>> input_range(spectral_summary([1e-4 * np.eye(2)]), first)  # a partial_fit batch widens it
+    {'log_scale': [-4.0, 2.0], 'log_condition': [0.0, 2.0]}
+    """
     summary = np.asarray(summary, dtype=np.float64)
     result = {name: [float(summary[:, j].min()), float(summary[:, j].max())] for j, name in enumerate(_SUMMARY_NAMES)}
     if previous is not None:
@@ -247,7 +259,8 @@ scaling would corrupt the statistics of its domain: rescale it, or refit on such
         bad = (summary[:, j] < accepted_low) | (summary[:, j] > high + margin)
         if bad.any():
             i = int(np.argmax(bad))
-            accepted = f"[{accepted_low:.3g}, {high + margin:.3g}]" if name == "log_scale" else f"up to {high + margin:.3g}"
+            accepted = (f"[{accepted_low:.3g}, {high + margin:.3g}]" if name == "log_scale"
+                        else f"up to {high + margin:.3g}")
             raise ValueError(
                 f"{what} matrix {i} is far outside the matrices the model was fitted on: its {_SUMMARY_NAMES[name]} "
                 f"is {summary[i, j]:.3g}, the training matrices span [{low:.3g}, {high:.3g}] and up to {margin:g} "
@@ -572,7 +585,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             With ``batchnorm="domain"``: stored domains forgotten, the prior computed
             (:meth:`fit_domain_prior` on ``X`` and ``groups``).
         """
-        groups = check_groups(resolve_groups(groups, subjects), _num_samples(X))
+        groups = resolve_groups(groups, subjects)
+        groups = None if groups is None else check_groups(groups, _num_samples(X))
         domains = self.fit_domains(groups, len(X))
         warm = self.warm_start and self.__sklearn_is_fitted__()
         if self.trainable == "head" and not warm:
@@ -690,7 +704,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         overflow = ~np.isfinite(log_traces)
         if overflow.any():  # entries near the float64 maximum: the trace of the matrix divided by its largest entry
             big = np.abs(X[overflow]).max(axis=(1, 2))
-            log_traces[overflow] = np.log(np.trace(X[overflow] / big[:, None, None], axis1=1, axis2=2) / n) + np.log(big)
+            log_traces[overflow] = (np.log(np.trace(X[overflow] / big[:, None, None], axis1=1, axis2=2) / n)
+                                    + np.log(big))
         return float(np.average(log_traces, weights=sample_weight))
 
     def set_input_statistic(self, log_mean_trace):

@@ -466,7 +466,8 @@ class DomainStatistics:
             except TypeError as error:
                 raise ValueError(f"domain statistics label: {error}") from None
             weight, n_trials = entry["weight"], entry["n_trials"]
-            if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not np.isfinite(weight) or weight < 0:
+            if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not np.isfinite(weight)
+                    or weight < 0):
                 raise ValueError(f"domain {entry['label']!r}: weight must be a finite number >= 0, got {weight!r}")
             if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0:
                 raise ValueError(f"domain {entry['label']!r}: n_trials must be an int >= 0, got {n_trials!r}")

@@ -336,8 +336,8 @@ def test_groups_with_nan_none_or_mixed_types_are_refused(fitted, data, case, cal
     make = {"SPDnetClassifier.fit": lambda: SPDnetClassifier(batchnorm="domain", max_epochs=1).fit(X, y, groups=groups),
             "Recenter.fit_transform": lambda: Recenter().fit_transform(X, groups=groups),
             "federated fit": lambda: FederatedSPDnetClassifier(n_rounds=1).fit(X, y, groups=groups),
-            "federated fit, 5 groups per client": lambda: FederatedSPDnetClassifier(n_rounds=1, groups_per_client=5).fit(
-                X, y, groups=groups)}[call]
+            "federated fit, 5 groups per client": lambda: FederatedSPDnetClassifier(
+                n_rounds=1, groups_per_client=5).fit(X, y, groups=groups)}[call]
     with pytest.raises(ValueError, match=f"groups {message}") as error:
         make()
     assert "sample_weight" not in str(error.value)
