@@ -436,10 +436,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         Number of channels (matrix size).
     input_range_ : dict
         The training matrices' range of :func:`spectral_summary` statistics:
-        ``{"log_scale": [low, high], "log_condition": [low, high]}`` (decades); grows with
-        warm-started fits and ``partial_fit`` batches. Matrices beyond it by more than
-        :data:`INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model saved
-        before it existed (nothing is then checked but positive definiteness).
+        ``{"log_scale": [low, high], "log_condition": [low, high]}`` (decades), set by
+        ``fit`` and ``partial_fit`` (it grows with warm-started fits and later batches) and
+        by :meth:`fit_domain_prior` (which a federated fit with ``batchnorm="domain"``
+        calls on its training data). Matrices beyond it by more than
+        :data:`INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model without
+        it (saved before it existed, or federated without domain batch norm or from a
+        deployment whose data stay on the sites): only positive definiteness is then
+        checked.
     scale_ : float or None
         Input scaling factor fitted with ``scaling="auto"`` (1.0 for a float/None scaling).
     module_ : SPDNet
@@ -594,8 +598,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         with self._atomic():
             previous = getattr(self, "input_range_", None) if warm else None
             self._fit(X, y, domains, sample_weight=sample_weight)
-            if previous is not None:  # the training range grows with every fit that continues this model
-                self.input_range_ = input_range(spectral_summary(X), previous)
+            # the training range grows with every fit that continues this model
+            self.input_range_ = input_range(spectral_summary(X), previous)
             # New weights: the statistics of the old ones (domains, prior) no longer apply.
             self.domain_statistics_ = None
             if self.batchnorm == "domain":
@@ -616,10 +620,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         first = not self.__sklearn_is_fitted__()
         if first and self.trainable == "head":
             warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
-        previous = getattr(self, "input_range_", None)
+        previous = None if first else getattr(self, "input_range_", None)
         super().partial_fit(X, y, classes=classes, sample_weight=sample_weight)
-        if not first and previous is not None:  # the training range grows with every batch
-            self.input_range_ = input_range(spectral_summary(X), previous)
+        self.input_range_ = input_range(spectral_summary(X), previous)  # grows with every batch
         self.domain_statistics_ = None
         return self
 
@@ -657,14 +660,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return dims
 
     def _check_array(self, X, reset):
-        if not reset:
-            return check_spd_batch(X, self.n_features_in_)
-        X, summary = check_spd_batch(X, return_summary=True)
-        dims = (X.shape[1],) + self._hidden_dims(X.shape[1])
-        if any(b > a for a, b in zip(dims, dims[1:])):
-            raise ValueError(f"hidden_dims {dims[1:]} must not increase from {X.shape[1]} channels")
-        self.n_features_in_ = X.shape[1]
-        self.input_range_ = input_range(summary)
+        X = check_spd_batch(X, None if reset else self.n_features_in_)
+        if reset:
+            dims = (X.shape[1],) + self._hidden_dims(X.shape[1])
+            if any(b > a for a, b in zip(dims, dims[1:])):
+                raise ValueError(f"hidden_dims {dims[1:]} must not increase from {X.shape[1]} channels")
+            self.n_features_in_ = X.shape[1]
         return X
 
     def _check_prediction_input(self, X):
@@ -1044,8 +1045,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         Returns
         -------
         self
+            Its ``input_range_`` also covers ``X`` (a federated fit gets its training range
+            here, where the training data are in the process).
         """
-        return self.set_domain_prior(*self.domain_prior_statistics(X, groups))
+        statistics = self.domain_prior_statistics(X, groups)  # validates X and groups
+        summary = spectral_summary(X)
+        self.set_domain_prior(*statistics)
+        self.input_range_ = input_range(summary, getattr(self, "input_range_", None))
+        return self
 
     def _warn_about_input(self, Xt):
         fractions = self.module_.eigenvalue_clamp_fraction(Xt[:256])

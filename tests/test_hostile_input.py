@@ -395,7 +395,7 @@ def test_init_that_is_not_a_local_model_says_so(data):
     X, y, groups = data
     logistic = LogisticRegression().fit(X.reshape(len(X), -1), y)
     fed = FederatedSPDnetClassifier(n_rounds=1, init=logistic)
-    with pytest.raises(ValueError, match="got a LogisticRegression, which is not one: it has no get_parameters") as e:
+    with pytest.raises(ValueError, match="a LogisticRegression is not one") as e:
         fed.fit(X, y, groups=groups)
     assert "unfitted" not in str(e.value)
 
@@ -472,3 +472,22 @@ def test_a_header_cannot_request_a_network_larger_than_its_arrays(data, tmp_path
     monkeypatch.setattr(SPDnetClassifier, "init_module", never)
     with pytest.raises(ValueError, match=rf"module array '[\w.]+' is float64 \(\d, \d\), expected shape \({n}, {n}\)"):
         load_estimator(path)
+
+
+@pytest.mark.parametrize("backend", ["local", "flower"])
+def test_a_federated_domain_model_refuses_trials_outside_its_training_range(data, backend):
+    """The federated global model gets its training range with its prior (the training
+    data are in the process): a mis-scaled trial cannot poison its domains either."""
+    if backend == "flower":
+        pytest.importorskip("flwr")
+    X, y, groups = data
+    fed = FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain", hidden_dims=(4,)), n_rounds=1,
+                                    backend=backend, random_state=0).fit(X[groups < 3], y[groups < 3],
+                                                                         groups=groups[groups < 3])
+    expected = check_spd_batch(X[groups < 3], return_summary=True)[1]
+    assert fed.global_estimator_.input_range_["log_scale"] == [expected[:, 0].min(), expected[:, 0].max()]
+    fed.predict(X[groups == 3][:2], domain="s")
+    before = _state(fed.global_estimator_)
+    with pytest.raises(ValueError, match="far outside the matrices the model was fitted on"):
+        fed.predict(1e12 * X[groups == 3][2:3], domain="s")
+    _assert_unchanged(before, fed.global_estimator_)
