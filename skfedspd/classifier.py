@@ -5,6 +5,7 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
+from scipy.linalg.lapack import dpocon
 from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import _num_samples, check_is_fitted
@@ -61,13 +62,14 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
     Raises ``ValueError`` naming the problem and the index of the first bad matrix: not 3-D,
     not square, wrong size (``n_channels``), not finite, not symmetric (relative tolerance
     ``sym_rtol`` of the matrix's largest entry), not positive definite **at float64
-    precision**: its smallest eigenvalue must exceed ``n · eps`` (``eps`` = 2.2e-16) times
-    its largest, so a matrix with an eigenvalue of 0, of -1e-16 or of 1e-20 relative to its
-    largest (rank-deficient, or rounded to singular) is refused although a Cholesky
-    factorization may succeed on it; everything computed from it (its logarithm, a running
-    mean, a re-centring) would be rounding noise. Eigenvalues are computed on each matrix
-    divided by its largest entry, so matrices of any finite scale are checked without
-    overflow.
+    precision**: its Cholesky factorization must succeed and LAPACK's estimate of its
+    reciprocal condition number (``dpocon``, 1-norm) must exceed ``n · eps`` (``eps`` =
+    2.2e-16). A matrix with an eigenvalue of 0, of -1e-16 or of 1e-20 relative to its
+    largest (rank-deficient, or rounded to singular) is refused although its factorization
+    may succeed: everything computed from it (its logarithm, a running mean, a re-centring)
+    would be rounding noise. Each matrix is checked divided by its largest entry, so
+    matrices of any finite scale are checked without overflow. The cost is a Cholesky
+    factorization and an ``O(n²)`` estimate per matrix.
 
     Parameters
     ----------
@@ -77,7 +79,7 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
     sym_rtol : float
     return_summary : bool, default=False
         Also return :func:`spectral_summary`'s statistics of each matrix (computed from the
-        same eigenvalues).
+        same factorization).
 
     Returns
     -------
@@ -94,12 +96,12 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
     >>> check_spd_batch([np.eye(2), np.diag([1.0, -1.0])])
     Traceback (most recent call last):
     ...
-    ValueError: X matrix 1 is not positive definite (smallest eigenvalue -1, largest 1)
+    ValueError: X matrix 1 is not positive definite
     >>> check_spd_batch([np.eye(2), np.diag([1.0, 1e-20])])
     Traceback (most recent call last):
     ...
-    ValueError: X matrix 1 is not numerically positive definite: its smallest eigenvalue is 1e-20 times its largest, \
-below 2 · eps(float64) = 4.4e-16 (a rank-deficient or singular matrix)
+    ValueError: X matrix 1 is not numerically positive definite: its condition number is about 1e+20, beyond \
+1 / (2 · eps(float64)) = 2.3e+15 (a rank-deficient or singular matrix)
     """
     X = np.asarray(X)
     if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
@@ -129,33 +131,43 @@ below 2 · eps(float64) = 4.4e-16 (a rank-deficient or singular matrix)
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"X matrix {i} is not symmetric (max |X - X^T| = {asym[i]:.3g})")
-    # batched LAPACK on entries in [-1, 1]: no overflow (an all-zero matrix stays zero)
-    lam = np.linalg.eigvalsh(X / np.where(scale > 0, scale, 1.0)[:, None, None])
+    scale = np.where(scale > 0, scale, 1.0)  # an all-zero matrix stays zero, and fails below
+    normalized = X / scale[:, None, None]  # entries in [-1, 1]: no overflow
+    try:
+        L = np.linalg.cholesky(normalized)  # batched LAPACK
+    except np.linalg.LinAlgError:
+        i = next(k for k, M in enumerate(normalized) if not _cholesky_succeeds(M))
+        raise ValueError(f"X matrix {i} is not positive definite") from None
     n = X.shape[1]
-    rcond = n * np.finfo(np.float64).eps
-    negative = lam[:, 0] <= 0
-    if negative.any():
-        i = int(np.argmax(negative))
-        raise ValueError(f"X matrix {i} is not positive definite (smallest eigenvalue {lam[i, 0] * scale[i]:.3g}, "
-                         f"largest {lam[i, -1] * scale[i]:.3g})")
-    singular = lam[:, 0] <= rcond * lam[:, -1]
+    norms = np.abs(normalized).sum(axis=1).max(axis=1)  # 1-norms
+    rcond = np.array([dpocon(factor, norm, uplo="L")[0] for factor, norm in zip(L, norms)])
+    singular = ~(rcond > n * np.finfo(np.float64).eps)
     if singular.any():
         i = int(np.argmax(singular))
-        raise ValueError(f"X matrix {i} is not numerically positive definite: its smallest eigenvalue is "
-                         f"{lam[i, 0] / lam[i, -1]:.3g} times its largest, below {n} · eps(float64) = {rcond:.2g} "
-                         "(a rank-deficient or singular matrix)")
+        raise ValueError(f"X matrix {i} is not numerically positive definite: its condition number is about "
+                         f"{1 / max(rcond[i], np.finfo(np.float64).tiny):.2g}, beyond 1 / ({n} · eps(float64)) = "
+                         f"{1 / (n * np.finfo(np.float64).eps):.2g} (a rank-deficient or singular matrix)")
     if not return_summary:
         return X
-    log_lam = np.log10(lam)
-    summary = np.stack([log_lam.mean(axis=1) + np.log10(scale), log_lam[:, -1] - log_lam[:, 0]], axis=1)
+    log_det = 2 * np.log10(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+    summary = np.stack([log_det / n + np.log10(scale), np.log10(1 / rcond)], axis=1)
     return X, summary
+
+
+def _cholesky_succeeds(M):
+    try:
+        np.linalg.cholesky(M)
+    except np.linalg.LinAlgError:
+        return False
+    return True
 
 
 def spectral_summary(X):
     """Two statistics of each SPD matrix that no EEG recording in fixed units moves far:
     ``log10`` of the geometric mean of its eigenvalues (``log10 det(X) / n``: its scale,
     e.g. +12 for a covariance in µV² when the model was fitted in V²) and ``log10`` of its
-    condition number (largest over smallest eigenvalue).
+    condition number (LAPACK's 1-norm estimate from the Cholesky factor, within a small
+    factor of its largest over its smallest eigenvalue).
 
     :class:`SPDnetClassifier` and :class:`~skfedspd.Recenter` record their range over the
     training matrices (``input_range_``) and refuse a matrix beyond it by more than

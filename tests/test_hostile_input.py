@@ -95,9 +95,10 @@ BAD_TRIALS = {
     "scale 1e12": (_scaled(1e12), "far outside the matrices the model was fitted on: its scale"),
     "scale 1e300": (_scaled(1e300), "far outside the matrices the model was fitted on: its scale"),
     "scale 1e-300": (_scaled(1e-300), "far outside the matrices the model was fitted on: its scale"),
-    "eigenvalue 1e-20": (_eigenvalue(1e-20), "not numerically positive definite"),
-    "eigenvalue 0": (_eigenvalue(0.0), "not (numerically )?positive definite"),
-    "eigenvalue -7.5e-16": (_eigenvalue(-7.5e-16), "not positive definite"),
+    # the Cholesky factorization fails, or succeeds on rounding and the condition estimate refuses
+    "eigenvalue 1e-20": (_eigenvalue(1e-20), "is not (numerically )?positive definite"),
+    "eigenvalue 0": (_eigenvalue(0.0), "is not (numerically )?positive definite"),
+    "eigenvalue -7.5e-16": (_eigenvalue(-7.5e-16), "is not (numerically )?positive definite"),
     "condition 1e13": (_eigenvalue(1e-13), "far outside the matrices the model was fitted on: its condition number"),
 }
 
@@ -491,3 +492,13 @@ def test_a_federated_domain_model_refuses_trials_outside_its_training_range(data
     with pytest.raises(ValueError, match="far outside the matrices the model was fitted on"):
         fed.predict(1e12 * X[groups == 3][2:3], domain="s")
     _assert_unchanged(before, fed.global_estimator_)
+
+
+@pytest.mark.parametrize("ratio", [1e-16, 1e-20])
+def test_a_matrix_whose_cholesky_succeeds_on_rounding_is_refused(ratio):
+    """diag(1, ratio): Cholesky succeeds, but the matrix is singular at float64 precision."""
+    matrix = np.diag([1.0, 1.0, ratio])[None]
+    np.linalg.cholesky(matrix)
+    with pytest.raises(ValueError, match=r"X matrix 0 is not numerically positive definite: its condition number is "
+                                         r"about 1e\+(16|20), beyond 1 / \(3 · eps\(float64\)\)"):
+        check_spd_batch(matrix)
