@@ -417,8 +417,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         would store more, the least recently used domains (those whose statistics were
         updated longest ago) are forgotten, with a ``UserWarning`` naming them: a
         long-running service that meets a new subject every session then holds bounded
-        memory (about 2 KB per domain at 64 channels). None: no bound; forget domains with
-        :meth:`reset_domain` (one label, several, or all).
+        memory (a domain holds its mean and the mean's two square roots at each batch-norm
+        layer: about 8 KB for the default network at 64 channels). None: no bound; forget
+        domains with :meth:`reset_domain` (one label, several, or all).
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
