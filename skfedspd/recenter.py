@@ -155,9 +155,9 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     max_domains : int >= 1 or None, default=None
         The most domains whose statistics are stored. Beyond it, the least recently used
         domains are forgotten with a ``UserWarning`` naming them (bounded memory for a
-        long-running service: a domain holds its mean and the mean's two square roots, about 100 KB
-        at 64 channels). None: no bound; forget
-        domains with :meth:`reset_domain` (one label, several, or all).
+        long-running service: a domain holds its mean and the mean's two square roots,
+        about 100 KB at 64 channels). None: no bound; forget domains with
+        :meth:`reset_domain` (one label, several, or all).
 
     The parameters are validated at ``fit`` and again, by the same constraints, at every
     ``transform`` and :meth:`adapt` (a ``set_params`` after ``fit`` gets the same error).
