@@ -36,7 +36,8 @@ from .training import (
     warn_skipped,
 )
 
-__all__ = ["TorchClassifierBase", "check_sample_weight", "resolve_groups", "training_weights", "uses_validation"]
+__all__ = ["TorchClassifierBase", "check_groups", "check_label_values", "check_sample_weight", "resolve_groups",
+           "training_weights", "uses_validation"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -140,6 +141,107 @@ def training_weights(class_weight, y, sample_weight, *, all_data=True):
             raise ValueError(f"sample_weight leaves a positive weight to one class only ({kept.tolist()}): "
                              "at least two classes are needed")
     return w
+
+
+def _kind(value):
+    """``"str"``, ``"number"`` or the type name of one label."""
+    if isinstance(value, (str, np.str_, bytes)):
+        return "str"
+    if isinstance(value, (bool, np.bool_)):
+        return "bool"
+    if isinstance(value, (int, float, np.number)):
+        return "number"
+    return type(value).__name__
+
+
+def check_label_values(values, name):
+    """Refuse label arrays (``y``, ``groups``) holding NaN, None or a mix of types
+    (strings with numbers, say): sorting them fails or, worse, makes a NaN a label of its
+    own (a federated client of NaN-labelled samples). A list is inspected as given, before
+    numpy would turn ``["a", 1]`` into strings.
+
+    Parameters
+    ----------
+    values : array-like
+    name : str
+        What the values are (``"y"``, ``"groups"``), for the error message.
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``, what is wrong and where (the first positions and values).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.base import check_label_values
+    >>> check_label_values([1, 2, 2], "groups")
+    >>> check_label_values([1.0, np.nan, np.nan], "groups")
+    Traceback (most recent call last):
+    ...
+    ValueError: groups contains NaN at samples [1, 2]: every sample needs a label
+    >>> check_label_values(["s1", 2, None], "groups")
+    Traceback (most recent call last):
+    ...
+    ValueError: groups contains None at samples [2]: every sample needs a label
+    >>> check_label_values(["s1", 2], "y")
+    Traceback (most recent call last):
+    ...
+    ValueError: y mixes label types: str (first 's1' at sample 0) and number (first 2 at sample 1); use one type
+    """
+    array = np.asarray(values) if hasattr(values, "dtype") else np.asarray(values, dtype=object)
+    flat = array.reshape(-1)
+    if flat.dtype.kind == "f":
+        missing = np.flatnonzero(np.isnan(flat))
+        what = "NaN"
+    elif flat.dtype.kind == "O":
+        items = flat.tolist()
+        is_none = np.array([v is None for v in items], dtype=bool)
+        is_nan = np.array([isinstance(v, (float, np.floating)) and v != v for v in items], dtype=bool)
+        what = "None" if is_none.any() else "NaN"
+        missing = np.flatnonzero(is_none if is_none.any() else is_nan)
+        if not len(missing):
+            first = {}
+            for i, v in enumerate(items):
+                first.setdefault(_kind(v), i)
+            if len(first) > 1:
+                kinds = " and ".join(f"{kind} (first {items[i]!r} at sample {i})" for kind, i in first.items())
+                raise ValueError(f"{name} mixes label types: {kinds}; use one type")
+    else:
+        return
+    if len(missing):
+        raise ValueError(f"{name} contains {what} at samples {missing[:10].tolist()}"
+                         f"{' (and more)' if len(missing) > 10 else ''}: every sample needs a label")
+
+
+def check_groups(groups, n_samples):
+    """``groups`` (a domain or client label per sample) as a 1-D array of ``n_samples``
+    labels of one type, without NaN or None (:func:`check_label_values`); None passes.
+
+    Raises
+    ------
+    ValueError
+        Naming ``groups`` and what is wrong.
+
+    Examples
+    --------
+    >>> from skfedspd.base import check_groups
+    >>> check_groups(["s1", "s2"], 2)
+    array(['s1', 's2'], dtype='<U2')
+    >>> check_groups([1, 1, 2], 2)
+    Traceback (most recent call last):
+    ...
+    ValueError: groups has 3 entries but X has 2 samples
+    """
+    if groups is None:
+        return None
+    check_label_values(groups, "groups")
+    array = np.asarray(groups)
+    if array.ndim != 1:
+        raise ValueError(f"groups must be a 1-D array with one label per sample, got shape {array.shape}")
+    if len(array) != n_samples:
+        raise ValueError(f"groups has {len(array)} entries but X has {n_samples} samples")
+    return array
 
 
 def resolve_groups(groups, subjects):
@@ -274,6 +376,7 @@ def stratified_split(y, fraction, seed):
 
 def _check_labels(y, n_samples):
     """``y`` as a 1-D array of classification targets, of length ``n_samples`` if given."""
+    check_label_values(y, "y")
     y = column_or_1d(np.asarray(y), warn=True)
     if n_samples is not None and len(y) != n_samples:
         raise ValueError(f"X has {n_samples} samples but y has {len(y)} labels")
@@ -382,6 +485,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         ValueError
             If the labels are not classification targets or fewer than two classes remain.
         """
+        check_label_values(classes, "classes")
         classes = column_or_1d(np.asarray(classes), warn=False)
         check_classification_targets(classes)
         classes = np.unique(classes)
@@ -647,24 +751,43 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         with self._atomic():
             self.check_params()
-            allowed = self._fitted_attributes()
-            attributes = dict(meta["attributes"])
-            unknown = sorted(set(attributes) - set(allowed))
-            if unknown:
-                raise ValueError(f"unknown fitted attributes {unknown}")
-            self.classes_ = _labels_from_json(meta["classes"])
-            for name, value in attributes.items():
-                setattr(self, name, value)
-            self.init_module(0)
-            for name, value in attributes.items():  # init_module reset the history
-                setattr(self, name, value)
+            if not isinstance(meta, dict):
+                raise ValueError(f"the fitted state must be a JSON object, got {type(meta).__name__}")
+            attributes = meta.get("attributes")
+            check_fitted_attributes(attributes, self._fitted_attributes())
+            self.classes_ = _labels_from_json(meta.get("classes"))
             prefixes = ("module.", "optimizer.", "rng.")
             stray = sorted(k for k in arrays if not k.startswith(prefixes))
             if stray:
                 raise ValueError(f"unknown arrays {stray}")
-            _load_module_state(self.module_, {k[7:]: v for k, v in arrays.items() if k.startswith("module.")})
-            if meta.get("optimizer") is not None:
-                self._restore_session(arrays, meta["optimizer"])
+            for name, value in arrays.items():
+                if not name.startswith("rng.") and not (value.dtype.kind in "biuf" and np.isfinite(value).all()):
+                    raise ValueError(f"array {name!r} is not finite numbers")
+            optimizer = meta.get("optimizer")
+            if optimizer is not None and (not isinstance(optimizer, list)
+                                          or not all(isinstance(group, dict) for group in optimizer)):
+                raise ValueError(f"the optimizer state must be a list of parameter groups, got {optimizer!r}")
+            for name, value in attributes.items():
+                setattr(self, name, value)
+            module_arrays = {k[7:]: v for k, v in arrays.items() if k.startswith("module.")}
+            shapes = self._module_state_shapes()
+            if shapes is not None:  # checked before the module is allocated
+                _check_module_arrays(module_arrays, shapes, f"from n_features_in_={self.n_features_in_} and "
+                                                            f"{len(self.classes_)} classes")
+            self.init_module(0)
+            for name, value in attributes.items():  # init_module reset the history
+                setattr(self, name, value)
+            _load_module_state(self.module_, module_arrays)
+            if optimizer is not None:
+                self._restore_session(arrays, optimizer)
+
+    def _module_state_shapes(self):
+        """Name → shape of the module's state for the current parameters and fitted
+        attributes, computed without building it; None (default): not known, the module is
+        built and compared. :meth:`restore_fitted_state` compares a file's arrays with it
+        before allocating anything, so a header cannot request a module larger than the
+        file's arrays."""
+        return None
 
     @staticmethod
     def _fitted_attributes():
@@ -1044,27 +1167,128 @@ def _labels_to_json(classes):
 
 
 def _labels_from_json(saved):
-    dtype = np.dtype(saved["dtype"])
-    if dtype.kind not in "biufUO":
-        raise ValueError(f"labels of dtype {saved['dtype']!r} are not supported")
+    """``classes_`` from :func:`_labels_to_json`'s output, validated before anything is
+    allocated: a supported dtype whose item size the values justify, a list of numbers or
+    strings of one type, without NaN, unique and sorted (as ``np.unique`` gives them)."""
+    if not isinstance(saved, dict) or set(saved) != {"dtype", "values"}:
+        raise ValueError(f"classes must be an object with 'dtype' and 'values', got {saved!r}")
     values = saved["values"]
     if not isinstance(values, list) or not all(isinstance(v, (str, int, float, bool)) for v in values):
-        raise ValueError("the saved labels are not a list of numbers or strings")
+        raise ValueError("classes: the saved labels are not a list of numbers or strings")
+    try:
+        dtype = np.dtype(saved["dtype"])
+    except TypeError:
+        raise ValueError(f"classes: {saved['dtype']!r} is not a dtype") from None
+    if dtype.kind not in "biufUO":
+        raise ValueError(f"classes: labels of dtype {saved['dtype']!r} are not supported")
+    longest = max((len(v) for v in values if isinstance(v, str)), default=0)
+    if dtype.kind == "U" and dtype.itemsize // 4 > max(longest, _MAX_LABEL_WIDTH):
+        raise ValueError(f"classes: dtype {saved['dtype']!r} holds {dtype.itemsize // 4} characters per label, but the "
+                         f"longest label has {longest}")
+    check_label_values(values, "classes")
     classes = np.empty(len(values), dtype=dtype) if dtype.kind == "O" else np.array(values, dtype=dtype)
     if dtype.kind == "O":
         classes[:] = values
+    if len(classes) < 2 or len(np.unique(classes)) != len(classes) or not np.array_equal(np.unique(classes), classes):
+        raise ValueError(f"classes must be at least two unique labels in sorted order, got {values!r}")
     return classes
+
+
+#: Characters per label a saved ``classes_`` dtype may reserve beyond its longest label
+#: (labels from a fixed-width string array keep its width).
+_MAX_LABEL_WIDTH = 1024
+
+
+def _is_int(value, minimum=0):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
+def _is_finite_positive(value):
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value)) and value > 0
+
+
+def _check_history(value):
+    return isinstance(value, list) and all(isinstance(record, dict) for record in value)
+
+
+def _check_epochs(value):
+    return isinstance(value, list) and all(_is_int(epoch) for epoch in value)
+
+
+def _check_input_range(value):
+    return (isinstance(value, dict) and set(value) == {"log_scale", "log_condition"}
+            and all(isinstance(pair, list) and len(pair) == 2
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in pair)
+                    and pair[0] <= pair[1] for pair in value.values()))
+
+
+#: How a saved fitted attribute is checked: ``(test, what it must be, required)``.
+ATTRIBUTE_CHECKS = {
+    "n_features_in_": (lambda v: _is_int(v, 1), "an int >= 1", True),
+    "history_": (_check_history, "a list of records (objects)", False),
+    "best_epoch_": (lambda v: _is_int(v, 0), "an int >= 0", False),
+    "averaged_epochs_": (_check_epochs, "a list of ints >= 0", False),
+    "n_iter_": (lambda v: _is_int(v, 0), "an int >= 0", False),
+    "validation_used_": (lambda v: isinstance(v, bool), "true or false", False),
+    "scale_": (_is_finite_positive, "a finite number > 0", True),
+    "input_range_": (_check_input_range, 'an object {"log_scale": [low, high], "log_condition": [low, high]} of '
+                     "finite numbers, low <= high", False),
+    "n_times_": (lambda v: _is_int(v, 1), "an int >= 1", True),
+}
+
+
+def check_fitted_attributes(attributes, allowed):
+    """Validate saved fitted attributes (JSON) before anything is built from them.
+
+    Parameters
+    ----------
+    attributes : dict
+        Name → value, as :meth:`TorchClassifierBase.fitted_state` writes them.
+    allowed : sequence of str
+        The estimator's ``_fitted_attributes()``.
+
+    Raises
+    ------
+    ValueError
+        Naming the attribute: unknown, missing (those a model cannot be built without) or
+        of the wrong type or range (:data:`ATTRIBUTE_CHECKS`).
+    """
+    if not isinstance(attributes, dict):
+        raise ValueError(f"the fitted attributes must be a JSON object, got {type(attributes).__name__}")
+    unknown = sorted(set(attributes) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown fitted attributes {unknown}")
+    for name in allowed:
+        if name not in ATTRIBUTE_CHECKS:  # a third-party estimator's own attribute
+            continue
+        test, what, required = ATTRIBUTE_CHECKS[name]
+        if name not in attributes:
+            if required:
+                raise ValueError(f"the fitted attribute {name} is missing")
+            continue
+        if not test(attributes[name]):
+            raise ValueError(f"the fitted attribute {name} must be {what}, got {attributes[name]!r}")
+
+
+def _check_module_arrays(arrays, shapes, source):
+    """Require the names and shapes ``shapes`` (name → shape, ``source`` says where they
+    come from) of the numpy ``arrays`` of a module state."""
+    if set(arrays) != set(shapes):
+        missing, extra = sorted(set(shapes) - set(arrays)), sorted(set(arrays) - set(shapes))
+        raise ValueError(f"the module state does not match the parameters: missing {missing}, unexpected {extra}")
+    for name, value in arrays.items():
+        if value.shape != tuple(shapes[name]):
+            raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected shape "
+                             f"{tuple(shapes[name])} ({source})")
 
 
 def _load_module_state(module, arrays):
     """``module.load_state_dict`` from numpy arrays, requiring the same names, shapes and dtypes."""
     expected = module.state_dict()
-    if set(arrays) != set(expected):
-        missing, extra = sorted(set(expected) - set(arrays)), sorted(set(arrays) - set(expected))
-        raise ValueError(f"the module state does not match the parameters: missing {missing}, unexpected {extra}")
+    _check_module_arrays(arrays, {name: tuple(t.shape) for name, t in expected.items()}, "the module's")
     for name, value in arrays.items():
         target = expected[name]
-        if value.shape != tuple(target.shape) or torch.from_numpy(value).dtype != target.dtype:
+        if torch.from_numpy(value).dtype != target.dtype:
             raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected "
                              f"{target.dtype} {tuple(target.shape)}")
     module.load_state_dict({name: torch.from_numpy(value) for name, value in arrays.items()}, strict=True)

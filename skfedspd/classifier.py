@@ -5,16 +5,19 @@ from numbers import Integral, Real
 
 import numpy as np
 import torch
+from scipy.linalg.lapack import dpocon
 from sklearn.base import _fit_context
-from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
+from sklearn.utils.validation import _num_samples, check_is_fitted
 
-from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed, decision_from_logits,
-                   proba_from_logits, resolve_groups)
+from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed, check_fitted_attributes,
+                   check_groups, decision_from_logits, proba_from_logits, resolve_groups)
 from .nn import SPDNet, domain_codes
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
+from .training import predict_logits
 
-__all__ = ["SPDnetClassifier", "check_spd_batch", "auto_hidden_dim", "NO_PRIOR_WARNING"]
+__all__ = ["SPDnetClassifier", "check_spd_batch", "spectral_summary", "input_range", "check_input_range",
+           "INPUT_RANGE_MARGIN", "auto_hidden_dim", "NO_PRIOR_WARNING", "HEAD_ON_RANDOM_WARNING"]
 
 #: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
 #: which is a str or an int.
@@ -25,6 +28,12 @@ NO_PRIOR_WARNING = (
     "deployed without it), so the first trial of a new domain is re-centred by itself alone and its output is the "
     "same whatever the trial. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
     "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
+)
+
+HEAD_ON_RANDOM_WARNING = (
+    "trainable='head' on a new model trains only the linear head on the frozen random BiMaps it starts from (random "
+    "spatial filters). That is meant for a model that starts from trained weights: warm_start=True on a fitted "
+    "model, or FederatedSPDnetClassifier(init=...). Set trainable='all' to train the whole network"
 )
 
 
@@ -47,12 +56,36 @@ def auto_hidden_dim(n_channels):
     return int(min(n_channels, max(8, round(0.28 * n_channels))))
 
 
-def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
+def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
     """Validate a batch of SPD matrices; return it as a float64 array.
 
     Raises ``ValueError`` naming the problem and the index of the first bad matrix: not 3-D,
     not square, wrong size (``n_channels``), not finite, not symmetric (relative tolerance
-    ``sym_rtol`` of the matrix's largest entry), not positive definite.
+    ``sym_rtol`` of the matrix's largest entry), not positive definite **at float64
+    precision**: its Cholesky factorization must succeed and LAPACK's estimate of its
+    reciprocal condition number (``dpocon``, 1-norm) must exceed ``n · eps`` (``eps`` =
+    2.2e-16). A matrix with an eigenvalue of 0, of -1e-16 or of 1e-20 relative to its
+    largest (rank-deficient, or rounded to singular) is refused although its factorization
+    may succeed: everything computed from it (its logarithm, a running mean, a re-centring)
+    would be rounding noise. Each matrix is checked divided by its largest entry, so
+    matrices of any finite scale are checked without overflow. The cost is a Cholesky
+    factorization and an ``O(n²)`` estimate per matrix.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_matrices, n, n)
+    n_channels : int or None
+        The size the matrices must have (None: any).
+    sym_rtol : float
+    return_summary : bool, default=False
+        Also return :func:`spectral_summary`'s statistics of each matrix (computed from the
+        same factorization).
+
+    Returns
+    -------
+    X : ndarray of float64 of shape (n_matrices, n, n)
+    summary : ndarray of shape (n_matrices, 2)
+        Only with ``return_summary``: see :func:`spectral_summary`.
 
     Examples
     --------
@@ -64,6 +97,11 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     Traceback (most recent call last):
     ...
     ValueError: X matrix 1 is not positive definite
+    >>> check_spd_batch([np.eye(2), np.diag([1.0, 1e-20])])
+    Traceback (most recent call last):
+    ...
+    ValueError: X matrix 1 is not numerically positive definite: its condition number is about 1e+20, beyond \
+1 / (2 · eps(float64)) = 2.3e+15 (a rank-deficient or singular matrix)
     """
     X = np.asarray(X)
     if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
@@ -77,6 +115,8 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
         raise ValueError(f"X must hold square matrices, got matrices of shape {X.shape[1:]}")
     if X.shape[0] == 0:
         raise ValueError("X holds 0 matrices; at least one is required")
+    if X.shape[1] == 0:
+        raise ValueError("X holds matrices of size 0x0")
     if n_channels is not None and X.shape[1] != n_channels:
         raise ValueError(
             f"X has matrices of size {X.shape[1]}x{X.shape[2]}, but the estimator was fitted on "
@@ -91,12 +131,27 @@ def check_spd_batch(X, n_channels=None, sym_rtol=1e-6):
     if bad.any():
         i = int(np.argmax(bad))
         raise ValueError(f"X matrix {i} is not symmetric (max |X - X^T| = {asym[i]:.3g})")
+    scale = np.where(scale > 0, scale, 1.0)  # an all-zero matrix stays zero, and fails below
+    normalized = X / scale[:, None, None]  # entries in [-1, 1]: no overflow
     try:
-        np.linalg.cholesky(X)  # batched LAPACK; X untouched (it may be read-only)
+        L = np.linalg.cholesky(normalized)  # batched LAPACK
     except np.linalg.LinAlgError:
-        i = next(k for k, M in enumerate(X) if not _cholesky_succeeds(M))
+        i = next(k for k, M in enumerate(normalized) if not _cholesky_succeeds(M))
         raise ValueError(f"X matrix {i} is not positive definite") from None
-    return X
+    n = X.shape[1]
+    norms = np.abs(normalized).sum(axis=1).max(axis=1)  # 1-norms
+    rcond = np.array([dpocon(factor, norm, uplo="L")[0] for factor, norm in zip(L, norms)])
+    singular = ~(rcond > n * np.finfo(np.float64).eps)
+    if singular.any():
+        i = int(np.argmax(singular))
+        raise ValueError(f"X matrix {i} is not numerically positive definite: its condition number is about "
+                         f"{1 / max(rcond[i], np.finfo(np.float64).tiny):.2g}, beyond 1 / ({n} · eps(float64)) = "
+                         f"{1 / (n * np.finfo(np.float64).eps):.2g} (a rank-deficient or singular matrix)")
+    if not return_summary:
+        return X
+    log_det = 2 * np.log10(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
+    summary = np.stack([log_det / n + np.log10(scale), np.log10(1 / rcond)], axis=1)
+    return X, summary
 
 
 def _cholesky_succeeds(M):
@@ -105,6 +160,125 @@ def _cholesky_succeeds(M):
     except np.linalg.LinAlgError:
         return False
     return True
+
+
+def spectral_summary(X):
+    """Two statistics of each SPD matrix that no EEG recording in fixed units moves far:
+    ``log10`` of the geometric mean of its eigenvalues (``log10 det(X) / n``: its scale,
+    e.g. +12 for a covariance in µV² when the model was fitted in V²) and ``log10`` of its
+    condition number (LAPACK's 1-norm estimate from the Cholesky factor, within a small
+    factor of its largest over its smallest eigenvalue).
+
+    :class:`SPDnetClassifier` and :class:`~skfedspd.Recenter` record their range over the
+    training matrices (``input_range_``) and refuse a matrix beyond it by more than
+    :data:`INPUT_RANGE_MARGIN` before it reaches any domain's statistics
+    (:func:`check_input_range`).
+
+    Parameters
+    ----------
+    X : array-like of shape (n_matrices, n, n)
+        SPD matrices (validated by :func:`check_spd_batch`).
+
+    Returns
+    -------
+    ndarray of shape (n_matrices, 2)
+        Columns ``log_scale`` and ``log_condition``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import spectral_summary
+    >>> spectral_summary([np.diag([1.0, 100.0]), np.diag([1e-12, 1e-12])])
+    array([[  1.,   2.],
+           [-12.,   0.]])
+    """
+    return check_spd_batch(X, return_summary=True)[1]
+
+
+#: How far beyond its training range (in decades, ``log10`` units) a matrix's
+#: :func:`spectral_summary` may lie before :func:`check_input_range` refuses it: a scale
+#: (geometric mean of the eigenvalues, i.e. the power) 1000 times above the largest or
+#: below the smallest seen in training, and a condition number 1e5 times the largest seen.
+#: An electrode that pops (one channel 100 times its amplitude: its power ×1e4) moves the
+#: scale of an ``n``-channel matrix by ``4 / n`` decades and its condition number by at
+#: most 4 decades, so it passes; a trial in other units (µV² for V²: 12 decades), or
+#: overflowing, or nearly singular, does not.
+INPUT_RANGE_MARGIN = {"log_scale": 3.0, "log_condition": 5.0}
+
+_SUMMARY_NAMES = {"log_scale": "scale (log10 of the geometric mean of its eigenvalues)",
+                  "log_condition": "condition number (log10 of largest / smallest eigenvalue)"}
+
+
+def input_range(summary, previous=None):
+    """The ``input_range_`` of training matrices (their :func:`spectral_summary`), the
+    union with a ``previous`` range when given: ``{"log_scale": [low, high],
+    "log_condition": [low, high]}`` (plain floats: saved as JSON).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import input_range, spectral_summary
+    >>> first = input_range(spectral_summary([np.eye(2), np.diag([10.0, 1000.0])]))
+    >>> first
+    {'log_scale': [0.0, 2.0], 'log_condition': [0.0, 2.0]}
+    >>> input_range(spectral_summary([1e-4 * np.eye(2)]), first)  # a partial_fit batch widens it
+    {'log_scale': [-4.0, 2.0], 'log_condition': [0.0, 2.0]}
+    """
+    summary = np.asarray(summary, dtype=np.float64)
+    result = {name: [float(summary[:, j].min()), float(summary[:, j].max())] for j, name in enumerate(_SUMMARY_NAMES)}
+    if previous is not None:
+        result = {name: [min(low, previous[name][0]), max(high, previous[name][1])]
+                  for name, (low, high) in result.items()}
+    return result
+
+
+def check_input_range(summary, fitted_range, *, scale_invariant=False, what="X"):
+    """Refuse matrices whose :func:`spectral_summary` lies beyond ``fitted_range`` (an
+    ``input_range_``) by more than :data:`INPUT_RANGE_MARGIN`. Only the upper end of the
+    condition number is checked; the scale is not when ``scale_invariant`` (a model that
+    divides each matrix by its trace). ``fitted_range`` None (a model saved before the
+    range existed): nothing is checked.
+
+    Raises
+    ------
+    ValueError
+        Naming the first matrix out of range, its statistic, the training range and the
+        accepted one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import check_input_range, input_range, spectral_summary
+    >>> fitted = input_range(spectral_summary(np.stack([np.eye(3), 2 * np.eye(3)])))
+    >>> check_input_range(spectral_summary(100 * np.eye(3)[None]), fitted)
+    >>> check_input_range(spectral_summary(1e30 * np.eye(3)[None]), fitted)  # doctest: +NORMALIZE_WHITESPACE
+    Traceback (most recent call last):
+    ...
+    ValueError: X matrix 0 is far outside the matrices the model was fitted on: its scale (log10 of the geometric \
+mean of its eigenvalues) is 30, the training matrices span [0, 0.301] and up to 3 decades beyond are \
+accepted ([-3, 3.3]). A matrix in other units (e.g. µV² for V²), an amplifier fault or a wrong \
+scaling would corrupt the statistics of its domain: rescale it, or refit on such data.
+    """
+    if fitted_range is None:
+        return
+    summary = np.asarray(summary)
+    for j, name in enumerate(_SUMMARY_NAMES):
+        if name == "log_scale" and scale_invariant:
+            continue
+        low, high = fitted_range[name]
+        margin = INPUT_RANGE_MARGIN[name]
+        accepted_low = low - margin if name == "log_scale" else -np.inf
+        bad = (summary[:, j] < accepted_low) | (summary[:, j] > high + margin)
+        if bad.any():
+            i = int(np.argmax(bad))
+            accepted = (f"[{accepted_low:.3g}, {high + margin:.3g}]" if name == "log_scale"
+                        else f"up to {high + margin:.3g}")
+            raise ValueError(
+                f"{what} matrix {i} is far outside the matrices the model was fitted on: its {_SUMMARY_NAMES[name]} "
+                f"is {summary[i, j]:.3g}, the training matrices span [{low:.3g}, {high:.3g}] and up to {margin:g} "
+                f"decades beyond are accepted ({accepted}). A matrix in other units (e.g. µV² for V²), an amplifier "
+                "fault or a wrong scaling would corrupt the statistics of its domain: rescale it, or refit on such "
+                "data.")
 
 
 class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
@@ -237,6 +411,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         training never does (there each trial is one of its whole domain's minibatch).
         So a new domain's first trial is scored exactly as without adaptation. The
         statistics stored are the same either way.
+    max_domains : int >= 1 or None, default=None
+        The most domains whose statistics are stored (``batchnorm="domain"``). When a call
+        would store more, the least recently used domains (those whose statistics were
+        updated longest ago) are forgotten, with a ``UserWarning`` naming them: a
+        long-running service that meets a new subject every session then holds bounded
+        memory (a domain holds its mean and the mean's two square roots at each batch-norm
+        layer: about 8 KB for the default network at 64 channels). None: no bound; forget
+        domains with :meth:`reset_domain` (one label, several, or all).
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
@@ -244,16 +426,36 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         ``FederatedSPDnetClassifier(init=...)``). Frozen
         weights get no gradient: under DP-SGD they are neither clipped nor noised, so the
         privatized dimension shrinks to the head's and the noise per coordinate falls for
-        the same clip norm and budget (:mod:`skfedspd.privacy`).
+        the same clip norm and budget (:mod:`skfedspd.privacy`). On a new model (``fit``
+        without a warm start, the first ``partial_fit``) it warns
+        (:data:`HEAD_ON_RANDOM_WARNING`) rather than refusing: a head on frozen random
+        BiMaps is a legitimate random-features baseline, but rarely what was meant.
 
-    All parameters are validated at ``fit`` (scikit-learn's ``_parameter_constraints``); a
-    ``fit`` or ``partial_fit`` that raises leaves the estimator as it was.
+    Every parameter is validated at ``fit`` (scikit-learn's ``_parameter_constraints``);
+    those that prediction reads (``scaling``, ``domain_prior_weight``, ``domain_memory``,
+    ``domain_include_self``, ``max_domains``) are validated again, by the same constraints,
+    at every prediction or adaptation, so a ``set_params`` after ``fit`` gets the same
+    error naming the parameter. Prediction and adaptation refuse matrices that are not
+    positive definite at float64 precision (:func:`check_spd_batch`) or that lie far
+    outside the training matrices' scale and condition number (``input_range_``,
+    :func:`check_input_range`), before any domain statistic changes. A ``fit``,
+    ``partial_fit`` or prediction that raises leaves the estimator as it was.
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
     n_features_in_ : int
         Number of channels (matrix size).
+    input_range_ : dict
+        The training matrices' range of :func:`spectral_summary` statistics:
+        ``{"log_scale": [low, high], "log_condition": [low, high]}`` (decades), set by
+        ``fit`` and ``partial_fit`` (it grows with warm-started fits and later batches) and
+        by :meth:`fit_domain_prior` (which a federated fit with ``batchnorm="domain"``
+        calls on its training data). Matrices beyond it by more than
+        :data:`INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model without
+        it (saved before it existed, or federated without domain batch norm or from a
+        deployment whose data stay on the sites): only positive definiteness is then
+        checked.
     scale_ : float or None
         Input scaling factor fitted with ``scaling="auto"`` (1.0 for a float/None scaling).
     module_ : SPDNet
@@ -328,6 +530,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         domain_prior_weight=1.0,
         domain_memory=None,
         domain_include_self=False,
+        max_domains=None,
         trainable="all",
     ):
         self.hidden_dims = hidden_dims
@@ -352,6 +555,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.domain_prior_weight = domain_prior_weight
         self.domain_memory = domain_memory
         self.domain_include_self = domain_include_self
+        self.max_domains = max_domains
         self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
@@ -395,9 +599,16 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             (:meth:`fit_domain_prior` on ``X`` and ``groups``).
         """
         groups = resolve_groups(groups, subjects)
+        groups = None if groups is None else check_groups(groups, _num_samples(X))
         domains = self.fit_domains(groups, len(X))
+        warm = self.warm_start and self.__sklearn_is_fitted__()
+        if self.trainable == "head" and not warm:
+            warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
         with self._atomic():
+            previous = getattr(self, "input_range_", None) if warm else None
             self._fit(X, y, domains, sample_weight=sample_weight)
+            # the training range grows with every fit that continues this model
+            self.input_range_ = input_range(spectral_summary(X), previous)
             # New weights: the statistics of the old ones (domains, prior) no longer apply.
             self.domain_statistics_ = None
             if self.batchnorm == "domain":
@@ -415,7 +626,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         -------
         self
         """
+        first = not self.__sklearn_is_fitted__()
+        if first and self.trainable == "head":
+            warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
+        previous = None if first else getattr(self, "input_range_", None)
         super().partial_fit(X, y, classes=classes, sample_weight=sample_weight)
+        self.input_range_ = input_range(spectral_summary(X), previous)  # grows with every batch
         self.domain_statistics_ = None
         return self
 
@@ -430,6 +646,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
         "domain_memory": [Interval(Real, 2, None, closed="left"), None],
         "domain_include_self": ["boolean"],
+        "max_domains": [Interval(Integral, 1, None, closed="left"), None],
         "trainable": [StrOptions({"all", "head"})],
     }
 
@@ -460,6 +677,21 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             self.n_features_in_ = X.shape[1]
         return X
 
+    def _check_prediction_input(self, X):
+        """``X`` validated for prediction or adaptation: SPD at float64 precision, of the
+        fitted size, and within the training range (``input_range_``, :func:`check_input_range`);
+        the parameters used at prediction validated as :meth:`fit` does (they may have been
+        changed by ``set_params`` since). Runs before any domain statistic is touched."""
+        self._check_prediction_params()
+        X, summary = check_spd_batch(X, self.n_features_in_, return_summary=True)
+        check_input_range(summary, getattr(self, "input_range_", None), scale_invariant=self.scaling == "trace")
+        return X
+
+    def _check_prediction_params(self):
+        names = ("scaling", "domain_prior_weight", "domain_memory", "domain_include_self", "max_domains")
+        validate_parameter_constraints({name: self._parameter_constraints[name] for name in names},
+                                       {name: getattr(self, name) for name in names}, caller_name=type(self).__name__)
+
     def input_statistic(self, X, sample_weight=None):
         """Mean over matrices of ``log(trace(X)/n)`` (weighted by ``sample_weight`` if given):
         additive, so federated clients combine it by a weighted mean into exactly the pooled
@@ -476,7 +708,15 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         float
         """
         n = X.shape[-1]
-        return float(np.average(np.log(np.trace(X, axis1=1, axis2=2) / n), weights=sample_weight))
+        with np.errstate(over="ignore"):
+            traces = np.trace(X, axis1=1, axis2=2)
+        log_traces = np.log(traces / n)
+        overflow = ~np.isfinite(log_traces)
+        if overflow.any():  # entries near the float64 maximum: the trace of the matrix divided by its largest entry
+            big = np.abs(X[overflow]).max(axis=(1, 2))
+            log_traces[overflow] = (np.log(np.trace(X[overflow] / big[:, None, None], axis1=1, axis2=2) / n)
+                                    + np.log(big))
+        return float(np.average(log_traces, weights=sample_weight))
 
     def set_input_statistic(self, log_mean_trace):
         """Set ``scale_``: ``exp(-log_mean_trace)`` for ``scaling="auto"``, the constant for a
@@ -496,7 +736,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     @staticmethod
     def _fitted_attributes():
-        return TorchClassifierBase._fitted_attributes() + ("scale_",)
+        return TorchClassifierBase._fitted_attributes() + ("scale_", "input_range_")
 
     def fitted_state(self):
         """:meth:`TorchClassifierBase.fitted_state`, plus the domain statistics (the prior
@@ -510,20 +750,27 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
-        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics."""
+        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics
+        (validated first, like everything else, before the network is built)."""
         prefix = "domain_statistics."
         stats_arrays = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
-        stats_meta = meta.get("domain_statistics")
+        stats_meta = meta.get("domain_statistics") if isinstance(meta, dict) else None
         if stats_arrays and stats_meta is None:
             raise ValueError("domain statistics arrays without their metadata")
         with self._atomic():
+            stats = None
+            if stats_meta is not None:
+                self.check_params()
+                self._check_domain_support("saved domain statistics")
+                if not isinstance(stats_meta, dict):
+                    raise ValueError(f"domain_statistics must be a JSON object, got {stats_meta!r}")
+                check_fitted_attributes(meta.get("attributes"), self._fitted_attributes())
+                n_features = meta["attributes"]["n_features_in_"]
+                stats = DomainStatistics.from_state(stats_arrays, stats_meta, self.torch_dtype_, self.device,
+                                                    sizes=[int(n) for n in self._hidden_dims(n_features)])
             super().restore_fitted_state({k: v for k, v in arrays.items() if not k.startswith(prefix)},
                                          {k: v for k, v in meta.items() if k != "domain_statistics"})
-            self.domain_statistics_ = None
-            if stats_meta is not None:
-                self._check_domain_support("saved domain statistics")
-                self.domain_statistics_ = DomainStatistics.from_state(stats_arrays, stats_meta, self.torch_dtype_,
-                                                                      self.device)
+            self.domain_statistics_ = stats
 
     def to_tensor(self, X):
         """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.
@@ -537,11 +784,33 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         -------
         torch.Tensor
         """
+        self._check_working_range(X)
         if self.scaling == "trace":
             X = X * (X.shape[-1] / np.trace(X, axis1=1, axis2=2))[:, None, None]
         else:
             X = X * self.scale_
         return torch.as_tensor(X, dtype=self.torch_dtype_, device=self.device)
+
+    def _check_working_range(self, X):
+        """Refuse matrices whose largest entry, once scaled, leaves the range in which
+        ``dtype`` computes eigenvalues without overflow or underflow (the square roots of its
+        largest and smallest normal numbers, as LAPACK's safe range): e.g. a 1e308 trial
+        with ``scaling=10``, which would overflow to infinity."""
+        info = np.finfo(np.dtype(self.dtype))
+        low, high = np.log10(np.sqrt(info.tiny)), np.log10(np.sqrt(info.max))
+        log_max = np.log10(np.abs(X).max(axis=(1, 2)))
+        if self.scaling == "trace":  # entries within [1, n] of trace / n, unless the trace overflows
+            with np.errstate(over="ignore"):
+                finite = np.isfinite(np.trace(X, axis1=1, axis2=2))
+            log_max = np.where(finite, 0.0, log_max + np.log10(X.shape[-1]))
+        else:
+            log_max = log_max + np.log10(self.scale_)
+        bad = (log_max < low) | (log_max > high)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ValueError(f"X matrix {i} has entries of magnitude 1e{log_max[i]:.0f} after scaling (scaling="
+                             f"{self.scaling!r}, scale_={self.scale_:.3g}): outside the range in which {self.dtype} "
+                             f"computes eigenvalues reliably ([1e{low:.0f}, 1e{high:.0f}]); rescale the input")
 
     def _build_module(self, seed):
         module = SPDNet(
@@ -550,6 +819,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         )
         self._apply_trainable(module)
         return module
+
+    def _module_state_shapes(self):
+        return SPDNet.state_shapes(self.n_features_in_, self._hidden_dims(self.n_features_in_), len(self.classes_),
+                                   self.batchnorm)
 
     def _apply_trainable(self, module):
         """Freeze what ``trainable`` leaves out (no gradient, hence no update nor DP noise)."""
@@ -594,31 +867,32 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return stats
 
     def _adapted_logits(self, X, domain, *, keep, predict=True):
-        """Update the domains of ``X``'s trials (``domain``; None: one temporary domain),
-        then the logits of ``X`` (or None when not ``predict``). Everything is validated
-        before any statistic changes; ``keep`` stores the updated domains."""
-        check_is_fitted(self)
-        X = self.check_inputs(X, reset=False)
+        """Update the domains of the trials of ``X`` (validated by
+        :meth:`_check_prediction_input`; ``domain`` None: one temporary domain), then the
+        logits of ``X`` (or None when not ``predict``). Everything is validated before any
+        statistic changes; ``keep`` stores the updated domains."""
         labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
         stats = self._domain_statistics()
         work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
+        Xt = self.to_tensor(X)
         with torch.no_grad():
-            logits = self.module_.adapted_forward(self.to_tensor(X), stats, work, labels, predict=predict,
+            logits = self.module_.adapted_forward(Xt, stats, work, labels, predict=predict,
                                                   include_self=self.domain_include_self)
         if predict and stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
             warnings.warn(NO_PRIOR_WARNING, UserWarning, stacklevel=4)
         if keep:
-            stats.commit(work)
+            stats.commit(work, self.max_domains)
             self.domain_statistics_ = stats
         return None if logits is None else logits.cpu().numpy()
 
     def _logits(self, X, domain=None):
+        check_is_fitted(self)
+        if domain is not None and self.batchnorm != "domain":
+            self._check_domain_support("domain=")
+        X = self._check_prediction_input(X)
         if self.batchnorm == "domain":
             return self._adapted_logits(X, domain, keep=domain is not None)
-        if domain is not None:
-            check_is_fitted(self)
-            self._check_domain_support("domain=")
-        return super()._logits(X)
+        return predict_logits(self.module_, self.to_tensor(X)).cpu().numpy()
 
     def decision_function(self, X, domain=None):
         """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, the
@@ -702,7 +976,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self._check_domain_support("adapt")
         if domain is None:
             raise ValueError("adapt needs the domain the trials belong to (domain=...)")
-        self._adapted_logits(X, domain, keep=True, predict=False)
+        self._adapted_logits(self._check_prediction_input(X), domain, keep=True, predict=False)
         return self
 
     @property
@@ -731,6 +1005,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         check_is_fitted(self)
         self._check_domain_support("domain_prior_statistics")
         X = self.check_inputs(X, reset=False)
+        groups = check_groups(groups, len(X))
         codes = np.zeros(len(X), dtype=np.intp) if groups is None else domain_codes(groups, len(X))
         sums = None
         with torch.no_grad():
@@ -779,8 +1054,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         Returns
         -------
         self
+            Its ``input_range_`` also covers ``X`` (a federated fit gets its training range
+            here, where the training data are in the process).
         """
-        return self.set_domain_prior(*self.domain_prior_statistics(X, groups))
+        statistics = self.domain_prior_statistics(X, groups)  # validates X and groups
+        summary = spectral_summary(X)
+        self.set_domain_prior(*statistics)
+        self.input_range_ = input_range(summary, getattr(self, "input_range_", None))
+        return self
 
     def _warn_about_input(self, Xt):
         fractions = self.module_.eigenvalue_clamp_fraction(Xt[:256])

@@ -22,8 +22,9 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS, get_aggregation
-from .base import accepts_renamed, fold_renamed, merge_into, resolve_groups, training_weights
-from .classifier import SPDnetClassifier
+from .base import (accepts_renamed, check_groups, check_label_values, fold_renamed, merge_into, resolve_groups,
+                   training_weights)
+from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
 from .engine import n_selected
 from .local import fit_local
@@ -58,6 +59,7 @@ def make_clients(groups, groups_per_client=1):
     >>> [idx.tolist() for idx in indices], client_groups
     ([[1, 2, 3, 5], [0, 4]], [(1, 2), (3,)])
     """
+    check_label_values(groups, "groups")
     groups = np.asarray(groups)
     if groups.ndim != 1:
         raise ValueError(f"groups must be 1-D, got shape {groups.shape}")
@@ -607,16 +609,32 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             if settings is not None:
                 settings.check_params()
 
+    def _validate_params(self):
+        """``_parameter_constraints``, and what they cannot say: ``groups_per_client`` is
+        not a bool (True would silently mean 1), ``checkpoint_path`` is not a directory."""
+        super()._validate_params()
+        if isinstance(self.groups_per_client, (bool, np.bool_)):
+            raise ValueError(f"groups_per_client must be an int >= 1 (groups merged per client), got "
+                             f"{self.groups_per_client!r}")
+        if self.checkpoint_path is not None and os.path.isdir(self.checkpoint_path):
+            raise ValueError(f"checkpoint_path={os.fspath(self.checkpoint_path)!r} is a directory; give the path of "
+                             "a file to write (e.g. inside it: 'checkpoint.safetensors')")
+
     def warn_about_settings(self):
         """Warn about parameter pairs measured to train badly; ``fit`` and
         :func:`skfedspd.flower.fit_federated` call it before training.
 
         Server momentum with clients that keep their Adam state
-        (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``).
+        (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``); a local
+        estimator with ``trainable="head"`` on a new model without ``init``
+        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`).
         """
         momentum = 0.0 if self.server_optimizer is None else self.server_optimizer.momentum
         if momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
+        if getattr(self.estimator, "trainable", "all") == "head" and self.init is None and not (
+                self.warm_start and self.__sklearn_is_fitted__()):
+            warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
         """DP mode shares nothing outside the budget: refuse an explicit choice that would
@@ -644,6 +662,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if self.privacy is not None:
             self._check_dp_mode(est)
         X = est.check_inputs(X, reset=not resume)
+        groups = check_groups(groups, len(X))
+        check_label_values(y, "y")
         y = np.asarray(y)
         if not resume:
             est.set_classes(self.classes if self.classes is not None else y)

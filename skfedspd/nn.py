@@ -816,6 +816,32 @@ class SPDNet(FederatedModule):
                 DomainSPDBatchNorm(d, karcher_steps=karcher_steps, dtype=dtype) for d in hidden_dims
             )
 
+    @staticmethod
+    def state_shapes(n_channels, hidden_dims, n_classes, batchnorm=None):
+        """Name → shape of the ``state_dict`` of ``SPDNet(n_channels, hidden_dims,
+        n_classes, batchnorm=batchnorm)``, computed without building it (a saved file is
+        checked against it before its network is allocated).
+
+        Examples
+        --------
+        >>> from skfedspd.nn import SPDNet
+        >>> net = SPDNet(6, (4, 3), 2, batchnorm="spd")
+        >>> SPDNet.state_shapes(6, (4, 3), 2, "spd") == {k: tuple(v.shape) for k, v in net.state_dict().items()}
+        True
+        """
+        dims = (int(n_channels),) + tuple(int(d) for d in hidden_dims)
+        shapes = {}
+        for i in range(len(dims) - 1):
+            shapes[f"bimaps.{i}.V"] = shapes[f"bimaps.{i}.W_ref"] = (dims[i], dims[i + 1])
+        shapes["head.weight"] = (int(n_classes), dims[-1] * (dims[-1] + 1) // 2)
+        shapes["head.bias"] = (int(n_classes),)
+        if batchnorm is not None:
+            for i, d in enumerate(dims[1:]):
+                shapes[f"batchnorms.{i}.log_bias"] = (d, d)
+                if batchnorm == "spd":
+                    shapes[f"batchnorms.{i}.running_mean"] = (d, d)
+        return shapes
+
     def _reeig_inputs(self, X, normalize=None):
         """The input of each ReEig: the BiMap output, then ``normalize(bn, ·)`` with batch norm."""
         for i, bimap in enumerate(self.bimaps):

@@ -33,6 +33,8 @@ Without a prior (a model saved before this feature, a deployment that could not 
 it), a new domain starts empty: its first trial becomes its mean.
 """
 
+import warnings
+
 import numpy as np
 import torch
 from sklearn.utils.validation import check_is_fitted
@@ -297,7 +299,7 @@ class DomainStatistics:
 
     def start(self, prior_weight, memory=None):
         """The statistics of a new domain: the prior with ``prior_weight``, or empty."""
-        if not prior_weight > 0:  # set_params after fit is not validated until the next fit
+        if not prior_weight > 0:  # the estimators validate it first; this guards direct use
             raise ValueError(f"domain_prior_weight must be > 0, got {prior_weight!r}")
         if self.prior is None:
             return [RunningMean(torch.eye(n, dtype=self.dtype, device=self.device), 0.0, memory=memory)
@@ -363,24 +365,44 @@ class DomainStatistics:
             return states[layer].inv_half.expand(len(labels), -1, -1)
         return torch.stack([work[label][layer].inv_half for label in labels])
 
-    def commit(self, work):
+    def commit(self, work, max_domains=None):
+        """Store the updated domains of ``work`` as the most recently used; then, beyond
+        ``max_domains`` stored domains, forget the least recently used ones with a
+        ``UserWarning`` naming them."""
+        for label in work:
+            self.domains.pop(label, None)
         self.domains.update(work)
+        if max_domains is not None and len(self.domains) > max_domains:
+            evicted = list(self.domains)[: len(self.domains) - max_domains]
+            for label in evicted:
+                del self.domains[label]
+            shown = ", ".join(repr(label) for label in evicted[:10]) + (" ..." if len(evicted) > 10 else "")
+            warnings.warn(f"max_domains={max_domains} reached: forgot the statistics of the {len(evicted)} least "
+                          f"recently used domain(s) {shown}; a forgotten domain starts again from the prior",
+                          UserWarning, stacklevel=5)
 
     def reset(self, domain=None):
-        """Forget one domain (None: all).
+        """Forget one domain, several (a list of labels) or all (None). All labels are
+        checked before any is forgotten.
 
         Raises
         ------
         KeyError
             For a label that is not a stored domain, naming it and the known ones.
+        TypeError
+            For a label that is not a str or an int.
         """
         if domain is None:
             self.domains.clear()
             return
-        label = check_domain_label(domain)
-        if label not in self.domains:
-            raise KeyError(f"unknown domain {label!r}; known domains: {list(self.domains)}")
-        del self.domains[label]
+        labels = [domain] if isinstance(domain, (str, bytes)) or np.ndim(domain) == 0 else list(domain)
+        labels = [check_domain_label(label) for label in labels]
+        unknown = [label for label in labels if label not in self.domains]
+        if unknown:
+            raise KeyError(f"unknown domain{'s' if len(unknown) > 1 else ''} {', '.join(map(repr, unknown))}; "
+                           f"known domains: {list(self.domains)}")
+        for label in dict.fromkeys(labels):
+            del self.domains[label]
 
     def trials_seen(self):
         """Label → number of trials added."""
@@ -403,17 +425,67 @@ class DomainStatistics:
         return arrays, meta
 
     @classmethod
-    def from_state(cls, arrays, meta, dtype, device="cpu"):
-        """Inverse of :meth:`state`; ``ValueError`` naming what does not match."""
-        sizes = [int(n) for n in meta["sizes"]]
+    def from_state(cls, arrays, meta, dtype, device="cpu", sizes=None):
+        """Inverse of :meth:`state`: everything is validated before any tensor is built.
+
+        Parameters
+        ----------
+        arrays, meta
+            From :meth:`state` (e.g. read from a file).
+        dtype : torch.dtype
+        device : str or torch.device, default="cpu"
+        sizes : list of int or None
+            The layer sizes the statistics must have (the model's); None: those of ``meta``.
+
+        Raises
+        ------
+        ValueError
+            Naming the field that is wrong: ``sizes`` (not the model's), ``prior`` (not a
+            bool), ``domains`` (not a list of ``{"label", "weight", "n_trials"}``), a label
+            that is not a str or an int or is repeated, a weight that is not a finite number
+            >= 0, a count that is not an int >= 0, an array that is missing, unexpected, of
+            the wrong shape, not finite or not symmetric positive definite.
+        """
+        saved = meta.get("sizes") if isinstance(meta, dict) else None
+        if (not isinstance(saved, list) or not saved
+                or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in saved)):
+            raise ValueError(f"domain statistics 'sizes' must be a non-empty list of positive ints, got {saved!r}")
+        if sizes is not None and saved != [int(n) for n in sizes]:
+            raise ValueError(f"domain statistics 'sizes' {saved} are not the model's batch-norm sizes {list(sizes)}")
+        sizes = saved
+        if not isinstance(meta.get("prior"), bool):
+            raise ValueError(f"domain statistics 'prior' must be true or false, got {meta.get('prior')!r}")
+        entries = meta.get("domains")
+        if not isinstance(entries, list) or not all(isinstance(e, dict) and set(e) == {"label", "weight", "n_trials"}
+                                                    for e in entries):
+            raise ValueError("domain statistics 'domains' must be a list of {label, weight, n_trials} objects")
+        labels = []
+        for entry in entries:
+            try:
+                labels.append(check_domain_label(entry["label"]))
+            except TypeError as error:
+                raise ValueError(f"domain statistics label: {error}") from None
+            weight, n_trials = entry["weight"], entry["n_trials"]
+            if (isinstance(weight, bool) or not isinstance(weight, (int, float)) or not np.isfinite(weight)
+                    or weight < 0):
+                raise ValueError(f"domain {entry['label']!r}: weight must be a finite number >= 0, got {weight!r}")
+            if isinstance(n_trials, bool) or not isinstance(n_trials, int) or n_trials < 0:
+                raise ValueError(f"domain {entry['label']!r}: n_trials must be an int >= 0, got {n_trials!r}")
+        repeated = sorted({repr(label) for label in labels if labels.count(label) > 1})
+        if repeated:
+            raise ValueError(f"domain statistics labels are repeated: {', '.join(repeated)}")
         expected = {f"prior.{i}" for i in range(len(sizes))} if meta["prior"] else set()
-        expected |= {f"domain.{j}.{i}" for j in range(len(meta["domains"])) for i in range(len(sizes))}
+        expected |= {f"domain.{j}.{i}" for j in range(len(entries)) for i in range(len(sizes))}
         if set(arrays) != expected:
             raise ValueError(f"domain statistics arrays {sorted(arrays)} do not match their metadata")
         for name, value in arrays.items():
             n = sizes[int(name.rsplit(".", 1)[1])]
-            if value.shape != (n, n):
-                raise ValueError(f"domain statistics array {name!r} has shape {value.shape}, expected {(n, n)}")
+            if value.shape != (n, n) or value.dtype.kind != "f":
+                raise ValueError(f"domain statistics array {name!r} is {value.dtype} {value.shape}, expected a float "
+                                 f"array of shape {(n, n)}")
+            if (not np.isfinite(value).all() or np.abs(value - value.T).max() > 1e-6 * np.abs(value).max()
+                    or np.linalg.eigvalsh(value)[0] <= 0):
+                raise ValueError(f"domain statistics array {name!r} is not a finite symmetric positive definite matrix")
         stats = cls(sizes, dtype, device)
 
         def tensor(name):
@@ -421,8 +493,8 @@ class DomainStatistics:
 
         if meta["prior"]:
             stats.prior = [tensor(f"prior.{i}") for i in range(len(sizes))]
-        for j, entry in enumerate(meta["domains"]):
-            stats.domains[check_domain_label(entry["label"])] = [
+        for j, entry in enumerate(entries):
+            stats.domains[labels[j]] = [
                 RunningMean(tensor(f"domain.{j}.{i}"), entry["weight"], entry["n_trials"])
                 for i in range(len(sizes))]
         return stats
@@ -448,11 +520,14 @@ class DomainStatisticsMixin:
         """Raise for a configuration without domain statistics (default: every one has them)."""
 
     def reset_domain(self, domain=None):
-        """Forget the statistics of ``domain`` (None: of every domain).
+        """Forget the statistics of ``domain``: one label, a list of labels, or None (every
+        domain). Every label is checked before any domain is forgotten. Together with
+        ``domains_`` (label → trials seen, in order from the least to the most recently
+        updated) it prunes the store; ``max_domains`` bounds it automatically.
 
         Parameters
         ----------
-        domain : str, int or None, default=None
+        domain : str, int, list of str or int, or None, default=None
 
         Returns
         -------
@@ -472,7 +547,8 @@ class DomainStatisticsMixin:
 
     @property
     def domains_(self):
-        """Label → number of trials seen, for every domain with stored statistics (a copy)."""
+        """Label → number of trials seen, for every domain with stored statistics (a copy),
+        from the least to the most recently updated."""
         check_is_fitted(self)
         self._check_domain_support("domains_")
         return self._domain_statistics().trials_seen()

@@ -150,6 +150,8 @@ def load_bundle(path, *, kind, fingerprint=None):
     ------
     FileNotFoundError
         If ``path`` does not exist.
+    IsADirectoryError
+        If ``path`` is a directory.
     ValueError
         Naming ``path`` and the problem: empty, truncated or corrupted, not a skfedspd file,
         another format version, another kind, another configuration (fingerprint). The
@@ -176,6 +178,8 @@ def load_bundle(path, *, kind, fingerprint=None):
     path = os.fspath(path)
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path} does not exist")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path} is a directory, not a skfedspd file")
     if os.path.getsize(path) == 0:
         raise ValueError(f"{path} is empty (not a skfedspd file)")
     try:
@@ -242,9 +246,14 @@ def load_estimator(path):
 
     Raises
     ------
-    FileNotFoundError, ValueError
-        As :func:`load_bundle`, and when the saved state does not fit the estimator's
-        parameters (message naming the path).
+    FileNotFoundError, IsADirectoryError, ValueError
+        As :func:`load_bundle`, and when the saved state is invalid (message naming the
+        path and the field). The whole header is validated before anything is built: the
+        parameters (as ``fit`` validates them), the fitted attributes (types, finiteness,
+        ranges), the labels (unique, of one type, a dtype the values justify), the domain
+        statistics (unique labels, finite weights >= 0, counts >= 0, SPD means), and the
+        network's shapes against ``n_features_in_``, ``hidden_dims`` and the classes, so a
+        header cannot make it allocate more than its file's arrays hold.
 
     Examples
     --------
@@ -265,11 +274,18 @@ def load_estimator(path):
     path = os.fspath(path)
     arrays, meta = load_bundle(path, kind=_ESTIMATOR_KIND)
     try:
+        if not isinstance(meta, dict) or not isinstance(meta.get("estimator"), dict):
+            raise ValueError("the metadata has no estimator spec (an object under 'estimator')")
+        if not isinstance(meta.get("fitted"), bool):
+            raise ValueError(f"'fitted' must be true or false, got {meta.get('fitted')!r}")
+        if meta["fitted"] and not isinstance(meta.get("state"), dict):
+            raise ValueError(f"'state' of a fitted estimator must be an object, got {meta.get('state')!r}")
         estimator = spec.estimator_from_spec(meta["estimator"])
+        estimator.check_params()  # the parameters, before anything is built from them
         if meta["fitted"]:
             estimator.restore_fitted_state(arrays, meta["state"])
         elif arrays:
             raise ValueError(f"an unfitted estimator with arrays {sorted(arrays)}")
-    except (KeyError, TypeError, ValueError) as error:
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ValueError(f"{path} holds an invalid estimator state: {error}") from None
     return estimator

@@ -1,17 +1,17 @@
 """``Recenter``: unsupervised re-centring of SPD matrices to the identity (Zanini et al., 2018)."""
 
 import warnings
-from numbers import Real
+from numbers import Integral, Real
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, validate_parameter_constraints
 from sklearn.utils.validation import check_is_fitted
 
-from .base import resolve_groups
-from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_spd_batch
+from .base import check_groups, resolve_groups
+from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_input_range, check_spd_batch, input_range
 from .functional import karcher_mean, sqrtm_invsqrtm
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, log_euclidean_sum
 
@@ -28,11 +28,7 @@ def _group_labels(groups, n_samples):
     """``(labels, codes)``: the distinct group labels and each matrix's index into them."""
     if groups is None:
         return np.array([None]), np.zeros(n_samples, dtype=np.intp)
-    groups = np.asarray(groups)
-    if groups.ndim != 1 or len(groups) != n_samples:
-        raise ValueError(
-            f"groups must be a 1-D array with one entry per matrix ({n_samples}), got shape {groups.shape}"
-        )
+    groups = check_groups(groups, n_samples)
     labels, codes = np.unique(groups, return_inverse=True)
     return labels, codes.reshape(-1)
 
@@ -156,11 +152,27 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         domain's first matrix is re-centred by the prior exactly; re-centring a single
         matrix towards itself would shrink its class signal, which ``fit_transform`` on
         whole training domains never does. The statistics stored are the same either way.
+    max_domains : int >= 1 or None, default=None
+        The most domains whose statistics are stored. Beyond it, the least recently used
+        domains are forgotten with a ``UserWarning`` naming them (bounded memory for a
+        long-running service: a domain holds its mean and the mean's two square roots,
+        about 100 KB at 64 channels). None: no bound; forget domains with
+        :meth:`reset_domain` (one label, several, or all).
+
+    The parameters are validated at ``fit`` and again, by the same constraints, at every
+    ``transform`` and :meth:`adapt` (a ``set_params`` after ``fit`` gets the same error).
+    ``transform`` and :meth:`adapt` refuse matrices that are not positive definite at
+    float64 precision, or whose scale or condition number lies far outside the training
+    matrices' (``input_range_``, :func:`skfedspd.classifier.check_input_range`), before any
+    domain's statistics change.
 
     Attributes
     ----------
     n_features_in_ : int
         Size of the matrices seen in ``fit``.
+    input_range_ : dict
+        The training matrices' range of :func:`skfedspd.classifier.spectral_summary`
+        statistics (``{"log_scale": [low, high], "log_condition": [low, high]}``, decades).
     domain_statistics_ : skfedspd.online.DomainStatistics
         The prior and the stored domains' running means; read them through ``domains_``
         (label → trials seen) and ``domain_prior_`` (the prior, or None).
@@ -204,22 +216,26 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
 
     _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
                                     "domain_memory": [Interval(Real, 2, None, closed="left"), None],
-                                    "domain_include_self": ["boolean"]}
+                                    "domain_include_self": ["boolean"],
+                                    "max_domains": [Interval(Integral, 1, None, closed="left"), None]}
 
-    def __init__(self, domain_prior_weight=1.0, domain_memory=None, domain_include_self=False):
+    def __init__(self, domain_prior_weight=1.0, domain_memory=None, domain_include_self=False, max_domains=None):
         self.domain_prior_weight = domain_prior_weight
         self.domain_memory = domain_memory
         self.domain_include_self = domain_include_self
+        self.max_domains = max_domains
 
     def _fit(self, X, groups):
-        """Validated ``X``; sets ``n_features_in_`` and the prior, forgets stored domains."""
-        X = check_spd_batch(X)
+        """Validated ``X``; sets ``n_features_in_``, ``input_range_`` and the prior,
+        forgets stored domains."""
+        X, summary = check_spd_batch(X, return_summary=True)
         _group_labels(groups, len(X))
         with torch.no_grad():
             log_sum = log_euclidean_sum(torch.as_tensor(X))
         stats = DomainStatistics([X.shape[1]], torch.float64)
         stats.set_prior([log_sum], len(X))
         self.n_features_in_ = X.shape[1]
+        self.input_range_ = input_range(summary)
         self.domain_statistics_ = stats
         return X
 
@@ -261,7 +277,9 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         work, labels, before)`` (``before``: each trial's domain statistics just before its
         update; the updates stored only with ``keep``, after everything succeeded)."""
         check_is_fitted(self)
-        X = check_spd_batch(X, self.n_features_in_)
+        self._validate_params()  # set_params since fit: the same constraints, naming the parameter
+        X, summary = check_spd_batch(X, self.n_features_in_, return_summary=True)
+        check_input_range(summary, getattr(self, "input_range_", None))
         if domain is not None and groups is not None:
             raise ValueError("pass either domain (persistent statistics) or groups (one temporary domain per group), "
                              "not both")
@@ -275,7 +293,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         with torch.no_grad():
             before, _ = stats.add_in_order(work, labels, torch.as_tensor(X), 0)
         if keep:
-            stats.commit(work)
+            stats.commit(work, self.max_domains)
             self.domain_statistics_ = stats
         return X, stats, work, labels, before
 

@@ -1416,7 +1416,8 @@ def test_init_starts_the_global_model_from_a_fitted_model(public, wrap):
     np.testing.assert_allclose(after["bimaps.0.weight"], weights["bimaps.0.weight"], rtol=0, atol=1e-12)
     assert not np.array_equal(after["head.weight"], weights["head.weight"])
     assert _same_params((start.global_estimator_ if wrap else start).get_parameters(), weights)
-    scratch = _fed(_estimator(trainable="head"), validation_fraction=0.0).fit(X, y).global_estimator_
+    with pytest.warns(UserWarning, match="frozen random BiMaps"):  # no init: random spatial filters
+        scratch = _fed(_estimator(trainable="head"), validation_fraction=0.0).fit(X, y).global_estimator_
     assert not np.allclose(scratch.get_parameters()["bimaps.0.weight"], weights["bimaps.0.weight"])
 
 

@@ -415,7 +415,7 @@ def test_domain_parameters_out_of_range_are_refused(domains_data, param, value, 
 def test_memory_set_after_fit_is_checked_before_anything_changes(fitted, domains_data, name):
     X, _, groups = domains_data
     est = _copy(fitted[name]).set_params(domain_memory=1)
-    with pytest.raises(ValueError, match="domain_memory must be None or >= 2"):
+    with pytest.raises(ValueError, match=r"'domain_memory' parameter of .* must be a float in the range \[2.0, inf\)"):
         _output(est, X[groups == 4][:3], domain="a")
     assert est.domains_ == {}
 
@@ -628,7 +628,7 @@ def test_federated_model_has_the_centralized_prior_and_adapts(domains_data, tmp_
 def test_a_prior_weight_set_after_fit_is_checked_when_a_domain_starts(fitted, domains_data, name):
     X, _, _ = domains_data
     est = _copy(fitted[name]).set_params(domain_prior_weight=0.0)
-    with pytest.raises(ValueError, match="domain_prior_weight must be > 0, got 0.0"):
+    with pytest.raises(ValueError, match=r"'domain_prior_weight' parameter of .* in the range \(0.0, inf\)\. Got 0.0"):
         _output(est, X[:2], "a")
     assert est.domains_ == {}
 

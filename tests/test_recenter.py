@@ -266,14 +266,14 @@ def test_bad_inputs(spd_dataset):
         bad = X.copy()
         bad[1, 0, 0] = np.nan
         Recenter().fit_transform(bad)
-    with pytest.raises(ValueError, match="one entry per matrix"):
+    with pytest.raises(ValueError, match="groups has 9 entries but X has 10 samples"):
         Recenter().fit_transform(X, groups=np.zeros(9))
-    with pytest.raises(ValueError, match="one entry per matrix"):
+    with pytest.raises(ValueError, match="groups must be a 1-D array"):
         Recenter().fit(X, groups=np.zeros((10, 1)))
     rc = Recenter().fit(X)
     with pytest.raises(ValueError, match="fitted on 4x4"):
         rc.transform(spd_dataset(n_matrices=5, n_channels=3)[0])
-    with pytest.raises(ValueError, match="one entry per matrix"):
+    with pytest.raises(ValueError, match="groups has 3 entries but X has 10 samples"):
         rc.transform(X, groups=np.zeros(3))
     with pytest.raises(NotFittedError):
         Recenter().transform(X)
@@ -282,7 +282,8 @@ def test_bad_inputs(spd_dataset):
 def test_clone_and_pickle(spd_domains):
     X, _, groups = spd_domains(n_groups=2)
     rc = Recenter().fit(X, groups=groups)
-    assert clone(rc).get_params() == {"domain_prior_weight": 1.0, "domain_memory": None, "domain_include_self": False}
+    assert clone(rc).get_params() == {"domain_prior_weight": 1.0, "domain_memory": None, "domain_include_self": False,
+                                       "max_domains": None}
     assert not hasattr(clone(rc), "n_features_in_")
     restored = pickle.loads(pickle.dumps(rc))
     np.testing.assert_array_equal(restored.transform(X, groups=groups), rc.transform(X, groups=groups))
