@@ -231,15 +231,18 @@ DOWNWEIGHT_RATIO = 0.5
 def _robustness_entries(clients, aggregate, kinds, diagnostics):
     """The record's ``client_distance`` (each accepted client's :func:`~skfedspd.aggregation.client_distances`
     to the rule's aggregate, before any server-optimizer step), ``effective_weights`` (a robust
-    rule's, else None) and ``downweighted_clients`` (clients whose effective weight is below
-    ``DOWNWEIGHT_RATIO`` of their weight; None without effective weights); all None when the
-    server saw only sums."""
+    rule's, else None), ``downweighted_clients`` (clients whose effective weight is below
+    ``DOWNWEIGHT_RATIO`` of their weight; None without effective weights) and
+    ``client_agreement`` (each client's agreement with the server's reference update, a rule
+    with one; else None); all None when the server saw only sums."""
     if diagnostics is None:
-        return {"client_distance": None, "effective_weights": None, "downweighted_clients": None}
-    client_params, weights, effective = diagnostics
+        return {"client_distance": None, "effective_weights": None, "downweighted_clients": None,
+                "client_agreement": None}
+    client_params, weights, effective, agreement = diagnostics
     distances = client_distances(client_params, aggregate, kinds)
     entries = {"client_distance": [float(d) for d in distances], "effective_weights": None,
-               "downweighted_clients": None}
+               "downweighted_clients": None,
+               "client_agreement": None if agreement is None else [float(a) for a in agreement]}
     if effective is not None:
         entries["effective_weights"] = [float(w) for w in effective]
         entries["downweighted_clients"] = [cid for cid, w, e in zip(clients, weights, effective)
@@ -343,6 +346,12 @@ class FederatedEngine:
         global model for Stiefel arrays; empty while it is zero or unused.
     history : list of dict
         One JSON-able record per finished round.
+    reference_update : callable or None
+        ``reference_update(global_params, seed, lr) -> params``: the server's own local
+        training from the broadcast, for a rule that needs a reference update
+        (``needs_reference``, :class:`~skfedspd.aggregation.FLTrust`); set by
+        :meth:`skfedspd.run.FederatedRun.start`, where the server's estimator lives. None:
+        such a rule fails its first round.
 
     Examples
     --------
@@ -414,6 +423,7 @@ class FederatedEngine:
         self.client_optimizer_states = {}
         self.history = []
         self.privacy = None
+        self.reference_update = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -589,17 +599,23 @@ class FederatedEngine:
         n_samples = [int(r.n_examples) if r.weight is None else _as_number(r.weight) for _, r in accepted]
         weights = client_weights(n_samples, self.weighting)
         client_params = [r.params for _, r in accepted]
-        if isinstance(self.rule, RobustAggregation):
-            new_global, effective_weights = self.rule.aggregate(client_params, weights, self._previous(), self.kinds)
+        previous, agreement = self._previous(), None
+        if getattr(self.rule, "needs_reference", False):
+            reference = self.reference(t)
+            new_global, effective_weights = self.rule.aggregate(client_params, weights, previous, self.kinds,
+                                                                reference=reference)
+            agreement = self.rule.agreement(client_params, reference, previous, self.kinds)
+        elif isinstance(self.rule, RobustAggregation):
+            new_global, effective_weights = self.rule.aggregate(client_params, weights, previous, self.kinds)
         else:
-            new_global, effective_weights = self.rule(client_params, weights, self._previous(), self.kinds), None
+            new_global, effective_weights = self.rule(client_params, weights, previous, self.kinds), None
         local_names = [n for n, kind in self.kinds.items() if kind == "local"]
         local_states = {cid: {n: reply.params[n] for n in local_names} for cid, reply in accepted} if local_names else {}
         losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
         train_loss = float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan")
         record = self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
                               int(sum(r.n_skipped for _, r in accepted)), local_states,
-                              diagnostics=(client_params, weights, effective_weights))
+                              diagnostics=(client_params, weights, effective_weights, agreement))
         self.client_optimizer_states.update({cid: r.optimizer_state for cid, r in accepted
                                              if r.optimizer_state is not None})
         return record
@@ -662,6 +678,15 @@ class FederatedEngine:
         return self._commit(t, new_global, clients, n_samples, failed, train_loss, int(np.rint(n_skipped)),
                             pooled_local=pooled_local)
 
+    def reference(self, t):
+        """The server's own update of round ``t`` (the parameters :attr:`reference_update`
+        trains from the broadcast, seeded by the run's seed and the round), for a rule that
+        needs one (:class:`~skfedspd.aggregation.FLTrust`)."""
+        if self.reference_update is None:
+            raise RuntimeError(f"aggregation {self.rule_name!r} needs the server's reference update, and this engine "
+                               "has none: FederatedRun.start provides it from the rule's root set")
+        return self.reference_update(dict(self.global_params), derive_seed(self.seed, 11, t), self.lr)
+
     def declared_weight(self, cid):
         """Client ``cid``'s aggregation weight as declared at set-up: the sum of its
         training sample weights, or its training size when it has none."""
@@ -674,8 +699,8 @@ class FederatedEngine:
                 pooled_local=None, diagnostics=None):
         """Check the rule's output; only then make it the global model (with the clients'
         new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record.
-        ``diagnostics``: ``(client_params, weights, effective_weights or None)`` of the
-        accepted clients, for the record's robustness entries (None: only sums were seen)."""
+        ``diagnostics``: ``(client_params, weights, effective_weights or None, agreement or
+        None)`` of the accepted clients, for the record's robustness entries (None: only sums were seen)."""
         check_aggregate(self.rule_name, new_global, self.template, self.kinds)
         previous = self._previous()
         new_global = {n: new_global[n] for n in previous}
