@@ -45,6 +45,7 @@ __all__ = [
     "FederatedEngine",
     "RoundSchedule",
     "check_aggregate",
+    "client_trust",
     "declared_weights",
     "is_positive_weight",
     "n_selected",
@@ -248,6 +249,88 @@ def _robustness_entries(clients, aggregate, kinds, diagnostics):
         entries["downweighted_clients"] = [cid for cid, w, e in zip(clients, weights, effective)
                                            if e < DOWNWEIGHT_RATIO * w]
     return entries
+
+
+def client_trust(history, n_clients, weighting="n_samples"):
+    """Each site's trust over a fit, and why a site was down-weighted, from the rounds' records.
+
+    A site's trust in a round is its effective weight over its weight (its share of the
+    aggregate relative to its share of the samples: 1 under a plain rule, 0 when the rule
+    left it out, above 1 when it gained from others' loss); over the fit, the mean over the
+    rounds it was aggregated in (NaN: never aggregated, or the server saw only sums).
+    Sorting the sites by trust names the suspect ones first.
+
+    Parameters
+    ----------
+    history : list of dict
+        The fit's records (``history_``).
+    n_clients : int
+    weighting : {"n_samples", "uniform"}, default="n_samples"
+        How the run weighted the clients.
+
+    Returns
+    -------
+    trust : ndarray of shape (n_clients,)
+    summary : list of dict
+        One per site: ``client``, ``rounds`` (rounds aggregated in), ``trust``,
+        ``downweighted`` (rounds in the record's ``downweighted_clients``), ``failed``
+        (train replies refused), ``agreement`` (mean agreement with the server's reference
+        update; None without a reference), ``distance_ratio`` (mean distance to the
+        aggregate over the round's median distance), ``reason`` (why it was down-weighted:
+        None when it never was).
+
+    Examples
+    --------
+    >>> from skfedspd.engine import client_trust
+    >>> history = [{"clients": [0, 1, 2], "n_samples": [10, 10, 20], "effective_weights": [0.4, 0.0, 0.6],
+    ...             "downweighted_clients": [1], "client_distance": [1.0, 3.0, 1.0],
+    ...             "client_agreement": [0.7, -0.5, 0.8], "failed_clients": []}]
+    >>> trust, summary = client_trust(history, 3)
+    >>> trust.round(2).tolist(), summary[1]["reason"]
+    ([1.6, 0.0, 1.2], 'its updates disagreed with the server reference update (mean agreement -0.50; median site 0.70)')
+    """
+    ratios = [[] for _ in range(n_clients)]
+    agreements, distance_ratios = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
+    downweighted, failed = np.zeros(n_clients, dtype=int), np.zeros(n_clients, dtype=int)
+    for record in history:
+        for entry in record.get("failed_clients", []):
+            failed[entry["client"]] += entry["stage"] == "train"
+        if record.get("client_distance") is None:  # sums only: nothing per client
+            continue
+        clients = record["clients"]
+        weights = client_weights(record["n_samples"], weighting)
+        effective = record.get("effective_weights") or weights
+        median = float(np.median(record["client_distance"]))
+        for k, cid in enumerate(clients):
+            ratios[cid].append(effective[k] / weights[k])
+            if median > 0:
+                distance_ratios[cid].append(record["client_distance"][k] / median)
+            if record.get("client_agreement") is not None:
+                agreements[cid].append(record["client_agreement"][k])
+        for cid in record.get("downweighted_clients") or []:
+            downweighted[cid] += 1
+
+    def mean(values):
+        return float(np.mean(values)) if values else None
+
+    trust = np.array([np.mean(r) if r else np.nan for r in ratios])
+    mean_agreement = [mean(a) for a in agreements]
+    typical = [a for a in mean_agreement if a is not None]
+    typical = float(np.median(typical)) if typical else None
+    summary = []
+    for cid in range(n_clients):
+        reason = None
+        if downweighted[cid] and mean_agreement[cid] is not None:
+            reason = (f"its updates disagreed with the server reference update (mean agreement "
+                      f"{mean_agreement[cid]:.2f}; median site {typical:.2f})")
+        elif downweighted[cid]:
+            reason = (f"the rule left out most of its updates (distance to the aggregate "
+                      f"{mean(distance_ratios[cid]) or float('nan'):.2f} times the median site's)")
+        summary.append({"client": cid, "rounds": len(ratios[cid]), "trust": None if np.isnan(trust[cid]) else
+                        float(trust[cid]), "downweighted": int(downweighted[cid]), "failed": int(failed[cid]),
+                        "agreement": mean_agreement[cid], "distance_ratio": mean(distance_ratios[cid]),
+                        "reason": reason})
+    return trust, summary
 
 
 def _describe(error):

@@ -37,7 +37,7 @@ from skfedspd.stiefel import orthonormality_error
 N_CHANNELS = 6
 HISTORY_KEYS = {"round", "clients", "n_samples", "failed_clients", "train_loss", "val_loss", "val_f1",
                 "orthonormality", "lr", "skipped_batches", "wall_time", "client_distance", "effective_weights",
-                "downweighted_clients"}
+                "downweighted_clients", "client_agreement"}
 
 
 def _data(n=60, n_classes=3, seed=0):
