@@ -584,7 +584,8 @@ def test_client_trust_summary_counts_and_explains():
     _, summary = client_trust(history, 3)
     assert [s["downweighted"] for s in summary] == [0, 0, 2] and [s["failed"] for s in summary] == [0, 1, 0]
     assert [s["rounds"] for s in summary] == [2, 1, 2]
-    assert summary[2]["agreement"] == pytest.approx(-0.3) and summary[2]["distance_ratio"] == pytest.approx((1.5 + 4 / 2.5) / 2)
+    assert summary[2]["agreement"] == pytest.approx(-0.3)
+    assert summary[2]["distance_ratio"] == pytest.approx((1.5 + 4 / 2.5) / 2)  # the rounds' medians 1 and 2.5
     assert summary[0]["reason"] is summary[1]["reason"] is None
     assert summary[2]["reason"].startswith("its updates disagreed with the server reference update (mean agreement "
                                            "-0.30; median site 0.60)")
