@@ -324,6 +324,33 @@ def figure(records, rules, faults, faulty, path):
     plt.close(fig)
 
 
+def trust_figure(records, rule, faults, n_faulty, path, n_sites=8):
+    """Each site's trust over the fit (``client_trust_``) under ``rule``, per fault: the
+    faulty sites (red) against the honest ones (grey), every seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = ["none"] + [f for f in faults if f not in UPDATE_FAULTS and f != DROPPED]
+    fig, ax = plt.subplots(figsize=(1.3 * len(columns) + 2, 3.2))
+    for x, fault in enumerate(columns):
+        for r in records:
+            if (r["rule"], r["fault"]) != (rule, fault) or r.get("trust") is None:
+                continue
+            for site, trust in enumerate(r["trust"]):
+                broken = fault != "none" and site < n_faulty
+                jitter = 0.25 * (site / (n_sites - 1) - 0.5)
+                ax.scatter(x + jitter, trust, s=18, color="tab:red" if broken else "0.5", zorder=3 if broken else 2)
+    ax.axhline(0.5, color="k", lw=0.6, ls="--")
+    ax.set_xticks(range(len(columns)), ["no fault" if f == "none" else f"{f} ×{n_faulty}" for f in columns])
+    ax.set_ylabel("site trust over the fit")
+    ax.set_title(f"{rule}: faulty sites (red), honest sites (grey); dashed: down-weighting threshold", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.robust_aggregation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -386,6 +413,8 @@ def main(argv=None):
         (args.out / "report.md").write_text(text + "\n")
         if records:
             figure(records, args.rules, args.faults, args.faulty, args.out / "robust_aggregation.png")
+            if "fltrust" in args.rules:
+                trust_figure(records, "fltrust", args.faults, max(args.faulty), args.out / "fltrust_trust.png")
     return 0
 
 
