@@ -160,24 +160,25 @@ def load_left_right(cache):
     return (X[sites], y[sites], subjects[sites]), (X[~sites], y[~sites])
 
 
-def draw_root_set(public, seed):
-    """``ROOT_SIZE`` trials of the public corpus, stratified, drawn by ``seed``."""
+def draw_root_set(public, seed, size=ROOT_SIZE):
+    """``size`` trials of the public corpus, stratified, drawn by ``seed``."""
     X, y = public
-    rows, _ = train_test_split(np.arange(len(y)), train_size=ROOT_SIZE, stratify=y, random_state=seed)
+    rows, _ = train_test_split(np.arange(len(y)), train_size=size, stratify=y, random_state=seed)
     return X[rows], y[rows]
 
 
-def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=None, root=None, per_client=2):
+def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=None, root=None, per_client=2,
+                 root_size=ROOT_SIZE):
     """One fit: macro-F1 of the global model on the clients' true test parts, its test
     predictions with each trial's site, its sites' trust, and its history summary. ``root``:
-    the root set, or the public corpus it is drawn from by the seed (``per_client=3``, the
-    left/right protocol)."""
+    the root set, or the public corpus it draws ``root_size`` trials from by the seed
+    (``per_client=3``, the left/right protocol)."""
     X, y, subjects = data
     train, test = client_split(y, subjects, seed, groups_per_client=per_client)
     client_rows, client_subjects = make_clients(subjects[train], groups_per_client=per_client)
     X_train, y_train = X[train], y[train]
     if rule == "fltrust" and per_client != 2:
-        root = draw_root_set(root, seed)
+        root = draw_root_set(root, seed, root_size)
     aggregation = RULES[rule] if rule != "fltrust" else FLTrust(*root)
     if fault in DATA_FAULTS:
         rng = np.random.default_rng(seed)
@@ -365,6 +366,9 @@ def main(argv=None):
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="fit nothing: report the cached records")
     parser.add_argument("--protocol", choices=("tableone", "leftright"), default="tableone")
+    parser.add_argument("--root-size", type=int, default=ROOT_SIZE,
+                        help="left/right protocol: root-set trials of fltrust (cached fits do not record it: use "
+                             "another --out for another size)")
     parser.add_argument("--out", type=Path, default=Path("results/robust-aggregation"))
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -393,7 +397,8 @@ def main(argv=None):
         log.info(f"{len(todo)} of {len(runs)} fits to run ({args.jobs} in parallel)")
         start = time.perf_counter()
         for record in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-                delayed(fit_scenario)(protocol, data, *run, profile["rounds"], log_file, root, per_client)
+                delayed(fit_scenario)(protocol, data, *run, profile["rounds"], log_file, root, per_client,
+                                      args.root_size)
                 for run in todo):
             run = (record["rule"], record["fault"], record["n_faulty"], record["seed"])
             path[run].write_text(json.dumps(record))
