@@ -712,8 +712,11 @@ class FLTrust(RobustAggregation):
     training on data it trusts, and the agreement is read where the updates live (the
     tangent space at the broadcast point, where RLAvg averages them).
 
-    Threat model. Protected against: sites whose data are broken, and hostile updates that
-    point away from the reference (reversed, random) or are large (scaled: normalised away).
+    Threat model. Meant against: sites whose data are broken (their updates point elsewhere
+    than the reference: on left/right EEG permuted channels and noise data were seen, swapped
+    labels on that near-chance task were not, ``docs/benchmarks/robust-aggregation.md``), and
+    hostile updates that point away from the reference (reversed, random) or are large
+    (scaled: normalised away).
     Not protected against: a site that knows the rule and the root set's task can send an
     update of agreement just above ``threshold`` that still moves the model by the
     reference's full norm in a direction of its choice within that cone (a bounded, not a
