@@ -15,7 +15,7 @@ from benchmarks.robust_aggregation import (
     restated_report,
     subject_score,
 )
-from skfedspd.aggregation import projavg
+from skfedspd.aggregation import FLTrust, projavg
 from skfedspd.datasets import make_spd_classification
 from skfedspd.stiefel import lift, random_stiefel
 
@@ -112,3 +112,15 @@ def test_root_set_is_a_seeded_stratified_draw_of_the_public_corpus():
     assert len(root[1]) == ROOT_SIZE and abs(np.mean(root[1]) - np.mean(y)) < 0.02
     np.testing.assert_array_equal(draw_root_set((X, y), seed=1)[0], root[0])
     assert not np.array_equal(draw_root_set((X, y), seed=2)[0], root[0])
+
+
+def test_corrupted_updates_reach_a_rule_with_a_reference():
+    """FLTrust behind the corruption: the reversed site is the one the reference disowns."""
+    previous = _params(0)
+    clients = [{**_params(s), "b": previous["b"] + 0.1 * s} for s in (1, 2, 3)]
+    reference = {**_params(4), "b": previous["b"] + 0.2}
+    rule = CorruptedUpdates(FLTrust(np.stack([np.eye(2)] * 2), [0, 1]), "reversed", [2])
+    assert rule.needs_reference and not CorruptedUpdates("projavg", "reversed", [2]).needs_reference
+    agreement = rule.agreement(clients, reference, previous, KINDS)
+    _, effective = rule.aggregate(clients, np.full(3, 1 / 3), previous, KINDS, reference=reference)
+    assert agreement[2] < 0 < min(agreement[:2]) and effective[2] == 0 and effective[:2].sum() == pytest.approx(1)
