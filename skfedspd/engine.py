@@ -286,8 +286,10 @@ def client_trust(history, n_clients, weighting="n_samples"):
     ...             "downweighted_clients": [1], "client_distance": [1.0, 3.0, 1.0],
     ...             "client_agreement": [0.7, -0.5, 0.8], "failed_clients": []}]
     >>> trust, summary = client_trust(history, 3)
-    >>> trust.round(2).tolist(), summary[1]["reason"]
-    ([1.6, 0.0, 1.2], 'its updates disagreed with the server reference update (mean agreement -0.50; median site 0.70)')
+    >>> trust.round(2).tolist()
+    [1.6, 0.0, 1.2]
+    >>> print(summary[1]["reason"])
+    its updates disagreed with the server's reference update (mean agreement -0.50; median site 0.70)
     """
     ratios = [[] for _ in range(n_clients)]
     agreements, distance_ratios = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
@@ -321,11 +323,12 @@ def client_trust(history, n_clients, weighting="n_samples"):
     for cid in range(n_clients):
         reason = None
         if downweighted[cid] and mean_agreement[cid] is not None:
-            reason = (f"its updates disagreed with the server reference update (mean agreement "
+            reason = (f"its updates disagreed with the server's reference update (mean agreement "
                       f"{mean_agreement[cid]:.2f}; median site {typical:.2f})")
         elif downweighted[cid]:
-            reason = (f"the rule left out most of its updates (distance to the aggregate "
-                      f"{mean(distance_ratios[cid]) or float('nan'):.2f} times the median site's)")
+            ratio = mean(distance_ratios[cid])
+            reason = "the rule left out most of its updates" + (
+                "" if ratio is None else f" (distance to the aggregate {ratio:.2f} times the median site's)")
         summary.append({"client": cid, "rounds": len(ratios[cid]), "trust": None if np.isnan(trust[cid]) else
                         float(trust[cid]), "downweighted": int(downweighted[cid]), "failed": int(failed[cid]),
                         "agreement": mean_agreement[cid], "distance_ratio": mean(distance_ratios[cid]),

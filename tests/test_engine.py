@@ -587,7 +587,7 @@ def test_client_trust_summary_counts_and_explains():
     assert summary[2]["agreement"] == pytest.approx(-0.3)
     assert summary[2]["distance_ratio"] == pytest.approx((1.5 + 4 / 2.5) / 2)  # the rounds' medians 1 and 2.5
     assert summary[0]["reason"] is summary[1]["reason"] is None
-    assert summary[2]["reason"].startswith("its updates disagreed with the server reference update (mean agreement "
+    assert summary[2]["reason"].startswith("its updates disagreed with the server's reference update (mean agreement "
                                            "-0.30; median site 0.60)")
     history = [_record([0, 1, 2], [10, 10, 10], [0.5, 0.5, 0.0], [1.0, 1.0, 3.0], downweighted=[2])]
     assert client_trust(history, 3)[1][2]["reason"] == ("the rule left out most of its updates (distance to the "

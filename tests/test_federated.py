@@ -1573,7 +1573,7 @@ def test_fltrust_names_the_sites_with_broken_data(fault, seed):
     for entry in fed.trust_summary_:
         assert (entry["reason"] is not None) == (entry["client"] in broken)
         assert entry["rounds"] == 5 and entry["failed"] == 0
-    assert all("disagreed with the server reference update" in fed.trust_summary_[c]["reason"] for c in broken)
+    assert all("disagreed with the server's reference update" in fed.trust_summary_[c]["reason"] for c in broken)
     assert all(r["client_agreement"] is not None and len(r["client_agreement"]) == 8 for r in fed.history_)
 
 
