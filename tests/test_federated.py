@@ -1612,3 +1612,11 @@ def test_fltrust_root_set_that_does_not_fit_is_refused_before_any_round(root, ma
     with pytest.raises(ValueError, match=r"aggregation=FLTrust\(X=<root set .*" + match):
         fed.fit(X, y)
     assert not hasattr(fed, "history_")
+
+
+@pytest.mark.parametrize("class_weight", ["balanced", {0: 1.0, 1: 3.0}])
+def test_fltrust_reference_step_trains_with_the_class_weights(class_weight):
+    """The root set is all the server's data: a "balanced" weighting is computed on it."""
+    X, y, groups, root, _ = _broken_federation(0, None, n_sites=3, n_per_site=20, n_root=20)
+    fed = _fed(_estimator(class_weight=class_weight), aggregation=FLTrust(*root), n_rounds=1).fit(X, y, groups=groups)
+    assert len(fed.history_[0]["client_agreement"]) == 3
