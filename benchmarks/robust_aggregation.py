@@ -102,8 +102,11 @@ class CorruptedUpdates:
 
     def __init__(self, rule, fault, positions):
         self.rule, self.fault, self.positions = rule, fault, tuple(positions)
-        #: A rule with the server's reference update (FLTrust) gets it through, on the corrupted arrays.
+        #: A rule with the server's reference update (FLTrust) gets it through, on the corrupted
+        #: arrays; the run trains the reference on the rule's root set.
         self.needs_reference = getattr(rule, "needs_reference", False)
+        if self.needs_reference:
+            self.X, self.y = rule.X, rule.y
 
     def __call__(self, client_params, weights, previous, kinds):
         return get_aggregation(self.rule)(self.corrupt_all(client_params, previous, kinds), weights, previous, kinds)

@@ -121,6 +121,7 @@ def test_corrupted_updates_reach_a_rule_with_a_reference():
     reference = {**_params(4), "b": previous["b"] + 0.2}
     rule = CorruptedUpdates(FLTrust(np.stack([np.eye(2)] * 2), [0, 1]), "reversed", [2])
     assert rule.needs_reference and not CorruptedUpdates("projavg", "reversed", [2]).needs_reference
+    assert rule.X is rule.rule.X and rule.y is rule.rule.y  # the root set the run trains the reference on
     agreement = rule.agreement(clients, reference, previous, KINDS)
     _, effective = rule.aggregate(clients, np.full(3, 1 / 3), previous, KINDS, reference=reference)
     assert agreement[2] < 0 < min(agreement[:2]) and effective[2] == 0 and effective[:2].sum() == pytest.approx(1)
