@@ -421,7 +421,9 @@ def main(argv=None):
         records = [json.loads(path[run].read_text()) for run in runs if path[run].exists()]
         text = "\n".join([
             f"Test macro-F1 (%), mean over seeds 0–{profile['seeds'] - 1}, {profile['rounds']} rounds; PhysionetMI "
-            "16 subjects, 8 clients of 2, 4 classes; FedSPDnet with server momentum; ×n: n faulty clients of 8.", "",
+            + ("16 subjects, 8 clients of 2, 4 classes" if per_client == 2 else
+               f"left/right, subjects 16–39, 8 clients of 3, root set of {args.root_size} public trials")
+            + "; FedSPDnet with server momentum; ×n: n faulty clients of 8.", "",
             report(records, args.rules, args.faults, args.faulty), "",
             *[restated_report(records, args.rules, args.faults, n) + "\n" for n in sorted(args.faulty)],
             "Best-validation round (median over fits; convergence check): " + ", ".join(
