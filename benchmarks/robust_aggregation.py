@@ -23,6 +23,25 @@ Faults, on the first 1 or 2 clients (``--faulty``):
   ProjAvg only (the mean of the honest sites, which a perfect rule would reduce to; Krum
   with ``n_faulty=2`` cannot even run on the 6 sites left).
 
+Scores, restated: besides the macro-F1 on every client's test part, each fit keeps its test
+predictions per site, so that the report scores the **honest sites' subjects** (sites
+``n_faulty``…7) against the fault-free ProjAvg federation *on the same subjects* (paired over
+seeds: mean difference ± standard error), and the **faulty sites' subjects** separately
+(they lose their only training data when their site is set aside: no rule can keep their
+score). The diagnosis: each fit's ``client_trust_``; a faulty fit *names* its faulty sites
+when they are the ``n_faulty`` least trusted; a fault-free fit raises a *false alarm* when a
+site's trust is below 0.5.
+
+``fltrust``: :class:`~skfedspd.aggregation.FLTrust` with a public root set. On Table I's
+protocol (``--protocol tableone``) no offline subject outside the 16 holds the 4 classes:
+the root set is the left/right-hand imagery of subjects ``ROOT_SUBJECTS`` (16 and 17; the
+same band-pass and window), 2 of the 4 classes, a reference biased towards them.
+``--protocol leftright``: left vs right hand imagery (``load_physionet_mi(n_classes=2)``)
+with the privacy protocol's split of the 40 offline subjects: the sites are subjects 16–39,
+8 clients of 3 subjects, each client's own 85/15 split; the root set is ``ROOT_SIZE`` trials
+drawn (seeded, stratified) from the public corpus, subjects 1–15 and 42; score: balanced
+accuracy. Same model, local training and server as Table I's.
+
 Data faults change the site's ``(X, y)`` before ``fit`` (the groups decide the clients);
 update faults wrap the rule in a callable ``aggregation`` (:class:`CorruptedUpdates`) that
 corrupts the chosen clients' arrays before the rule sees them. Rows: ProjAvg, RLAvg and the
@@ -42,13 +61,15 @@ from pathlib import Path
 
 import numpy as np
 from joblib import Parallel, delayed
-from sklearn.metrics import f1_score
+from sklearn.metrics import balanced_accuracy_score, f1_score
+from sklearn.model_selection import train_test_split
 
 from benchmarks.tableone.cells import SERVER_MOMENTUM
 from benchmarks.tableone.console import console_and_log, warnings_to_file
 from benchmarks.tableone.protocols import federated, load_offline_physionet, machine, spdnet
 from benchmarks.tableone.runner import client_split
-from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, get_aggregation
+from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, get_aggregation
+from skfedspd.datasets import load_physionet_mi, sample_covariance
 from skfedspd.federated import make_clients
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
@@ -56,7 +77,11 @@ from skfedspd.training import torch_threads
 log = logging.getLogger("benchmarks.tableone.robust")
 
 RULES = {"projavg": "projavg", "rlavg": "rlavg", "geomedian": GeometricMedian(), "trimmedmean": TrimmedMean(trim=0.25),
-         "krum": Krum(n_faulty=2)}
+         "krum": Krum(n_faulty=2), "fltrust": FLTrust}
+#: The public root set of ``fltrust`` on Table I's protocol: left/right imagery of two subjects outside its 16.
+ROOT_SUBJECTS = (16, 17)
+#: The left/right protocol: the privacy protocol's public corpus and sites, clients of 3 sites' subjects.
+PUBLIC_SUBJECTS, SITE_SUBJECTS, SUBJECTS_PER_CLIENT, ROOT_SIZE = (*range(1, 16), 42), tuple(range(16, 40)), 3, 64
 DATA_FAULTS = ("labels", "channels", "noise")
 UPDATE_FAULTS = ("reversed", "scaled")
 #: Not a fault: the reference of the data faults, the same federation without the faulty sites
@@ -77,11 +102,25 @@ class CorruptedUpdates:
 
     def __init__(self, rule, fault, positions):
         self.rule, self.fault, self.positions = rule, fault, tuple(positions)
+        #: A rule with the server's reference update (FLTrust) gets it through, on the corrupted
+        #: arrays; the run trains the reference on the rule's root set.
+        self.needs_reference = getattr(rule, "needs_reference", False)
+        if self.needs_reference:
+            self.X, self.y = rule.X, rule.y
 
     def __call__(self, client_params, weights, previous, kinds):
-        corrupted = [self.corrupt(params, previous, kinds) if i in self.positions else params
-                     for i, params in enumerate(client_params)]
-        return get_aggregation(self.rule)(corrupted, weights, previous, kinds)
+        return get_aggregation(self.rule)(self.corrupt_all(client_params, previous, kinds), weights, previous, kinds)
+
+    def aggregate(self, client_params, weights, previous, kinds, reference=None):
+        return self.rule.aggregate(self.corrupt_all(client_params, previous, kinds), weights, previous, kinds,
+                                   reference=reference)
+
+    def agreement(self, client_params, reference, previous, kinds):
+        return self.rule.agreement(self.corrupt_all(client_params, previous, kinds), reference, previous, kinds)
+
+    def corrupt_all(self, client_params, previous, kinds):
+        return [self.corrupt(params, previous, kinds) if i in self.positions else params
+                for i, params in enumerate(client_params)]
 
     def corrupt(self, params, previous, kinds):
         out = dict(params)
@@ -117,13 +156,44 @@ def inject_data_fault(fault, X, y, rows, rng):
     return X, y
 
 
-def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=None):
-    """One fit: macro-F1 of the global model on the clients' true test parts, and its history summary."""
+def load_root_set():
+    """``(covariances, labels)`` of the public root set (``ROOT_SUBJECTS``), Table I's window."""
+    X_raw, y = load_physionet_mi(list(ROOT_SUBJECTS), n_classes=2, return_raw=True, n_times=480)[:2]
+    return sample_covariance(X_raw), y
+
+
+def load_left_right(cache):
+    """``(site data (X, y, subjects), public corpus (X, y))`` of the left/right protocol,
+    covariances cached in ``cache`` (an ``.npz``)."""
+    if not cache.exists():
+        X, y, subjects, _ = load_physionet_mi(subjects=[*PUBLIC_SUBJECTS, *SITE_SUBJECTS], n_classes=2)
+        np.savez(cache, X=X, y=y, subjects=subjects)
+    with np.load(cache) as f:
+        X, y, subjects = f["X"], f["y"], f["subjects"]
+    sites = np.isin(subjects, SITE_SUBJECTS)
+    return (X[sites], y[sites], subjects[sites]), (X[~sites], y[~sites])
+
+
+def draw_root_set(public, seed, size=ROOT_SIZE):
+    """``size`` trials of the public corpus, stratified, drawn by ``seed``."""
+    X, y = public
+    rows, _ = train_test_split(np.arange(len(y)), train_size=size, stratify=y, random_state=seed)
+    return X[rows], y[rows]
+
+
+def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=None, root=None, per_client=2,
+                 root_size=ROOT_SIZE):
+    """One fit: macro-F1 of the global model on the clients' true test parts, its test
+    predictions with each trial's site, its sites' trust, and its history summary. ``root``:
+    the root set, or the public corpus it draws ``root_size`` trials from by the seed
+    (``per_client=3``, the left/right protocol)."""
     X, y, subjects = data
-    train, test = client_split(y, subjects, seed)
-    client_rows, _ = make_clients(subjects[train], groups_per_client=2)
+    train, test = client_split(y, subjects, seed, groups_per_client=per_client)
+    client_rows, client_subjects = make_clients(subjects[train], groups_per_client=per_client)
     X_train, y_train = X[train], y[train]
-    aggregation = RULES[rule]
+    if rule == "fltrust" and per_client != 2:
+        root = draw_root_set(root, seed, root_size)
+    aggregation = RULES[rule] if rule != "fltrust" else FLTrust(*root)
     if fault in DATA_FAULTS:
         rng = np.random.default_rng(seed)
         for site in range(n_faulty):
@@ -134,13 +204,17 @@ def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=N
     if fault == DROPPED:
         honest[np.concatenate([client_rows[site] for site in range(n_faulty)])] = False
     clf = federated(spdnet(protocol, seed, 1), aggregation, 1.0, rounds, seed, server=SERVER_MOMENTUM)
-    clf.set_params(max_update_norm=MAX_UPDATE_NORM)
+    clf.set_params(max_update_norm=MAX_UPDATE_NORM, groups_per_client=per_client)
     start = time.process_time()
     with torch_threads(1), warnings_to_file(log_file):
         clf.fit(X_train[honest], y_train[honest], groups=subjects[train][honest])
         pred = clf.predict(X[test])
+    site_of = {subject: site for site, group in enumerate(client_subjects) for subject in group}
+    trust = clf.client_trust_.tolist() if fault != DROPPED else None
     return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "rounds": rounds,
             "f1": float(f1_score(y[test], pred, average="macro")), "best_round": int(clf.best_round_),
+            "y_test": y[test].tolist(), "pred": pred.tolist(), "site": [int(site_of[s]) for s in subjects[test]],
+            "trust": trust,
             "curve": [r["val_f1"] for r in clf.history_], "cpu_seconds": time.process_time() - start,
             **faulty_site_diagnostics(clf.history_, n_faulty if fault in DATA_FAULTS else 0)}
 
@@ -197,6 +271,52 @@ def report(records, rules, faults, faulty):
     return "\n".join(lines)
 
 
+def subject_score(record, sites):
+    """Macro-F1 (4 classes) or balanced accuracy (2) of a fit on the test trials of the subjects of ``sites``."""
+    at = np.isin(record["site"], list(sites))
+    y, pred = np.asarray(record["y_test"])[at], np.asarray(record["pred"])[at]
+    return balanced_accuracy_score(y, pred) if len(np.unique(record["y_test"])) == 2 else f1_score(y, pred,
+                                                                                                   average="macro")
+
+
+def restated_report(records, rules, faults, n_faulty, n_sites=8):
+    """The restated protocol's table: the honest sites' subjects against fault-free ProjAvg on
+    the same subjects (paired over seeds), the faulty sites' subjects apart, and the diagnosis."""
+    honest, faulty = range(n_faulty, n_sites), range(n_faulty)
+
+    def fits(rule, fault, n):
+        return {r["seed"]: r for r in records if (r["rule"], r["fault"], r["n_faulty"]) == (rule, fault, n)
+                and "pred" in r}
+
+    base = fits("projavg", "none", 0)
+    lines = [f"Honest sites' subjects (sites {n_faulty}–{n_sites - 1}): score (%) and paired change against the "
+             "fault-free ProjAvg federation on the same subjects (mean ± SE over seeds; kept: ratio of means); "
+             "faulty sites' subjects apart; named: fits whose faulty sites are the least trusted.", "",
+             "| rule | fault | seeds | honest subjects | change | kept | faulty subjects | named |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for rule in rules:
+        for fault in ["none", *faults]:
+            runs = fits(rule, fault, 0 if fault == "none" else n_faulty)
+            seeds = sorted(set(runs) & set(base))
+            if not seeds:
+                continue
+            score = np.array([subject_score(runs[s], honest) for s in seeds])
+            change = score - np.array([subject_score(base[s], honest) for s in seeds])
+            se = change.std(ddof=1) / np.sqrt(len(seeds)) if len(seeds) > 1 else float("nan")
+            kept = score.mean() / np.mean([subject_score(base[s], honest) for s in seeds])
+            own = [subject_score(runs[s], faulty) for s in seeds]
+            if fault == "none":
+                named = "false alarms {}/{}".format(sum(min(runs[s]["trust"]) < 0.5 for s in seeds), len(seeds))
+            elif fault == DROPPED:
+                named = "–"
+            else:
+                named = "{}/{}".format(sum(max(runs[s]["trust"][:n_faulty]) < min(runs[s]["trust"][n_faulty:])
+                                           for s in seeds), len(seeds))
+            lines.append(f"| {rule} | {fault} | {len(seeds)} | {100 * score.mean():.1f} | {100 * change.mean():+.1f} ± "
+                         f"{100 * se:.1f} | {kept:.1%} | {100 * np.mean(own):.1f} | {named} |")
+    return "\n".join(lines)
+
+
 def figure(records, rules, faults, faulty, path):
     """Grouped bars: mean test macro-F1 per scenario (x) and rule (bars)."""
     import matplotlib
@@ -219,6 +339,33 @@ def figure(records, rules, faults, faulty, path):
     plt.close(fig)
 
 
+def trust_figure(records, rule, faults, n_faulty, path, n_sites=8):
+    """Each site's trust over the fit (``client_trust_``) under ``rule``, per fault: the
+    faulty sites (red) against the honest ones (grey), every seed."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    columns = ["none"] + [f for f in faults if f not in UPDATE_FAULTS and f != DROPPED]
+    fig, ax = plt.subplots(figsize=(1.3 * len(columns) + 2, 3.2))
+    for x, fault in enumerate(columns):
+        for r in records:
+            if (r["rule"], r["fault"]) != (rule, fault) or r.get("trust") is None:
+                continue
+            for site, trust in enumerate(r["trust"]):
+                broken = fault != "none" and site < n_faulty
+                jitter = 0.25 * (site / (n_sites - 1) - 0.5)
+                ax.scatter(x + jitter, trust, s=18, color="tab:red" if broken else "0.5", zorder=3 if broken else 2)
+    ax.axhline(0.5, color="k", lw=0.6, ls="--")
+    ax.set_xticks(range(len(columns)), ["no fault" if f == "none" else f"{f} ×{n_faulty}" for f in columns])
+    ax.set_ylabel("site trust over the fit")
+    ax.set_title(f"{rule}: faulty sites (red), honest sites (grey); dashed: down-weighting threshold", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.robust_aggregation", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -232,6 +379,10 @@ def main(argv=None):
     parser.add_argument("--rules", nargs="+", choices=list(RULES), default=list(RULES))
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--report-only", action="store_true", help="fit nothing: report the cached records")
+    parser.add_argument("--protocol", choices=("tableone", "leftright"), default="tableone")
+    parser.add_argument("--root-size", type=int, default=ROOT_SIZE,
+                        help="left/right protocol: root-set trials of fltrust (cached fits do not record it: use "
+                             "another --out for another size)")
     parser.add_argument("--out", type=Path, default=Path("results/robust-aggregation"))
     argv = sys.argv[1:] if argv is None else list(argv)
     args = parser.parse_args(argv)
@@ -246,7 +397,12 @@ def main(argv=None):
         if loaded is None:
             return 1
         protocol, _, covariances, y, subjects = loaded
-        data = (covariances, y, subjects)
+        per_client = 2
+        if args.protocol == "leftright":
+            (data, root), per_client = load_left_right(args.out / "leftright.npz"), SUBJECTS_PER_CLIENT
+        else:
+            data = (covariances, y, subjects)
+            root = load_root_set() if "fltrust" in args.rules else None
         runs = [(rule, fault, n, seed) for seed in range(profile["seeds"])
                 for fault, n in scenarios(args.faults, args.faulty) for rule in args.rules
                 if fault != DROPPED or rule == "projavg"]
@@ -255,7 +411,9 @@ def main(argv=None):
         log.info(f"{len(todo)} of {len(runs)} fits to run ({args.jobs} in parallel)")
         start = time.perf_counter()
         for record in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-                delayed(fit_scenario)(protocol, data, *run, profile["rounds"], log_file) for run in todo):
+                delayed(fit_scenario)(protocol, data, *run, profile["rounds"], log_file, root, per_client,
+                                      args.root_size)
+                for run in todo):
             run = (record["rule"], record["fault"], record["n_faulty"], record["seed"])
             path[run].write_text(json.dumps(record))
             log.info(f"{run}: macro-F1 {100 * record['f1']:.1f} (best round {record['best_round']}, "
@@ -263,8 +421,11 @@ def main(argv=None):
         records = [json.loads(path[run].read_text()) for run in runs if path[run].exists()]
         text = "\n".join([
             f"Test macro-F1 (%), mean over seeds 0–{profile['seeds'] - 1}, {profile['rounds']} rounds; PhysionetMI "
-            "16 subjects, 8 clients of 2, 4 classes; FedSPDnet with server momentum; ×n: n faulty clients of 8.", "",
+            + ("16 subjects, 8 clients of 2, 4 classes" if per_client == 2 else
+               f"left/right, subjects 16–39, 8 clients of 3, root set of {args.root_size} public trials")
+            + "; FedSPDnet with server momentum; ×n: n faulty clients of 8.", "",
             report(records, args.rules, args.faults, args.faulty), "",
+            *[restated_report(records, args.rules, args.faults, n) + "\n" for n in sorted(args.faulty)],
             "Best-validation round (median over fits; convergence check): " + ", ".join(
                 f"{rule} {np.median([r['best_round'] for r in records if r['rule'] == rule]):.0f}"
                 for rule in args.rules) + f" of {profile['rounds']}.", "",
@@ -273,6 +434,8 @@ def main(argv=None):
         (args.out / "report.md").write_text(text + "\n")
         if records:
             figure(records, args.rules, args.faults, args.faulty, args.out / "robust_aggregation.png")
+            if "fltrust" in args.rules:
+                trust_figure(records, "fltrust", args.faults, max(args.faulty), args.out / "fltrust_trust.png")
     return 0
 
 

@@ -37,7 +37,9 @@ move, so the R-barycenter is ProjAvg at a greater cost, not an independent refer
 
 Robust rules, against a faulty or hostile client whose reply passes the engine's checks:
 :class:`GeometricMedian` (``"geomedian"``), :class:`TrimmedMean` (``"trimmedmean"``) and
-:class:`Krum` (``"krum"``, multi-Krum). They are callable objects with the rule signature
+:class:`Krum` (``"krum"``, multi-Krum); against data faults (an update of ordinary size in
+a wrong direction, which distances do not see), :class:`FLTrust`, which weights each client
+by its agreement with the server's own update on a public root set. They are callable objects with the rule signature
 and scikit-learn parameters (``FederatedSPDnetClassifier(aggregation=TrimmedMean(trim=0.25))``,
 ``aggregation__trim`` in a grid search; saved and sent to a Flower ServerApp by
 :mod:`skfedspd.spec`), subclasses of :class:`RobustAggregation`, whose
@@ -49,6 +51,7 @@ of the embedding: defined for any two points, unlike the Stiefel logarithm, and 
 the tangent norm ``‖L_W(W_i)‖`` to first order); ``docs/guide/robust-aggregation.md``.
 """
 
+import hashlib
 from numbers import Integral, Real
 
 import numpy as np
@@ -70,6 +73,8 @@ __all__ = [
     "GeometricMedian",
     "TrimmedMean",
     "Krum",
+    "FLTrust",
+    "tangent_updates",
     "AGGREGATIONS",
     "SUM_RULES",
     "get_aggregation",
@@ -349,7 +354,10 @@ class RobustAggregation(BaseEstimator):
 
     ``aggregate(client_params, weights, previous, kinds)`` returns
     ``(new global {name: ndarray}, effective weights)``: the model, as for every rule, and a
-    1-D array, summing to 1, of each client's share of it.
+    1-D array, summing to 1, of each client's share of it (all 0 when a rule keeps the previous
+    model because it trusts no client: :class:`FLTrust`). A rule whose ``needs_reference``
+    is true also takes ``reference=``, the server's own update of the round (the engine
+    computes it, :attr:`skfedspd.engine.FederatedEngine.reference_update`).
 
     Examples
     --------
@@ -370,6 +378,8 @@ class RobustAggregation(BaseEstimator):
 
     #: Plain-text name of the rule in error messages.
     label = "robust aggregation"
+    #: Whether :meth:`aggregate` needs the server's reference update (``reference=``).
+    needs_reference = False
 
     def __call__(self, client_params, weights, previous, kinds):
         return self.aggregate(client_params, weights, previous, kinds)[0]
@@ -648,6 +658,168 @@ class Krum(RobustAggregation):
         shares[selected] = weights[selected] / weights[selected].sum()
         out = {name: _from_tangent(np.tensordot(shares, coordinates[name], axes=1), previous, name, kinds[name])
                for name in names}
+        return out, shares
+
+
+def tangent_updates(client_params, previous, kinds):
+    """``(n_clients, d)`` matrix of the clients' updates in the tangent space at the broadcast
+    ``previous``, one row per client over the non-local arrays in ``kinds`` order: the lifting
+    ``L_{W_prev}(W_i)`` of a Stiefel array (RLAvg's), ``θ_i − θ_prev`` of another.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import tangent_updates
+    >>> kinds = {"b": "euclidean", "bn": "local"}
+    >>> tangent_updates([{"b": np.array([1.0, 2.0]), "bn": np.ones(1)}], {"b": np.array([1.0, 0.0])}, kinds)
+    array([[0., 2.]])
+    """
+    names = [name for name, kind in kinds.items() if kind != "local"]
+    rows = []
+    for params in client_params:
+        parts = []
+        for name in names:
+            value, base = np.asarray(params[name], dtype=np.float64), np.asarray(previous[name], dtype=np.float64)
+            parts.append((lift(base, value) if kinds[name] == "stiefel" else value - base).ravel())
+        rows.append(np.concatenate(parts) if parts else np.zeros(0))
+    return np.stack(rows)
+
+
+class FLTrust(RobustAggregation):
+    """Trust by agreement with the server's own update on a root set (FLTrust on the Stiefel manifold).
+
+    The server holds a small public *root set* ``(X, y)``. Each round it trains, from the
+    broadcast model and with the clients' local training (same epochs, learning rate and
+    seed discipline), its own *reference update* ``g_0`` on that set; the engine computes it
+    and hands it to the rule (``aggregate(..., reference=...)``), so the rule itself is a
+    pure function of the clients' updates and the reference. In the tangent space at the
+    broadcast ``θ`` (Stiefel arrays lifted with ``L_θ``, others as differences; all non-local
+    arrays as one vector, :func:`tangent_updates`), client ``i``'s update ``g_i`` gets
+
+        ``c_i = cos(g_i, g_0)`` (its *agreement*), ``τ_i = c_i if c_i > threshold else 0``,
+        ``a_i = w_i τ_i / Σ_j w_j τ_j`` (its effective weight, ``w_i`` its client weight),
+        ``g = Σ_i a_i (‖g_0‖ / ‖g_i‖) g_i``,
+
+    and the new model is ``R_θ(g)`` (Stiefel arrays, polar retraction after projection onto
+    the tangent space) or ``θ + g`` (others). Every update counts with the reference's
+    magnitude: a site cannot buy influence with a large step. When no client agrees
+    (``Σ_j w_j τ_j = 0``) the model stays where it was and every effective weight is 0.
+
+    Why this mechanism: a data fault (swapped labels, permuted channels, noise) produces an
+    update of ordinary size whose *direction* is wrong, so rules that measure distances
+    (:class:`GeometricMedian`, :class:`TrimmedMean`, :class:`Krum`) keep it; only a reference
+    of what the task's data asks for sees the direction. The reference is the server's own
+    training on data it trusts, and the agreement is read where the updates live (the
+    tangent space at the broadcast point, where RLAvg averages them).
+
+    Threat model. Meant against: sites whose data are broken (their updates point elsewhere
+    than the reference: on left/right EEG permuted channels and noise data were seen, swapped
+    labels on that near-chance task were not, ``docs/benchmarks/robust-aggregation.md``), and
+    hostile updates that point away from the reference (reversed, random) or are large
+    (scaled: normalised away).
+    Not protected against: a site that knows the rule and the root set's task can send an
+    update of agreement just above ``threshold`` that still moves the model by the
+    reference's full norm in a direction of its choice within that cone (a bounded, not a
+    null, influence, shared by up to ``n`` colluding sites); the rule is only as good as the
+    root set (a root set unlike the sites' data, e.g. another montage or population, makes
+    honest sites disagree with it: check the ``client_agreement`` of a fault-free run);
+    and the server's reference step costs one local training per round. It needs each
+    client's update: no secure aggregation.
+
+    Parameters
+    ----------
+    X : array-like of shape (n_root, n_channels, n_channels)
+        The root set's inputs: public data of the federation's task, in the sites' format
+        (checked against the model when a fit starts). It travels with the rule's
+        parameters (a JSON spec, a saved model), so it must be public.
+    y : array-like of shape (n_root,)
+        Its labels, among the federation's classes.
+    threshold : float in [0, 1), default=0.0
+        Agreement at or below which a client gets no weight (0: FLTrust's ReLU).
+
+    References
+    ----------
+    .. [1] X. Cao, M. Fang, J. Liu and N. Z. Gong, "FLTrust: Byzantine-robust federated
+       learning via trust bootstrapping", NDSS 2021.
+
+    Examples
+    --------
+    Three clients and the server's reference update; client 2 moved against it and gets no
+    weight, and the step has the reference's length:
+
+    >>> import numpy as np
+    >>> from skfedspd.aggregation import FLTrust
+    >>> rule = FLTrust(X=np.stack([np.eye(2)] * 4), y=[0, 1, 0, 1])
+    >>> kinds, previous = {"b": "euclidean"}, {"b": np.zeros(2)}
+    >>> clients = [{"b": np.array([1.0, 0.1])}, {"b": np.array([2.0, -0.1])}, {"b": np.array([-5.0, 0.0])}]
+    >>> reference = {"b": np.array([0.5, 0.0])}
+    >>> mean, effective = rule.aggregate(clients, np.full(3, 1 / 3), previous, kinds, reference=reference)
+    >>> mean["b"].round(3), effective.round(3)
+    (array([0.498, 0.012]), array([0.499, 0.501, 0.   ]))
+    >>> rule.agreement(clients, reference, previous, kinds).round(3)
+    array([ 0.995,  0.999, -1.   ])
+    """
+
+    label = "FLTrust"
+    #: The engine computes the server's reference update each round and passes it as ``reference``.
+    needs_reference = True
+    _parameter_constraints = {"X": ["array-like"], "y": ["array-like"],
+                              "threshold": [Interval(Real, 0, 1, closed="left")]}
+
+    def __init__(self, X, y, threshold=0.0):
+        self.X = X
+        self.y = y
+        self.threshold = threshold
+
+    def check_params(self):
+        super().check_params()
+        X, y = np.asarray(self.X), np.asarray(self.y)
+        if X.ndim < 3 or len(X) == 0:
+            raise ValueError(f"FLTrust: X must be a non-empty root set of matrices (n_root, n_channels, n_channels), "
+                             f"got shape {X.shape}")
+        if y.shape != (len(X),):
+            raise ValueError(f"FLTrust: y must hold one label per root matrix ({len(X)}), got shape {y.shape}")
+
+    def __repr__(self, N_CHAR_MAX=700):
+        # The root set by its shape and digest: a stable, short name (rule_name, checkpoints).
+        X, y = np.ascontiguousarray(self.X), np.asarray(self.y)
+        digest = hashlib.sha256(X.tobytes() + repr(y.tolist()).encode()).hexdigest()[:12]
+        threshold = "" if self.threshold == 0 else f", threshold={self.threshold!r}"
+        return f"FLTrust(X=<root set {X.shape} {digest}>, y=<{len(y)} labels>{threshold})"
+
+    def agreement(self, client_params, reference, previous, kinds):
+        """Each client's agreement ``cos(g_i, g_0)`` with the reference update in the tangent
+        space at ``previous`` (0 for a client or a reference that did not move)."""
+        updates = tangent_updates(client_params, previous, kinds)
+        ref = tangent_updates([reference], previous, kinds)[0]
+        norms = np.linalg.norm(updates, axis=1) * np.linalg.norm(ref)
+        dots = updates @ ref
+        return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+    def aggregate(self, client_params, weights, previous, kinds, reference=None):
+        weights = self._normalised_weights(client_params, weights, previous, kinds)
+        if reference is None:
+            raise ValueError("FLTrust needs the server's reference update (reference=...): a federated fit's engine "
+                             "computes it on the root set each round")
+        if previous is None:
+            raise ValueError("FLTrust works in the tangent space at the previous global model: previous must be given")
+        names = [name for name, kind in kinds.items() if kind != "local"]
+        updates = tangent_updates(client_params, previous, kinds)
+        ref_norm = np.linalg.norm(tangent_updates([reference], previous, kinds)[0])
+        agreement = self.agreement(client_params, reference, previous, kinds)
+        trust = np.where(agreement > self.threshold, agreement, 0.0) * weights
+        if not trust.sum() > 0:
+            return {name: np.asarray(previous[name], dtype=np.float64) for name in names}, np.zeros(len(weights))
+        shares = trust / trust.sum()
+        norms = np.linalg.norm(updates, axis=1)
+        scale = np.divide(ref_norm, norms, out=np.zeros_like(norms), where=norms > 0)
+        step = (shares * scale) @ updates
+        out, start = {}, 0
+        for name in names:
+            base = np.asarray(previous[name], dtype=np.float64)
+            part = step[start:start + base.size].reshape(base.shape)
+            start += base.size
+            out[name] = retract(base, tangent_project(base, part)) if kinds[name] == "stiefel" else base + part
         return out, shares
 
 

@@ -41,6 +41,7 @@ from .training import PlateauSchedule, derive_seed
 __all__ = [
     "FederatedEngine",
     "check_aggregate",
+    "client_trust",
     "declared_weights",
     "is_positive_weight",
     "n_selected",
@@ -227,20 +228,108 @@ DOWNWEIGHT_RATIO = 0.5
 def _robustness_entries(clients, aggregate, kinds, diagnostics):
     """The record's ``client_distance`` (each accepted client's :func:`~skfedspd.aggregation.client_distances`
     to the rule's aggregate, before any server-optimizer step), ``effective_weights`` (a robust
-    rule's, else None) and ``downweighted_clients`` (clients whose effective weight is below
-    ``DOWNWEIGHT_RATIO`` of their weight; None without effective weights); all None when the
-    server saw only sums."""
+    rule's, else None), ``downweighted_clients`` (clients whose effective weight is below
+    ``DOWNWEIGHT_RATIO`` of their weight; None without effective weights) and
+    ``client_agreement`` (each client's agreement with the server's reference update, a rule
+    with one; else None); all None when the server saw only sums."""
     if diagnostics is None:
-        return {"client_distance": None, "effective_weights": None, "downweighted_clients": None}
-    client_params, weights, effective = diagnostics
+        return {"client_distance": None, "effective_weights": None, "downweighted_clients": None,
+                "client_agreement": None}
+    client_params, weights, effective, agreement = diagnostics
     distances = client_distances(client_params, aggregate, kinds)
     entries = {"client_distance": [float(d) for d in distances], "effective_weights": None,
-               "downweighted_clients": None}
+               "downweighted_clients": None,
+               "client_agreement": None if agreement is None else [float(a) for a in agreement]}
     if effective is not None:
         entries["effective_weights"] = [float(w) for w in effective]
         entries["downweighted_clients"] = [cid for cid, w, e in zip(clients, weights, effective)
                                            if e < DOWNWEIGHT_RATIO * w]
     return entries
+
+
+def client_trust(history, n_clients, weighting="n_samples"):
+    """Each site's trust over a fit, and why a site was down-weighted, from the rounds' records.
+
+    A site's trust in a round is its effective weight over its weight (its share of the
+    aggregate relative to its share of the samples: 1 under a plain rule, 0 when the rule
+    left it out, above 1 when it gained from others' loss); over the fit, the mean over the
+    rounds it was aggregated in (NaN: never aggregated, or the server saw only sums).
+    Sorting the sites by trust names the suspect ones first.
+
+    Parameters
+    ----------
+    history : list of dict
+        The fit's records (``history_``).
+    n_clients : int
+    weighting : {"n_samples", "uniform"}, default="n_samples"
+        How the run weighted the clients.
+
+    Returns
+    -------
+    trust : ndarray of shape (n_clients,)
+    summary : list of dict
+        One per site: ``client``, ``rounds`` (rounds aggregated in), ``trust``,
+        ``downweighted`` (rounds in the record's ``downweighted_clients``), ``failed``
+        (train replies refused), ``agreement`` (mean agreement with the server's reference
+        update; None without a reference), ``distance_ratio`` (mean distance to the
+        aggregate over the round's median distance), ``reason`` (why it was down-weighted:
+        None when it never was).
+
+    Examples
+    --------
+    >>> from skfedspd.engine import client_trust
+    >>> history = [{"clients": [0, 1, 2], "n_samples": [10, 10, 20], "effective_weights": [0.4, 0.0, 0.6],
+    ...             "downweighted_clients": [1], "client_distance": [1.0, 3.0, 1.0],
+    ...             "client_agreement": [0.7, -0.5, 0.8], "failed_clients": []}]
+    >>> trust, summary = client_trust(history, 3)
+    >>> trust.round(2).tolist()
+    [1.6, 0.0, 1.2]
+    >>> print(summary[1]["reason"])
+    its updates disagreed with the server's reference update (mean agreement -0.50; median site 0.70)
+    """
+    ratios = [[] for _ in range(n_clients)]
+    agreements, distance_ratios = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
+    downweighted, failed = np.zeros(n_clients, dtype=int), np.zeros(n_clients, dtype=int)
+    for record in history:
+        for entry in record.get("failed_clients", []):
+            failed[entry["client"]] += entry["stage"] == "train"
+        if record.get("client_distance") is None:  # sums only: nothing per client
+            continue
+        clients = record["clients"]
+        weights = client_weights(record["n_samples"], weighting)
+        effective = record.get("effective_weights") or weights
+        median = float(np.median(record["client_distance"]))
+        for k, cid in enumerate(clients):
+            ratios[cid].append(effective[k] / weights[k])
+            if median > 0:
+                distance_ratios[cid].append(record["client_distance"][k] / median)
+            if record.get("client_agreement") is not None:
+                agreements[cid].append(record["client_agreement"][k])
+        for cid in record.get("downweighted_clients") or []:
+            downweighted[cid] += 1
+
+    def mean(values):
+        return float(np.mean(values)) if values else None
+
+    trust = np.array([np.mean(r) if r else np.nan for r in ratios])
+    mean_agreement = [mean(a) for a in agreements]
+    typical = [a for a in mean_agreement if a is not None]
+    typical = float(np.median(typical)) if typical else None
+    summary = []
+    for cid in range(n_clients):
+        reason = None
+        if downweighted[cid] and mean_agreement[cid] is not None:
+            reason = (f"its updates disagreed with the server's reference update (mean agreement "
+                      f"{mean_agreement[cid]:.2f}; median site {typical:.2f})")
+        elif downweighted[cid]:
+            ratio = mean(distance_ratios[cid])
+            reason = "the rule left out most of its updates" + (
+                "" if ratio is None else f" (distance to the aggregate {ratio:.2f} times the median site's)")
+        summary.append({"client": cid, "rounds": len(ratios[cid]), "trust": None if np.isnan(trust[cid]) else
+                        float(trust[cid]), "downweighted": int(downweighted[cid]), "failed": int(failed[cid]),
+                        "agreement": mean_agreement[cid], "distance_ratio": mean(distance_ratios[cid]),
+                        "reason": reason})
+    return trust, summary
 
 
 def _describe(error):
@@ -294,6 +383,12 @@ class FederatedEngine:
         global model for Stiefel arrays; empty while it is zero or unused.
     history : list of dict
         One JSON-able record per finished round.
+    reference_update : callable or None
+        ``reference_update(global_params, seed, lr) -> params``: the server's own local
+        training from the broadcast, for a rule that needs a reference update
+        (``needs_reference``, :class:`~skfedspd.aggregation.FLTrust`); set by
+        :meth:`skfedspd.run.FederatedRun.start`, where the server's estimator lives. None:
+        such a rule fails its first round.
 
     Examples
     --------
@@ -365,6 +460,7 @@ class FederatedEngine:
         self.client_optimizer_states = {}
         self.history = []
         self.privacy = None
+        self.reference_update = None
 
     # ------------------------------------------------------------------ properties
     @property
@@ -540,17 +636,23 @@ class FederatedEngine:
         n_samples = [int(r.n_examples) if r.weight is None else _as_number(r.weight) for _, r in accepted]
         weights = client_weights(n_samples, self.weighting)
         client_params = [r.params for _, r in accepted]
-        if isinstance(self.rule, RobustAggregation):
-            new_global, effective_weights = self.rule.aggregate(client_params, weights, self._previous(), self.kinds)
+        previous, agreement = self._previous(), None
+        if getattr(self.rule, "needs_reference", False):
+            reference = self.reference(t)
+            new_global, effective_weights = self.rule.aggregate(client_params, weights, previous, self.kinds,
+                                                                reference=reference)
+            agreement = self.rule.agreement(client_params, reference, previous, self.kinds)
+        elif isinstance(self.rule, RobustAggregation):
+            new_global, effective_weights = self.rule.aggregate(client_params, weights, previous, self.kinds)
         else:
-            new_global, effective_weights = self.rule(client_params, weights, self._previous(), self.kinds), None
+            new_global, effective_weights = self.rule(client_params, weights, previous, self.kinds), None
         local_names = [n for n, kind in self.kinds.items() if kind == "local"]
         local_states = {cid: {n: reply.params[n] for n in local_names} for cid, reply in accepted} if local_names else {}
         losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
         train_loss = float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan")
         record = self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
                               int(sum(r.n_skipped for _, r in accepted)), local_states,
-                              diagnostics=(client_params, weights, effective_weights))
+                              diagnostics=(client_params, weights, effective_weights, agreement))
         self.client_optimizer_states.update({cid: r.optimizer_state for cid, r in accepted
                                              if r.optimizer_state is not None})
         return record
@@ -613,6 +715,15 @@ class FederatedEngine:
         return self._commit(t, new_global, clients, n_samples, failed, train_loss, int(np.rint(n_skipped)),
                             pooled_local=pooled_local)
 
+    def reference(self, t):
+        """The server's own update of round ``t`` (the parameters :attr:`reference_update`
+        trains from the broadcast, seeded by the run's seed and the round), for a rule that
+        needs one (:class:`~skfedspd.aggregation.FLTrust`)."""
+        if self.reference_update is None:
+            raise RuntimeError(f"aggregation {self.rule_name!r} needs the server's reference update, and this engine "
+                               "has none: FederatedRun.start provides it from the rule's root set")
+        return self.reference_update(dict(self.global_params), derive_seed(self.seed, 11, t), self.lr)
+
     def declared_weight(self, cid):
         """Client ``cid``'s aggregation weight as declared at set-up: the sum of its
         training sample weights, or its training size when it has none."""
@@ -625,8 +736,8 @@ class FederatedEngine:
                 pooled_local=None, diagnostics=None):
         """Check the rule's output; only then make it the global model (with the clients'
         new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record.
-        ``diagnostics``: ``(client_params, weights, effective_weights or None)`` of the
-        accepted clients, for the record's robustness entries (None: only sums were seen)."""
+        ``diagnostics``: ``(client_params, weights, effective_weights or None, agreement or
+        None)`` of the accepted clients, for the record's robustness entries (None: only sums were seen)."""
         check_aggregate(self.rule_name, new_global, self.template, self.kinds)
         previous = self._previous()
         new_global = {n: new_global[n] for n in previous}

@@ -26,7 +26,7 @@ from .base import (accepts_renamed, check_groups, check_label_values, fold_renam
                    training_weights)
 from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
-from .engine import n_selected
+from .engine import client_trust, n_selected
 from .local import fit_local
 from .online import drop_domain_requests
 from .privacy import DPSGD
@@ -369,7 +369,22 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         :func:`~skfedspd.aggregation.client_distances`, in ``clients`` order), and for a
         robust rule ``effective_weights`` (each client's share of the aggregate) and
         ``downweighted_clients`` (those whose share is below half their weight), None
-        otherwise; all three None under secure aggregation.
+        otherwise; and for :class:`~skfedspd.aggregation.FLTrust` ``client_agreement``
+        (each client's cosine with the server's reference update), None otherwise; all
+        None under secure aggregation.
+    client_trust_ : ndarray of shape (n_clients_,)
+        Each site's trust over the fit: the mean, over the rounds it was aggregated in, of
+        its effective weight over its weight (1 under a plain rule; near 0: the rule kept
+        leaving it out; NaN: never aggregated, or secure aggregation).
+        ``np.argsort(client_trust_)`` names the suspect sites first
+        (:func:`skfedspd.engine.client_trust`).
+    trust_summary_ : list of dict
+        One per site: ``client``, ``rounds``, ``trust``, ``downweighted`` (rounds the rule
+        down-weighted it in), ``failed`` (train replies refused), ``agreement`` (mean
+        agreement with the server's reference update, FLTrust), ``distance_ratio`` (mean
+        distance to the aggregate over the round's median) and ``reason`` (why it was
+        down-weighted; None if never). Both are recomputed from ``history_``, so a saved
+        and loaded model has them.
     best_round_ : int
     privacy_ : dict or None
         DP mode: the JSON-able report of :func:`skfedspd.privacy.plan_dp` (mechanism,
@@ -406,9 +421,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     >>> fed.predict(X[:5]).shape, fed.predict_proba(X[:5]).shape
     ((5,), (5, 2))
     >>> sorted(fed.history_[-1])  # one record per round
-    ['client_distance', 'clients', 'downweighted_clients', 'effective_weights', 'failed_clients', 'lr',
-     'n_samples', 'orthonormality', 'round', 'skipped_batches', 'train_loss', 'val_f1', 'val_loss',
-     'wall_time']
+    ['client_agreement', 'client_distance', 'clients', 'downweighted_clients', 'effective_weights',
+     'failed_clients', 'lr', 'n_samples', 'orthonormality', 'round', 'skipped_batches', 'train_loss', 'val_f1',
+     'val_loss', 'wall_time']
 
     Without groups, a seeded partition of the samples (3 clients; 0.5 of them, floored: one per
     round) and RLAvg; the local model's parameters are reachable as ``estimator__*``:
@@ -740,6 +755,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.client_groups_ = list(result.client_groups)
         self.best_round_ = engine.best_round
         self.privacy_ = engine.privacy_report()
+        self.client_trust_, self.trust_summary_ = client_trust(engine.history, engine.n_clients, engine.weighting)
         return self
 
     # ------------------------------------------------------------------ persistence

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.base import clone
 
-from .base import uses_validation
+from .base import training_weights, uses_validation
 from .classifier import SPDnetClassifier
+from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
 from .messages import SetupReply
 from .server_optimizer import ServerMomentum
@@ -489,8 +490,37 @@ class FederatedRun:
         if self.resume:
             engine.load_state_dict(*fed.engine_.state_dict())
         self._setup.update(classes=est.classes_.tolist(), input_statistic=statistic, ready=True)
+        if getattr(engine.rule, "needs_reference", False):
+            engine.reference_update = self.reference_update(engine.rule, len(replies), shape)
         self.engine = engine
         return engine
+
+    def reference_update(self, rule, client_id, shape):
+        """The server's own local training on ``rule``'s root set (``rule.X``, ``rule.y``):
+        ``update(global_params, seed, lr) -> params``, a client's training (a
+        :class:`~skfedspd.client.Site` of the root set, numbered ``client_id``, on a clone of
+        the server's local estimator: the same epochs, batches, seeding and class weights,
+        no DP-SGD: the root set is public). The root set must hold matrices of the sites'
+        ``shape`` and labels among the classes (a ValueError naming the rule otherwise)."""
+        est = clone(self.estimator)
+        y = np.asarray(rule.y)
+        weights = None
+        if getattr(est, "class_weight", None) is not None:  # the root set is all the server's data
+            weights = training_weights(est.class_weight, y, None)
+            est.set_params(class_weight=None)
+        setup = dict(self.site_setup(), validation_fraction=0.0, private=False)
+        try:
+            site = Site(client_id, rule.X, y, weights, None, setup, est)
+            if tuple(site.reply.shape) != tuple(shape):
+                raise ValueError(f"its matrices have shape {tuple(site.reply.shape)}, the sites' {tuple(shape)}")
+        except ValueError as error:
+            raise ValueError(f"aggregation={rule!r}: the root set does not fit this fit: {error}") from error
+        n_epochs = self.fed.local_epochs
+
+        def update(global_params, seed, lr):
+            return site.train_update(global_params, None, seed=seed, lr=lr, n_epochs=n_epochs).params
+
+        return update
 
     def _initialize(self, model):
         """The estimator's module, seeded by the run's seed, then with ``init``'s weights."""

@@ -3,7 +3,8 @@
 Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
 ``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
 type, e.g. the labels of a ``class_weight``), and nested estimators, among them the robust
-aggregation rules (``aggregation=TrimmedMean(trim=0.2)``) and the settings objects
+aggregation rules (``aggregation=TrimmedMean(trim=0.2)``; :class:`~skfedspd.aggregation.FLTrust` with its
+root set, written as nested lists: public data, and its size is the spec's) and the settings objects
 (``schedule=RoundSchedule(...)``, ``server_optimizer=ServerMomentum(...)``, ``privacy=DPSGD(...)``). Any other callable
 ``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
 A fitted model as a parameter (``FederatedSPDnetClassifier(init=...)``, where a fit starts)
@@ -28,8 +29,9 @@ _ALLOWED = {
     "EEGNetClassifier": "skfedspd.eegnet",
 }
 #: Allowed as a parameter's value only (``aggregation=``), never as the saved estimator.
-_NESTED = {**{name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum")},
-           "RoundSchedule": "skfedspd.training", "EpochSchedule": "skfedspd.training", "ServerMomentum": "skfedspd.server_optimizer",
+_NESTED = {**{name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum", "FLTrust")},
+           "RoundSchedule": "skfedspd.training", "EpochSchedule": "skfedspd.training",
+           "ServerMomentum": "skfedspd.server_optimizer",
            "DPSGD": "skfedspd.privacy"}
 
 

@@ -7,7 +7,9 @@ Euclidean weighted mean, the exclusion of client-local arrays, and argument chec
 Karcher mean's first-order optimality and its ``O(δ²)`` gap to ProjAvg / RLAvg; the
 R-barycenter (RLAvg iterated at its own output) is ProjAvg. The robust rules (geometric
 median, trimmed mean, multi-Krum): their fixed cases, resistance to outliers, oracles (scipy's
-minimiser and trimmed mean, replicated clients), invariances and argument checking.
+minimiser and trimmed mean, replicated clients), invariances and argument checking. FLTrust:
+the reference's step when the clients agree, its length whatever theirs, no weight against
+it, the agreement as a tangent cosine, its threshold, and its arguments.
 """
 
 from collections import OrderedDict
@@ -21,6 +23,7 @@ from sklearn.base import clone
 
 from skfedspd.aggregation import (
     AGGREGATIONS,
+    FLTrust,
     GeometricMedian,
     Krum,
     RobustAggregation,
@@ -34,6 +37,8 @@ from skfedspd.aggregation import (
     projavg_from_sum,
     rlavg,
     rlavg_from_sum,
+    rule_name,
+    tangent_updates,
     weighted_sum,
 )
 from skfedspd.stiefel import (
@@ -1001,3 +1006,125 @@ def test_check_secure_rule_refuses_rules_of_individual_updates(name):
     with pytest.raises(ValueError, match="needs each client's update"):
         check_secure_rule(name)
     check_secure_rule("projavg")
+
+
+# ---------------------------------------------------------------------------------------------
+# FLTrust: trust by agreement with the server's reference update
+# ---------------------------------------------------------------------------------------------
+
+ROOT = (np.stack([np.eye(3)] * 4), [0, 1, 0, 1])
+EUCLIDEAN = {"head.weight": "euclidean", "head.bias": "euclidean", "bn.running_mean": "local"}
+
+
+def _euclidean(previous, step):
+    return {"head.weight": previous["head.weight"] + step[:-3].reshape(previous["head.weight"].shape),
+            "head.bias": previous["head.bias"] + step[-3:], "bn.running_mean": np.zeros(2)}
+
+
+@pytest.mark.parametrize("sizes", [(1.0, 1.0, 1.0), (0.1, 1.0, 100.0), (1e-3, 5.0, 1e4)])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fltrust_takes_the_reference_step_when_clients_agree_whatever_their_size(sizes, seed):
+    """Clients along the reference's direction, of any size, and one against it: the step is
+    the reference's (direction and length), the opposing client has no weight."""
+    rng = np.random.default_rng(seed)
+    previous = {"head.weight": rng.standard_normal((3, 3)), "head.bias": rng.standard_normal(3)}
+    direction = rng.standard_normal(12)
+    reference = _euclidean(previous, 0.3 * direction)
+    clients = [_euclidean(previous, s * direction) for s in sizes] + [_euclidean(previous, -2.0 * direction)]
+    weights = _random_weights(4, rng)
+    out, effective = FLTrust(*ROOT).aggregate(clients, weights, previous, EUCLIDEAN, reference=reference)
+    for name in previous:
+        np.testing.assert_allclose(out[name], reference[name], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(effective, np.append(weights[:3] / weights[:3].sum(), 0.0), rtol=1e-12)
+
+
+@pytest.mark.parametrize("shape", SHAPES)
+def test_fltrust_clients_at_the_reference_give_its_retracted_step(shape):
+    p, k = shape
+    previous, clients, w = _clients(p, k, 1, 0.1, seed=k)
+    reference = clients[0]
+    out, effective = FLTrust(*ROOT).aggregate(clients * 3, np.full(3, 1 / 3), previous, _kinds(),
+                                              reference=reference)
+    W = previous[STIEFEL]
+    np.testing.assert_allclose(out[STIEFEL], retract(W, lift(W, reference[STIEFEL])), atol=1e-12)
+    assert orthonormality_error(out[STIEFEL]) <= 1e-12
+    np.testing.assert_allclose(out["head.bias"], reference["head.bias"], atol=1e-12)
+    np.testing.assert_allclose(effective, np.full(3, 1 / 3))
+
+
+@pytest.mark.parametrize("shape", SHAPES[:4])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fltrust_agreement_is_the_cosine_of_the_tangent_updates(shape, seed):
+    p, k = shape
+    previous, clients, w = _clients(p, k, 4, 0.2, seed=seed)
+    reference = clients.pop()
+    rule = FLTrust(*ROOT)
+    updates = tangent_updates(clients, previous, _kinds())
+    ref = tangent_updates([reference], previous, _kinds())[0]
+    W = previous[STIEFEL]
+    np.testing.assert_allclose(updates[0, :p * k].reshape(p, k), lift(W, clients[0][STIEFEL]), atol=1e-14)
+    expected = updates @ ref / np.linalg.norm(updates, axis=1) / np.linalg.norm(ref)
+    agreement = rule.agreement(clients, reference, previous, _kinds())
+    np.testing.assert_allclose(agreement, expected, rtol=1e-12)
+    out, effective = rule.aggregate(clients, w[:3], previous, _kinds(), reference=reference)
+    trust = np.maximum(agreement, 0) * w[:3]
+    np.testing.assert_allclose(effective, trust / trust.sum() if trust.sum() > 0 else 0, rtol=1e-12)
+
+
+@pytest.mark.parametrize("reference_step", [1.0, 0.0])
+def test_fltrust_trusting_nobody_keeps_the_previous_model(reference_step):
+    """Every client against the reference, or a reference that did not move: no step."""
+    rng = np.random.default_rng(0)
+    previous = {"head.weight": rng.standard_normal((3, 3)), "head.bias": rng.standard_normal(3)}
+    direction = rng.standard_normal(12)
+    clients = [_euclidean(previous, -s * direction) for s in (0.5, 1.0)]
+    out, effective = FLTrust(*ROOT).aggregate(clients, [0.5, 0.5], previous, EUCLIDEAN,
+                                              reference=_euclidean(previous, reference_step * direction))
+    for name in previous:
+        np.testing.assert_array_equal(out[name], previous[name])
+    np.testing.assert_array_equal(effective, [0.0, 0.0])
+
+
+@pytest.mark.parametrize("threshold, kept", [(0.0, [1, 1, 0]), (0.5, [1, 1, 0]), (0.7, [1, 0, 0]), (0.99, [1, 0, 0])])
+def test_fltrust_threshold_drops_clients_at_or_below_it(threshold, kept):
+    previous = {"head.weight": np.zeros((3, 3)), "head.bias": np.zeros(3)}
+    reference = _euclidean(previous, np.eye(12)[0])
+    steps = [np.eye(12)[0], 0.6 * np.eye(12)[0] + 0.8 * np.eye(12)[1], np.eye(12)[1]]  # agreements 1, 0.6, 0
+    clients = [_euclidean(previous, step) for step in steps]
+    _, effective = FLTrust(*ROOT, threshold=threshold).aggregate(clients, np.full(3, 1 / 3), previous, EUCLIDEAN,
+                                                                 reference=reference)
+    assert (effective > 0).astype(int).tolist() == kept
+
+
+@pytest.mark.parametrize("rule, match", [
+    (FLTrust(*ROOT, threshold=1.0), "'threshold' parameter of FLTrust"),
+    (FLTrust(*ROOT, threshold=-0.1), "'threshold' parameter of FLTrust"),
+    (FLTrust(np.ones((3, 3)), [0, 1, 0]), r"FLTrust: X must be a non-empty root set .* got shape \(3, 3\)"),
+    (FLTrust(np.ones((0, 3, 3)), []), "FLTrust: X must be a non-empty root set"),
+    (FLTrust(ROOT[0], [0, 1]), r"FLTrust: y must hold one label per root matrix \(4\), got shape \(2,\)"),
+    (FLTrust(ROOT[0], "a string"), "'y' parameter of FLTrust"),
+])
+def test_fltrust_bad_parameters_refused_naming_them(rule, match):
+    with pytest.raises(ValueError, match=match):
+        get_aggregation(rule)
+
+
+def test_fltrust_needs_the_reference_and_the_previous_model():
+    previous, clients, w = _clients(4, 2, 3, 0.1, seed=0)
+    with pytest.raises(ValueError, match="FLTrust needs the server's reference update"):
+        FLTrust(*ROOT)(clients, w, previous, _kinds())  # as a plain rule: no reference
+    with pytest.raises(ValueError, match="FLTrust works in the tangent space at the previous global model"):
+        FLTrust(*ROOT).aggregate(clients, w, None, _kinds(), reference=clients[0])
+
+
+def test_fltrust_is_a_cloneable_rule_named_by_its_root_set():
+    rule = FLTrust(*ROOT, threshold=0.2)
+    copy = clone(rule)
+    assert copy.X is not rule.X and np.array_equal(copy.X, rule.X) and copy.get_params()["threshold"] == 0.2
+    assert rule.needs_reference and not any(r.needs_reference for r in ROBUST.values())
+    assert rule_name(rule) == rule_name(copy) == rule_name(FLTrust(ROOT[0].copy(), list(ROOT[1]), threshold=0.2))
+    assert rule_name(rule).startswith("skfedspd.aggregation.FLTrust(X=<root set (4, 3, 3) ")
+    assert rule_name(FLTrust(ROOT[0] * 2, ROOT[1])) != rule_name(FLTrust(*ROOT))
+    assert rule_name(FLTrust(ROOT[0], [1, 0, 1, 0])) != rule_name(FLTrust(*ROOT))
+    with pytest.raises(ValueError, match="needs each client's update"):
+        get_aggregation(rule, secure=True)

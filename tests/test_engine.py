@@ -11,11 +11,12 @@ import re
 import numpy as np
 import pytest
 
-from skfedspd.aggregation import GeometricMedian, Krum, TrimmedMean, client_distances, projavg, rule_name
-from skfedspd.engine import FederatedEngine, check_aggregate, n_selected, stiefel_tolerance
+from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, client_distances, projavg, rule_name
+from skfedspd.engine import FederatedEngine, check_aggregate, client_trust, n_selected, stiefel_tolerance
 from skfedspd.messages import EvalReply, TrainReply
 from skfedspd.run import pool_input_statistic
 from skfedspd.stiefel import random_stiefel
+from skfedspd.training import derive_seed
 
 KINDS = {"W": "stiefel", "b": "euclidean", "bn": "local"}
 
@@ -497,3 +498,97 @@ def test_secure_sums_record_no_per_client_diagnostics():
                                        n_examples=60.0, loss=0.5, n_nan_loss=0.0, n_skipped=0.0,
                                        pooled_local={"bn": np.ones(2)})
     assert record["client_distance"] is record["effective_weights"] is record["downweighted_clients"] is None
+
+
+# ---------------------------------------------------------------------------------------------
+# A rule with the server's reference update (FLTrust), and the trust over a fit
+# ---------------------------------------------------------------------------------------------
+
+ROOT = (np.stack([np.eye(5)] * 4), [0, 1, 0, 1])
+
+
+def _against(engine, cid):
+    """A reply that moves the Euclidean array against the honest clients (a plausible size)."""
+    return _tampered(engine, cid, _set("b", lambda b: b - 0.05 * (cid + 1)))
+
+
+def test_reference_rule_without_a_reference_update_fails_the_round_untouched():
+    engine = _engine(aggregation=FLTrust(*ROOT))
+    before = {n: v.copy() for n, v in engine.global_params.items()}
+    with pytest.raises(RuntimeError, match=r"aggregation 'skfedspd.aggregation.FLTrust\(X=<root set .* needs the "
+                                           "server's reference update, and this engine has none"):
+        engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    assert engine.history == []
+    for name, value in before.items():
+        np.testing.assert_array_equal(engine.global_params[name], value)
+
+
+@pytest.mark.parametrize("t", [0, 3])
+def test_reference_update_is_asked_for_each_round_and_its_agreement_recorded(t):
+    """The engine asks for the reference from the broadcast with the round's seed and learning
+    rate; the client against it gets no weight, and the record says why."""
+    engine = _engine(aggregation=FLTrust(*ROOT))
+    calls = []
+
+    def reference_update(global_params, seed, lr):
+        calls.append((global_params, seed, lr))
+        return dict(global_params, b=global_params["b"] + 0.01)
+
+    engine.reference_update = reference_update
+    broadcast = {n: v.copy() for n, v in engine.global_params.items()}
+    record = engine.aggregate(t, [0, 1, 2], [_honest(engine, 0), _honest(engine, 1), _against(engine, 2)])
+    (params, seed, lr), = calls
+    assert seed == derive_seed(0, 11, t) and lr == engine.lr
+    for name, value in broadcast.items():
+        np.testing.assert_array_equal(params[name], value)
+    assert record["client_agreement"][0] > 0 and record["client_agreement"][2] < 0
+    assert record["effective_weights"][2] == 0 and record["downweighted_clients"] == [2]
+    json.dumps(record)
+
+
+@pytest.mark.parametrize("aggregation", ["projavg", "geomedian"])
+def test_rules_without_a_reference_record_no_agreement(aggregation):
+    engine = _engine(aggregation=aggregation)
+    record = engine.aggregate(0, [0, 1, 2], [_honest(engine, c) for c in range(3)])
+    assert record["client_agreement"] is None
+
+
+def _record(clients, n_samples, effective, distance, agreement=None, downweighted=None, failed=()):
+    return {"clients": clients, "n_samples": n_samples, "effective_weights": effective, "client_distance": distance,
+            "client_agreement": agreement, "downweighted_clients": downweighted,
+            "failed_clients": [{"client": c, "stage": "train", "reason": "down"} for c in failed]}
+
+
+@pytest.mark.parametrize("weighting, history, trust", [
+    # a plain rule: everyone as trusted as their weight says
+    ("n_samples", [_record([0, 1, 2], [10, 20, 30], None, [1.0, 1.0, 2.0])], [1.0, 1.0, 1.0]),
+    # a robust rule: the effective weight over the weight, averaged over the rounds a site was in
+    ("n_samples", [_record([0, 1], [10, 30], [0.5, 0.5], [1.0, 1.0], downweighted=[]),
+                   _record([1, 2], [10, 10], [1.0, 0.0], [1.0, 3.0], downweighted=[2])], [2.0, (2 / 3 + 2) / 2, 0.0]),
+    ("uniform", [_record([0, 1], [10, 30], [0.25, 0.75], [1.0, 1.0], downweighted=[0])], [0.5, 1.5, np.nan]),
+    # secure sums: nothing per site
+    ("n_samples", [_record([0, 1, 2], [60], None, None)], [np.nan] * 3),
+])
+def test_client_trust_is_the_mean_relative_effective_weight(weighting, history, trust):
+    values, summary = client_trust(history, 3, weighting)
+    np.testing.assert_allclose(values, trust, rtol=1e-12)
+    assert [s["client"] for s in summary] == [0, 1, 2]
+    assert [s["trust"] for s in summary] == [None if np.isnan(v) else v for v in values]
+    json.dumps(summary)
+
+
+def test_client_trust_summary_counts_and_explains():
+    history = [_record([0, 1, 2], [10, 10, 10], [0.5, 0.5, 0.0], [1.0, 1.0, 1.5], agreement=[0.8, 0.6, -0.4],
+                       downweighted=[2]),
+               _record([0, 2], [10, 10], [1.0, 0.0], [1.0, 4.0], agreement=[0.9, -0.2], downweighted=[2], failed=[1])]
+    _, summary = client_trust(history, 3)
+    assert [s["downweighted"] for s in summary] == [0, 0, 2] and [s["failed"] for s in summary] == [0, 1, 0]
+    assert [s["rounds"] for s in summary] == [2, 1, 2]
+    assert summary[2]["agreement"] == pytest.approx(-0.3)
+    assert summary[2]["distance_ratio"] == pytest.approx((1.5 + 4 / 2.5) / 2)  # the rounds' medians 1 and 2.5
+    assert summary[0]["reason"] is summary[1]["reason"] is None
+    assert summary[2]["reason"].startswith("its updates disagreed with the server's reference update (mean agreement "
+                                           "-0.30; median site 0.60)")
+    history = [_record([0, 1, 2], [10, 10, 10], [0.5, 0.5, 0.0], [1.0, 1.0, 3.0], downweighted=[2])]
+    assert client_trust(history, 3)[1][2]["reason"] == ("the rule left out most of its updates (distance to the "
+                                                        "aggregate 3.00 times the median site's)")

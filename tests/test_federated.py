@@ -27,7 +27,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-from skfedspd.aggregation import Krum, TrimmedMean, projavg
+from skfedspd.aggregation import FLTrust, Krum, TrimmedMean, projavg
 from skfedspd.federated import make_clients, partition_indices
 from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
@@ -41,7 +41,7 @@ from skfedspd.stiefel import orthonormality_error
 N_CHANNELS = 6
 HISTORY_KEYS = {"round", "clients", "n_samples", "failed_clients", "train_loss", "val_loss", "val_f1",
                 "orthonormality", "lr", "skipped_batches", "wall_time", "client_distance", "effective_weights",
-                "downweighted_clients"}
+                "downweighted_clients", "client_agreement"}
 
 
 def _data(n=60, n_classes=3, seed=0):
@@ -1528,7 +1528,8 @@ def test_robust_rule_settings_refused_at_fit_leaving_the_estimator_unchanged(agg
     assert reference.history_ == clf.history_
 
 
-@pytest.mark.parametrize("aggregation", ["geomedian", "trimmedmean", "krum", TrimmedMean(trim=0.3), "karcher"])
+@pytest.mark.parametrize("aggregation", ["geomedian", "trimmedmean", "krum", TrimmedMean(trim=0.3), "karcher",
+                                         FLTrust(np.stack([np.eye(3)] * 2), [0, 1])])
 def test_secure_aggregation_refuses_rules_of_individual_updates(aggregation):
     """Before any round or data check, and from check_params (what a ServerApp calls)."""
     fed = _fed(aggregation=aggregation, backend="flower", secure_aggregation=True)
@@ -1581,3 +1582,87 @@ def test_settings_objects_travel_as_json():
     again = estimator_from_spec(estimator_to_spec(fed))
     for name in ("schedule", "server_optimizer", "privacy"):
         assert again.get_params()[name].get_params() == fed.get_params()[name].get_params()
+# FLTrust in a fit: the server's reference update, and the sites' trust
+# ---------------------------------------------------------------------------------------------
+
+
+def _broken_federation(seed, fault, n_sites=8, n_per_site=30, n_root=40):
+    """``(X, y, groups, root, broken)``: ``n_sites`` sites of one 2-class problem, a public
+    root set of ``n_root`` matrices, and two sites with a data fault: ``"swap"`` (labels
+    swapped), ``"permute"`` (channels permuted), ``"noise"`` (random labels) or ``None``."""
+    X, y = make_spd_dataset(n_sites * n_per_site + n_root, N_CHANNELS, 2, seed=seed)
+    root, X, y = (X[-n_root:], y[-n_root:]), X[:-n_root].copy(), y[:-n_root].copy()
+    groups = np.repeat(np.arange(n_sites), n_per_site)
+    broken = [] if fault is None else [seed % n_sites, (seed + 3) % n_sites]
+    rng = np.random.default_rng(seed)
+    for site in broken:
+        at = groups == site
+        if fault == "swap":
+            y[at] = 1 - y[at]
+        elif fault == "noise":
+            y[at] = rng.integers(0, 2, at.sum())
+        else:
+            P = np.eye(N_CHANNELS)[rng.permutation(N_CHANNELS)]
+            X[at] = P @ X[at] @ P.T
+    return X, y, groups, root, broken
+
+
+@pytest.mark.parametrize("fault", ["swap", "permute", "noise"])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_fltrust_names_the_sites_with_broken_data(fault, seed):
+    """Two of eight sites with a data fault rank lowest in trust, and the summary says why."""
+    X, y, groups, root, broken = _broken_federation(seed, fault)
+    fed = _fed(aggregation=FLTrust(*root), n_rounds=5, random_state=seed).fit(X, y, groups=groups)
+    assert sorted(np.argsort(fed.client_trust_)[:2]) == broken
+    honest = [c for c in range(8) if c not in broken]
+    assert fed.client_trust_[honest].min() > 0.5 > fed.client_trust_[broken].max()
+    for entry in fed.trust_summary_:
+        assert (entry["reason"] is not None) == (entry["client"] in broken)
+        assert entry["rounds"] == 5 and entry["failed"] == 0
+    assert all("disagreed with the server's reference update" in fed.trust_summary_[c]["reason"] for c in broken)
+    assert all(r["client_agreement"] is not None and len(r["client_agreement"]) == 8 for r in fed.history_)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_fltrust_raises_no_false_alarm_on_a_fault_free_federation(seed):
+    X, y, groups, root, _ = _broken_federation(seed, None)
+    fed = _fed(aggregation=FLTrust(*root), n_rounds=5, random_state=seed).fit(X, y, groups=groups)
+    assert fed.client_trust_.min() > 0.5
+    assert sum(entry["downweighted"] for entry in fed.trust_summary_) <= 2  # of 40 site-rounds
+    projavg_fit = _fed(n_rounds=5, random_state=seed).fit(X, y, groups=groups)
+    np.testing.assert_array_equal(projavg_fit.client_trust_, np.ones(8))
+    assert all(entry["reason"] is None for entry in projavg_fit.trust_summary_)
+
+
+def test_fltrust_fit_saved_and_loaded_keeps_its_rule_and_the_trust(tmp_path):
+    X, y, groups, root, broken = _broken_federation(0, "swap", n_sites=4, n_per_site=20, n_root=20)
+    fed = _fed(aggregation=FLTrust(*root, threshold=0.1), n_rounds=2).fit(X, y, groups=groups)
+    save_estimator(fed, tmp_path / "fed.skfedspd")
+    loaded = load_estimator(tmp_path / "fed.skfedspd")
+    assert repr(loaded.aggregation) == repr(fed.aggregation)  # the root set travels with the rule
+    np.testing.assert_array_equal(loaded.aggregation.X, root[0])
+    np.testing.assert_array_equal(loaded.client_trust_, fed.client_trust_)
+    assert loaded.trust_summary_ == fed.trust_summary_ and loaded.history_ == fed.history_
+    refit = clone(loaded).fit(X, y, groups=groups)
+    np.testing.assert_array_equal(refit.predict_proba(X), fed.predict_proba(X))
+
+
+@pytest.mark.parametrize("root, match", [
+    ((np.stack([np.eye(4)] * 4), [0, 1, 0, 1]), r"the root set does not fit this fit: its matrices have shape "
+                                                r"\(4, 4\), the sites' \(6, 6\)"),
+    ((np.stack([np.eye(6)] * 3), [0, 1, 7]), r"the root set does not fit this fit: this site holds labels \[7\]"),
+])
+def test_fltrust_root_set_that_does_not_fit_is_refused_before_any_round(root, match):
+    X, y = _data(n=60)
+    fed = _fed(aggregation=FLTrust(*root), n_rounds=1)
+    with pytest.raises(ValueError, match=r"aggregation=FLTrust\(X=<root set .*" + match):
+        fed.fit(X, y)
+    assert not hasattr(fed, "history_")
+
+
+@pytest.mark.parametrize("class_weight", ["balanced", {0: 1.0, 1: 3.0}])
+def test_fltrust_reference_step_trains_with_the_class_weights(class_weight):
+    """The root set is all the server's data: a "balanced" weighting is computed on it."""
+    X, y, groups, root, _ = _broken_federation(0, None, n_sites=3, n_per_site=20, n_root=20)
+    fed = _fed(_estimator(class_weight=class_weight), aggregation=FLTrust(*root), n_rounds=1).fit(X, y, groups=groups)
+    assert len(fed.history_[0]["client_agreement"]) == 3

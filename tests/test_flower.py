@@ -38,8 +38,8 @@ from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
 from skfedspd.flower.records import to_array_record  # noqa: E402
 from skfedspd.flower.server import SPDnetStrategy, set_domain_prior_from_sites  # noqa: E402
 from skfedspd.flower.simulation import quiet_flower_logs  # noqa: E402
+from skfedspd.aggregation import FLTrust, TrimmedMean  # noqa: E402
 from skfedspd.privacy import DPSGD  # noqa: E402
-from skfedspd.aggregation import TrimmedMean  # noqa: E402
 from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
 
@@ -102,6 +102,8 @@ def spd():
     # robust rules: one by name, one with its parameters (sent to the ServerApp in the spec)
     dict(groups=True, aggregation="geomedian"),
     dict(groups=True, aggregation=TrimmedMean(trim=0.25)),
+    # the server's reference update on a root set, computed where the run's estimator lives
+    dict(groups=True, aggregation=FLTrust(*make_spd_dataset(12, N_CHANNELS, 3, seed=1))),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd

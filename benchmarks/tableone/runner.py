@@ -32,9 +32,10 @@ from .protocols import (
 log = logging.getLogger(__name__)
 
 
-def client_split(y, subjects, seed):
-    """Clients of 2 subjects; each client's own stratified 85/15 split. Returns index arrays."""
-    client_idx, _ = make_clients(subjects, groups_per_client=2)
+def client_split(y, subjects, seed, groups_per_client=2):
+    """Clients of 2 subjects (``groups_per_client``); each client's own stratified 85/15
+    split. Returns index arrays."""
+    client_idx, _ = make_clients(subjects, groups_per_client=groups_per_client)
     train, test = [], []
     for i, idx in enumerate(client_idx):
         tr, te = train_test_split(idx, test_size=TEST_FRACTION, stratify=y[idx], random_state=seed * 1000 + i)
