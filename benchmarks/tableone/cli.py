@@ -14,6 +14,7 @@ from . import protocols as protocols_module
 from .cells import select
 from .console import console_and_log
 from .protocols import PROFILES, machine
+from .record import write_table_one_record
 from .report import convergence, headline, paired_table, plot_curves, table_one, targets
 from .runner import run_protocol
 
@@ -66,6 +67,9 @@ def parse(argv, datasets):
     parser.add_argument("--skip-unseen", action="store_true", help="skip the MOABB unseen-subject tables")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: build the report from the results already in --out")
+    parser.add_argument("--no-record", action="store_true",
+                        help="write no record (a run of a whole profile otherwise replaces "
+                             "benchmarks/records/data/tableone-<profile>-<dataset>.json)")
     parser.add_argument("--docs", type=Path, default=None,
                         help="also write the report as <DOCS>/results-<profile>.md with its figures")
     args = parser.parse_args(argv)
@@ -117,6 +121,7 @@ def main(argv=None, datasets=None):
             except ValueError as error:
                 parser.error(str(error))
         start = time.perf_counter()
+        cached_at_start = len(list(out.glob("*/*.json")))
         done = {}
         for name in args.datasets:
             protocol = datasets[name]
@@ -134,7 +139,26 @@ def main(argv=None, datasets=None):
         if args.docs:
             write_docs(args.docs, profile, text, figures)
         log.info("\n" + text + "\n\n" + "\n".join(lines))
+        record_lines(args, custom, profile, datasets, done, budget, command.strip(), time.perf_counter() - start,
+                     cached_at_start)
     return 0
+
+
+def whole_profile(args, custom):
+    """Whether this run is its profile's experiment as is: the run a record stands for."""
+    return not (custom or args.only or args.subjects or args.rounds or args.seeds or args.classes != 4
+                or args.report_only or args.no_record)
+
+
+def record_lines(args, custom, profile, datasets, done, budget, command, elapsed, cached_at_start):
+    """Write each dataset's record (a whole-profile run only) and say where, or why not."""
+    if not whole_profile(args, custom):
+        log.info("Record: none written (a record stands for a whole profile's run: no --only, --subjects, "
+                 "--classes, --rounds, --seeds, --report-only or --no-record).")
+        return
+    for name, (_, results, _) in done.items():
+        path = write_table_one_record(profile, datasets[name], results, budget, command, elapsed, cached_at_start)
+        log.info(f"Record: {path} ({elapsed / 60:.1f} min wall, {cached_at_start} runs cached at the start)")
 
 
 def report(done, budget, profile, out, command, args, elapsed):
