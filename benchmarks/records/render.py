@@ -82,6 +82,15 @@ def reading(record, row, metric=None):
     return f"one {record['paired_by']}, not resolved" if d.reading == "one unit" else d.reading
 
 
+def versus(record, row, metric=None):
+    """``level with TS+LR``, ``higher than TS+LR``, ``lower than TS+LR`` (the reference's label)."""
+    word = reading(record, row, metric)
+    label = record["rows"][record["reference"]]["label"]
+    if word == "level":
+        return f"level with {label}"
+    return f"{word} than {label}" if word in ("higher", "lower") else word
+
+
 def comparison(record, row, metric=None):
     """``−0.2 ± 2.1, higher on 2 of 8 seeds, Wilcoxon p = 0.641: level``."""
     d = versus_reference(record, row, metric)
@@ -141,7 +150,7 @@ def fact(record, name):
 
 #: view name -> function(record, *args) -> text.
 VIEWS = {"mean": mean, "mean-sd": mean_sd, "units": units, "difference": difference, "reading": reading,
-         "comparison": comparison, "paired-table": paired_table, "wall": wall, "command": command,
+         "versus": versus, "comparison": comparison, "paired-table": paired_table, "wall": wall, "command": command,
          "machine": machine, "provenance": provenance, "fact": fact}
 
 
