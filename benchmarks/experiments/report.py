@@ -17,6 +17,7 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 import skfedspd
 
 from .._machine import cpu_name
+from ..records.paired import paired_difference
 
 
 def header():
@@ -44,16 +45,17 @@ def subject_scores(predictions):
 
 
 def paired(a, b):
-    """``(mean, standard error, wins, n)`` of the paired differences ``a − b``."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
-    return float(d.mean()), float(se), int((d > 0).sum()), len(d)
+    """``(mean, standard error, wins, n)`` of the paired differences ``a − b`` (pairs in order)."""
+    d = paired_difference(dict(enumerate(np.asarray(a, dtype=float))), dict(enumerate(np.asarray(b, dtype=float))))
+    return d.mean, d.se, d.higher, d.n
 
 
 def format_paired(a, b):
-    """``"+1.2 ± 0.4 (higher on 25 of 40)"``."""
-    mean, se, wins, n = paired(a, b)
-    return f"{mean:+.1f} ± {se:.1f} (higher on {wins} of {n})"
+    """``"+1.2 ± 0.4 (higher on 25 of 40, Wilcoxon p = 0.012)"``; "level" within two standard errors."""
+    d = paired_difference(dict(enumerate(np.asarray(a, dtype=float))), dict(enumerate(np.asarray(b, dtype=float))))
+    p = "–" if np.isnan(d.p) else (f"{d.p:.3f}" if d.p >= 0.001 else "< 0.001")
+    level = ", level" if d.reading == "level" else ""
+    return f"{d.mean:+.1f} ± {d.se:.1f} (higher on {d.higher} of {d.n}, Wilcoxon p = {p}{level})"
 
 
 def score_table(scores, order):

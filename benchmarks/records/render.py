@@ -136,10 +136,10 @@ def machine(record):
 
 
 def provenance(record):
-    """One line: command, wall time, date, package version, machine."""
+    """One line: command, wall time, date, package version, machine and its load."""
     return (f"Record `{record['name']}`: {command(record)}, {wall(record)} wall, {record['date'][:10]}, "
             f"skfedspd {record['package']}, {machine(record)} (load average {record['machine']['load_average']} "
-            f"at the start).")
+            f"when it finished).")
 
 
 def fact(record, name):

@@ -27,7 +27,8 @@ RECORDS = Path(__file__).parent / "data"
 
 
 def machine():
-    """The machine a record was measured on: CPU, cores, Python, torch, load at the start."""
+    """The machine a record was measured on: CPU, cores, Python, torch, and its load average
+    (1 min) when the record is written."""
     import torch
 
     return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),

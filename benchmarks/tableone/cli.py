@@ -45,9 +45,12 @@ so a long run can be resumed or re-run per cell (--only). Library output goes to
 """
 
 
-def parse(argv, datasets):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tableone", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+#: The datasets of the paper's Table I.
+DATASETS = ("PhysionetMI", "Weibo2014")
+
+
+def add_arguments(parser, datasets=DATASETS):
+    """The options of the experiment (also those of ``python -m benchmarks.experiments table-one``)."""
     parser.add_argument("--full", action="store_true", help="the paper's budget (10 seeds, 150 rounds)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
                         help="budget profile (default quick; --full means full; smoke checks the plumbing)")
@@ -72,7 +75,10 @@ def parse(argv, datasets):
                              "benchmarks/records/data/tableone-<profile>-<dataset>.json)")
     parser.add_argument("--docs", type=Path, default=None,
                         help="also write the report as <DOCS>/results-<profile>.md with its figures")
-    args = parser.parse_args(argv)
+
+
+def check(parser, args):
+    """Refuse impossible options through ``parser.error``; ``args.cells``: the cells to run."""
     for option in ("jobs", "rounds", "seeds"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             parser.error(f"--{option} must be at least 1, got {getattr(args, option)}")
@@ -80,7 +86,14 @@ def parse(argv, datasets):
         args.cells = select(args.only)
     except ValueError as error:
         parser.error(str(error))
-    return parser, args
+    return args
+
+
+def parse(argv, datasets):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tableone", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, datasets)
+    return parser, check(parser, parser.parse_args(argv))
 
 
 def prepare_data_folders():
@@ -98,8 +111,14 @@ def prepare_data_folders():
 def main(argv=None, datasets=None):
     """Run the experiment; ``datasets`` (name -> Protocol) replaces the paper's (tests)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser, args = parse(argv, DATASETS if datasets is None else datasets)
+    return run(parser, args, "python -m benchmarks.tableone " + " ".join(argv), datasets)
+
+
+def run(parser, args, command, datasets=None):
+    """Run the experiment of ``args`` (checked by :func:`check`); ``command``: how it was called."""
+    start = time.perf_counter()
     custom = datasets is not None
-    parser, args = parse(argv, datasets if custom else ("PhysionetMI", "Weibo2014"))
     profile = args.profile or ("full" if args.full else "quick")
     budget = PROFILES[profile]
     if args.rounds:
@@ -111,7 +130,6 @@ def main(argv=None, datasets=None):
     out = args.out or Path("results") / f"experiment-{profile}"
     log_file = out / "experiment.log"
     with console_and_log(log_file):
-        command = "python -m benchmarks.tableone " + " ".join(argv)
         log.info(f"command: {command.strip()}\nmachine: {machine()}\nprofile: {profile} {budget}\n"
                  f"library output: {log_file}")
         prepare_data_folders()
@@ -120,7 +138,6 @@ def main(argv=None, datasets=None):
                 datasets = protocols_module.protocols(args.classes, args.subjects or budget.subjects)
             except ValueError as error:
                 parser.error(str(error))
-        start = time.perf_counter()
         cached_at_start = len(list(out.glob("*/*.json")))
         done = {}
         for name in args.datasets:
