@@ -94,3 +94,35 @@ def test_figures_in_code_links_and_versions_are_not_quotes():
     text = ("Run `make experiment` (0.5 s) ``x=0.9``, [page](a/1.5.md), torch 2.13.0.\n\n"
             "```python\nclf(lr=0.01)\n```\n\n.. code-block:: bash\n\n   pip 1.5\n\nthen −3.5 ± 1.2 and 12 %.\n")
     assert quoted_figures(text) == ["0.5", "−3.5", "1.2", "12 %"]
+
+
+def test_a_table_one_run_records_every_cell_per_seed(tmp_path, monkeypatch):
+    from benchmarks.tableone import PROFILES, PROTOCOLS, cli, record
+    from benchmarks.tableone.cells import CELLS
+
+    written = {}
+
+    def write_record(name, **kw):
+        written[name] = kw
+        return tmp_path
+
+    monkeypatch.setattr(record, "write_record", write_record)
+    results = {cell: [{"seed": s, "f1": 0.5 + 0.01 * s, "accuracy": 0.6, "n_params": None, "fit_seconds": 6.0}
+                      for s in range(2)] for cell in CELLS}
+    args = cli.parse(["--jobs", "2"], cli.DATASETS)[1]
+    lines = cli.record_lines(args, False, "quick", PROTOCOLS, {"PhysionetMI": ("", results, None)},
+                             PROFILES["quick"], "python -m benchmarks.tableone --jobs 2", 600.0, 0)
+    kw = written["tableone-quick-physionetmi"]
+    assert lines == [f"Record: {tmp_path} (10.0 min wall, 0 runs cached at the start)"]
+    assert kw["reference"] == "centralized/ts-lr" and set(kw["rows"]) == {c.key for c in CELLS}
+    assert kw["rows"]["centralized/ts-lr"]["scores"]["macro_f1"] == {0: 50.0, 1: 51.0}
+    assert kw["command"] == "python -m benchmarks.tableone --jobs 2" and kw["facts"]["runs"] == 2 * len(CELLS)
+
+
+@pytest.mark.parametrize("option", [["--only", "centralized"], ["--seeds", "2"], ["--report-only"], ["--no-record"]])
+def test_a_partial_table_one_run_writes_no_record(option):
+    from benchmarks.tableone import cli
+
+    args = cli.parse(["--jobs", "2", *option], cli.DATASETS)[1]
+    assert not cli.whole_profile(args, custom=False)
+    assert cli.record_lines(args, False, "quick", {}, {}, None, "", 1.0, 0)[0].startswith("Record: none written")

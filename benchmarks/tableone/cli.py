@@ -155,9 +155,9 @@ def run(parser, args, command, datasets=None):
         (out / "report.md").write_text(text + "\n")
         if args.docs:
             write_docs(args.docs, profile, text, figures)
-        log.info("\n" + text + "\n\n" + "\n".join(lines))
-        record_lines(args, custom, profile, datasets, done, budget, command.strip(), time.perf_counter() - start,
-                     cached_at_start)
+        records = record_lines(args, custom, profile, datasets, done, budget, command.strip(),
+                               time.perf_counter() - start, cached_at_start)
+        log.info("\n" + text + "\n\n" + "\n".join(records + lines))
     return 0
 
 
@@ -168,14 +168,15 @@ def whole_profile(args, custom):
 
 
 def record_lines(args, custom, profile, datasets, done, budget, command, elapsed, cached_at_start):
-    """Write each dataset's record (a whole-profile run only) and say where, or why not."""
+    """Write each dataset's record (a whole-profile run only); the lines that say where, or why not."""
     if not whole_profile(args, custom):
-        log.info("Record: none written (a record stands for a whole profile's run: no --only, --subjects, "
-                 "--classes, --rounds, --seeds, --report-only or --no-record).")
-        return
+        return ["Record: none written (a record stands for a whole profile's run: no --only, --subjects, "
+                "--classes, --rounds, --seeds, --report-only or --no-record)."]
+    lines = []
     for name, (_, results, _) in done.items():
         path = write_table_one_record(profile, datasets[name], results, budget, command, elapsed, cached_at_start)
-        log.info(f"Record: {path} ({elapsed / 60:.1f} min wall, {cached_at_start} runs cached at the start)")
+        lines.append(f"Record: {path} ({elapsed / 60:.1f} min wall, {cached_at_start} runs cached at the start)")
+    return lines
 
 
 def report(done, budget, profile, out, command, args, elapsed):
