@@ -126,3 +126,21 @@ def test_a_partial_table_one_run_writes_no_record(option):
     args = cli.parse(["--jobs", "2", *option], cli.DATASETS)[1]
     assert not cli.whole_profile(args, custom=False)
     assert cli.record_lines(args, False, "quick", {}, {}, None, "", 1.0, 0)[0].startswith("Record: none written")
+
+
+def test_per_subject_scores_are_recorded_against_a_reference_pipeline(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from benchmarks.experiments import report
+
+    monkeypatch.setattr(report, "write_record", lambda name, **kw: store.write_record(name, folder=tmp_path, **kw))
+    scores = pd.DataFrame([{"pipeline": p, "subject": s, "balanced_accuracy": v, "roc_auc": v + 1}
+                           for p, values in {"Recenter+TS+LR": {1: 60.0, 2: 70.0},
+                                             "FedSPDnet+dBN, subject domains": {1: 65.0, 2: 72.0}}.items()
+                           for s, v in values.items()])
+    report.write_subject_record("unseen", "Unseen", scores, "Recenter+TS+LR", 60.0, {"subjects": 2})
+    record = store.read_record("unseen", tmp_path)
+    assert record["reference"] == "recenter-ts-lr" and record["paired_by"] == "subject"
+    assert record["rows"]["fedspdnet-dbn-subject-domains"]["label"] == "FedSPDnet+dBN, subject domains"
+    assert render.difference(record, "fedspdnet-dbn-subject-domains") == "+3.5 ± 1.5"
+    assert render.mean(record, "recenter-ts-lr", "roc_auc") == "66.0"

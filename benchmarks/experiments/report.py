@@ -6,6 +6,7 @@ against each other and cannot see a shift of that subject's whole score distribu
 """
 
 import platform
+import re
 import shlex
 import sys
 
@@ -18,13 +19,35 @@ import skfedspd
 
 from .._machine import cpu_name
 from ..records.paired import paired_difference
+from ..records.store import write_record
+
+
+METRICS = {"balanced_accuracy": "balanced accuracy (%)", "roc_auc": "ROC-AUC (%)"}
+
+
+def command_line():
+    """How this process was started, as a user types it."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks.experiments"] + sys.argv[1:])
+
+
+def row_key(pipeline):
+    """``"FedSPDnet+dBN, subject domains"`` -> ``"fedspdnet-dbn-subject-domains"``: a record's row key."""
+    return re.sub(r"[^a-z0-9]+", "-", pipeline.lower()).strip("-")
+
+
+def write_subject_record(name, title, scores, reference, wall_seconds, facts):
+    """Write the record ``name`` of per-subject ``scores`` (:func:`subject_scores`), every
+    pipeline compared with ``reference`` subject by subject; returns its path."""
+    rows = {row_key(pipeline): {"label": pipeline,
+                                "scores": {m: dict(zip(part["subject"], part[m])) for m in METRICS}}
+            for pipeline, part in scores.groupby("pipeline", sort=False)}
+    return write_record(name, title=title, command=command_line(), rows=rows, metrics=METRICS,
+                        reference=row_key(reference), paired_by="subject", wall_seconds=wall_seconds, facts=facts)
 
 
 def header():
     """The lines every report opens with: command, package version, machine."""
-    command = " ".join(shlex.quote(a) for a in [sys.executable.rsplit("/", 1)[-1], "-m",
-                                                 "benchmarks.experiments"] + sys.argv[1:])
-    return [f"command : `{command}`",
+    return [f"command : `{command_line()}`",
             f"package : skfedspd {skfedspd.__version__}, torch {torch.__version__}, "
             f"python {platform.python_version()}",
             f"machine : {cpu_name()}, 1 thread per process"]
