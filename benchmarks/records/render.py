@@ -180,7 +180,7 @@ def render_text(text, records=None, keep_markers=True):
 
 def page_paths(root=ROOT):
     """Every page of :data:`PAGES` (templates and build outputs left out)."""
-    skip = ("_templates", "_build", "auto_examples", "generated")
+    skip = ("_templates", "_build", "auto_examples", "generated", "sg_execution_times.rst")
     return sorted({p for pattern in PAGES for p in Path(root).glob(pattern)
                    if not set(p.relative_to(root).parts) & set(skip)})
 
