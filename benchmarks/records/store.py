@@ -64,8 +64,20 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
     }
     path = record_path(name, folder)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1, ensure_ascii=False) + "\n")
+    path.write_text(dumps(record))
     return path
+
+
+def dumps(record):
+    """The record as JSON text, one line per field and per row (small diffs when a re-run
+    replaces it)."""
+    def field(key, value, indent):
+        return f"{indent}{json.dumps(key)}: {json.dumps(value, ensure_ascii=False)}"
+
+    rows = ",\n".join(field(key, row, "  ") for key, row in record["rows"].items())
+    fields = [field(key, value, " ") if key != "rows" else f' "rows": {{\n{rows}\n }}'
+              for key, value in record.items()]
+    return "{\n" + ",\n".join(fields) + "\n}\n"
 
 
 def read_record(name, folder=RECORDS):
