@@ -63,6 +63,7 @@ def test_views_compute_every_figure_from_the_record(tmp_path):
     assert render.difference(record, "net") == "+1.0 ± 0.7"
     assert render.reading(record, "net") == "level"
     assert "higher on 3 of 4 seeds" in render.comparison(record, "net")
+    assert render.pair(record, "ref", "net").startswith("−1.0 ± 0.7, higher on 1 of 4 seeds")
     table = render.paired_table(record)
     assert "| SPDnet | 62.0 ± 1.8 | 4 | +1.0 ± 0.7 | 3 of 4 |" in table and "| level |" in table
     assert render.wall(record) == "1.5 min"
