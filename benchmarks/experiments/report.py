@@ -19,6 +19,7 @@ import skfedspd
 
 from .._machine import cpu_name
 from ..records.paired import paired_difference
+from ..records.render import wilcoxon_text
 from ..records.store import write_record
 
 
@@ -74,11 +75,11 @@ def paired(a, b):
 
 
 def format_paired(a, b):
-    """``"+1.2 ± 0.4 (higher on 25 of 40, Wilcoxon p = 0.012)"``; "level" within two standard errors."""
+    """``"+1.2 ± 0.4 (higher on 25 of 40, Wilcoxon p = 0.012)"``, ``", level"`` added within two
+    standard errors."""
     d = paired_difference(dict(enumerate(np.asarray(a, dtype=float))), dict(enumerate(np.asarray(b, dtype=float))))
-    p = "–" if np.isnan(d.p) else (f"{d.p:.3f}" if d.p >= 0.001 else "< 0.001")
     level = ", level" if d.reading == "level" else ""
-    return f"{d.mean:+.1f} ± {d.se:.1f} (higher on {d.higher} of {d.n}, Wilcoxon p = {p}{level})"
+    return f"{d.mean:+.1f} ± {d.se:.1f} (higher on {d.higher} of {d.n}, {wilcoxon_text(d.p)}{level})"
 
 
 def score_table(scores, order):

@@ -71,9 +71,17 @@ def difference(record, row, metric=None):
 
 
 def p_value(p):
+    """``0.101``, ``< 0.001`` or ``–`` (no test: one unit, or every difference 0)."""
     if math.isnan(p):
         return "–"
     return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
+def wilcoxon_text(p):
+    """``Wilcoxon p = 0.101``, ``Wilcoxon p < 0.001`` or ``no Wilcoxon test``."""
+    if math.isnan(p):
+        return "no Wilcoxon test"
+    return f"Wilcoxon p = {p:.3f}" if p >= 0.001 else "Wilcoxon p < 0.001"
 
 
 def reading(record, row, metric=None):
@@ -97,7 +105,7 @@ def comparison(record, row, metric=None):
     if d.n < 2:
         return f"{difference(record, row, metric)}: {reading(record, row, metric)}"
     return (f"{difference(record, row, metric)}, higher on {d.higher} of {d.n} {record['paired_by']}s, "
-            f"Wilcoxon p = {p_value(d.p)}: {reading(record, row, metric)}")
+            f"{wilcoxon_text(d.p)}: {reading(record, row, metric)}")
 
 
 def pair(record, row, other, metric=None):
@@ -109,7 +117,7 @@ def pair(record, row, other, metric=None):
         return f"{signed(d.mean)} (1 {record['paired_by']}): one {record['paired_by']}, not resolved"
     word = d.reading
     return (f"{signed(d.mean)} ± {d.se:.1f}, higher on {d.higher} of {d.n} {record['paired_by']}s, "
-            f"Wilcoxon p = {p_value(d.p)}: {word}")
+            f"{wilcoxon_text(d.p)}: {word}")
 
 
 def paired_table(record, metric=None):
