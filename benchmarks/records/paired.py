@@ -44,7 +44,8 @@ def paired_difference(a, b):
     units = [u for u in a if u in b]
     if not units:
         raise ValueError("the two rows share no unit (seed or subject)")
-    d = np.array([a[u] - b[u] for u in units], dtype=float)
+    # Rounded far below any score's resolution, so that equal differences tie exactly.
+    d = np.round(np.array([a[u] - b[u] for u in units], dtype=float), 9)
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
     p = float(wilcoxon(d).pvalue) if len(d) > 1 and np.any(d != 0) else float("nan")
     return PairedDifference(float(d.mean()), se, int((d > 0).sum()), len(d), p)

@@ -121,13 +121,15 @@ def pair(record, row, other, metric=None):
 
 
 def paired_table(record, metric=None):
-    """Every row with its mean ± sd, units, and its paired comparison with the reference."""
+    """The reference row, then every other row with its mean ± sd, units, and its paired
+    comparison with the reference."""
     metric = metric_of(record, metric)
     unit = record["paired_by"]
     reference = record["rows"][record["reference"]]["label"]
     lines = [f"| row | {record['metrics'][metric]} | {unit}s | − {reference}, paired (points ± SE) | higher on "
              f"| Wilcoxon p | reading |", "| --- | --- | --- | --- | --- | --- | --- |"]
-    for key, row in record["rows"].items():
+    reference_first = sorted(record["rows"].items(), key=lambda item: item[0] != record["reference"])
+    for key, row in reference_first:
         if key == record["reference"]:
             lines.append(f"| {row['label']} | {mean_sd(record, key, metric)} | {units(record, key, metric)} "
                          f"| | | | reference |")

@@ -57,7 +57,7 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
         "machine": measured_on or machine(), "wall_seconds": round(float(wall_seconds), 1),
         "paired_by": paired_by, "reference": reference, "metrics": dict(metrics),
         "rows": {key: {"label": row["label"],
-                       "scores": {m: {str(u): round(float(v), 4) for u, v in row["scores"][m].items()}
+                       "scores": {m: {str(u): float(v) for u, v in row["scores"][m].items()}
                                   for m in metrics}}
                  for key, row in rows.items()},
         "facts": dict(facts or {}),
