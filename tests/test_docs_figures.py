@@ -6,6 +6,8 @@ its prose that a record named on the page gives. The pages whose figures have no
 are listed by name below: the gap stays visible, and a page leaves the list once converted.
 """
 
+import re
+
 import pytest
 
 from benchmarks.records.quotes import unbacked_figures
@@ -46,3 +48,9 @@ def test_a_page_not_yet_generated_still_has_typed_figures(page):
     """A page converted (or deleted) leaves the list."""
     assert page in PAGES
     assert unbacked_figures((ROOT / page).read_text()) != []
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_no_page_calls_a_target_met(page):
+    """A target is reached or not by a figure with its standard error; "met" hides which."""
+    assert re.findall(r"\bmet\b", (ROOT / page).read_text(), re.IGNORECASE) == []
