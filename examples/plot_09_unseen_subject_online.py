@@ -18,7 +18,7 @@ two compare on 40 subjects, paired by subject: :doc:`/which-configuration`.
 
 # %%
 # Data: trained on all subjects but the last, which is unseen
-# --------------------------------------------
+# -----------------------------------------------------------
 import matplotlib.pyplot as plt
 import numpy as np
 import sklearn
