@@ -54,7 +54,7 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
-from benchmarks.privacy_utility import load_average, resolve_profile, write_report
+from benchmarks.script_report import load_average, resolve_profile, write_report
 from benchmarks.tableone.protocols import machine
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi

@@ -45,7 +45,6 @@ extended seed by seed.
 import argparse
 import json
 import math
-import os
 import sys
 import time
 from pathlib import Path
@@ -55,6 +54,7 @@ import torch
 from joblib import Parallel, delayed
 from sklearn.metrics import f1_score
 
+from benchmarks.script_report import load_average, resolve_profile, write_report
 from benchmarks.tableone.cells import SERVER_MOMENTUM, Cell
 from benchmarks.tableone.protocols import LOCAL_EPOCHS, TRAINING, machine, physionet_protocol
 from benchmarks.tableone.protocols import PROFILES as TABLE_ONE_PROFILES
@@ -308,30 +308,6 @@ def plot(results, path, title):
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-def resolve_profile(args, profiles):
-    """``(profile name, budget, number of seeds)`` from ``--profile``/``--quick``, ``--rounds``
-    and ``--seeds`` (each overriding the profile's)."""
-    profile = args.profile or ("quick" if args.quick else "full")
-    budget = dict(profiles[profile])
-    if args.rounds is not None:
-        budget["rounds"] = args.rounds
-    return profile, budget, budget["seeds"] if args.seeds is None else args.seeds
-
-
-def write_report(lines, out, figure, docs):
-    """Print the report, write it to ``out/report.md`` and copy the figure to ``docs`` (if given)."""
-    text = "\n".join(lines)
-    print("\n" + text)
-    (out / "report.md").write_text(text + "\n")
-    if docs:
-        docs.mkdir(parents=True, exist_ok=True)
-        (docs / figure.name).write_bytes(figure.read_bytes())
-
-
-def load_average():
-    return "load average " + ", ".join(f"{v:.1f}" for v in os.getloadavg())
 
 
 def main(argv=None):

@@ -155,6 +155,15 @@ def _resolve_reexport(app, env, node, contnode):
                                           node["reftarget"], node, contnode)
 
 
+# -- figures computed from the tracked records (benchmarks/records): every marked block of a
+# page is rendered again from its record when the site is built -----------------------------
+def _render_records(app, docname, source):
+    from benchmarks.records.render import render_text
+
+    source[0] = render_text(source[0], keep_markers=False)
+
+
 def setup(app):
+    app.connect("source-read", _render_records)
     app.connect("missing-reference", _resolve_reexport)
     app.connect("autodoc-skip-member", _skip_member)

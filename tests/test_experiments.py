@@ -15,7 +15,8 @@ def test_paired_differences():
     mean, se, wins, n = report.paired([80.0, 70.0, 90.0], [70.0, 70.0, 80.0])
     assert (wins, n) == (2, 3) and mean == pytest.approx(20 / 3)
     assert se == pytest.approx(np.std([10, 0, 10], ddof=1) / np.sqrt(3))
-    assert report.format_paired([80.0, 70.0, 90.0], [70.0, 70.0, 80.0]) == "+6.7 ± 3.3 (higher on 2 of 3)"
+    assert (report.format_paired([80.0, 70.0, 90.0], [70.0, 70.0, 80.0])
+            == "+6.7 ± 3.3 (higher on 2 of 3, Wilcoxon p = 0.500, level)")
     assert np.isnan(report.paired([1.0], [0.0])[1])  # no standard error from one pair
 
 
@@ -39,8 +40,8 @@ def test_paired_lines_pair_the_subjects_both_pipelines_have():
                            for p, values in {"A": {1: 80, 2: 70, 3: 90}, "B": {1: 70, 2: 70}}.items()
                            for s, v in values.items()])
     (line,) = report.paired_lines(scores, [("A", "B"), ("A", "missing")])
-    assert line == ("- A − B: balanced accuracy +5.0 ± 5.0 (higher on 1 of 2); "
-                    "ROC-AUC +5.0 ± 5.0 (higher on 1 of 2)")
+    assert line == ("- A − B: balanced accuracy +5.0 ± 5.0 (higher on 1 of 2, Wilcoxon p = 1.000, level); "
+                    "ROC-AUC +5.0 ± 5.0 (higher on 1 of 2, Wilcoxon p = 1.000, level)")
 
 
 def test_the_subject_domains_ablation_differs_from_the_default_in_domains_only(spd_domains):

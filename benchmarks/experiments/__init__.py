@@ -8,10 +8,12 @@ lists them). The pieces every experiment shares live here, once:
 * :mod:`.pipelines`: the named pipelines (TS+LR, Recenter+TS+LR, SPDnet and FedSPDnet with
   and without domain batch norm) built from the package's public API;
 * :mod:`.report`: per-subject balanced accuracy (the decision a user gets) with ROC-AUC beside
-  it, paired differences ± standard error with the number of subjects won, the report header
-  (command, package version, machine).
+  it, paired differences (:mod:`benchmarks.records.paired`: ± standard error, the number of
+  subjects won, the Wilcoxon signed-rank p-value), the report header (command, package
+  version, machine).
 
-The experiments: ``unseen-subjects`` (whole-subject adaptation, with the client-domains
+The experiments: ``table-one`` (the paper's Table I protocol and the package's recommended
+configuration, :mod:`benchmarks.tableone`; it writes its record), ``unseen-subjects`` (whole-subject adaptation, with the client-domains
 ablation), ``online`` (trial by trial), ``drift`` (why the first trials adapt worse than
 recent ones), ``defaults`` (the rules behind ``SPDnetClassifier``'s defaults),
 ``client-optimizer-state`` (kept or fresh client Adam) and ``table-one-ablation`` (what

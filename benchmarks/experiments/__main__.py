@@ -10,9 +10,18 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
-from . import client_optimizer_state, defaults, drift, online, table_one_ablation, unseen_subjects  # noqa: E402
+from . import (  # noqa: E402
+    client_optimizer_state,
+    defaults,
+    drift,
+    online,
+    table_one,
+    table_one_ablation,
+    unseen_subjects,
+)
 
 EXPERIMENTS = {
+    "table-one": table_one,
     "unseen-subjects": unseen_subjects,
     "online": online,
     "drift": drift,

@@ -131,7 +131,12 @@ def conditions(name, model, X, warmup):
     return proba, float(np.median(seconds))
 
 
+#: The conditions a run's record keeps (every model's), beside ``none`` for TS+LR.
+RECORDED = ("none", "10", "10 recent", "all", "online", "online after 10", "all after 10")
+
+
 def run(args):
+    start = time.perf_counter()
     if args.warmup < max(RECENT):
         raise ValueError(f"--warmup must be at least {max(RECENT)} (the largest k recent), got {args.warmup}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -169,7 +174,13 @@ def run(args):
     predictions = pd.concat(rows, ignore_index=True)
     predictions.to_csv(args.out / "predictions.csv", index=False)
     pd.DataFrame(latency).to_csv(args.out / "latency.csv", index=False)
-    write_report(args, predictions, pd.DataFrame(latency))
+    scores = write_report(args, predictions, pd.DataFrame(latency))
+    recorded = scores[scores["pipeline"].str.split(" | ", regex=False).str[1].isin(RECORDED)]
+    path = report.write_subject_record(
+        f"online-{args.cv}", f"Unseen subjects online, trial by trial, {args.cv}", recorded,
+        "Recenter+TS+LR | online", time.perf_counter() - start,
+        {"subjects": scores["subject"].nunique(), "cv": args.cv, "warmup": args.warmup})
+    print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall)")
 
 
 def curve(scores):
@@ -208,6 +219,7 @@ def write_report(args, predictions, latency):
     scores.to_csv(args.out / "subject_scores.csv", index=False)
     plot(table, args.out / "online_curve.png", args.warmup)
     print("\n".join(lines))
+    return scores
 
 
 def plot(table, path, warmup):

@@ -6,6 +6,7 @@ against each other and cannot see a shift of that subject's whole score distribu
 """
 
 import platform
+import re
 import shlex
 import sys
 
@@ -17,13 +18,37 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 import skfedspd
 
 from .._machine import cpu_name
+from ..records.paired import paired_difference
+from ..records.render import wilcoxon_text
+from ..records.store import write_record
+
+
+METRICS = {"balanced_accuracy": "balanced accuracy (%)", "roc_auc": "ROC-AUC (%)"}
+
+
+def command_line():
+    """How this process was started, as a user types it."""
+    return " ".join(shlex.quote(a) for a in ["python", "-m", "benchmarks.experiments"] + sys.argv[1:])
+
+
+def row_key(pipeline):
+    """``"FedSPDnet+dBN, subject domains"`` -> ``"fedspdnet-dbn-subject-domains"``: a record's row key."""
+    return re.sub(r"[^a-z0-9]+", "-", pipeline.lower()).strip("-")
+
+
+def write_subject_record(name, title, scores, reference, wall_seconds, facts):
+    """Write the record ``name`` of per-subject ``scores`` (:func:`subject_scores`), every
+    pipeline compared with ``reference`` subject by subject; returns its path."""
+    rows = {row_key(pipeline): {"label": pipeline,
+                                "scores": {m: dict(zip(part["subject"], part[m])) for m in METRICS}}
+            for pipeline, part in scores.groupby("pipeline", sort=False)}
+    return write_record(name, title=title, command=command_line(), rows=rows, metrics=METRICS,
+                        reference=row_key(reference), paired_by="subject", wall_seconds=wall_seconds, facts=facts)
 
 
 def header():
     """The lines every report opens with: command, package version, machine."""
-    command = " ".join(shlex.quote(a) for a in [sys.executable.rsplit("/", 1)[-1], "-m",
-                                                 "benchmarks.experiments"] + sys.argv[1:])
-    return [f"command : `{command}`",
+    return [f"command : `{command_line()}`",
             f"package : skfedspd {skfedspd.__version__}, torch {torch.__version__}, "
             f"python {platform.python_version()}",
             f"machine : {cpu_name()}, 1 thread per process"]
@@ -44,16 +69,17 @@ def subject_scores(predictions):
 
 
 def paired(a, b):
-    """``(mean, standard error, wins, n)`` of the paired differences ``a − b``."""
-    d = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
-    se = d.std(ddof=1) / np.sqrt(len(d)) if len(d) > 1 else float("nan")
-    return float(d.mean()), float(se), int((d > 0).sum()), len(d)
+    """``(mean, standard error, wins, n)`` of the paired differences ``a − b`` (pairs in order)."""
+    d = paired_difference(dict(enumerate(np.asarray(a, dtype=float))), dict(enumerate(np.asarray(b, dtype=float))))
+    return d.mean, d.se, d.higher, d.n
 
 
 def format_paired(a, b):
-    """``"+1.2 ± 0.4 (higher on 25 of 40)"``."""
-    mean, se, wins, n = paired(a, b)
-    return f"{mean:+.1f} ± {se:.1f} (higher on {wins} of {n})"
+    """``"+1.2 ± 0.4 (higher on 25 of 40, Wilcoxon p = 0.012)"``, ``", level"`` added within two
+    standard errors."""
+    d = paired_difference(dict(enumerate(np.asarray(a, dtype=float))), dict(enumerate(np.asarray(b, dtype=float))))
+    level = ", level" if d.reading == "level" else ""
+    return f"{d.mean:+.1f} ± {d.se:.1f} (higher on {d.higher} of {d.n}, {wilcoxon_text(d.p)}{level})"
 
 
 def score_table(scores, order):

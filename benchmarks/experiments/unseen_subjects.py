@@ -69,7 +69,9 @@ def predict_subjects(model, X, y, groups, classes):
 
 
 def run(args):
+    start = time.perf_counter()
     args.out.mkdir(parents=True, exist_ok=True)
+    cached_at_start = len(list((args.out / "predictions").glob("*.csv")))
     if not args.report_only:
         X, y, groups = load_left_right(args.subjects)
         splits = folds(groups, args.cv)
@@ -94,7 +96,15 @@ def run(args):
                 print(f"fold {k} {name}: balanced accuracy "
                       f"{report.subject_scores(frame)['balanced_accuracy'].mean():.1f} ({seconds:.0f} s)",
                       flush=True)
-    write_report(args)
+    scores = write_report(args)
+    if scores is not None and args.folds is None and args.models is None and not args.report_only:
+        path = report.write_subject_record(
+            f"unseen-subjects-{args.cv}", f"Unseen subjects, whole-subject adaptation, {args.cv}", scores,
+            "Recenter+TS+LR" if "Recenter+TS+LR" in set(scores["pipeline"]) else scores["pipeline"].iloc[0],
+            time.perf_counter() - start, {"subjects": scores["subject"].nunique(), "cv": args.cv,
+                                          "predictions_cached_at_start": cached_at_start})
+        print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall, {cached_at_start} "
+              f"(pipeline, fold) predictions cached at the start)")
 
 
 def trained(args, name, k, X, y, groups):
@@ -111,10 +121,12 @@ def trained(args, name, k, X, y, groups):
 
 
 def write_report(args):
+    """Print and write the report of the predictions in ``args.out``; their per-subject
+    scores (None when there are none)."""
     files = sorted((args.out / "predictions").glob("*.csv"))
     if not files:
         print("no predictions yet")
-        return
+        return None
     predictions = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
     scores = report.subject_scores(predictions)
     present = list(dict.fromkeys(scores["pipeline"]))
@@ -129,3 +141,4 @@ def write_report(args):
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     scores.to_csv(args.out / "subject_scores.csv", index=False)
     print("\n".join(lines))
+    return scores

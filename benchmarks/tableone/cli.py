@@ -14,6 +14,7 @@ from . import protocols as protocols_module
 from .cells import select
 from .console import console_and_log
 from .protocols import PROFILES, machine
+from .record import write_table_one_record
 from .report import convergence, headline, paired_table, plot_curves, table_one, targets
 from .runner import run_protocol
 
@@ -44,9 +45,12 @@ so a long run can be resumed or re-run per cell (--only). Library output goes to
 """
 
 
-def parse(argv, datasets):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.tableone", description=DESCRIPTION,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+#: The datasets of the paper's Table I.
+DATASETS = ("PhysionetMI", "Weibo2014")
+
+
+def add_arguments(parser, datasets=DATASETS):
+    """The options of the experiment (also those of ``python -m benchmarks.experiments table-one``)."""
     parser.add_argument("--full", action="store_true", help="the paper's budget (10 seeds, 150 rounds)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None,
                         help="budget profile (default quick; --full means full; smoke checks the plumbing)")
@@ -66,9 +70,15 @@ def parse(argv, datasets):
     parser.add_argument("--skip-unseen", action="store_true", help="skip the MOABB unseen-subject tables")
     parser.add_argument("--report-only", action="store_true",
                         help="train nothing: build the report from the results already in --out")
+    parser.add_argument("--no-record", action="store_true",
+                        help="write no record (a run of a whole profile otherwise replaces "
+                             "benchmarks/records/data/tableone-<profile>-<dataset>.json)")
     parser.add_argument("--docs", type=Path, default=None,
                         help="also write the report as <DOCS>/results-<profile>.md with its figures")
-    args = parser.parse_args(argv)
+
+
+def check(parser, args):
+    """Refuse impossible options through ``parser.error``; ``args.cells``: the cells to run."""
     for option in ("jobs", "rounds", "seeds"):
         if getattr(args, option) is not None and getattr(args, option) < 1:
             parser.error(f"--{option} must be at least 1, got {getattr(args, option)}")
@@ -76,7 +86,14 @@ def parse(argv, datasets):
         args.cells = select(args.only)
     except ValueError as error:
         parser.error(str(error))
-    return parser, args
+    return args
+
+
+def parse(argv, datasets):
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.tableone", description=DESCRIPTION,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser, datasets)
+    return parser, check(parser, parser.parse_args(argv))
 
 
 def prepare_data_folders():
@@ -94,8 +111,14 @@ def prepare_data_folders():
 def main(argv=None, datasets=None):
     """Run the experiment; ``datasets`` (name -> Protocol) replaces the paper's (tests)."""
     argv = sys.argv[1:] if argv is None else list(argv)
+    parser, args = parse(argv, DATASETS if datasets is None else datasets)
+    return run(parser, args, "python -m benchmarks.tableone " + " ".join(argv), datasets)
+
+
+def run(parser, args, command, datasets=None):
+    """Run the experiment of ``args`` (checked by :func:`check`); ``command``: how it was called."""
+    start = time.perf_counter()
     custom = datasets is not None
-    parser, args = parse(argv, datasets if custom else ("PhysionetMI", "Weibo2014"))
     profile = args.profile or ("full" if args.full else "quick")
     budget = PROFILES[profile]
     if args.rounds:
@@ -107,7 +130,6 @@ def main(argv=None, datasets=None):
     out = args.out or Path("results") / f"experiment-{profile}"
     log_file = out / "experiment.log"
     with console_and_log(log_file):
-        command = "python -m benchmarks.tableone " + " ".join(argv)
         log.info(f"command: {command.strip()}\nmachine: {machine()}\nprofile: {profile} {budget}\n"
                  f"library output: {log_file}")
         prepare_data_folders()
@@ -116,7 +138,7 @@ def main(argv=None, datasets=None):
                 datasets = protocols_module.protocols(args.classes, args.subjects or budget.subjects)
             except ValueError as error:
                 parser.error(str(error))
-        start = time.perf_counter()
+        cached_at_start = len(list(out.glob("*/*.json")))
         done = {}
         for name in args.datasets:
             protocol = datasets[name]
@@ -133,8 +155,28 @@ def main(argv=None, datasets=None):
         (out / "report.md").write_text(text + "\n")
         if args.docs:
             write_docs(args.docs, profile, text, figures)
-        log.info("\n" + text + "\n\n" + "\n".join(lines))
+        records = record_lines(args, custom, profile, datasets, done, budget, command.strip(),
+                               time.perf_counter() - start, cached_at_start)
+        log.info("\n" + text + "\n\n" + "\n".join(records + lines))
     return 0
+
+
+def whole_profile(args, custom):
+    """Whether this run is its profile's experiment as is: the run a record stands for."""
+    return not (custom or args.only or args.subjects or args.rounds or args.seeds or args.classes != 4
+                or args.report_only or args.no_record)
+
+
+def record_lines(args, custom, profile, datasets, done, budget, command, elapsed, cached_at_start):
+    """Write each dataset's record (a whole-profile run only); the lines that say where, or why not."""
+    if not whole_profile(args, custom):
+        return ["Record: none written (a record stands for a whole profile's run: no --only, --subjects, "
+                "--classes, --rounds, --seeds, --report-only or --no-record)."]
+    lines = []
+    for name, (_, results, _) in done.items():
+        path = write_table_one_record(profile, datasets[name], results, budget, command, elapsed, cached_at_start)
+        lines.append(f"Record: {path} ({elapsed / 60:.1f} min wall, {cached_at_start} runs cached at the start)")
+    return lines
 
 
 def report(done, budget, profile, out, command, args, elapsed):

@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from ..experiments.report import paired
+from ..records.paired import paired_difference
 from .cells import CELLS, SERVER_MOMENTUM, Cell
 from .protocols import LOCAL_EPOCHS
 
@@ -22,8 +22,10 @@ LATE_WINDOW = 20
 
 
 def fmt(records, field="f1"):
+    """``"66.4 ± 3.3"``: mean ± sample standard deviation over seeds (the mean alone for one
+    seed), as the docs compute it from the record."""
     values = 100 * np.array([r[field] for r in records])
-    return f"{values.mean():.1f} ± {values.std():.1f}"
+    return f"{values.mean():.1f}" + (f" ± {values.std(ddof=1):.1f}" if len(values) > 1 else "")
 
 
 def mean_f1(results, cell):
@@ -55,7 +57,7 @@ def table_one(tables, budget):
         for setting, sm in FEDSM.items():
             if sm in results:
                 lines.append(f"| {name} | {setting.capitalize()} + server momentum | – | {cell(sm)} | – |")
-    lines += ["", f"Test macro-F1 (%), mean ± std over seeds. SPDnet budget {budget.rounds} rounds x {LOCAL_EPOCHS} "
+    lines += ["", f"Test macro-F1 (%), mean ± sample standard deviation over seeds. SPDnet budget {budget.rounds} rounds x {LOCAL_EPOCHS} "
                   f"epochs (centralized: <= {budget.rounds * LOCAL_EPOCHS} epochs, early stopping 75), EEGNet "
                   f"{budget.eegnet_rounds} rounds x {LOCAL_EPOCHS} epochs; best per row in bold. \"+ server "
                   f"momentum\": FedSPDnet ProjAvg with server_momentum={SERVER_MOMENTUM['server_momentum']}, "
@@ -130,9 +132,12 @@ def versus_ts_lr(results, cell):
     """``(mean, standard error, wins, n)`` of ``cell``'s test macro-F1 (points) minus TS+LR's,
     paired by seed: a seed is one split of every client's data, so both rows saw the same
     test trials. None when no seed has both."""
-    reference = {r["seed"]: r["f1"] for r in results.get(TS_LR, ())}
-    pairs = [(100 * r["f1"], 100 * reference[r["seed"]]) for r in results.get(cell, ()) if r["seed"] in reference]
-    return paired(*zip(*pairs)) if pairs else None
+    reference = {r["seed"]: 100 * r["f1"] for r in results.get(TS_LR, ())}
+    row = {r["seed"]: 100 * r["f1"] for r in results.get(cell, ())}
+    if not set(row) & set(reference):
+        return None
+    d = paired_difference(row, reference)
+    return d.mean, d.se, d.higher, d.n
 
 
 def with_difference(results, cell):

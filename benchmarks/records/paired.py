@@ -1,0 +1,51 @@
+"""Paired differences between two rows of a record, and the words they allow.
+
+Two rows are compared unit by unit (seed or subject) on the units both have: the mean
+difference, its standard error, how many units the first row is higher on, and the
+two-sided Wilcoxon signed-rank p-value. A difference within two standard errors of zero is
+"level", never a win.
+"""
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class PairedDifference:
+    """``a − b`` over ``n`` paired units: ``mean`` ± ``se``, ``higher`` units where a > b,
+    Wilcoxon signed-rank ``p`` (NaN below two units or when every difference is 0)."""
+
+    mean: float
+    se: float
+    higher: int
+    n: int
+    p: float
+
+    @property
+    def reading(self):
+        """"higher", "lower" (beyond two standard errors), "level" (within), or
+        "one unit" (no standard error)."""
+        if self.n < 2:
+            return "one unit"
+        if abs(self.mean) <= 2 * self.se:
+            return "level"
+        return "higher" if self.mean > 0 else "lower"
+
+
+def paired_difference(a, b):
+    """:class:`PairedDifference` of ``a − b``; ``a``, ``b``: ``{unit: score}``, paired by unit.
+
+    Raises ValueError when they share no unit.
+    """
+    from scipy.stats import wilcoxon
+
+    units = [u for u in a if u in b]
+    if not units:
+        raise ValueError("the two rows share no unit (seed or subject)")
+    # Rounded far below any score's resolution, so that equal differences tie exactly.
+    d = np.round(np.array([a[u] - b[u] for u in units], dtype=float), 9)
+    se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
+    p = float(wilcoxon(d).pvalue) if len(d) > 1 and np.any(d != 0) else float("nan")
+    return PairedDifference(float(d.mean()), se, int((d > 0).sum()), len(d), p)

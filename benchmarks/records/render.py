@@ -1,0 +1,232 @@
+"""Figures and tables computed from a record, and the marked blocks of the pages.
+
+A page quotes a record through a marked block, inline or on several lines::
+
+    <!-- record:tableone-quick-physionetmi difference centralized/spdnet-domain -->+2.7 ± 0.7<!-- /record -->
+
+``record:NAME`` names the record, then a view and its arguments (:data:`VIEWS`). The text
+between the markers is what the view renders from the record: ``python -m
+benchmarks.records.render`` rewrites every block of :data:`PAGES` (``--check`` only says
+which are stale), and the documentation build renders them again from the records.
+"""
+
+import math
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .paired import paired_difference
+from .store import read_record
+
+ROOT = Path(__file__).resolve().parents[2]
+#: The pages whose blocks are rendered: Markdown and reStructuredText, relative to ``ROOT``.
+PAGES = ("README.md", "CHANGELOG.md", "docs/**/*.md", "docs/**/*.rst")
+BLOCK = re.compile(r"<!-- record:(?P<name>\S+) (?P<view>[\w-]+)(?P<args>(?: [^\s>]+)*) -->(?P<body>.*?)<!-- /record -->",
+                   re.DOTALL)
+MINUS = "−"
+
+
+def signed(value, digits=1):
+    text = f"{value:+.{digits}f}"
+    return text.replace("-", MINUS)
+
+
+def scores(record, row, metric):
+    if row not in record["rows"]:
+        raise KeyError(f"record {record['name']!r} has no row {row!r}; rows: {sorted(record['rows'])}")
+    return record["rows"][row]["scores"][metric]
+
+
+def metric_of(record, metric):
+    return metric or next(iter(record["metrics"]))
+
+
+def mean(record, row, metric=None):
+    """``66.2``: the row's mean over its units."""
+    return f"{np.mean(list(scores(record, row, metric_of(record, metric)).values())):.1f}"
+
+
+def mean_sd(record, row, metric=None):
+    """``66.2 ± 4.4``: mean ± standard deviation over the units (the mean alone for one unit)."""
+    values = np.array(list(scores(record, row, metric_of(record, metric)).values()))
+    return f"{values.mean():.1f}" + (f" ± {values.std(ddof=1):.1f}" if len(values) > 1 else "")
+
+
+def units(record, row, metric=None):
+    """``8``: how many seeds (subjects) the row has."""
+    return str(len(scores(record, row, metric_of(record, metric))))
+
+
+def versus_reference(record, row, metric=None):
+    metric = metric_of(record, metric)
+    return paired_difference(scores(record, row, metric), scores(record, record["reference"], metric))
+
+
+def difference(record, row, metric=None):
+    """``−0.2 ± 2.1``: the row minus the reference, paired by unit, ± standard error."""
+    d = versus_reference(record, row, metric)
+    return signed(d.mean) + (f" ± {d.se:.1f}" if d.n > 1 else f" (1 {record['paired_by']})")
+
+
+def p_value(p):
+    """``0.101``, ``< 0.001`` or ``–`` (no test: one unit, or every difference 0)."""
+    if math.isnan(p):
+        return "–"
+    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
+def wilcoxon_text(p):
+    """``Wilcoxon p = 0.101``, ``Wilcoxon p < 0.001`` or ``no Wilcoxon test``."""
+    if math.isnan(p):
+        return "no Wilcoxon test"
+    return f"Wilcoxon p = {p:.3f}" if p >= 0.001 else "Wilcoxon p < 0.001"
+
+
+def reading(record, row, metric=None):
+    """``level``, ``higher`` or ``lower`` than the reference (beyond two standard errors)."""
+    d = versus_reference(record, row, metric)
+    return f"one {record['paired_by']}, not resolved" if d.reading == "one unit" else d.reading
+
+
+def versus(record, row, metric=None):
+    """``level with TS+LR``, ``higher than TS+LR``, ``lower than TS+LR`` (the reference's label)."""
+    word = reading(record, row, metric)
+    label = record["rows"][record["reference"]]["label"]
+    if word == "level":
+        return f"level with {label}"
+    return f"{word} than {label}" if word in ("higher", "lower") else word
+
+
+def comparison(record, row, metric=None):
+    """``−0.2 ± 2.1, higher on 2 of 8 seeds, Wilcoxon p = 0.641: level``."""
+    d = versus_reference(record, row, metric)
+    if d.n < 2:
+        return f"{difference(record, row, metric)}: {reading(record, row, metric)}"
+    return (f"{difference(record, row, metric)}, higher on {d.higher} of {d.n} {record['paired_by']}s, "
+            f"{wilcoxon_text(d.p)}: {reading(record, row, metric)}")
+
+
+def pair(record, row, other, metric=None):
+    """``+1.3 ± 0.8, higher on 19 of 40 subjects, Wilcoxon p = 0.120: level``: ``row − other``,
+    paired by unit (any two rows, not only against the reference)."""
+    metric = metric_of(record, metric)
+    d = paired_difference(scores(record, row, metric), scores(record, other, metric))
+    if d.n < 2:
+        return f"{signed(d.mean)} (1 {record['paired_by']}): one {record['paired_by']}, not resolved"
+    word = d.reading
+    return (f"{signed(d.mean)} ± {d.se:.1f}, higher on {d.higher} of {d.n} {record['paired_by']}s, "
+            f"{wilcoxon_text(d.p)}: {word}")
+
+
+def paired_table(record, metric=None):
+    """The reference row, then every other row with its mean ± sd, units, and its paired
+    comparison with the reference."""
+    metric = metric_of(record, metric)
+    unit = record["paired_by"]
+    reference = record["rows"][record["reference"]]["label"]
+    lines = [f"| row | {record['metrics'][metric]} | {unit}s | − {reference}, paired (points ± SE) | higher on "
+             f"| Wilcoxon p | reading |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    reference_first = sorted(record["rows"].items(), key=lambda item: item[0] != record["reference"])
+    for key, row in reference_first:
+        if key == record["reference"]:
+            lines.append(f"| {row['label']} | {mean_sd(record, key, metric)} | {units(record, key, metric)} "
+                         f"| | | | reference |")
+            continue
+        d = versus_reference(record, key, metric)
+        lines.append(f"| {row['label']} | {mean_sd(record, key, metric)} | {units(record, key, metric)} | "
+                     f"{difference(record, key, metric)} | {d.higher} of {d.n} | {p_value(d.p)} | "
+                     f"{reading(record, key, metric)} |")
+    lines += ["", f"Paired by {unit} over the {unit}s both rows have; \"level\": the difference is within two "
+                  f"standard errors of zero."]
+    return "\n".join(lines)
+
+
+def wall(record):
+    """``12.3 min``: the wall time of the run that wrote the record."""
+    return f"{record['wall_seconds'] / 60:.1f} min"
+
+
+def command(record):
+    return f"`{record['command']}`"
+
+
+def machine(record):
+    m = record["machine"]
+    return f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, torch {m['torch']}"
+
+
+def provenance(record):
+    """One line: command, wall time, date, package version, machine and its load."""
+    return (f"Record `{record['name']}`: {command(record)}, {wall(record)} wall, {record['date'][:10]}, "
+            f"skfedspd {record['package']}, {machine(record)} (load average {record['machine']['load_average']} "
+            f"when it finished).")
+
+
+def fact(record, name):
+    """A fact of the record (``subjects``, ``runs``, ``fit_minutes``, ...), as stored."""
+    value = record["facts"][name]
+    return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
+
+
+#: view name -> function(record, *args) -> text.
+VIEWS = {"mean": mean, "mean-sd": mean_sd, "units": units, "difference": difference, "reading": reading,
+         "versus": versus, "pair": pair, "comparison": comparison, "paired-table": paired_table, "wall": wall, "command": command,
+         "machine": machine, "provenance": provenance, "fact": fact}
+
+
+def render_block(match, records=None):
+    """The text a block's view gives from its record (multi-line views between blank lines)."""
+    records = {} if records is None else records
+    name = match["name"]
+    if name not in records:
+        records[name] = read_record(name)
+    if match["view"] not in VIEWS:
+        raise ValueError(f"unknown view {match['view']!r} in {match.group(0)[:80]!r}; views: {sorted(VIEWS)}")
+    text = VIEWS[match["view"]](records[name], *match["args"].split())
+    return f"\n\n{text}\n\n" if "\n" in text else text
+
+
+def render_text(text, records=None, keep_markers=True):
+    """``text`` with every block re-rendered (markers kept, or dropped for the built site)."""
+    def replace(match):
+        body = render_block(match, records)
+        if not keep_markers:
+            return body
+        head = match.group(0)[:match.start("body") - match.start()]
+        return f"{head}{body}<!-- /record -->"
+
+    return BLOCK.sub(replace, text)
+
+
+def page_paths(root=ROOT):
+    """Every page of :data:`PAGES` (templates and build outputs left out)."""
+    skip = ("_templates", "_build", "auto_examples", "generated", "sg_execution_times.rst")
+    return sorted({p for pattern in PAGES for p in Path(root).glob(pattern)
+                   if not set(p.relative_to(root).parts) & set(skip)})
+
+
+def stale_pages(root=ROOT):
+    """Pages whose blocks differ from what their records give."""
+    records = {}
+    return [p for p in page_paths(root) if render_text(p.read_text(), records) != p.read_text()]
+
+
+def main(argv=None):
+    """``python -m benchmarks.records.render [--check]``: re-render the blocks of every page."""
+    argv = sys.argv[1:] if argv is None else argv
+    stale = stale_pages()
+    if "--check" in argv:
+        for path in stale:
+            print(f"stale: {path.relative_to(ROOT)}")
+        return 1 if stale else 0
+    records = {}
+    for path in stale:
+        path.write_text(render_text(path.read_text(), records))
+        print(f"rendered: {path.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

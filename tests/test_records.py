@@ -1,0 +1,147 @@
+"""Records (``benchmarks/records``): storage, paired statistics, rendered views and blocks."""
+
+import json
+
+import numpy as np
+import pytest
+from scipy.stats import wilcoxon
+
+from benchmarks.records import paired, render, store
+from benchmarks.records.quotes import quoted_figures, unbacked_figures
+
+
+def write(folder, rows=None, name="demo"):
+    rows = rows or {"ref": {"label": "TS+LR", "scores": {"f1": {0: 60.0, 1: 62.0, 2: 64.0, 3: 58.0}}},
+                    "net": {"label": "SPDnet", "scores": {"f1": {0: 61.0, 1: 64.0, 2: 63.0, 3: 60.0}}}}
+    return store.write_record(name, title="demo", command="python -m demo", rows=rows, metrics={"f1": "F1 (%)"},
+                              reference="ref", paired_by="seed", wall_seconds=90, folder=folder,
+                              measured_on={"cpu": "CPU", "cores": 2, "python": "3.11", "torch": "2.13",
+                                           "load_average": 0.5})
+
+
+def test_a_record_is_replaced_by_its_rerun_and_read_back(tmp_path):
+    write(tmp_path)
+    path = write(tmp_path, {"ref": {"label": "TS+LR", "scores": {"f1": {0: 50.0}}}})
+    record = store.read_record("demo", tmp_path)
+    assert store.record_names(tmp_path) == ["demo"]
+    assert record["rows"] == {"ref": {"label": "TS+LR", "scores": {"f1": {"0": 50.0}}}}
+    assert record["command"] == "python -m demo" and record["wall_seconds"] == 90.0
+    assert json.loads(path.read_text())["package"]
+
+
+def test_a_record_needs_its_reference_row_and_a_missing_record_says_so(tmp_path):
+    with pytest.raises(ValueError, match="reference row"):
+        store.write_record("x", title="", command="", rows={}, metrics={}, reference="ref", paired_by="seed",
+                           wall_seconds=1, folder=tmp_path)
+    with pytest.raises(FileNotFoundError, match="no record 'x'"):
+        store.read_record("x", tmp_path)
+
+
+def test_paired_difference_mean_se_wins_and_wilcoxon():
+    a = {0: 61.0, 1: 64.0, 2: 63.0, 3: 60.0, 4: 70.0}
+    b = {0: 60.0, 1: 62.0, 2: 64.0, 3: 58.0, 5: 10.0}  # unit 4 and 5 unpaired: left out
+    d = paired.paired_difference(a, b)
+    diffs = np.array([1.0, 2.0, -1.0, 2.0])
+    assert d.mean == pytest.approx(diffs.mean()) and d.n == 4 and d.higher == 3
+    assert d.se == pytest.approx(diffs.std(ddof=1) / 2)
+    assert d.p == pytest.approx(wilcoxon(diffs).pvalue)
+    assert d.reading == "level"  # 1.0 ± 0.71: within two standard errors
+
+
+@pytest.mark.parametrize("diffs, reading", [((3.0, 3.5, 2.5, 3.0), "higher"), ((-3.0, -3.5, -2.5, -3.0), "lower"),
+                                            ((3.0,), "one unit")])
+def test_a_difference_is_a_win_only_beyond_two_standard_errors(diffs, reading):
+    d = paired.paired_difference(dict(enumerate(diffs)), dict.fromkeys(range(len(diffs)), 0.0))
+    assert d.reading == reading
+
+
+def test_views_compute_every_figure_from_the_record(tmp_path):
+    write(tmp_path)
+    record = store.read_record("demo", tmp_path)
+    assert render.mean(record, "ref") == "61.0"
+    assert render.mean_sd(record, "net") == "62.0 ± 1.8"
+    assert render.difference(record, "net") == "+1.0 ± 0.7"
+    assert render.reading(record, "net") == "level"
+    assert "higher on 3 of 4 seeds" in render.comparison(record, "net")
+    assert render.pair(record, "ref", "net").startswith("−1.0 ± 0.7, higher on 1 of 4 seeds")
+    table = render.paired_table(record)
+    assert "| SPDnet | 62.0 ± 1.8 | 4 | +1.0 ± 0.7 | 3 of 4 |" in table and "| level |" in table
+    assert render.wall(record) == "1.5 min"
+
+
+def test_blocks_are_rendered_from_their_record_and_stale_ones_found(tmp_path, monkeypatch):
+    write(tmp_path)
+    monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, tmp_path))
+    page = tmp_path / "docs" / "page.md"
+    page.parent.mkdir()
+    page.write_text("SPDnet: <!-- record:demo difference net -->+9.9 ± 9.9<!-- /record --> points.\n")
+    assert render.stale_pages(tmp_path) == [page]
+    page.write_text(render.render_text(page.read_text()))
+    assert page.read_text() == "SPDnet: <!-- record:demo difference net -->+1.0 ± 0.7<!-- /record --> points.\n"
+    assert render.stale_pages(tmp_path) == []
+    assert render.render_text(page.read_text(), keep_markers=False) == "SPDnet: +1.0 ± 0.7 points.\n"
+
+
+def test_a_figure_no_record_gives_is_caught(tmp_path, monkeypatch):
+    write(tmp_path)
+    monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, tmp_path))
+    monkeypatch.setattr("benchmarks.records.quotes.read_record", lambda name: store.read_record(name, tmp_path))
+    block = "<!-- record:demo mean-sd net -->62.0 ± 1.8<!-- /record -->"
+    assert unbacked_figures(f"SPDnet {block}, TS+LR 61.0; `lr=1e-3, 0.85`, torch 2.13.0.") == []
+    assert unbacked_figures(f"SPDnet {block}, 93 % of TS+LR, +2.2 points.") == ["93 %", "+2.2"]
+
+
+def test_figures_in_code_links_and_versions_are_not_quotes():
+    text = ("Run `make experiment` (0.5 s) ``x=0.9``, [page](a/1.5.md), torch 2.13.0.\n\n"
+            "```python\nclf(lr=0.01)\n```\n\n.. code-block:: bash\n\n   pip 1.5\n\nthen −3.5 ± 1.2 and 12 %.\n")
+    assert quoted_figures(text) == ["0.5", "−3.5", "1.2", "12 %"]
+
+
+def test_a_table_one_run_records_every_cell_per_seed(tmp_path, monkeypatch):
+    from benchmarks.tableone import PROFILES, PROTOCOLS, cli, record
+    from benchmarks.tableone.cells import CELLS
+
+    written = {}
+
+    def write_record(name, **kw):
+        written[name] = kw
+        return tmp_path
+
+    monkeypatch.setattr(record, "write_record", write_record)
+    results = {cell: [{"seed": s, "f1": 0.5 + 0.01 * s, "accuracy": 0.6, "n_params": None, "fit_seconds": 6.0}
+                      for s in range(2)] for cell in CELLS}
+    args = cli.parse(["--jobs", "2"], cli.DATASETS)[1]
+    lines = cli.record_lines(args, False, "quick", PROTOCOLS, {"PhysionetMI": ("", results, None)},
+                             PROFILES["quick"], "python -m benchmarks.tableone --jobs 2", 600.0, 0)
+    kw = written["tableone-quick-physionetmi"]
+    assert lines == [f"Record: {tmp_path} (10.0 min wall, 0 runs cached at the start)"]
+    assert kw["reference"] == "centralized/ts-lr" and set(kw["rows"]) == {c.key for c in CELLS}
+    assert kw["rows"]["centralized/ts-lr"]["scores"]["macro_f1"] == {0: 50.0, 1: 51.0}
+    assert kw["command"] == "python -m benchmarks.tableone --jobs 2" and kw["facts"]["runs"] == 2 * len(CELLS)
+
+
+@pytest.mark.parametrize("option", [["--only", "centralized"], ["--seeds", "2"], ["--report-only"], ["--no-record"]])
+def test_a_partial_table_one_run_writes_no_record(option):
+    from benchmarks.tableone import cli
+
+    args = cli.parse(["--jobs", "2", *option], cli.DATASETS)[1]
+    assert not cli.whole_profile(args, custom=False)
+    assert cli.record_lines(args, False, "quick", {}, {}, None, "", 1.0, 0)[0].startswith("Record: none written")
+
+
+def test_per_subject_scores_are_recorded_against_a_reference_pipeline(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from benchmarks.experiments import report
+
+    monkeypatch.setattr(report, "write_record", lambda name, **kw: store.write_record(name, folder=tmp_path, **kw))
+    scores = pd.DataFrame([{"pipeline": p, "subject": s, "balanced_accuracy": v, "roc_auc": v + 1}
+                           for p, values in {"Recenter+TS+LR": {1: 60.0, 2: 70.0},
+                                             "FedSPDnet+dBN, subject domains": {1: 65.0, 2: 72.0}}.items()
+                           for s, v in values.items()])
+    report.write_subject_record("unseen", "Unseen", scores, "Recenter+TS+LR", 60.0, {"subjects": 2})
+    record = store.read_record("unseen", tmp_path)
+    assert record["reference"] == "recenter-ts-lr" and record["paired_by"] == "subject"
+    assert record["rows"]["fedspdnet-dbn-subject-domains"]["label"] == "FedSPDnet+dBN, subject domains"
+    assert render.difference(record, "fedspdnet-dbn-subject-domains") == "+3.5 ± 1.5"
+    assert render.mean(record, "recenter-ts-lr", "roc_auc") == "66.0"
