@@ -73,6 +73,7 @@ from skfedspd.engine import FederatedEngine
 from skfedspd.datasets import make_spd_classification
 from skfedspd.aggregation import client_weights, karcher, projavg, rlavg, weighted_sum
 from skfedspd.stiefel import orthonormality_error, polar, random_stiefel, retract, stiefel_log, tangent_project
+from skfedspd.training import EpochSchedule, RoundSchedule
 
 PARTS = ("P2", "P3", "P4", "P6")
 BIG = 10**9  # "never": patience / lr_patience that no benchmark reaches
@@ -163,14 +164,15 @@ class _TimedFederated(FederatedSPDnetClassifier):
 
 def _local_estimator(args):
     return SPDnetClassifier(hidden_dims=(args.hidden,), batch_size=args.batch_size, lr=1e-3,
-                            patience=BIG, lr_patience=BIG)
+                            schedule=EpochSchedule(patience=BIG, lr_patience=BIG))
 
 
 def _federated(args, n_jobs, n_rounds, n_clients, timed=True):
     cls = _TimedFederated if timed else FederatedSPDnetClassifier
     return cls(_local_estimator(args), aggregation=args.aggregation, n_rounds=n_rounds,
-               local_epochs=args.epochs, n_clients=n_clients, partition="stratified", patience=None,
-               lr_patience=BIG, validation_fraction=args.validation_fraction, n_jobs=n_jobs, random_state=0)
+               local_epochs=args.epochs, n_clients=n_clients, partition="stratified",
+               schedule=RoundSchedule(lr_patience=BIG), validation_fraction=args.validation_fraction, n_jobs=n_jobs,
+               random_state=0)
 
 
 def _centralized(args, n_epochs):
@@ -491,7 +493,7 @@ def p6_child(args):
     peak_before = _peak_rss_mib()
     fed = FederatedSPDnetClassifier(
         SPDnetClassifier(hidden_dims=(args.p6_hidden,), batch_size=32, lr=1e-2),
-        n_rounds=args.p6_rounds, local_epochs=args.epochs, patience=None, lr_patience=BIG,
+        n_rounds=args.p6_rounds, local_epochs=args.epochs, schedule=RoundSchedule(lr_patience=BIG),
         validation_fraction=1.0 / per_client,
         n_jobs=args.p6_jobs, random_state=0)
     t0 = time.perf_counter()

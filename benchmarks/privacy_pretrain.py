@@ -14,7 +14,7 @@ Protocol (left vs right hand imagery, ``load_physionet_mi(n_classes=2)``: MOABB'
 * every federated row: ``n_rounds`` rounds (the profile's), one local epoch, Adam, batch
   32, all sites every round, no validation split (the last global model is kept, as in DP
   mode), per-matrix ``scaling="trace"``; DP rows: sample-level (ε, δ = 1e-5)-DP per site,
-  clip norm 1 (``FederatedSPDnetClassifier(dp_epsilon=...)``); fine-tuned rows start from
+  clip norm 1 (``FederatedSPDnetClassifier(privacy=DPSGD(...))``); fine-tuned rows start from
   the seed's public model (``init=``), whole network or head alone
   (``SPDnetClassifier(trainable="head")``), at a learning rate of 1e-3 (from scratch:
   1e-2), fixed before any run;
@@ -58,6 +58,7 @@ from benchmarks.script_report import load_average, resolve_profile, write_report
 from benchmarks.tableone.protocols import machine
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
+from skfedspd.privacy import DPSGD
 from skfedspd.training import torch_threads
 
 PUBLIC_SUBJECTS = (*range(1, 16), 42)
@@ -130,7 +131,7 @@ def federated(row, epsilon, public, rounds, site_size, seed):
     return FederatedSPDnetClassifier(
         local, n_rounds=rounds, local_epochs=1, groups_per_client=site_size, validation_fraction=0.0,
         random_state=seed, init=None if start == "scratch" else public,
-        dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
+        privacy=DPSGD(epsilon=epsilon, delta=DELTA, clip_norm=CLIP_NORM) if private else None)
 
 
 def reference(row):

@@ -3,7 +3,7 @@
 Protocol: Table I of ``benchmarks.tableone`` (4 classes, clients of 2 subjects, each
 client's stratified 85/15 train/test split per seed, E = 2 local epochs, Adam 1e-3, batch
 64, full participation) with the package's recommended server optimizer (FedAvgM on the
-Stiefel manifold, ``server_momentum=0.9, server_lr=1.0``: ``docs/design-decisions.md``), in DP mode
+Stiefel manifold, ``ServerMomentum(lr=1.0, momentum=0.9)``: ``docs/design-decisions.md``), in DP mode
 (``docs/guide/privacy.md``): sample-level (ε, δ)-DP per site, δ = 1e-5, clip norm 1, no
 validation split (DP mode keeps the last global model after a fixed number of rounds, so
 the 10 % validation part of Table I joins the training part), SPDnet with per-matrix
@@ -61,7 +61,8 @@ from benchmarks.tableone.protocols import PROFILES as TABLE_ONE_PROFILES
 from benchmarks.tableone.runner import client_split, fit_cell, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, configure_offline, find_physionet_root, sample_covariance
-from skfedspd.privacy import clip_and_sum, per_sample_gradients
+from skfedspd.privacy import DPSGD, clip_and_sum, per_sample_gradients
+from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
 
 #: Rounds sized by ``--curve 80`` (module docstring): quick 50 (2 clients), full 70 (8 clients).
@@ -92,8 +93,8 @@ def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL
     return FederatedSPDnetClassifier(
         local, aggregation="projavg" if model == "eegnet" else model.split("-")[1], n_rounds=rounds,
         local_epochs=LOCAL_EPOCHS, groups_per_client=subjects_per_site, validation_fraction=0.0, random_state=seed,
-        warm_start=warm_start, client_optimizer_state="reset", **SERVER_MOMENTUM,
-        dp_epsilon=epsilon if private else None, dp_delta=DELTA if private else None, dp_clip_norm=CLIP_NORM)
+        warm_start=warm_start, client_optimizer_state="reset", server_optimizer=ServerMomentum(**SERVER_MOMENTUM),
+        privacy=DPSGD(epsilon=epsilon, delta=DELTA, clip_norm=CLIP_NORM) if private else None)
 
 
 def setup(rounds, subjects_per_site=2, channels="all"):
@@ -103,7 +104,7 @@ def setup(rounds, subjects_per_site=2, channels="all"):
     sites = {} if subjects_per_site == 2 else {"subjects_per_site": subjects_per_site}
     montage = {} if channels == "all" else {"channels": channels}
     return dict(rounds=rounds, **sites, **montage, lr=LOCAL_LR, batch_size=BATCH_SIZE, local_epochs=LOCAL_EPOCHS, delta=DELTA,
-                clip_norm=CLIP_NORM, **SERVER_MOMENTUM)
+                clip_norm=CLIP_NORM, server_momentum=SERVER_MOMENTUM["momentum"], server_lr=SERVER_MOMENTUM["lr"])
 
 
 def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_per_site=2, channels="all"):

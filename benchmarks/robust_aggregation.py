@@ -71,6 +71,7 @@ from benchmarks.tableone.runner import client_split
 from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, get_aggregation
 from skfedspd.datasets import load_physionet_mi, sample_covariance
 from skfedspd.federated import make_clients
+from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
 
@@ -203,7 +204,8 @@ def fit_scenario(protocol, data, rule, fault, n_faulty, seed, rounds, log_file=N
     honest = np.ones(len(train), dtype=bool)
     if fault == DROPPED:
         honest[np.concatenate([client_rows[site] for site in range(n_faulty)])] = False
-    clf = federated(spdnet(protocol, seed, 1), aggregation, 1.0, rounds, seed, server=SERVER_MOMENTUM)
+    clf = federated(spdnet(protocol, seed, 1), aggregation, 1.0, rounds, seed,
+                    server={"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)})
     clf.set_params(max_update_norm=MAX_UPDATE_NORM, groups_per_client=per_client)
     start = time.process_time()
     with torch_threads(1), warnings_to_file(log_file):

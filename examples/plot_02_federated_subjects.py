@@ -29,6 +29,7 @@ from sklearn.metrics import accuracy_score
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import make_spd_classification
+from skfedspd.training import EpochSchedule
 
 n_subjects, per_subject, n_channels = 10, 48, 8
 X, y = make_spd_classification(n_matrices=n_subjects * per_subject, n_channels=n_channels,
@@ -51,7 +52,7 @@ print(f"{train.sum()} training trials from {len(np.unique(subjects[train]))} sub
 # One client per subject (``groups_per_client=1``), every client in every round. The local
 # model and its training parameters are those of :class:`~skfedspd.SPDnetClassifier`; the
 # schedule parameters (``lr_patience``, ``patience``) count rounds here.
-local_model = SPDnetClassifier(hidden_dims=(6,), lr=2e-2, lr_patience=10, patience=30)
+local_model = SPDnetClassifier(hidden_dims=(6,), lr=2e-2, schedule=EpochSchedule(patience=30, lr_patience=10))
 models = {}
 for rule in ["projavg", "rlavg"]:
     models[rule] = FederatedSPDnetClassifier(

@@ -42,6 +42,7 @@ from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import configure_offline, find_physionet_root
+from skfedspd.training import EpochSchedule
 
 # MNE and MOABB report every recording they read; keep the output to the results.
 mne.set_log_level("ERROR")
@@ -74,7 +75,8 @@ print(dataset.code, "subjects", dataset.subject_list)
 # ---------
 # Covariances in the µV² of MOABB's default units are fine: ``scaling="auto"`` rescales them
 # by one scalar fitted on the training folds.
-spdnet = SPDnetClassifier(hidden_dims=(6,), lr=1e-2, max_epochs=30, patience=20, random_state=0)
+spdnet = SPDnetClassifier(hidden_dims=(6,), lr=1e-2, max_epochs=30, schedule=EpochSchedule(patience=20),
+                          random_state=0)
 pipelines = {
     "TS + LR": make_pipeline(Covariances("oas"), TangentSpace(), LogisticRegression(max_iter=1000)),
     "SPDnet": make_pipeline(Covariances("oas"), spdnet),

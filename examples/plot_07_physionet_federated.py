@@ -28,6 +28,7 @@ from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import find_physionet_root, load_physionet_mi
+from skfedspd.training import EpochSchedule
 
 if find_physionet_root() is None:
     print("PhysioNet EEG data not found (set SKFEDSPD_DATA to the folder holding "
@@ -59,7 +60,7 @@ test = ~train
 # client 3-4 validation trials, too few for the best-round choice to mean anything. The
 # budget is short for a documentation build; the paper's protocol (150 rounds, 16 subjects,
 # converged) is run by ``make experiment-full``, results in :doc:`/benchmarks/tableone`.
-local_model = SPDnetClassifier(hidden_dims=(8,), lr=5e-3, lr_patience=15, patience=40)
+local_model = SPDnetClassifier(hidden_dims=(8,), lr=5e-3, schedule=EpochSchedule(patience=40, lr_patience=15))
 models = {
     "FedSPDnet (ProjAvg, 4 clients)": FederatedSPDnetClassifier(
         local_model, aggregation="projavg", n_rounds=50, local_epochs=2, groups_per_client=2,

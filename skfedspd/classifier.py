@@ -873,15 +873,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         statistic changes; ``keep`` stores the updated domains."""
         labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
         stats = self._domain_statistics()
-        work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
+        update = stats.update(labels, float(self.domain_prior_weight), self.domain_memory)
         Xt = self.to_tensor(X)
         with torch.no_grad():
-            logits = self.module_.adapted_forward(Xt, stats, work, labels, predict=predict,
-                                                  include_self=self.domain_include_self)
-        if predict and stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
+            logits = self.module_.adapted_forward(Xt, update, predict=predict, include_self=self.domain_include_self)
+        if predict and update.starts_without_prior:
             warnings.warn(NO_PRIOR_WARNING, UserWarning, stacklevel=4)
         if keep:
-            stats.commit(work, self.max_domains)
+            update.commit(self.max_domains)
             self.domain_statistics_ = stats
         return None if logits is None else logits.cpu().numpy()
 

@@ -891,42 +891,39 @@ class SPDNet(FederatedModule):
             pass
         return inputs
 
-    def adapted_forward(self, X, statistics, work, labels, predict=True, include_self=False):
+    def adapted_forward(self, X, update, predict=True, include_self=False):
         """Add the trials of ``X`` to their domains' running means, then their logits.
 
         ``batchnorm="domain"`` only. Layer by layer, each trial ``X[t]`` updates the running
-        mean of its domain ``labels[t]`` in ``work`` (a working copy from
-        :meth:`skfedspd.online.DomainStatistics.working_copy`), in order, and reaches the
-        next layer re-centred by the statistics just after its own update: the result after
-        a trial depends only on the trials before it, so adapting in chunks equals adapting
-        at once. Then every trial is predicted with the final statistics, without the
-        trial itself (:meth:`~skfedspd.online.DomainStatistics.inv_halves_without_self`;
+        mean of its domain in ``update`` (a :class:`skfedspd.online.DomainUpdate`), in order,
+        and reaches the next layer re-centred by the statistics just after its own update:
+        the result after a trial depends only on the trials before it, so adapting in chunks
+        equals adapting at once. Then every trial is predicted with the final statistics,
+        without the trial itself (:meth:`~skfedspd.online.DomainUpdate.inv_halves`;
         ``include_self``: with it).
 
         Returns
         -------
         torch.Tensor of shape (len(X), n_classes) or None
-            The logits (None when ``predict`` is False: only ``work`` is updated).
+            The logits (None when ``predict`` is False: only ``update`` is updated).
         """
         if self.batchnorm != "domain":
             raise ValueError(f"domain statistics need batchnorm='domain' (this network has batchnorm={self.batchnorm!r})")
         if self.training:
             self.eval()
-        added, Y = [], X
+        first, Y = None, X
         for i, (bimap, bn) in enumerate(zip(self.bimaps, self.batchnorms)):
             Z = bimap(reeig(Y, self.eps) if i else Y)
-            before, at_update = statistics.add_in_order(work, labels, Z, i)
-            added.append((Z, before))
+            first = Z if i == 0 else first
+            at_update = update.add_in_order(Z, i)
             if i + 1 < len(self.bimaps):
                 Y = bn.whiten(Z, at_update)
         if not predict:
             return None
         Y = X
         for i, (bimap, bn) in enumerate(zip(self.bimaps, self.batchnorms)):
-            Z = added[0][0] if i == 0 else bimap(reeig(Y, self.eps))
-            inv_halves = (statistics.inv_halves(work, labels, i) if include_self
-                          else statistics.inv_halves_without_self(work, labels, i, *added[i]))
-            Y = bn.whiten(Z, inv_halves)
+            Z = first if i == 0 else bimap(reeig(Y, self.eps))
+            Y = bn.whiten(Z, update.inv_halves(i, include_self))
         return self.head(reeig_logeig_vech(Y, self.eps))
 
     def recenter_(self):

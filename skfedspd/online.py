@@ -16,7 +16,7 @@ of one ``n×n`` matrix per trial whatever the number of trials seen.
 A new domain starts from the **prior** ``M₀`` with weight ``domain_prior_weight`` (default
 1): one pseudo-trial, so that a statistic never rests on one trial alone, and after about
 ten trials the domain's own data dominate. A trial is scored with its domain's statistics
-**without itself** (:meth:`DomainStatistics.inv_halves_without_self`): re-centring a trial
+**without itself** (:meth:`DomainUpdate.inv_halves`): re-centring a trial
 towards itself would shrink its class signal, which training never does.
 The prior is the log-Euclidean mean ``exp(mean_i log Z_i)`` of the layer's inputs ``Z_i``
 over the training data. It is chosen over the Karcher mean of the training domains' means
@@ -44,6 +44,7 @@ from .functional import expm_sym, logeig
 __all__ = [
     "RunningMean",
     "DomainStatistics",
+    "DomainUpdate",
     "geodesic_running_mean",
     "check_domain_label",
     "domain_labels",
@@ -282,10 +283,10 @@ class DomainStatistics:
     >>> import torch
     >>> from skfedspd.online import DomainStatistics
     >>> stats = DomainStatistics([2], torch.float64, prior=[torch.eye(2, dtype=torch.float64)])
-    >>> work = stats.working_copy(["s1", "s1"], prior_weight=1.0)
+    >>> update = stats.update(["s1", "s1"], prior_weight=1.0)
     >>> X = 4 * torch.eye(2, dtype=torch.float64)
-    >>> _ = stats.add_in_order(work, ["s1", "s1"], X.expand(2, 2, 2), layer=0)
-    >>> stats.commit(work)
+    >>> _ = update.add_in_order(X.expand(2, 2, 2), layer=0)
+    >>> update.commit()
     >>> stats.trials_seen(), stats.domains["s1"][0].mean.diagonal()  # (1·4·4)^{1/3}
     ({'s1': 2}, tensor([2.5198, 2.5198], dtype=torch.float64))
     """
@@ -306,72 +307,23 @@ class DomainStatistics:
                     for n in self.sizes]
         return [RunningMean(M, prior_weight, memory=memory) for M in self.prior]
 
-    def working_copy(self, labels, prior_weight, memory=None):
-        """Label → list of running means for the domains of ``labels``: the stored ones
-        (copied lists; the running means themselves are immutable), new ones from
-        :meth:`start`; all with ``memory`` (see :class:`RunningMean`). Updates go to this
-        copy; :meth:`commit` stores it."""
+    def update(self, labels, prior_weight, memory=None):
+        """A :class:`DomainUpdate` of the domains of ``labels``: copies of the stored ones,
+        new ones from :meth:`start`; all with ``memory`` (see :class:`RunningMean`). Nothing
+        stored changes until :meth:`DomainUpdate.commit`."""
         if memory is not None and not memory >= 2:  # one trial of memory would re-centre a trial by itself
             raise ValueError(f"domain_memory must be None or >= 2, got {memory!r}")
-        return {label: [state.with_memory(memory) for state in self.domains[label]] if label in self.domains
-                else self.start(prior_weight, memory) for label in dict.fromkeys(labels)}
+        states = {label: [state.with_memory(memory) for state in self.domains[label]] if label in self.domains
+                  else self.start(prior_weight, memory) for label in dict.fromkeys(labels)}
+        return DomainUpdate(self, labels, states)
 
-    @staticmethod
-    def add_in_order(work, labels, Z, layer):
-        """Add each ``Z[t]`` to its domain ``labels[t]`` at ``layer``, in order. Return
-        ``(before, at_update)``: each trial's domain statistics just before its update (a
-        list of :class:`RunningMean`, for :meth:`inv_halves_without_self`) and their
-        ``inv_half`` just after it (what the trial is re-centred by when the next layer's
-        statistics are updated)."""
-        before, inv_halves = [], []
-        for matrix, label in zip(Z, labels):
-            states = work[label]
-            before.append(states[layer])
-            states[layer] = states[layer].add(matrix)
-            inv_halves.append(states[layer].inv_half)
-        return before, torch.stack(inv_halves)
-
-    @staticmethod
-    def inv_halves_without_self(work, labels, layer, Z, before):
-        """``mean^{-1/2}`` of each trial's domain at ``layer`` (final statistics) **without
-        the trial itself**: what a trial is scored with, so that it is never re-centred
-        towards itself (a single trial's own matrix cannot tell its domain's offset from
-        its class, and in training each trial weighs about one domain's worth of trials
-        less). ``Z`` and ``before`` are what :meth:`add_in_order` added and returned.
-
-        The last trial of each domain gets the statistics just before its update (exact,
-        no decomposition: one trial per call costs nothing more); an earlier one is taken
-        out of the final mean with :meth:`RunningMean.without`, its share being the
-        ``1/w`` it was added with, shrunk by every later update. A trial with nothing else
-        in its statistics (a new domain without a prior) keeps them, itself included.
-        """
-        result, kept = [None] * len(labels), {}
-        for t in range(len(labels) - 1, -1, -1):
-            label, prior_state = labels[t], before[t]
-            weight = prior_state.next_weight()
-            final = work[label][layer]
-            if label not in kept:  # nothing before it (a new domain without a prior): itself
-                result[t] = (prior_state if prior_state.weight > 0 else final).inv_half
-            else:
-                result[t] = final.without(Z[t], kept[label] / weight).inv_half
-            kept[label] = kept.get(label, 1.0) * (1.0 - 1.0 / weight)
-        return torch.stack(result)
-
-    @staticmethod
-    def inv_halves(work, labels, layer):
-        """``mean^{-1/2}`` of each trial's domain at ``layer`` (final statistics)."""
-        if len(work) == 1:
-            (states,) = work.values()
-            return states[layer].inv_half.expand(len(labels), -1, -1)
-        return torch.stack([work[label][layer].inv_half for label in labels])
-
-    def commit(self, work, max_domains=None):
-        """Store the updated domains of ``work`` as the most recently used; then, beyond
-        ``max_domains`` stored domains, forget the least recently used ones with a
-        ``UserWarning`` naming them."""
-        for label in work:
+    def commit(self, states, max_domains=None):
+        """Store the updated domains (label → running means) as the most recently used;
+        then, beyond ``max_domains`` stored domains, forget the least recently used ones
+        with a ``UserWarning`` naming them (:meth:`DomainUpdate.commit`)."""
+        for label in states:
             self.domains.pop(label, None)
-        self.domains.update(work)
+        self.domains.update(states)
         if max_domains is not None and len(self.domains) > max_domains:
             evicted = list(self.domains)[: len(self.domains) - max_domains]
             for label in evicted:
@@ -552,3 +504,89 @@ class DomainStatisticsMixin:
         check_is_fitted(self)
         self._check_domain_support("domains_")
         return self._domain_statistics().trials_seen()
+
+
+class DomainUpdate:
+    """One call's update of its domains: the running means of the domains of ``labels``
+    (copies of the stored ones, or new), updated trial by trial and layer by layer, then
+    stored by :meth:`commit` (a call that fails before it leaves the statistics as they
+    were). Made by :meth:`DomainStatistics.update`; it is the whole online state a call
+    works on, and what :meth:`skfedspd.nn.SPDNet.adapted_forward` takes.
+
+    Attributes
+    ----------
+    labels : list
+        Each trial's domain.
+    states : dict
+        Domain label → list of :class:`RunningMean`, one per layer.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.online import DomainStatistics
+    >>> stats = DomainStatistics([2], torch.float64, prior=[torch.eye(2, dtype=torch.float64)])
+    >>> update = stats.update(["s1", "s1"], prior_weight=1.0)
+    >>> X = 4 * torch.eye(2, dtype=torch.float64)
+    >>> _ = update.add_in_order(X.expand(2, 2, 2), layer=0)
+    >>> update.inv_halves(0)[1].diagonal()  # the second trial: re-centred by the mean of the prior and the first
+    tensor([0.7071, 0.7071], dtype=torch.float64)
+    >>> stats.trials_seen(), update.commit(), stats.trials_seen()
+    ({}, None, {'s1': 2})
+    """
+
+    def __init__(self, statistics, labels, states):
+        self.statistics, self.labels, self.states = statistics, list(labels), states
+        self._added = {}  # layer → (what each trial added, its domain's statistics just before)
+
+    def add_in_order(self, Z, layer):
+        """Add each ``Z[t]`` to its domain ``labels[t]`` at ``layer``, in order. Return each
+        trial's ``inv_half`` just after its update (what the trial is re-centred by when the
+        next layer's statistics are updated)."""
+        before, inv_halves = [], []
+        for matrix, label in zip(Z, self.labels):
+            states = self.states[label]
+            before.append(states[layer])
+            states[layer] = states[layer].add(matrix)
+            inv_halves.append(states[layer].inv_half)
+        self._added[layer] = (Z, before)
+        return torch.stack(inv_halves)
+
+    def inv_halves(self, layer, include_self=False):
+        """``mean^{-1/2}`` of each trial's domain at ``layer`` (final statistics), **without
+        the trial itself** unless ``include_self``: what a trial is scored with, so that it is
+        never re-centred towards itself (a single trial's own matrix cannot tell its
+        domain's offset from its class, and in training each trial weighs about one
+        domain's worth of trials less).
+
+        The last trial of each domain gets the statistics just before its update (exact,
+        no decomposition: one trial per call costs nothing more); an earlier one is taken
+        out of the final mean with :meth:`RunningMean.without`, its share being the
+        ``1/w`` it was added with, shrunk by every later update. A trial with nothing else
+        in its statistics (a new domain without a prior) keeps them, itself included.
+        """
+        if include_self:
+            if len(self.states) == 1:
+                (states,) = self.states.values()
+                return states[layer].inv_half.expand(len(self.labels), -1, -1)
+            return torch.stack([self.states[label][layer].inv_half for label in self.labels])
+        Z, before = self._added[layer]
+        result, kept = [None] * len(self.labels), {}
+        for t in range(len(self.labels) - 1, -1, -1):
+            label, prior_state = self.labels[t], before[t]
+            weight = prior_state.next_weight()
+            final = self.states[label][layer]
+            if label not in kept:  # nothing before it (a new domain without a prior): itself
+                result[t] = (prior_state if prior_state.weight > 0 else final).inv_half
+            else:
+                result[t] = final.without(Z[t], kept[label] / weight).inv_half
+            kept[label] = kept.get(label, 1.0) * (1.0 - 1.0 / weight)
+        return torch.stack(result)
+
+    @property
+    def starts_without_prior(self):
+        """Whether a domain of this call holds a single trial and no prior (scored by itself)."""
+        return self.statistics.prior is None and any(states[0].n_trials == 1 for states in self.states.values())
+
+    def commit(self, max_domains=None):
+        """Store the updated domains (:meth:`DomainStatistics.commit`)."""
+        self.statistics.commit(self.states, max_domains)

@@ -273,9 +273,9 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         return recenter_groups(self._fit(X, groups), groups)
 
     def _update(self, X, domain, groups, *, keep):
-        """Validate, add the trials of ``X`` to their domains in order; return ``(X, stats,
-        work, labels, before)`` (``before``: each trial's domain statistics just before its
-        update; the updates stored only with ``keep``, after everything succeeded)."""
+        """Validate, add the trials of ``X`` to their domains in order; return ``(X, update)``
+        (a :class:`~skfedspd.online.DomainUpdate`, stored only with ``keep``, after
+        everything succeeded)."""
         check_is_fitted(self)
         self._validate_params()  # set_params since fit: the same constraints, naming the parameter
         X, summary = check_spd_batch(X, self.n_features_in_, return_summary=True)
@@ -289,13 +289,13 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
             _, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
         stats = self._domain_statistics()
-        work = stats.working_copy(labels, float(self.domain_prior_weight), self.domain_memory)
+        update = stats.update(labels, float(self.domain_prior_weight), self.domain_memory)
         with torch.no_grad():
-            before, _ = stats.add_in_order(work, labels, torch.as_tensor(X), 0)
+            update.add_in_order(torch.as_tensor(X), 0)
         if keep:
-            stats.commit(work, self.max_domains)
+            update.commit(self.max_domains)
             self.domain_statistics_ = stats
-        return X, stats, work, labels, before
+        return X, update
 
     def _domain_statistics(self):
         """The stored statistics; for a Recenter pickled before they existed, an empty
@@ -323,14 +323,13 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         ndarray of shape (n_matrices, n, n)
             Re-centred matrices.
         """
-        X, stats, work, labels, before = self._update(X, domain, groups, keep=domain is not None)
-        if stats.prior is None and any(states[0].n_trials == 1 for states in work.values()):
+        X, update = self._update(X, domain, groups, keep=domain is not None)
+        if update.starts_without_prior:
             warnings.warn(NO_PRIOR_WARNING.replace("fit_domain_prior(X_train, groups)", "fit(X_train)"),
                           UserWarning, stacklevel=2)
         with torch.no_grad():
             X = torch.as_tensor(X)
-            W = (stats.inv_halves(work, labels, 0) if self.domain_include_self
-                 else stats.inv_halves_without_self(work, labels, 0, X, before))
+            W = update.inv_halves(0, self.domain_include_self)
             Y = W @ X @ W
         return (0.5 * (Y + Y.transpose(-1, -2))).numpy()
 

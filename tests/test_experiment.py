@@ -20,6 +20,8 @@ import pytest
 from benchmarks.tableone import CELLS, PROFILES, PROTOCOLS, Cell, Protocol, cli, protocols, report, runner
 from skfedspd.datasets import WEIBO2014_EVENTS, load_moabb, sample_covariance
 from skfedspd.eegnet import EEGNet
+from skfedspd.server_optimizer import ServerMomentum
+from skfedspd.training import RoundSchedule
 
 ROOT = Path(__file__).resolve().parents[1]
 CHANNELS = ("C3", "Cz", "C4", "FC3", "FC4", "CP3")
@@ -53,7 +55,7 @@ def test_paper_protocols():
     assert sum(p.numel() for p in EEGNet(64, 480, 4, physionet.fs).parameters()) == 3284
     assert sum(p.numel() for p in EEGNet(60, 800, 7, weibo.fs).parameters()) == 5303
     spd = protocols.spdnet(weibo, 0, 10)
-    assert (spd.hidden_dims, spd.eps, spd.lr, spd.batch_size, spd.patience) == ((22,), 1e-1, 1e-3, 64, 75)
+    assert (spd.hidden_dims, spd.eps, spd.lr, spd.batch_size, spd.schedule.patience) == ((22,), 1e-1, 1e-3, 64, 75)
     # The paper's centralized protocol, not the package's small-data defaults.
     assert (spd.early_stopping, spd.validation_metric) == (True, "f1")
 
@@ -67,7 +69,7 @@ def test_federated_schedule_is_set_in_one_place(local, participation, lr_patienc
         (150, 2, clients_per_round, 2)
     schedule = protocols.federated_schedule(participation)
     assert {k: fed.get_params()[k] for k in schedule} == schedule
-    assert (fed.patience, fed.lr_patience, fed.lr_factor) == (None, lr_patience, 0.5)  # in rounds
+    assert fed.schedule == RoundSchedule(patience=None, lr_patience=lr_patience, lr_factor=0.5)  # in rounds
     assert fed.client_optimizer_state == "reset"  # the paper's clients: a fresh Adam every round
 
 
@@ -93,9 +95,10 @@ def test_server_momentum_rows_change_only_the_server(setting, participation):
     assert sm in CELLS and (sm.participation, sm.server_optimized, paper.server_optimized) == (participation, True, False)
     assert sm.label == f"FedSPDnet ProjAvg ({setting.split('+')[0]} + server momentum)"
     built, reference = (runner.configuration(PROTOCOLS["Weibo2014"], c, 0, SMOKE) for c in (sm, paper))
-    assert SERVER_MOMENTUM == {"server_lr": 1.0, "server_momentum": 0.9}
-    assert {k for k in built if built[k] != reference[k]} == {"server_momentum"}
-    assert built["server_momentum"] == 0.9 and reference["server_momentum"] == 0.0
+    assert SERVER_MOMENTUM == {"lr": 1.0, "momentum": 0.9}
+    assert {k for k in set(built) | set(reference) if built.get(k) != reference.get(k)} == {
+        "server_optimizer__lr", "server_optimizer__momentum"}
+    assert built["server_optimizer__momentum"] == 0.9 and "server_optimizer__momentum" not in reference
 
 
 @pytest.mark.parametrize("args, match", [
@@ -138,8 +141,8 @@ def test_recommended_federation_pairs_server_momentum_with_fresh_client_adam():
     cell = Cell("full+sm", "spdnet-domain", "projavg")
     built = runner.build(PROTOCOLS["PhysionetMI"], cell, 3, quick)
     expected = FederatedSPDnetClassifier(SPDnetClassifier(batchnorm="domain"), n_rounds=quick.recommended_rounds,
-                                         groups_per_client=2, client_optimizer_state="reset", server_momentum=0.9,
-                                         server_lr=1.0, random_state=3)
+                                         groups_per_client=2, client_optimizer_state="reset",
+                                         server_optimizer=ServerMomentum(lr=1.0, momentum=0.9), random_state=3)
     plain = (int, float, str, bool, tuple, type(None))
     assert {k: v for k, v in built.get_params().items() if isinstance(v, plain)} == \
         {k: v for k, v in expected.get_params().items() if isinstance(v, plain)}
@@ -205,7 +208,7 @@ def test_configuration_names_the_subjects_and_the_schedule():
     cell = Cell("half", "spdnet", "projavg")
     config = runner.configuration(protocols.physionet_protocol(subjects=[1, 2]), cell, 0, SMOKE)
     assert config["subjects"] == [1, 2] and config["dataset"] == "PhysionetMI"
-    assert config["lr_patience"] == 40 and config["n_rounds"] == SMOKE.rounds
+    assert config["schedule__lr_patience"] == 40 and config["n_rounds"] == SMOKE.rounds
     assert runner.configuration(protocols.physionet_protocol(), cell, 0, SMOKE) != config
 
 
@@ -283,7 +286,7 @@ def test_cache_of_another_configuration_is_refitted(fake_weibo, tmp_path, caplog
     data = (sample_covariance(X), X, y, subjects)
     cells = (Cell("full", "spdnet", "projavg"),)
     (first,) = runner.run_table(fake_weibo, data, SMOKE, tmp_path, cells)[cells[0]]
-    assert first["config"]["n_rounds"] == 2 and first["config"]["estimator__lr_patience"] == 20
+    assert first["config"]["n_rounds"] == 2 and first["config"]["estimator__schedule__lr_patience"] == 20
     longer = dataclasses.replace(SMOKE, rounds=3)
     caplog.clear()
     assert runner.run_table(fake_weibo, data, longer, tmp_path, cells, report_only=True) == {}

@@ -139,9 +139,9 @@ def test_one_label_per_row_of_the_right_length():
 def test_statistics_state_round_trip_and_reset():
     stats = DomainStatistics([2], torch.float64, prior=[2 * torch.eye(2, dtype=torch.float64)])
     labels = ["a", 7, "a"]
-    work = stats.working_copy(labels, prior_weight=1.0)
-    stats.add_in_order(work, labels, torch.eye(2, dtype=torch.float64).expand(3, 2, 2) * 3, layer=0)
-    stats.commit(work)
+    update = stats.update(labels, prior_weight=1.0)
+    update.add_in_order(torch.eye(2, dtype=torch.float64).expand(3, 2, 2) * 3, layer=0)
+    update.commit()
     restored = DomainStatistics.from_state(*stats.state(), torch.float64)
     assert restored.trials_seen() == {"a": 2, 7: 1}
     torch.testing.assert_close(restored.domains["a"][0].mean, stats.domains["a"][0].mean)
@@ -305,9 +305,9 @@ def test_leaving_a_trial_out_is_exact_for_commuting_matrices(memory):
     Z = torch.diag_embed(torch.as_tensor(np.exp(rng.standard_normal((6, 3)))))
     labels = ["a", "b", "a", "a", "b", "a"]
     stats = DomainStatistics([3], torch.float64, prior=[torch.diag(torch.tensor([2.0, 1.0, 0.5], dtype=torch.float64))])
-    work = stats.working_copy(labels, prior_weight=1.5, memory=memory)
-    before, _ = stats.add_in_order(work, labels, Z, layer=0)
-    got = stats.inv_halves_without_self(work, labels, 0, Z, before)
+    update = stats.update(labels, prior_weight=1.5, memory=memory)
+    update.add_in_order(Z, layer=0)
+    got = update.inv_halves(0)
     for label in ("a", "b"):
         mine = [t for t, lab in enumerate(labels) if lab == label]
         shares, weight = [1.0], 1.5  # each component's share of the final mean, prior first

@@ -53,7 +53,7 @@ VARIANTS = {
     "protocol": ((CENTRALIZED_SPDNET, FULL, HALF), None),
     "E=8 local epochs": ((FULL,), {"federated": {"local_epochs": 8}}),
     "local lr 4e-3": ((FULL,), {"local": {"lr": 4e-3}}),
-    "Half, LR patience 20 rounds": ((HALF,), {"federated": {"lr_patience": 20}}),
+    "Half, LR patience 20 rounds": ((HALF,), {"federated": {"schedule__lr_patience": 20}}),
     "protocol (EEGNet)": ((CENTRALIZED_EEGNET, FULL_EEGNET), None),
     "EEGNet standardize='channel'": ((CENTRALIZED_EEGNET, FULL_EEGNET), {"local": {"standardize": "channel"}}),
     "protocol + server momentum": ((FULL_SM, HALF_SM), None),

@@ -2,16 +2,18 @@
 
 from dataclasses import dataclass
 
+from skfedspd.server_optimizer import ServerMomentum
+
 #: Fraction of the clients that train in each round, per federated setting. "+sm": the same
 #: participation with the recommended server optimizer (``SERVER_MOMENTUM``), beside the
 #: paper-faithful settings (server step = the aggregate).
 PARTICIPATION = {"full": 1.0, "half": 0.5, "full+sm": 1.0, "half+sm": 0.5}
 #: The recommended server-optimizer setting (docs/design-decisions.md: FedAvgM, eta = 1, beta = 0.9).
-SERVER_MOMENTUM = {"server_lr": 1.0, "server_momentum": 0.9}
+SERVER_MOMENTUM = {"lr": 1.0, "momentum": 0.9}  # ServerMomentum's
 #: "spdnet-default" and "spdnet-domain" are the package's recommended configuration beside the
 #: paper's: ``SPDnetClassifier()`` as shipped, and with ``batchnorm="domain"`` (each subject a
 #: domain); federated, the latter with ``SERVER_MOMENTUM`` and fresh client Adam (the pairing
-#: the ``server_momentum`` docstring recommends).
+#: the ``server_optimizer`` docstring recommends).
 MODELS = ("ts-lr", "mdm", "spdnet", "eegnet", "spdnet-default", "spdnet-domain")
 RECOMMENDED_MODELS = ("spdnet-default", "spdnet-domain")
 AGGREGATIONS = ("projavg", "rlavg")
@@ -78,7 +80,7 @@ class Cell:
     @property
     def server_params(self):
         """Server-optimizer parameters of the federated estimator ({} = the paper's)."""
-        return dict(SERVER_MOMENTUM) if self.server_optimized else {}
+        return {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)} if self.server_optimized else {}
 
     @property
     def network(self):

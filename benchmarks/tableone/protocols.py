@@ -15,6 +15,7 @@ from sklearn.pipeline import make_pipeline
 
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.classifier import auto_hidden_dim
+from skfedspd.training import EpochSchedule, RoundSchedule
 from skfedspd.datasets import (
     PHYSIONET_OFFLINE_SUBJECTS,
     WEIBO2014_EVENTS,
@@ -31,8 +32,8 @@ VALIDATION_FRACTION = 0.10 / 0.85  # 75/10/15 of each client's data
 # Paper: Adam 1e-3, batch 64, ReduceLROnPlateau(20, 0.5); centralized early stopping 75 epochs
 # on the validation macro-F1, whatever the size of the validation part (the package's
 # defaults differ: early_stopping="auto", validation_metric="loss").
-TRAINING = dict(lr=1e-3, batch_size=64, patience=75, lr_patience=20, lr_factor=0.5, early_stopping=True,
-                validation_metric="f1")
+TRAINING = dict(lr=1e-3, batch_size=64, early_stopping=True, validation_metric="f1")
+SCHEDULE = dict(patience=75, lr_patience=20, lr_factor=0.5)  # in epochs centrally; rounds: federated_schedule
 
 
 def federated_schedule(participation):
@@ -45,11 +46,8 @@ def federated_schedule(participation):
     learning rate 2-4 times in 150 rounds (Full: 0-1; ``python -m benchmarks.experiments
     table-one-ablation``), on a validation score made noisier by training half the clients.
     """
-    return {
-        "patience": None,
-        "lr_patience": round(TRAINING["lr_patience"] / participation),
-        "lr_factor": TRAINING["lr_factor"],
-    }
+    return {"schedule": RoundSchedule(patience=None, lr_patience=round(SCHEDULE["lr_patience"] / participation),
+                                      lr_factor=SCHEDULE["lr_factor"])}
 
 
 @dataclass(frozen=True)
@@ -244,12 +242,13 @@ def load_offline_physionet(say=print):
 
 def spdnet(protocol, seed, epochs, verbose=False):
     return SPDnetClassifier(hidden_dims=(protocol.hidden_dim,), eps=protocol.eps, **TRAINING, max_epochs=epochs,
-                            validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose)
+                            schedule=EpochSchedule(**SCHEDULE), validation_fraction=VALIDATION_FRACTION,
+                            random_state=seed, verbose=verbose)
 
 
 def eegnet(protocol, seed, epochs, verbose=False):
-    return EEGNetClassifier(fs=protocol.fs, **TRAINING, max_epochs=epochs, validation_fraction=VALIDATION_FRACTION,
-                            random_state=seed, verbose=verbose)
+    return EEGNetClassifier(fs=protocol.fs, **TRAINING, max_epochs=epochs, schedule=EpochSchedule(**SCHEDULE),
+                            validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose)
 
 
 def federated(local, aggregation, participation, rounds, seed, verbose=False, server=None):
@@ -275,7 +274,7 @@ def recommended_federated(participation, rounds, seed, server, verbose=False):
     """The package's recommended federation on the paper's clients of 2 subjects: local
     ``SPDnetClassifier(batchnorm="domain")`` (each subject a domain) with the package's
     defaults, and the server optimizer ``server`` with a fresh client Adam every round (the
-    pairing the ``server_momentum`` docstring recommends; kept client state and server
+    pairing the ``server_optimizer`` docstring recommends; kept client state and server
     momentum do not combine)."""
     return FederatedSPDnetClassifier(
         SPDnetClassifier(batchnorm="domain"), n_rounds=rounds, groups_per_client=2,

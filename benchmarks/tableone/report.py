@@ -60,8 +60,8 @@ def table_one(tables, budget):
     lines += ["", f"Test macro-F1 (%), mean ± sample standard deviation over seeds. SPDnet budget {budget.rounds} rounds x {LOCAL_EPOCHS} "
                   f"epochs (centralized: <= {budget.rounds * LOCAL_EPOCHS} epochs, early stopping 75), EEGNet "
                   f"{budget.eegnet_rounds} rounds x {LOCAL_EPOCHS} epochs; best per row in bold. \"+ server "
-                  f"momentum\": FedSPDnet ProjAvg with server_momentum={SERVER_MOMENTUM['server_momentum']}, "
-                  f"server_lr={SERVER_MOMENTUM['server_lr']} (FedAvgM on the Stiefel manifold), the rest as the row "
+                  f"momentum\": FedSPDnet ProjAvg with server_optimizer=ServerMomentum(lr={SERVER_MOMENTUM['lr']}, "
+                  f"momentum={SERVER_MOMENTUM['momentum']}) (FedAvgM on the Stiefel manifold), the rest as the row "
                   f"above; the paper's rows keep the aggregate as the server step."]
     for (name, _), results in tables.items():
         lines += ["", f"{name} seeds per cell: " + ", ".join(f"{c.key} {len(v)}" for c, v in results.items())
@@ -169,7 +169,7 @@ def paired_table(tables):
                   "Recommended configuration: `SPDnetClassifier()` as shipped; with `batchnorm=\"domain\"`, each "
                   "subject a domain and each test subject predicted in its own call; federated, the same local "
                   "model on the paper's clients with server momentum "
-                  f"(server_momentum={SERVER_MOMENTUM['server_momentum']}, server_lr={SERVER_MOMENTUM['server_lr']}) "
+                  f"(ServerMomentum(lr={SERVER_MOMENTUM['lr']}, momentum={SERVER_MOMENTUM['momentum']})) "
                   "and a fresh client Adam every round (`client_optimizer_state=\"reset\"`), the rest the "
                   "package's defaults."]
     return "\n".join(lines)
