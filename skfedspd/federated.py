@@ -372,7 +372,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         otherwise; and for :class:`~skfedspd.aggregation.FLTrust` ``client_agreement``
         (each client's cosine with the server's reference update), None otherwise; all
         None under secure aggregation.
-    client_trust_ : ndarray of shape (n_clients_,)
+    client_trust_ : ndarray of shape (n_clients,)
         Each site's trust over the fit: the mean, over the rounds it was aggregated in, of
         its effective weight over its weight (1 under a plain rule; near 0: the rule kept
         leaving it out; NaN: never aggregated, or secure aggregation).

@@ -87,7 +87,7 @@ def test_budget_check_flags_a_site_over_its_epsilon():
 def test_rows_build_their_estimator(row, private, init, trainable, lr):
     public = object()
     fed = pp.federated(row, 3.0, public, rounds=5, site_size=4, seed=2)
-    assert (fed.dp_epsilon == 3.0) == private and (fed.init is public) == init
+    assert (fed.privacy is not None and fed.privacy.epsilon == 3.0) == private and (fed.init is public) == init
     assert fed.estimator.trainable == trainable and fed.estimator.lr == lr
     assert fed.groups_per_client == 4 and fed.validation_fraction == 0.0 and fed.random_state == 2
 
