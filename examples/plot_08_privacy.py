@@ -22,7 +22,6 @@ import importlib.util
 import math
 
 import matplotlib.pyplot as plt
-import numpy as np
 import torch
 
 if importlib.util.find_spec("dp_accounting") is None:

@@ -685,6 +685,13 @@ def tangent_updates(client_params, previous, kinds):
     return np.stack(rows)
 
 
+def _cosines(updates, ref):
+    """``cos(g_i, g_0)`` of each row of ``updates`` with ``ref`` (0 where either is zero)."""
+    norms = np.linalg.norm(updates, axis=1) * np.linalg.norm(ref)
+    dots = updates @ ref
+    return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+
+
 class FLTrust(RobustAggregation):
     """Trust by agreement with the server's own update on a root set (FLTrust on the Stiefel manifold).
 
@@ -790,11 +797,14 @@ class FLTrust(RobustAggregation):
     def agreement(self, client_params, reference, previous, kinds):
         """Each client's agreement ``cos(g_i, g_0)`` with the reference update in the tangent
         space at ``previous`` (0 for a client or a reference that did not move)."""
-        updates = tangent_updates(client_params, previous, kinds)
-        ref = tangent_updates([reference], previous, kinds)[0]
-        norms = np.linalg.norm(updates, axis=1) * np.linalg.norm(ref)
-        dots = updates @ ref
-        return np.divide(dots, norms, out=np.zeros_like(dots), where=norms > 0)
+        updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
+        return _cosines(updates, ref)
+
+    @staticmethod
+    def _tangent_vectors(client_params, reference, previous, kinds):
+        """The clients' and the reference's updates as tangent vectors at ``previous``, in one pass."""
+        vectors = tangent_updates([*client_params, reference], previous, kinds)
+        return vectors[:-1], vectors[-1]
 
     def aggregate(self, client_params, weights, previous, kinds, reference=None):
         weights = self._normalised_weights(client_params, weights, previous, kinds)
@@ -804,9 +814,9 @@ class FLTrust(RobustAggregation):
         if previous is None:
             raise ValueError("FLTrust works in the tangent space at the previous global model: previous must be given")
         names = [name for name, kind in kinds.items() if kind != "local"]
-        updates = tangent_updates(client_params, previous, kinds)
-        ref_norm = np.linalg.norm(tangent_updates([reference], previous, kinds)[0])
-        agreement = self.agreement(client_params, reference, previous, kinds)
+        updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
+        ref_norm = np.linalg.norm(ref)
+        agreement = _cosines(updates, ref)
         trust = np.where(agreement > self.threshold, agreement, 0.0) * weights
         if not trust.sum() > 0:
             return {name: np.asarray(previous[name], dtype=np.float64) for name in names}, np.zeros(len(weights))

@@ -32,9 +32,8 @@ from .base import training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
-from .messages import SetupReply
 from .server_optimizer import ServerMomentum
-from .training import RoundSchedule, derive_seed, draw_seed
+from .training import RoundSchedule, draw_seed
 
 __all__ = [
     "FederatedRun",

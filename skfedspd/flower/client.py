@@ -55,7 +55,6 @@ import json
 import threading
 
 import numpy as np
-import torch
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
