@@ -389,7 +389,7 @@ def _as_tensor(a):
     memory-maps): torch has no read-only tensors. Tensors pass through; a DomainBatch gets
     its matrices converted."""
     if isinstance(a, DomainBatch):
-        return DomainBatch(_as_tensor(a.X), a.domains)
+        return a.with_inputs(_as_tensor(a.X))
     if not isinstance(a, np.ndarray):
         return a
     return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)

@@ -13,6 +13,7 @@ import torch
 
 from .base import stratified_split, training_weights
 from .messages import EvalReply, SetupReply, TrainReply
+from .nn import DomainBatch
 from .training import derive_seed, evaluate
 
 __all__ = ["Site", "client_statistic", "client_update", "site_training_weights", "DP_SAMPLE_WEIGHT_ERROR"]
@@ -185,7 +186,35 @@ class Site:
         w = self.w
         self.w_train, self.w_val = (None, None) if w is None else (torch.as_tensor(w[self.train]),
                                                                    torch.as_tensor(w[self.val]))
+        self._setup_seed, self._domain_references = setup["seed"], setup.get("domain_references")
         self.est = est
+
+    def release_domain_means(self, global_params, dp, released=None):
+        """DP mode with ``batchnorm="domain"``: release the means of the site's domains at
+        the model ``global_params`` (:func:`skfedspd.privacy.release_domain_means`, noise
+        seeded by the run's seed and the client id), once: every later training whitens the
+        site's trials by them. ``released`` (the arrays of an earlier release of this fit,
+        kept by the transport) is used as it is, spending nothing more.
+
+        Returns
+        -------
+        list of ndarray
+            ``M^{-1/2}`` per batch-norm layer and domain (what the transport keeps).
+        """
+        if not isinstance(self.X_train, DomainBatch):  # the site is one domain
+            self.X_train = DomainBatch(self.X_train, np.zeros(len(self.X_train), dtype=np.intp))
+        X = self.X_train
+        if X.statistics is None:
+            if released is None:
+                from .privacy import release_domain_means
+
+                self.est.set_parameters(global_params)
+                generator = torch.Generator().manual_seed(derive_seed(self._setup_seed, 10, self.client_id))
+                references = self._domain_references
+                released = release_domain_means(self.est.module_, X, references=references, clip=dp["domain_clip"],
+                                                noise_multiplier=dp["domain_noise_multiplier"], generator=generator)
+            X.statistics = [torch.as_tensor(np.asarray(M), dtype=X.X.dtype, device=X.X.device) for M in released]
+        return [M.cpu().numpy() for M in X.statistics]
 
     def train_update(self, global_params, local_state, *, seed, lr, n_epochs, dp=None, optimizer_state=None,
                      n_threads=None):

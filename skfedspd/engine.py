@@ -491,8 +491,10 @@ class FederatedEngine:
         return len(self.history)
 
     # ------------------------------------------------------------------ privacy
-    def plan_privacy(self, target_epsilon, delta, *, clip_norm, batch_size, local_epochs, n_rounds):
-        """Switch the run to DP-SGD: :func:`skfedspd.privacy.plan_dp` for the next ``n_rounds``.
+    def plan_privacy(self, target_epsilon, delta, *, clip_norm, batch_size, local_epochs, n_rounds,
+                     domain_release=None):
+        """Switch the run to DP-SGD: :func:`skfedspd.privacy.plan_dp` for the next ``n_rounds``
+        (with ``domain_release``: each site first releases its domains' means).
 
         The per-site round counts are exact: the seeded schedule (:meth:`select`) does not
         depend on the data, so it is enumerated in advance. Stored as :attr:`privacy`;
@@ -503,7 +505,8 @@ class FederatedEngine:
         counts = np.zeros(self.n_clients, dtype=int)
         for t in range(self.next_round, self.next_round + n_rounds):
             counts[self.select(t)[0]] += 1
-        plan = plan_dp(self.n_train, batch_size, local_epochs, n_rounds, counts.tolist(), target_epsilon, delta)
+        plan = plan_dp(self.n_train, batch_size, local_epochs, n_rounds, counts.tolist(), target_epsilon, delta,
+                       domain_release=domain_release)
         self.privacy = dict(plan, clip_norm=float(clip_norm))
 
     def dp_settings(self, cid):
@@ -511,8 +514,12 @@ class FederatedEngine:
         if self.privacy is None:
             return None
         site = self.privacy["sites"][cid]
-        return {"noise_multiplier": site["noise_multiplier"], "clip_norm": self.privacy["clip_norm"],
-                "sample_rate": site["sample_rate"]}
+        settings = {"noise_multiplier": site["noise_multiplier"], "clip_norm": self.privacy["clip_norm"],
+                    "sample_rate": site["sample_rate"]}
+        release = self.privacy.get("domain_release")
+        if release is not None:
+            settings.update(domain_noise_multiplier=release["noise_multiplier"], domain_clip=release["clip"])
+        return settings
 
     def privacy_report(self):
         """:attr:`privacy` with each site's ``rounds_run`` (rounds it was sent a train
@@ -530,8 +537,10 @@ class FederatedEngine:
         for cid, site in enumerate(report["sites"]):
             site["rounds_run"] = int(trained[cid])
             site["steps_run"] = int(trained[cid]) * report["local_epochs"] * site["steps_per_epoch"]
+            release = report.get("domain_release")
+            domain = None if not release or not release["noise_multiplier"] else release
             site["epsilon"] = epsilon_spent(site["noise_multiplier"], report["delta"], site["sample_rate"],
-                                            site["steps_run"], accountant=report["accountant"]["name"])
+                                            site["steps_run"], accountant=report["accountant"]["name"], domain=domain)
         return report
 
     # ------------------------------------------------------------------ one round

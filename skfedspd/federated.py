@@ -660,10 +660,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                              "validation scores would steer the schedule and the released model outside the privacy "
                              "budget; leave early_stopping='auto' (DP mode then holds nothing out, runs n_rounds "
                              "rounds and keeps the last model) and evaluate on a test set outside the federation")
-        if getattr(est, "batchnorm", None) is not None:
-            raise ValueError(f"privacy with the local estimator's batchnorm={est.batchnorm!r}: SPD batch "
-                             "normalization re-centres each minibatch (or domain) by its own mean, which mixes the "
-                             "samples, so one sample's gradient is not bounded by the clip norm; use batchnorm=None")
+        if getattr(est, "batchnorm", None) == "spd":
+            raise ValueError("privacy with the local estimator's batchnorm='spd': SPD batch normalization re-centres "
+                             "each minibatch by its own mean, which mixes the samples, so one sample's gradient is not "
+                             "bounded by the clip norm; use batchnorm='domain' (each site releases its domains' means "
+                             "under the budget, docs/guide/privacy.md) or None")
         if self.warm_start:
             raise ValueError("privacy with warm_start=True is not supported: the budget is planned for one fit "
                              "of n_rounds rounds")

@@ -91,6 +91,7 @@ def fit_local(run, data):
     setup = run.site_setup()
     for site in sites:
         site.prepare(setup)
+    run.release_domain_means(sites)
     clients = [(s.X_train, s.y_train, s.X_val, s.y_val, s.w_train, s.w_val) for s in sites]
     first_round = engine.next_round
     fingerprint = _fingerprint(fed, clients, run.seed, first_round) if fed.checkpoint_path else None
@@ -273,7 +274,7 @@ class _SharedClients:
 
     def _share(self, a, name):
         if isinstance(a, DomainBatch):  # its matrices as any tensor; its domain codes go with the job
-            return DomainBatch(self._share(a.X, name), a.domains)
+            return a.with_inputs(self._share(a.X, name))
         if not isinstance(a, torch.Tensor) or a.device.type != "cpu":
             return a
         a = a.numpy()

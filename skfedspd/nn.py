@@ -513,6 +513,12 @@ class DomainBatch:
     domains : array-like of shape (n_matrices,)
         Domain labels of any hashable type (stored as integer codes).
 
+    statistics : list of torch.Tensor or None, default=None
+        Fixed domain statistics: for each batch-norm layer, ``M^{-1/2}`` of every domain's
+        mean (shape ``(n_domains, d, d)``, indexed by the codes). ``SPDNet`` then whitens
+        each matrix by its domain's entry instead of the batch's own means, so the samples
+        of a batch do not interact (DP-SGD, :func:`skfedspd.privacy.release_domain_means`).
+
     Examples
     --------
     >>> import torch
@@ -520,19 +526,26 @@ class DomainBatch:
     >>> batch = DomainBatch(torch.eye(2).expand(3, 2, 2), ["s2", "s1", "s2"])
     >>> len(batch), batch.domains
     (3, tensor([1, 0, 1]))
-    >>> batch[torch.tensor([2, 1])].domains  # a minibatch keeps each matrix's domain
-    tensor([1, 0])
+    >>> batch[torch.tensor([2, 0])].domains  # a minibatch keeps each matrix's domain code
+    tensor([1, 1])
     """
 
-    def __init__(self, X, domains):
+    def __init__(self, X, domains, statistics=None):
         self.X = X
         self.domains = torch.as_tensor(domain_codes(domains, len(X)))
+        self.statistics = statistics
 
     def __len__(self):
         return len(self.X)
 
     def __getitem__(self, index):
-        return DomainBatch(self.X[index], self.domains[index])
+        return self.with_inputs(self.X[index], self.domains[index])
+
+    def with_inputs(self, X, domains=None):
+        """A batch of ``X`` with this batch's codes (or ``domains``, codes of it) and statistics."""
+        batch = DomainBatch.__new__(DomainBatch)
+        batch.X, batch.domains, batch.statistics = X, self.domains if domains is None else domains, self.statistics
+        return batch
 
 
 class DomainSPDBatchNorm(_SPDNormalization):
@@ -843,13 +856,13 @@ class SPDNet(FederatedModule):
         return shapes
 
     def _reeig_inputs(self, X, normalize=None):
-        """The input of each ReEig: the BiMap output, then ``normalize(bn, ·)`` with batch norm."""
+        """The input of each ReEig: the BiMap output, then ``normalize(i, bn, ·)`` with batch norm."""
         for i, bimap in enumerate(self.bimaps):
             if i:
                 X = reeig(X, self.eps)
             X = bimap(X)
             if normalize is not None:
-                X = normalize(self.batchnorms[i], X)
+                X = normalize(i, self.batchnorms[i], X)
             yield X
 
     def features(self, X, domains=None):
@@ -858,14 +871,19 @@ class SPDNet(FederatedModule):
         ``domains`` (one label per matrix) is used by ``batchnorm="domain"`` only; ``X`` may
         also be a :class:`DomainBatch` carrying them.
         """
+        statistics = None
         if isinstance(X, DomainBatch):
             if domains is not None:
                 raise ValueError("domains given twice: in the DomainBatch and as an argument")
-            X, domains = X.X, X.domains
+            X, domains, statistics = X.X, X.domains, X.statistics
         if domains is not None and self.batchnorm != "domain":
             raise ValueError(f"domains are used by batchnorm='domain' only (this network has batchnorm={self.batchnorm!r})")
+        if statistics is not None:
+            # fixed domain statistics: each matrix whitened by its own domain's entry
+            *_, X = self._reeig_inputs(X, lambda i, bn, Y: bn.whiten(Y, statistics[i][domains]))
+            return reeig_logeig_vech(X, self.eps)
         if self.batchnorm is not None:
-            *_, X = self._reeig_inputs(X, lambda bn, Y: bn(Y) if domains is None else bn(Y, domains))
+            *_, X = self._reeig_inputs(X, lambda i, bn, Y: bn(Y) if domains is None else bn(Y, domains))
             return reeig_logeig_vech(X, self.eps)
         for bimap in self.bimaps[:-1]:
             X = reeig(bimap(X), self.eps)
@@ -883,7 +901,7 @@ class SPDNet(FederatedModule):
         normalized by the batch's own mean as in training (``X`` is one domain)."""
         inputs = []
 
-        def record(bn, Z):
+        def record(i, bn, Z):
             inputs.append(Z)
             return bn.normalize_batch(Z)
 
@@ -978,7 +996,7 @@ class SPDNet(FederatedModule):
     def eigenvalue_clamp_fraction(self, X):
         """Fraction of eigenvalues clamped by each ReEig on input batch ``X`` (diagnostic)."""
         # With batch norm: each block normalized by its own batch mean (no running-mean update).
-        normalize = None if self.batchnorm is None else (lambda bn, Y: bn.normalize_batch(Y))
+        normalize = None if self.batchnorm is None else (lambda i, bn, Y: bn.normalize_batch(Y))
         with torch.no_grad():
             return [
                 float((torch.linalg.eigvalsh(Y) < self.eps).to(torch.float64).mean())

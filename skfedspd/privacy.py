@@ -34,6 +34,15 @@ BatchNorm mixes the samples of a batch (its batch statistics and running average
 on every sample), which breaks per-sample sensitivity: :func:`dp_train_epochs` runs every
 BatchNorm layer in evaluation mode (frozen running statistics, affine weights trained
 privately) and refuses BatchNorm layers without running statistics.
+
+Re-centring under DP (``SPDnetClassifier(batchnorm="domain")``): a domain's own mean mixes
+its samples too. :func:`release_domain_means` releases each domain's mean at every
+batch-norm layer once, by the Gaussian mechanism on a clipped log-Euclidean mean (one
+trial moves the released vector of its own domain by at most
+:func:`domain_mean_sensitivity`), and DP-SGD then trains on the trials whitened by the
+released means (post-processing: the samples of a batch no longer interact). The release
+and DP-SGD compose in one accountant (:func:`plan_dp`); the guide
+(``docs/guide/privacy.md``) gives the sensitivity analysis.
 """
 
 import contextlib
@@ -48,7 +57,8 @@ import torch.nn.functional as F
 from sklearn.utils._param_validation import Interval
 from torch.func import functional_call, grad, vmap
 
-from .nn import BiMap
+from .functional import expm_sym, logeig, reeig
+from .nn import BiMap, DomainBatch, DomainSPDBatchNorm, SPDBatchNorm
 from .stiefel import tangent_project
 from .training import Settings, seeded_torch
 
@@ -61,8 +71,12 @@ __all__ = [
     "add_gaussian_noise",
     "steps_per_epoch",
     "dp_train_epochs",
+    "DOMAIN_COUNT_WEIGHT",
+    "domain_mean_sensitivity",
+    "release_domain_means",
     "epsilon_spent",
     "calibrate_noise",
+    "calibrate_release_noise",
     "default_delta",
     "plan_dp",
 ]
@@ -126,14 +140,29 @@ def _check_method(module, method):
     return method
 
 
+def _matrices(X):
+    """The tensor of an input batch (a :class:`~skfedspd.nn.DomainBatch` carries one)."""
+    return X.X if isinstance(X, DomainBatch) else X
+
+
 def _batchnorms(module):
-    return [sub for sub in module.modules() if isinstance(sub, torch.nn.modules.batchnorm._BatchNorm)]
+    return [sub for sub in module.modules() if isinstance(sub, (torch.nn.modules.batchnorm._BatchNorm, SPDBatchNorm))]
+
+
+def _mixing_layers(module, X):
+    """Names of the layers that would normalise ``X`` by statistics of several samples."""
+    mixing = [type(sub).__name__ for sub in _batchnorms(module)
+              if sub.training or not getattr(sub, "track_running_stats", True)]
+    fixed = isinstance(X, DomainBatch) and X.statistics is not None
+    if not fixed:
+        mixing += [type(sub).__name__ for sub in module.modules() if isinstance(sub, DomainSPDBatchNorm)]
+    return mixing
 
 
 def _loop_gradients(module, names, params, X, y):
     """Per-sample gradients and losses, one forward/backward per sample (exact custom backward)."""
     grads = [torch.empty((len(y),) + p.shape, dtype=p.dtype, device=p.device) for p in params]
-    losses = torch.empty(len(y), dtype=X.dtype, device=X.device)
+    losses = torch.empty(len(y), dtype=_matrices(X).dtype, device=y.device)
     with torch.enable_grad():
         for i in range(len(y)):
             loss = F.cross_entropy(module(X[i : i + 1]), y[i : i + 1])
@@ -237,17 +266,19 @@ def per_sample_gradients(module, X, y, *, method="auto"):
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
     method = _check_method(module, method)
-    mixing = [type(sub).__name__ for sub in _batchnorms(module) if sub.training or not sub.track_running_stats]
+    mixing = _mixing_layers(module, X)
     if mixing:
         raise ValueError(f"{mixing} normalise with batch statistics, which mix the samples of a batch: put them "
-                         "in eval mode with running statistics (dp_train_epochs freezes them)")
+                         "in eval mode with running statistics (dp_train_epochs freezes them), and give domain "
+                         "batch norms fixed statistics (a DomainBatch with released means, release_domain_means)")
     if not _at_chart_centres(module):
         raise ValueError("BiMap charts are not centred (V != 0): call module.recenter_() first, "
                          "otherwise the gradient of V is not the Riemannian gradient at W")
     names, params = zip(*[(name, p) for name, p in module.named_parameters() if p.requires_grad])
     if len(y) == 0:
         grads = {name: torch.zeros((0,) + p.shape, dtype=p.dtype, device=p.device) for name, p in zip(names, params)}
-        return grads, torch.zeros(0, dtype=X.dtype, device=X.device)
+        inputs = _matrices(X)
+        return grads, torch.zeros(0, dtype=inputs.dtype, device=inputs.device)
     compute = {"vmap": _vmap_gradients, "batched": _batched_backward_gradients, "loop": _loop_gradients}[method]
     grads, losses = compute(module, list(names), list(params), X, y)
     for name, W in stiefel_charts(module).items():
@@ -366,7 +397,7 @@ def _frozen_batchnorm(module):
     the previous modes are restored on exit."""
     modes = {sub: sub.training for sub in module.modules()}
     norms = _batchnorms(module)
-    unfrozen = [type(sub).__name__ for sub in norms if not sub.track_running_stats]
+    unfrozen = [type(sub).__name__ for sub in norms if not getattr(sub, "track_running_stats", True)]
     if unfrozen:
         raise ValueError(f"{unfrozen} without running statistics normalise with batch statistics, which "
                          "mix the samples of a batch: per-sample differential privacy does not hold")
@@ -483,7 +514,7 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
         _recentre(module)
         for _ in range(n_steps):
             drawn = torch.rand(n, generator=generator) < sample_rate
-            idx = drawn.nonzero().squeeze(1).to(X.device)
+            idx = drawn.nonzero().squeeze(1).to(_matrices(X).device)
             grads, losses = per_sample_gradients(module, X[idx], y[idx], method=method)
             summed, norms = clip_and_sum(grads, clip_norm)
             noisy = add_gaussian_noise(summed, std=noise_multiplier * clip_norm, charts=charts,
@@ -500,6 +531,131 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
             total += float(losses[finite].sum())
             count += int(finite.sum())
     return (total / count if count else float("nan")), dropped
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-centring under DP: the domains' means, released once
+# ---------------------------------------------------------------------------------------------
+
+#: The weight ``c`` of a domain's trial count in its released vector ``(S, c·n)``, as a
+#: share of the clip radius ``R`` (``c = R / 2``): the count costs little sensitivity
+#: (``R·√(1 + 1/4)`` instead of ``R``) and is known to ``σ·√5`` trials.
+DOMAIN_COUNT_WEIGHT = 0.5
+
+
+def domain_mean_sensitivity(clip):
+    """L2 sensitivity of one domain's released vector ``(S, c·n)`` (:func:`release_domain_means`)
+    to adding or removing one trial: ``√(R² + c²)`` with ``c = DOMAIN_COUNT_WEIGHT · R``.
+
+    ``S = Σ_i clip_R(log Z_i − L_ref)`` is a sum of log-matrices, each clipped to Frobenius
+    norm ``R``; one trial adds or removes one such term in its own domain's ``S`` and one
+    ``c`` in its count, and changes no other domain's vector.
+
+    Examples
+    --------
+    >>> from skfedspd.privacy import domain_mean_sensitivity
+    >>> round(domain_mean_sensitivity(2.0), 4)  # 2 · √1.25
+    2.2361
+    """
+    _check_positive("clip", clip)
+    return float(clip) * math.sqrt(1.0 + DOMAIN_COUNT_WEIGHT**2)
+
+
+def _symmetric_gaussian(n_domains, n, std, generator, dtype):
+    """Symmetric ``n × n`` noise whose coordinates in an orthonormal basis of the symmetric
+    matrices (Frobenius inner product) are i.i.d. ``N(0, std²)``: the diagonal with ``std``,
+    each off-diagonal pair with ``std / √2``."""
+    Z = torch.randn((n_domains, n, n), generator=generator, dtype=dtype)
+    upper = torch.triu(Z, diagonal=1) / math.sqrt(2.0)
+    return std * (upper + upper.transpose(-1, -2) + torch.diag_embed(Z.diagonal(dim1=-2, dim2=-1)))
+
+
+def release_domain_means(module, X, *, references, clip, noise_multiplier, generator):
+    """Each domain's mean at every batch-norm layer of an ``SPDNet(batchnorm="domain")``,
+    released by the Gaussian mechanism: ``M^{-1/2}`` per layer and domain.
+
+    Layer by layer (the first BiMap's outputs, then each next layer's inputs whitened by the
+    means already released), for every trial ``Z_i`` of domain ``k``:
+
+    1. ``D_i = log Z_i − L_ref`` (``L_ref``: ``references[layer]``, public), scaled to
+       Frobenius norm at most ``R`` (``clip``);
+    2. the domain's vector ``(S_k, c·n_k)``, ``S_k = Σ_i D_i``, ``n_k`` its trials,
+       ``c = DOMAIN_COUNT_WEIGHT · R``, gets i.i.d. Gaussian noise of standard deviation
+       ``σ · Δ`` on every coordinate (``Δ``: :func:`domain_mean_sensitivity`; the
+       symmetric ``S_k`` in an orthonormal basis);
+    3. the released mean is ``exp(L_ref + S̃_k / max(ñ_k, 1))`` (post-processing).
+
+    One trial changes one domain's vector by at most ``Δ`` at each layer, so each layer is
+    one Gaussian mechanism of noise multiplier ``σ`` on the trial's site (add/remove-one
+    adjacency, as DP-SGD): ``len(references)`` of them compose with DP-SGD in
+    :func:`plan_dp`. Training on trials whitened by the released means is post-processing.
+
+    Parameters
+    ----------
+    module : SPDNet
+        With ``batchnorm="domain"``; its current weights are those the means are taken at.
+    X : DomainBatch
+        The site's training trials and their domain codes.
+    references : sequence of array-like of shape (d_i, d_i)
+        ``L_ref`` per batch-norm layer: a public log-matrix (the public model's domain
+        prior, :meth:`skfedspd.SPDnetClassifier.domain_prior_`, or zeros).
+    clip : float
+        ``R > 0``, in log-Euclidean units.
+    noise_multiplier : float
+        ``σ ≥ 0`` (0: no noise, no privacy).
+    generator : torch.Generator
+        A CPU generator, the source of the noise.
+
+    Returns
+    -------
+    list of torch.Tensor of shape (n_domains, d_i, d_i)
+        ``M^{-1/2}`` per layer, indexed by the domain codes (``X.statistics`` for training).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.nn import DomainBatch, SPDNet
+    >>> from skfedspd.privacy import release_domain_means
+    >>> X = torch.as_tensor(make_spd_classification(n_matrices=40, n_channels=4, seed=0)[0])
+    >>> net = SPDNet(4, (3,), n_classes=2, seed=0, batchnorm="domain")
+    >>> batch = DomainBatch(X, [0] * 20 + [1] * 20)
+    >>> released = release_domain_means(net, batch, references=[torch.zeros(3, 3)], clip=2.0,
+    ...                                 noise_multiplier=1.0, generator=torch.Generator().manual_seed(0))
+    >>> [tuple(M.shape) for M in released]  # two domains, one 3 x 3 mean at the one layer
+    [(2, 3, 3)]
+    """
+    if getattr(module, "batchnorm", None) != "domain":
+        raise ValueError("release_domain_means needs an SPDNet with batchnorm='domain'")
+    if not isinstance(X, DomainBatch):
+        raise TypeError(f"X must be a DomainBatch (the trials and their domain codes), got {type(X).__name__}")
+    if len(references) != len(module.batchnorms):
+        raise ValueError(f"one reference per batch-norm layer ({len(module.batchnorms)}) is needed, got {len(references)}")
+    _check_positive("clip", clip)
+    _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    codes = X.domains.to(X.X.device)
+    n_domains = int(codes.max()) + 1 if len(codes) else 0
+    std = noise_multiplier * domain_mean_sensitivity(clip)
+    released = []
+    with torch.no_grad():
+        Y = X.X
+        for i, (bimap, bn) in enumerate(zip(module.bimaps, module.batchnorms)):
+            Z = bimap(reeig(Y, module.eps) if i else Y)
+            reference = torch.as_tensor(references[i], dtype=Z.dtype, device=Z.device)
+            if reference.shape != Z.shape[1:]:
+                raise ValueError(f"reference {i} has shape {tuple(reference.shape)}, the layer's means {tuple(Z.shape[1:])}")
+            D = logeig(Z) - reference
+            D = D * torch.clamp(clip / torch.linalg.matrix_norm(D), max=1.0)[:, None, None]
+            sums = torch.zeros((n_domains, *Z.shape[1:]), dtype=Z.dtype, device=Z.device).index_add_(0, codes, D)
+            counts = torch.bincount(codes, minlength=n_domains).to(Z.dtype)
+            sums = sums + _symmetric_gaussian(n_domains, Z.shape[-1], std, generator, Z.dtype).to(Z.device)
+            noisy_counts = counts + (std / (DOMAIN_COUNT_WEIGHT * clip)) * torch.randn(
+                n_domains, generator=generator, dtype=Z.dtype).to(Z.device)
+            log_means = reference + sums / torch.clamp(noisy_counts, min=1.0)[:, None, None]
+            inv_half = expm_sym(-0.5 * log_means)
+            released.append(inv_half)
+            Y = bn.whiten(Z, inv_half[codes])
+    return released
 
 
 # ---------------------------------------------------------------------------------------------
@@ -545,13 +701,28 @@ def _check_accounting_args(delta, sample_rate, steps):
         raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
 
 
-def _event(noise_multiplier, sample_rate, steps):
+def _release_event(domain):
+    """The domain means' release: one Gaussian mechanism per batch-norm layer."""
+    dpa = _dp_accounting()
+    return dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(float(domain["noise_multiplier"])), int(domain["layers"]))
+
+
+def _event(noise_multiplier, sample_rate, steps, domain=None):
     dpa = _dp_accounting()
     step = dpa.PoissonSampledDpEvent(float(sample_rate), dpa.GaussianDpEvent(float(noise_multiplier)))
-    return dpa.SelfComposedDpEvent(step, int(steps))
+    training = dpa.SelfComposedDpEvent(step, int(steps))
+    return training if domain is None else dpa.ComposedDpEvent([_release_event(domain), training])
 
 
-def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rdp"):
+def _check_domain(domain):
+    if domain is None:
+        return
+    if not (isinstance(domain.get("layers"), numbers.Integral) and domain["layers"] >= 1):
+        raise ValueError(f"domain['layers'] must be a positive integer, got {domain.get('layers')!r}")
+    _check_positive("domain['noise_multiplier']", domain.get("noise_multiplier"))
+
+
+def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rdp", domain=None):
     """ε of ``steps`` Poisson-subsampled Gaussian mechanisms at ``δ`` (add/remove-one adjacency).
 
     Parameters
@@ -566,6 +737,10 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
         Number of DP-SGD steps (0: ε = 0).
     accountant : {"rdp", "pld"}, default="rdp"
         ``dp_accounting.rdp.RdpAccountant`` or ``dp_accounting.pld.PLDAccountant``.
+    domain : dict or None, default=None
+        The release of the domain means composed before the steps (:func:`release_domain_means`):
+        ``{"noise_multiplier": σ_s, "layers": L}``, ``L`` Gaussian mechanisms of
+        multiplier ``σ_s``.
 
     Returns
     -------
@@ -581,15 +756,48 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
     """
     _check_accounting_args(delta, sample_rate, steps)
     _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
-    if steps == 0:
-        return 0.0
-    if noise_multiplier == 0:
+    _check_domain(domain)
+    if steps > 0 and noise_multiplier == 0:
         return math.inf
+    if steps == 0:
+        if domain is None:
+            return 0.0
+        event = _release_event(domain)
+    else:
+        event = _event(noise_multiplier, sample_rate, steps, domain)
     with _quiet_absl():
-        return float(_accountant(accountant).compose(_event(noise_multiplier, sample_rate, steps)).get_epsilon(delta))
+        return float(_accountant(accountant).compose(event).get_epsilon(delta))
 
 
-def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rdp", tol=1e-4):
+def calibrate_release_noise(target_epsilon, delta, *, layers, accountant="rdp", tol=1e-4):
+    """Smallest noise multiplier ``σ_s`` (within ``tol``) whose release of the domain means
+    (``layers`` Gaussian mechanisms, :func:`release_domain_means`) spends at most ``ε`` alone.
+
+    Examples
+    --------
+    >>> from skfedspd.privacy import calibrate_release_noise, epsilon_spent
+    >>> sigma = calibrate_release_noise(2.0, 1e-5, layers=1)
+    >>> round(sigma, 2), epsilon_spent(0.0, 1e-5, 1.0, 0, domain={"noise_multiplier": sigma, "layers": 1}) <= 2.0
+    (2.3, True)
+    """
+    if not (isinstance(target_epsilon, numbers.Real) and target_epsilon > 0):
+        raise ValueError(f"target_epsilon must be positive (inf for no noise), got {target_epsilon!r}")
+    if math.isinf(target_epsilon):
+        return 0.0
+    _check_domain({"layers": layers, "noise_multiplier": 1.0})
+    _accountant(accountant)
+    mc = _dp_accounting().mechanism_calibration
+    with _quiet_absl():
+        sigma = mc.calibrate_dp_mechanism(
+            lambda: _accountant(accountant),
+            lambda s: _release_event({"noise_multiplier": s, "layers": layers}),
+            float(target_epsilon), float(delta),
+            bracket_interval=mc.LowerEndpointAndGuess(1e-3, 1.0), tol=tol,
+        )
+    return float(sigma)
+
+
+def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rdp", tol=1e-4, domain=None):
     """Smallest noise multiplier ``σ`` (within ``tol``) whose ``steps`` steps spend at most ``ε``.
 
     ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` (Brent's method on the
@@ -605,11 +813,14 @@ def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rd
     accountant : {"rdp", "pld"}, default="rdp"
     tol : float, default=1e-4
         Absolute tolerance on ``σ``.
+    domain : dict or None, default=None
+        A release of domain means composed with the steps (:func:`epsilon_spent`): the
+        steps get what it leaves of ``ε``.
 
     Returns
     -------
     float
-        ``σ`` with ``epsilon_spent(σ, delta, sample_rate, steps) <= target_epsilon``.
+        ``σ`` with ``epsilon_spent(σ, delta, sample_rate, steps, domain=domain) <= target_epsilon``.
 
     Examples
     --------
@@ -621,14 +832,19 @@ def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rd
     _check_accounting_args(delta, sample_rate, steps)
     if not (isinstance(target_epsilon, numbers.Real) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be positive (inf for no noise), got {target_epsilon!r}")
+    _check_domain(domain)
     if math.isinf(target_epsilon) or steps == 0:
         return 0.0
     _accountant(accountant)  # validate the name before the search
+    if domain is not None and epsilon_spent(0.0, delta, sample_rate, 0, accountant=accountant,
+                                            domain=domain) >= target_epsilon:
+        raise ValueError(f"the release of the domain means alone spends the whole ε = {target_epsilon}: "
+                         "give it a smaller share")
     mc = _dp_accounting().mechanism_calibration
     with _quiet_absl():
         sigma = mc.calibrate_dp_mechanism(
             lambda: _accountant(accountant),
-            lambda s: _event(s, sample_rate, steps),
+            lambda s: _event(s, sample_rate, steps, domain),
             float(target_epsilon), float(delta),
             bracket_interval=mc.LowerEndpointAndGuess(1e-3, 1.0), tol=tol,
         )
@@ -663,7 +879,7 @@ def _rounds_per_site(participation, n_rounds, n_sites):
 
 
 def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation, target_epsilon,
-            delta=None, *, per_site_noise=True, accountant="rdp"):
+            delta=None, *, per_site_noise=True, accountant="rdp", domain_release=None):
     """Noise multipliers so that every site's whole federated run meets ``(ε, δ)``.
 
     Site ``i`` (``n_i`` training samples) trains with Poisson rate ``q_i = min(1, b / n_i)``,
@@ -695,6 +911,12 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
         with a larger ``q``, need more noise). False: one ``σ``, the largest of those, for
         every site (each then spends at most ``ε``).
     accountant : {"rdp", "pld"}, default="rdp"
+    domain_release : dict or None, default=None
+        Re-centring under DP: every site releases its domains' means once
+        (:func:`release_domain_means`), ``{"layers": L, "share": f, "clip": R}``. The
+        release's noise multiplier is calibrated to spend ``f · ε`` alone
+        (:func:`calibrate_release_noise`); each site's DP-SGD noise is then calibrated so
+        that the release and the steps together spend at most ``ε``.
 
     Returns
     -------
@@ -702,9 +924,12 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
         JSON-able report: ``mechanism``, ``adjacency``, ``accountant`` (name, class and
         dp-accounting version), ``target_epsilon``, ``delta``, ``rounds_bound``,
         ``batch_size``, ``local_epochs``, ``n_rounds``, ``participation``,
-        ``per_site_noise`` and ``sites``: one dict per site with ``n_train``,
-        ``sample_rate``, ``steps_per_epoch``, ``rounds``, ``steps``, ``noise_multiplier``
-        and ``epsilon`` (spent, by the accountant, ``<= target_epsilon``).
+        ``per_site_noise``, ``domain_release`` (None, or its ``layers``, ``share``,
+        ``clip``, ``sensitivity``, ``noise_multiplier`` and ``epsilon`` spent alone) and
+        ``sites``: one dict per site with ``n_train``, ``sample_rate``,
+        ``steps_per_epoch``, ``rounds``, ``steps``, ``noise_multiplier``,
+        ``training_epsilon`` (DP-SGD alone) and ``epsilon`` (spent by the release and
+        DP-SGD together, by the accountant, ``<= target_epsilon``).
 
     Examples
     --------
@@ -732,6 +957,20 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     if not delta < 1 / min(sizes):
         raise ValueError(f"delta={delta} must be below 1 / (smallest site's training size {min(sizes)})")
     rounds, bound = _rounds_per_site(participation, n_rounds, len(sizes))
+    release = None
+    if domain_release is not None:
+        share = domain_release["share"]
+        if not (isinstance(share, numbers.Real) and 0 < share < 1):
+            raise ValueError(f"domain_release['share'] must be in (0, 1), got {share!r}")
+        layers = domain_release["layers"]
+        sigma = calibrate_release_noise(share * target_epsilon, delta, layers=layers, accountant=accountant)
+        release = dict(layers=int(layers), share=float(share), clip=float(domain_release["clip"]),
+                       count_weight=DOMAIN_COUNT_WEIGHT, sensitivity=domain_mean_sensitivity(domain_release["clip"]),
+                       noise_multiplier=sigma,
+                       epsilon=epsilon_spent(0.0, delta, 1.0, 0, accountant=accountant,
+                                             domain={"noise_multiplier": sigma, "layers": layers})
+                       if sigma > 0 else math.inf)
+    domain = None if release is None or release["noise_multiplier"] == 0 else release
     sites = []
     for n, r in zip(sizes, rounds):
         q = min(1.0, batch_size / n)
@@ -743,15 +982,17 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
         key = (site["sample_rate"], site["steps"])
         if key not in calibrated:
             calibrated[key] = calibrate_noise(target_epsilon, delta, sample_rate=key[0], steps=key[1],
-                                              accountant=accountant)
+                                              accountant=accountant, domain=domain)
         site["noise_multiplier"] = calibrated[key]
     if not per_site_noise:
         sigma = max(site["noise_multiplier"] for site in sites)
         for site in sites:
             site["noise_multiplier"] = sigma
     for site in sites:
+        site["training_epsilon"] = epsilon_spent(site["noise_multiplier"], delta, site["sample_rate"], site["steps"],
+                                                 accountant=accountant)
         site["epsilon"] = epsilon_spent(site["noise_multiplier"], delta, site["sample_rate"], site["steps"],
-                                        accountant=accountant)
+                                        accountant=accountant, domain=domain)
     from importlib.metadata import version
 
     return dict(
@@ -762,7 +1003,7 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
         target_epsilon=float(target_epsilon), delta=float(delta), rounds_bound=bound,
         batch_size=int(batch_size), local_epochs=int(local_epochs), n_rounds=int(n_rounds),
         participation=float(participation) if isinstance(participation, numbers.Real) else list(rounds),
-        per_site_noise=bool(per_site_noise), sites=sites,
+        per_site_noise=bool(per_site_noise), domain_release=release, sites=sites,
     )
 
 
@@ -786,6 +1027,16 @@ class DPSGD(Settings):
         site's training size). A δ not below ``1 / n_min`` is refused.
     clip_norm : float, default=1.0
         Bound ``C`` on each sample's joint gradient norm.
+    domain_share : float, default=0.25
+        With a local ``SPDnetClassifier(batchnorm="domain")`` (re-centring each subject by
+        its own mean): the share of ``epsilon`` that each site's release of its domains'
+        means spends alone (:func:`release_domain_means`, once per fit, before DP-SGD);
+        DP-SGD is calibrated on what the composition leaves. Unused without domain batch
+        norm.
+    domain_clip : float, default=2.0
+        ``R``: each trial's log-matrix deviation from the public reference (the ``init``
+        model's domain prior) is clipped to this Frobenius norm before its domain's mean is
+        released (log-Euclidean units of the batch-norm layer's inputs).
 
     Examples
     --------
@@ -803,9 +1054,13 @@ class DPSGD(Settings):
         "epsilon": [Interval(Real, 0, None, closed="neither")],
         "delta": [None, Interval(Real, 0, 1, closed="neither")],
         "clip_norm": [Interval(Real, 0, None, closed="neither")],
+        "domain_share": [Interval(Real, 0, 1, closed="neither")],
+        "domain_clip": [Interval(Real, 0, None, closed="neither")],
     }
 
-    def __init__(self, epsilon, delta=None, clip_norm=1.0):
+    def __init__(self, epsilon, delta=None, clip_norm=1.0, domain_share=0.25, domain_clip=2.0):
         self.epsilon = epsilon
         self.delta = delta
         self.clip_norm = clip_norm
+        self.domain_share = domain_share
+        self.domain_clip = domain_clip

@@ -26,6 +26,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
+from pyriemann.utils.base import logm as logm_spd
 from sklearn.base import clone
 
 from .base import training_weights, uses_validation
@@ -45,6 +46,7 @@ __all__ = [
     "run_seed",
     "build_engine",
     "domain_prior_from_data",
+    "public_domain_references",
     "held_out_fraction",
     "init_model",
     "local_estimator",
@@ -346,8 +348,11 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
                              server_lr=optimizer.lr, server_momentum=optimizer.momentum)
     if fed.privacy is not None:
         privacy = fed.privacy
+        release = None
+        if getattr(est, "batchnorm", None) == "domain":  # each site first releases its domains' means
+            release = dict(layers=len(est.module_.batchnorms), share=privacy.domain_share, clip=privacy.domain_clip)
         engine.plan_privacy(privacy.epsilon, privacy.delta, clip_norm=privacy.clip_norm, batch_size=est.batch_size,
-                            local_epochs=fed.local_epochs, n_rounds=fed.n_rounds)
+                            local_epochs=fed.local_epochs, n_rounds=fed.n_rounds, domain_release=release)
         # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
         engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in est.module_.parameters()
                                                           if p.requires_grad))
@@ -484,6 +489,8 @@ class FederatedRun:
                 [r.statistic for r in replies], declared_weights(n_train, weights))
             est.set_input_statistic(statistic)
             self._initialize(model)
+            if self._setup["private"] and getattr(est, "batchnorm", None) == "domain":
+                self._setup["domain_references"] = public_domain_references(model, est)
         engine = build_engine(fed, est, n_train=n_train, n_val=n_val, seed=self.seed, input_statistic=statistic,
                               train_weights=weights)
         if self.resume:
@@ -534,6 +541,15 @@ class FederatedRun:
                              f"{shapes}")
         est.set_parameters(params)
 
+    def release_domain_means(self, sites):
+        """DP mode with domain batch norm: every site of this process releases its domains'
+        means, once, at the initial model (:meth:`skfedspd.client.Site.release_domain_means`)."""
+        dp = self.engine.dp_settings
+        for cid, site in enumerate(sites):
+            settings = dp(cid)
+            if settings is not None and "domain_noise_multiplier" in settings:
+                site.release_domain_means(self.engine.global_params, settings)
+
     @property
     def wants_domain_prior(self):
         """Whether the released model gets a domain prior: ``batchnorm="domain"``, outside DP
@@ -553,7 +569,39 @@ class FederatedRun:
             est.domain_statistics_ = None
             if self.wants_domain_prior and prior is not None:
                 prior(est)
+            elif self.fed.privacy is not None:
+                _public_prior(init_model(self.fed), est)
         return FederatedResult(est, engine, client_source, list(client_groups))
+
+
+def public_domain_references(model, est):
+    """The public reference of each batch-norm layer around which the sites clip their trials
+    before releasing their domains' means (JSON-able log-matrices): the log of ``init``'s
+    domain prior (public data, no budget), zeros without one.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.run import public_domain_references
+    >>> est = SPDnetClassifier(hidden_dims=2, batchnorm="domain")
+    >>> est.check_inputs(np.eye(4)[None], reset=True)[:0].shape
+    (0, 4, 4)
+    >>> est.set_classes([0, 1]); est.set_input_statistic(0.0); est.init_module(0)
+    >>> public_domain_references(None, est)
+    [[[0.0, 0.0], [0.0, 0.0]]]
+    """
+    prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
+    if prior is None:
+        return [np.zeros((bn.log_bias.shape[0],) * 2).tolist() for bn in est.module_.batchnorms]
+    return [logm_spd(M).tolist() for M in prior]
+
+
+def _public_prior(model, est):
+    """The released model of a private fit starts new domains from ``init``'s prior (public)."""
+    prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
+    if prior is not None:
+        est.set_domain_prior([logm_spd(M) for M in prior], 1)
 
 
 def domain_prior_from_data(data):

@@ -169,7 +169,6 @@ def test_tiny_epsilon_destroys_accuracy_that_no_dp_learns():
 @pytest.mark.parametrize("params, match", [
     (dict(validation_fraction=0.1, estimator=SPDnetClassifier(scaling="trace", early_stopping=True)),
      "explicit validation split"),
-    (dict(estimator=SPDnetClassifier(batchnorm="domain")), "batchnorm='domain'"),
     (dict(estimator=SPDnetClassifier(batchnorm="spd")), "batchnorm='spd'"),
     (dict(warm_start=True), "warm_start"),
     (dict(privacy=DPSGD(epsilon=2.0, delta=0.05)), r"delta=0\.05 must be below 1 / \(smallest site's training size 20\)"),

@@ -69,6 +69,9 @@ __all__ = ["make_client_app", "load_site_from_node_config", "to_array_record", "
 # A site's Adam state and the fit it belongs to, in its Flower context state (one
 # namespace: the two records need distinct keys).
 OPTIMIZER_STATE_KEY, OPTIMIZER_FIT_KEY = "skfedspd.client-optimizer", "skfedspd.client-optimizer-fit"
+# DP mode with domain batch norm: the site's released domain means, kept for the whole fit (released once)
+DOMAIN_MEANS_KEY, DOMAIN_MEANS_FIT_KEY = "skfedspd.domain-means", "skfedspd.domain-means-fit"
+DP_KEYS = ("noise_multiplier", "clip_norm", "sample_rate", "domain_noise_multiplier", "domain_clip")
 
 
 def _site_file_arrays(path, n_samples, sample_weight, groups):
@@ -262,6 +265,20 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         context.state.array_records[OPTIMIZER_STATE_KEY] = to_array_record(state)
         context.state.config_records[OPTIMIZER_FIT_KEY] = ConfigRecord({"fit": setup["fit"]})
 
+    def released_domain_means(context, setup, prepared, global_params, dp):
+        """The site's domain means of this fit: released at its first train message, then
+        read back from the node's state (a restarted ClientApp spends nothing more)."""
+        tag = context.state.config_records.get(DOMAIN_MEANS_FIT_KEY)
+        kept = None
+        if tag is not None and tag["fit"] == setup["fit"]:
+            record = from_array_record(context.state.array_records[DOMAIN_MEANS_KEY])
+            kept = [record[f"layer-{i}"] for i in range(len(record))]
+        released = prepared.release_domain_means(global_params, dp, kept)
+        if kept is None:
+            context.state.array_records[DOMAIN_MEANS_KEY] = to_array_record(
+                {f"layer-{i}": M for i, M in enumerate(released)})
+            context.state.config_records[DOMAIN_MEANS_FIT_KEY] = ConfigRecord({"fit": setup["fit"]})
+
     @app.train()
     def train(message, context):
         config = message.content["config"]
@@ -272,10 +289,12 @@ def make_client_app(load_site=load_site_from_node_config, estimator_factory=None
         cid, prepared = site(context, config["setup"])
         check_client(message, cid)
         local = local_arrays(message, context, layout) or None
-        dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in ("noise_multiplier", "clip_norm", "sample_rate")
-              if f"dp-{key.replace('_', '-')}" in config}
+        dp = {key: config[f"dp-{key.replace('_', '-')}"] for key in DP_KEYS if f"dp-{key.replace('_', '-')}" in config}
         setup = _spec.loads(config["setup"])
-        reply = prepared.train_update(from_array_record(message.content["arrays"]), local, seed=config["seed"],
+        global_params = from_array_record(message.content["arrays"])
+        if "domain_noise_multiplier" in dp:
+            released_domain_means(context, setup, prepared, global_params, dp)
+        reply = prepared.train_update(global_params, local, seed=config["seed"],
                                       lr=config["lr"], n_epochs=config["local-epochs"], dp=dp or None,
                                       optimizer_state=kept_optimizer_state(context, setup))
         if reply.optimizer_state is not None:
