@@ -82,6 +82,8 @@ ROWS = {
     "dp-scratch": ("DP-FedSPDnet from scratch", True, "scratch"),
     "dp-finetune": ("DP-FedSPDnet fine-tuned (whole network)", True, "public"),
     "dp-finetune-head": ("DP-FedSPDnet fine-tuned (head)", True, "head"),
+    "public-dbn": ("public model only, domain batch norm", False, None),
+    "dp-dbn": ("DP-FedSPDnet fine-tuned, domain batch norm (released means)", True, "public-dbn"),
     "tslr": ("TS+LR, sites pooled", False, None),
     "recenter-tslr": ("Recenter+TS+LR, sites pooled", False, None),
 }
@@ -118,19 +120,24 @@ def setup(profile_budget, site_size, channels):
                 clip_norm=CLIP_NORM, test_fraction=TEST_FRACTION)
 
 
-def public_model(X, y, seed, epochs):
-    """The seed's model pre-trained on the pooled public subjects."""
-    return SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, max_epochs=epochs, random_state=seed).fit(X, y)
+def public_model(X, y, seed, epochs, subjects=None):
+    """The seed's model pre-trained on the pooled public subjects; with their ``subjects``,
+    with domain batch norm (each public subject re-centred by its own means)."""
+    if subjects is None:
+        return SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, max_epochs=epochs, random_state=seed).fit(X, y)
+    return SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, max_epochs=epochs, batchnorm="domain",
+                            random_state=seed).fit(X, y, groups=subjects)
 
 
 def federated(row, epsilon, public, rounds, site_size, seed):
     """The federated estimator of a row (module docstring), unfitted."""
     _, private, start = ROWS[row]
+    domain = start == "public-dbn"  # each subject a domain, re-centred by its released means
     local = SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, lr=SCRATCH_LR if start == "scratch" else FINETUNE_LR,
-                             trainable="head" if start == "head" else "all")
+                             trainable="head" if start == "head" else "all", batchnorm="domain" if domain else None)
     return FederatedSPDnetClassifier(
         local, n_rounds=rounds, local_epochs=1, groups_per_client=site_size, validation_fraction=0.0,
-        random_state=seed, init=None if start == "scratch" else public,
+        domains="group" if domain else "client", random_state=seed, init=None if start == "scratch" else public,
         privacy=DPSGD(epsilon=epsilon, delta=DELTA, clip_norm=CLIP_NORM) if private else None)
 
 
@@ -165,6 +172,8 @@ def record_of(row, epsilon, seed, model, data, split, settings, fit_seconds):
             "target_epsilon": None if privacy is None else privacy["target_epsilon"],
             "epsilon_spent": None if privacy is None else [s["epsilon"] for s in privacy["sites"]],
             "noise_multipliers": None if privacy is None else [s["noise_multiplier"] for s in privacy["sites"]],
+            "training_epsilon": None if privacy is None else [s["training_epsilon"] for s in privacy["sites"]],
+            "domain_release": None if privacy is None else privacy.get("domain_release"),
             "privatized_parameters": None if privacy is None else privacy["privatized_parameters"],
             "resolved": None if privacy is None else privacy["resolved"]}
 
@@ -177,20 +186,24 @@ def run_seed(data, seed, todo, budget, site_size, settings, out, n_threads=1):
     public_rows = np.isin(subjects, PUBLIC_SUBJECTS)
     written = []
     with torch_threads(n_threads):
-        public = None
-        if any(row == "public" or ROWS[row][2] in ("public", "head") for row, _ in todo):
-            start = time.perf_counter()
-            public = public_model(X[public_rows], y[public_rows], seed, budget["public_epochs"])
-            public_seconds = time.perf_counter() - start
+        publics, public_seconds = {}, {}
+        for kind in ("public", "public-dbn"):
+            if any(row == kind or ROWS[row][2] in {"public": ("public", "head"), "public-dbn": ("public-dbn",)}[kind]
+                   for row, _ in todo):
+                start = time.perf_counter()
+                publics[kind] = public_model(X[public_rows], y[public_rows], seed, budget["public_epochs"],
+                                             subjects[public_rows] if kind == "public-dbn" else None)
+                public_seconds[kind] = time.perf_counter() - start
         for row, epsilon in todo:
             start = time.perf_counter()
-            if row == "public":
-                model, seconds = public, public_seconds
+            if row in publics:
+                model, seconds = publics[row], public_seconds[row]
             else:
                 if row in ("tslr", "recenter-tslr"):
                     model = reference(row).fit(X[train], y[train], **({"recenter__groups": subjects[train]}
                                                                        if row == "recenter-tslr" else {}))
                 else:
+                    public = publics.get("public-dbn" if ROWS[row][2] == "public-dbn" else "public")
                     model = federated(row, epsilon, public, budget["rounds"], site_size, seed).fit(
                         X[train], y[train], groups=subjects[train])
                 seconds = time.perf_counter() - start
@@ -368,6 +381,7 @@ def main(argv=None):
     parser.add_argument("--site-size", type=int, choices=(4, 8, 12), default=4,
                         help="subjects per site (6, 3 or 2 sites)")
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS), help="budgets of the DP rows")
+    parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=list(ROWS), help="the rows to fit and report")
     parser.add_argument("--channels", choices=("sensorimotor", "all"), default="sensorimotor",
                         help="the 16 sensorimotor channels (default) or all 64")
     parser.add_argument("--rounds", type=int, default=None, help="federated rounds (default: the profile's)")
@@ -394,7 +408,7 @@ def main(argv=None):
         record = json.loads(file.read_text()) if file.exists() else None
         return record if record is not None and record.get("setup") == settings else None
 
-    runs = runs_of(args.epsilons, seeds)
+    runs = [run for run in runs_of(args.epsilons, seeds) if run[0] in args.rows]
     todo = {}
     for row, e, s in runs:
         if not args.report_only and cached(row, e, s) is None:

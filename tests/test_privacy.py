@@ -17,7 +17,7 @@ import torch.nn.functional as F
 import skfedspd.privacy as privacy
 from skfedspd.eegnet import EEGNet
 from skfedspd.functional import reeig, reeig_logeig_vech
-from skfedspd.nn import SPDNet
+from skfedspd.nn import DomainBatch, SPDNet
 from skfedspd.privacy import (
     add_gaussian_noise,
     calibrate_noise,
@@ -474,3 +474,173 @@ def test_plan_dp_errors():
         plan_dp([100, 0], 8, 1, 5, 1.0, 1.0)
     with pytest.raises(ValueError, match="batch_size"):
         plan_dp([100, 50], 0, 1, 5, 1.0, 1.0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Re-centring under DP: the released domain means
+# ---------------------------------------------------------------------------------------------
+
+
+def _domain_net(n_channels=6, hidden=(4, 3), seed=0):
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return SPDNet(n_channels, hidden, 2, eps=1e-2, seed=seed, batchnorm="domain")
+
+
+def _domain_batch(spd_dataset, n=40, n_domains=2, scales=(1.0, 30.0)):
+    X, y = _spd_data(spd_dataset, n=n)
+    codes = np.arange(n) % n_domains
+    X = X * torch.as_tensor(np.asarray(scales)[codes])[:, None, None]
+    return DomainBatch(X, codes), y
+
+
+def _symmetric(rng, d, scale):
+    A = rng.standard_normal((d, d)) * scale
+    return torch.as_tensor((A + A.T) / 2)
+
+
+@pytest.mark.parametrize("clip", [0.5, 2.0, 10.0])
+@pytest.mark.parametrize("scale", [0.01, 1.0, 100.0])
+def test_one_trial_moves_its_domains_vector_by_at_most_the_sensitivity(clip, scale):
+    """Adding or removing one trial (any deviation, clipped or not) moves (S, c·n) of its own
+    domain by at most Δ = √(R² + c²) and leaves the other domains' vectors unchanged."""
+    rng = np.random.default_rng(0)
+    D = torch.stack([_symmetric(rng, 4, scale) for _ in range(9)])
+    codes = torch.as_tensor(np.arange(9) % 3)
+    c = privacy.DOMAIN_COUNT_WEIGHT * clip
+    full = privacy.clipped_domain_sums(D, codes, 3, clip)
+    for removed in range(9):
+        keep = torch.as_tensor([i for i in range(9) if i != removed])
+        part = privacy.clipped_domain_sums(D[keep], codes[keep], 3, clip)
+        moved = torch.sqrt(torch.linalg.matrix_norm(full[0] - part[0]) ** 2 + (c * (full[1] - part[1])) ** 2)
+        own = int(codes[removed])
+        assert float(moved[own]) <= privacy.domain_mean_sensitivity(clip) * (1 + 1e-12)
+        assert float(moved.sum() - moved[own]) == 0.0
+
+
+def test_domain_mean_sensitivity_is_the_norm_of_one_clipped_trial_and_its_count():
+    assert privacy.domain_mean_sensitivity(2.0) == pytest.approx(math.hypot(2.0, 1.0))
+    with pytest.raises(ValueError, match="clip must be a finite positive number"):
+        privacy.domain_mean_sensitivity(0.0)
+
+
+def test_released_noise_has_the_stated_standard_deviation_in_an_orthonormal_basis():
+    """Each coordinate of the symmetric noise in an orthonormal basis (diagonal, √2 × the
+    upper triangle) has the standard deviation σΔ: the Gaussian mechanism of the analysis."""
+    std = 1.7
+    Z = privacy._symmetric_gaussian(4000, 5, std, torch.Generator().manual_seed(0), torch.float64)
+    iu = torch.triu_indices(5, 5, offset=1)
+    coords = torch.cat([Z.diagonal(dim1=-2, dim2=-1), math.sqrt(2) * Z[:, iu[0], iu[1]]], dim=1)
+    assert torch.allclose(Z, Z.transpose(-1, -2))
+    assert coords.std(0).numpy() == pytest.approx(np.full(15, std), rel=0.05)
+    assert abs(float(coords.mean())) < 0.02 * std
+
+
+def _release(net, batch, sigma, seed=0, clip=2.0):
+    return privacy.release_domain_means(net, batch, references=[torch.zeros(4, 4), torch.zeros(3, 3)], clip=clip,
+                                        noise_multiplier=sigma, generator=torch.Generator().manual_seed(seed))
+
+
+def test_without_noise_and_clipping_the_release_is_each_domains_log_euclidean_mean(spd_dataset):
+    """Oracle: pyRiemann's log-Euclidean mean of each domain's first-layer inputs WᵀXW."""
+    from pyriemann.utils.mean import mean_logeuclid
+
+    net, (batch, _) = _domain_net(), _domain_batch(spd_dataset)
+    released = _release(net, batch, sigma=0.0, clip=1e6)
+    W = net.bimaps[0].weight.detach().numpy()
+    for k in range(2):
+        Z = W.T @ batch.X[batch.domains == k].numpy() @ W
+        M = torch.linalg.inv(released[0][k] @ released[0][k]).numpy()
+        assert M == pytest.approx(mean_logeuclid(Z), rel=1e-8)
+
+
+def test_the_noise_is_present_and_seeded(spd_dataset):
+    net, (batch, _) = _domain_net(), _domain_batch(spd_dataset)
+    exact, noisy, again, other = (_release(net, batch, s, seed) for s, seed in ((0.0, 0), (1.0, 0), (1.0, 0), (1.0, 1)))
+    for layer in range(2):
+        assert not torch.allclose(exact[layer], noisy[layer])
+        assert torch.equal(noisy[layer], again[layer])
+        assert not torch.allclose(noisy[layer], other[layer])
+
+
+def test_released_means_make_per_sample_gradients_independent(spd_dataset):
+    """Whitened by fixed means, the samples of a batch do not interact: each per-sample
+    gradient equals the gradient of that sample alone (loop oracle), and the batched method
+    agrees."""
+    net, (batch, y) = _domain_net(), _domain_batch(spd_dataset, n=12)
+    batch.statistics = _release(net, batch, sigma=1.0)
+    batched, _ = per_sample_gradients(net, batch, y, method="batched")
+    loop, _ = per_sample_gradients(net, batch, y, method="loop")
+    for name in batched:
+        assert torch.allclose(batched[name], loop[name], atol=1e-10)
+    alone = per_sample_gradients(net, batch[torch.tensor([3])], y[3:4], method="loop")[0]
+    for name in alone:
+        assert torch.allclose(alone[name][0], loop[name][3], atol=1e-12)
+
+
+def test_domain_batch_norm_without_released_means_is_refused_in_dp_sgd(spd_dataset):
+    net, (batch, y) = _domain_net(), _domain_batch(spd_dataset, n=12)
+    with pytest.raises(ValueError, match="DomainSPDBatchNorm.*mix the samples"):
+        per_sample_gradients(net, batch, y)
+    with pytest.raises(ValueError, match="DomainSPDBatchNorm"):
+        dp_train_epochs(net, batch, y, n_epochs=1, sample_rate=0.5, clip_norm=1.0, noise_multiplier=1.0, lr=0.01,
+                        generator=torch.Generator().manual_seed(0))
+
+
+def test_dp_sgd_trains_on_released_means(spd_dataset):
+    net, (batch, y) = _domain_net(), _domain_batch(spd_dataset)
+    batch.statistics = _release(net, batch, sigma=1.0)
+    before = copy.deepcopy(net.state_dict())
+    loss, dropped = dp_train_epochs(net, batch, y, n_epochs=1, sample_rate=0.25, clip_norm=1.0, noise_multiplier=1.0,
+                                    lr=0.01, generator=torch.Generator().manual_seed(0))
+    assert dropped == 0 and math.isfinite(loss)
+    assert any(not torch.equal(before[k], v) for k, v in net.state_dict().items())
+
+
+@pytest.mark.parametrize("bad, match", [
+    (dict(references=[torch.zeros(4, 4)]), "one reference per batch-norm layer"),
+    (dict(references=[torch.zeros(3, 3), torch.zeros(3, 3)]), r"reference 0 has shape \(3, 3\)"),
+    (dict(clip=0.0), "clip must be"),
+    (dict(noise_multiplier=-1.0), "noise_multiplier must be"),
+])
+def test_release_errors_are_named(spd_dataset, bad, match):
+    net, (batch, _) = _domain_net(), _domain_batch(spd_dataset, n=8)
+    good = dict(references=[torch.zeros(4, 4), torch.zeros(3, 3)], clip=1.0, noise_multiplier=1.0,
+                generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match=match):
+        privacy.release_domain_means(net, batch, **{**good, **bad})
+    with pytest.raises(TypeError, match="DomainBatch"):
+        privacy.release_domain_means(net, batch.X, **good)
+
+
+@pytest.mark.parametrize("share", [0.1, 0.25, 0.5])
+@pytest.mark.parametrize("layers", [1, 2])
+@pytest.mark.parametrize("target", [1.0, 8.0])
+def test_the_release_and_dp_sgd_compose_within_the_budget(share, layers, target):
+    """Every site's total (release + DP-SGD, by the accountant) is within the target; the
+    release alone spends its share, DP-SGD alone what the composition leaves, and the
+    composition costs more than either."""
+    plan = plan_dp([90, 150], batch_size=16, local_epochs=1, n_rounds=10, participation=1.0, target_epsilon=target,
+                   domain_release=dict(layers=layers, share=share, clip=2.0))
+    release = plan["domain_release"]
+    assert release["epsilon"] <= share * target * (1 + 1e-6)
+    assert release["epsilon"] == pytest.approx(share * target, rel=0.02)
+    domain = {"noise_multiplier": release["noise_multiplier"], "layers": layers}
+    for site in plan["sites"]:
+        total = epsilon_spent(site["noise_multiplier"], plan["delta"], site["sample_rate"], site["steps"], domain=domain)
+        assert site["epsilon"] == pytest.approx(total)
+        assert total <= target
+        assert max(release["epsilon"], site["training_epsilon"]) < total
+    assert json.loads(json.dumps(plan)) == plan
+
+
+def test_without_domain_release_the_plan_is_the_plain_dp_sgd_plan():
+    plain = plan_dp([90, 150], batch_size=16, local_epochs=1, n_rounds=10, participation=1.0, target_epsilon=3.0)
+    assert plain["domain_release"] is None
+    assert [s["epsilon"] for s in plain["sites"]] == [s["training_epsilon"] for s in plain["sites"]]
+
+
+def test_a_release_that_spends_the_whole_budget_is_refused():
+    domain = {"noise_multiplier": 0.05, "layers": 1}
+    with pytest.raises(ValueError, match="release of the domain means alone spends the whole"):
+        calibrate_noise(1.0, 1e-5, sample_rate=0.1, steps=10, domain=domain)

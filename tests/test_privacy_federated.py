@@ -247,3 +247,83 @@ def test_flower_backend_fine_tunes_from_init_as_the_local_one(spd, public_model)
     for name, value in local.engine_.global_params.items():
         np.testing.assert_array_equal(value, flower.engine_.global_params[name], err_msg=name, strict=True)
     assert local.privacy_ == flower.privacy_ and flower.engine_.n_val == [0, 0, 0, 0]
+
+
+# ------------------------------------------------------------------ re-centring under DP
+
+
+@pytest.fixture(scope="module")
+def subjects_data():
+    """Eight subjects of 20 trials, each with its own scale (what re-centring removes)."""
+    X, y = make_spd_dataset(160, N_CHANNELS, 2, seed=3)
+    groups = np.repeat(np.arange(8), 20)
+    return X * np.repeat(np.geomspace(0.2, 20.0, 8), 20)[:, None, None], y, groups
+
+
+@pytest.fixture(scope="module")
+def public_domain_model():
+    X, y = make_spd_dataset(60, N_CHANNELS, 2, seed=4)
+    return SPDnetClassifier(hidden_dims=(3,), batchnorm="domain", max_epochs=3, random_state=0).fit(
+        X, y, groups=np.repeat(np.arange(3), 20))
+
+
+def _domain_fed(public, **kwargs):
+    est = SPDnetClassifier(hidden_dims=(3,), batchnorm="domain", batch_size=8, lr=0.01)
+    params = dict(init=public, n_clients=5, partition=None, groups_per_client=2, domains="group", n_rounds=3,
+                  privacy=DPSGD(epsilon=4.0, delta=1e-3))
+    return _fed(est, **{**params, **kwargs})
+
+
+def test_domain_batch_norm_releases_each_sites_means_once_within_the_budget(subjects_data, public_domain_model,
+                                                                             monkeypatch):
+    import skfedspd.privacy as privacy
+
+    calls = []
+    release = privacy.release_domain_means
+    monkeypatch.setattr(privacy, "release_domain_means", lambda *a, **k: calls.append(k) or release(*a, **k))
+    X, y, groups = subjects_data
+    fed = _domain_fed(public_domain_model).fit(X, y, groups=groups)
+    report = fed.privacy_
+    assert len(calls) == 4 and len(fed.history_) == 3  # four sites, three rounds: one release per site
+    released = report["domain_release"]
+    assert released["layers"] == 1 and released["share"] == 0.25 and released["clip"] == 2.0
+    assert released["epsilon"] == pytest.approx(1.0, rel=0.02) and released["epsilon"] <= 1.0
+    assert calls[0]["noise_multiplier"] == released["noise_multiplier"] > 0
+    for site in report["sites"]:
+        assert released["epsilon"] < site["epsilon"] <= 4.0
+        assert site["training_epsilon"] < site["epsilon"]
+    # the clip reference is the public model's prior, and the released model starts new domains from it
+    reference = np.asarray(calls[0]["references"][0])
+    from pyriemann.utils.base import logm
+
+    np.testing.assert_allclose(reference, logm(public_domain_model.domain_prior_[0]), atol=1e-12)
+    np.testing.assert_allclose(fed.global_estimator_.domain_prior_[0], public_domain_model.domain_prior_[0],
+                               rtol=1e-10)
+
+
+def test_a_dp_domain_model_re_centres_a_new_subject_by_its_own_trials(subjects_data, public_domain_model):
+    X, y, groups = subjects_data
+    fed = _domain_fed(public_domain_model).fit(X[groups < 6], y[groups < 6], groups=groups[groups < 6])
+    new = groups == 7
+    fed.global_estimator_.set_params(domain_prior_weight=1e-12)  # the subject's own trials alone
+    whole = fed.predict_proba(X[new])  # the whole recording: one domain, its own means
+    shifted = fed.predict_proba(1e3 * X[new])  # a whole-subject scale: re-centring removes it
+    np.testing.assert_allclose(whole, shifted, atol=1e-6)
+    fed.adapt(X[new][:10], domain="s7")  # online: the domain's running means
+    assert fed.predict(X[new][10:], domain="s7").shape == (10,)
+
+
+def test_local_and_flower_backends_give_the_same_dp_domain_model(subjects_data, public_domain_model):
+    pytest.importorskip("flwr")
+    X, y, groups = subjects_data
+    local = _domain_fed(public_domain_model, n_rounds=2).fit(X, y, groups=groups)
+    flower = _domain_fed(public_domain_model, n_rounds=2, backend="flower").fit(X, y, groups=groups)
+    for name, value in local.engine_.global_params.items():
+        np.testing.assert_array_equal(value, flower.engine_.global_params[name], err_msg=name, strict=True)
+    assert local.privacy_ == flower.privacy_
+
+
+def test_spd_batch_norm_stays_refused_in_dp_mode(subjects_data):
+    X, y, groups = subjects_data
+    with pytest.raises(ValueError, match="batchnorm='spd'.*mixes the samples"):
+        _fed(SPDnetClassifier(batchnorm="spd")).fit(X, y)
