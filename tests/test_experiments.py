@@ -74,8 +74,8 @@ def test_pipelines_that_adapt_or_federate_get_the_groups():
 def test_table_one_ablation_client_state_variants(name, setting, momentum):
     """The client-state variants change the clients' optimizer state only: server momentum as
     in the protocol's "+sm" cells, the paper's fresh client Adam unless the variant keeps it."""
-    from benchmarks.tableone.protocols import PROFILES, PROTOCOLS
-    from benchmarks.tableone.runner import build
+    from benchmarks.experiments.table_one_protocols import PROFILES, PROTOCOLS
+    from benchmarks.experiments.table_one_runner import build
 
     cells, params = table_one_ablation.VARIANTS[name]
     (cell,) = [c for c in cells if c.setting == setting]
