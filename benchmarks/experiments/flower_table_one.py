@@ -52,6 +52,12 @@ def _history(fed):
     return repr([{k: v for k, v in record.items() if k != "wall_time"} for record in fed.history_])
 
 
+def build(protocol, key, seed, rounds):
+    """The federated estimator of the Table I cell ``key`` (one of :data:`KEYS`), unfitted."""
+    setting, model = key.split("/")
+    return federated(spdnet(protocol, seed, 1), model.split("-")[1], PARTICIPATION[setting], rounds, seed)
+
+
 def add_arguments(parser):
     parser.add_argument("--key", choices=KEYS, default=KEYS[0], help=f"Table I cell (setting/model; default {KEYS[0]})")
     parser.add_argument("--seed", type=int, default=0, help="default 0")
@@ -84,9 +90,7 @@ def compare(args, command):
     X_raw, y, subjects = load_or_skip(protocol)
     X = sample_covariance(X_raw)
     train, test = client_split(y, subjects, args.seed)
-    setting, model = args.key.split("/")
-    fed = federated(spdnet(protocol, args.seed, 1), model.split("-")[1], PARTICIPATION[setting], args.rounds,
-                    args.seed)
+    fed = build(protocol, args.key, args.seed, args.rounds)
     clients, client_groups = make_clients(subjects[train], fed.groups_per_client)
     print(f"{protocol.name}: {len(train)} training trials, {len(clients)} clients {client_groups}; "
           f"{args.key}, seed {args.seed}, {args.rounds} rounds", flush=True)
