@@ -26,10 +26,10 @@ test: setup
 	$(BIN)/python -m pytest -q -ra
 
 experiment: setup
-	$(BIN)/python -m benchmarks.tableone --jobs $(JOBS)
+	$(BIN)/python -m benchmarks.experiments table-one --jobs $(JOBS)
 
 experiment-full: setup
-	$(BIN)/python -m benchmarks.tableone --full --jobs $(JOBS)
+	$(BIN)/python -m benchmarks.experiments table-one --full --jobs $(JOBS)
 
 # The documentation site, docs/_build/html: `make docs` executes the gallery examples
 # (examples/; those on the offline EEG only where the data are), `make docs-noexec` does not.

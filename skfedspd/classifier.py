@@ -308,7 +308,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         and of the clients of :class:`~skfedspd.FederatedSPDnetClassifier`. 1e-2 learns on
         one subject's 36 trials and on 144 pooled ones (``docs/design-decisions.md``:
         82.2 / 80.0 ROC-AUC against 81.0 / 78.3 at 1e-3, both with the validation rule
-        below); the paper's 1e-3 is what ``benchmarks/tableone`` pins.
+        below); the paper's 1e-3 is what the Table I experiment
+        (``benchmarks/experiments/table_one_protocols.py``) pins.
     batch_size : int, default=64
     max_epochs : int, default=300
     validation_fraction : float, default=0.1

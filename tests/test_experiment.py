@@ -1,4 +1,4 @@
-"""Tests of the Table I experiment (``benchmarks.tableone``), offline.
+"""Tests of the Table I experiment (``python -m benchmarks.experiments table-one``), offline.
 
 A MOABB FakeDataset shaped like Weibo2014 (7 classes, 200 Hz, 4 subjects → 2 clients) goes
 through the same path as Weibo2014 (``load_moabb``): the smoke budget fits every cell of
@@ -17,7 +17,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.tableone import CELLS, PROFILES, PROTOCOLS, Cell, Protocol, cli, protocols, report, runner
+from benchmarks.experiments import table_one
+from benchmarks.experiments import table_one_protocols as protocols
+from benchmarks.experiments import table_one_report as report
+from benchmarks.experiments import table_one_runner as runner
+from benchmarks.experiments.table_one_cells import CELLS, Cell
+from benchmarks.experiments.table_one_protocols import PROFILES, PROTOCOLS, Protocol
 from skfedspd.datasets import WEIBO2014_EVENTS, load_moabb, sample_covariance
 from skfedspd.eegnet import EEGNet
 from skfedspd.server_optimizer import ServerMomentum
@@ -89,7 +94,7 @@ def test_cells_are_frozen_dataclasses():
 def test_server_momentum_rows_change_only_the_server(setting, participation):
     """The "+sm" rows: the paper's cell of the same participation plus the recommended
     server optimizer, nothing else."""
-    from benchmarks.tableone.cells import SERVER_MOMENTUM
+    from benchmarks.experiments.table_one_cells import SERVER_MOMENTUM
 
     sm, paper = Cell(setting, "spdnet", "projavg"), Cell(setting.split("+")[0], "spdnet", "projavg")
     assert sm in CELLS and (sm.participation, sm.server_optimized, paper.server_optimized) == (participation, True, False)
@@ -219,7 +224,7 @@ def test_longest_fits_first_within_a_seed():
 
 
 def test_select_cells_by_key():
-    from benchmarks.tableone.cells import select
+    from benchmarks.experiments.table_one_cells import select
 
     assert select(None) == CELLS
     assert [c.key for c in select(["centralized", "eegnet"])] == \
@@ -231,7 +236,7 @@ def test_select_cells_by_key():
 
 
 def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
-    caplog.set_level(logging.DEBUG, logger="benchmarks.tableone")
+    caplog.set_level(logging.DEBUG, logger="benchmarks")
     out = tmp_path / "FakeWeibo"
     label, results, unseen = runner.run_protocol(fake_weibo, SMOKE, out)
     assert label == "FakeWeibo (4 subjects, 2 clients)"
@@ -281,7 +286,7 @@ def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
 
 
 def test_cache_of_another_configuration_is_refitted(fake_weibo, tmp_path, caplog):
-    caplog.set_level(logging.INFO, logger="benchmarks.tableone")
+    caplog.set_level(logging.INFO, logger="benchmarks")
     X, y, subjects = fake_weibo.load()
     data = (sample_covariance(X), X, y, subjects)
     cells = (Cell("full", "spdnet", "projavg"),)
@@ -311,7 +316,7 @@ def test_unreachable_dataset_gives_one_line(tmp_path, caplog):
     def unreachable():
         raise ConnectionError("no route to host")
 
-    caplog.set_level(logging.INFO, logger="benchmarks.tableone")
+    caplog.set_level(logging.INFO, logger="benchmarks")
     protocol = Protocol("Remote", hidden_dim=2, eps=1e-1, fs=200.0, n_times=8, moabb=unreachable, load=unreachable)
     assert runner.run_protocol(protocol, SMOKE, tmp_path / "r") is None
     assert caplog.messages == ["Remote: files not reachable (ConnectionError: no route to host); skipped, "
@@ -323,7 +328,7 @@ def test_offline_only_profile_skips_without_trying_to_download(tmp_path, caplog)
     def download():
         raise AssertionError("tried to download")
 
-    caplog.set_level(logging.INFO, logger="benchmarks.tableone")
+    caplog.set_level(logging.INFO, logger="benchmarks")
     protocol = Protocol("Remote", hidden_dim=2, eps=1e-1, fs=200.0, n_times=8, moabb=download, load=download,
                         offline=lambda: False)
     assert PROFILES["quick"].offline_only
@@ -334,7 +339,9 @@ def test_offline_only_profile_skips_without_trying_to_download(tmp_path, caplog)
 
 def test_weibo_offline_check_reads_the_folder_without_creating_it(tmp_path, monkeypatch):
     monkeypatch.setenv("MNE_DATASETS_WEIBO_PATH", str(tmp_path))
-    assert protocols.weibo_folder() == tmp_path / "MNE-weibo-2014"
+    from benchmarks.experiments import data
+
+    assert data.weibo_folder() == tmp_path / "MNE-weibo-2014"
     assert not PROTOCOLS["Weibo2014"].offline() and not (tmp_path / "MNE-weibo-2014").exists()
     (tmp_path / "MNE-weibo-2014").mkdir()
     for s in range(1, 11):
@@ -357,12 +364,12 @@ def test_jobs_give_the_same_records(fake_weibo, tmp_path):
 
 def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fake_weibo, tmp_path, capfd):
     out = tmp_path / "run"
-    code = cli.main(["--profile", "smoke", "--rounds", "3", "--out", str(out), "--docs", str(tmp_path / "docs")],
-                    datasets={"FakeWeibo": fake_weibo})
+    code = table_one.main(["--profile", "smoke", "--rounds", "3", "--out", str(out), "--docs", str(tmp_path / "docs")],
+                          datasets={"FakeWeibo": fake_weibo})
     assert code == 0
     stdout, stderr = capfd.readouterr()
     lines = stdout.strip().splitlines()
-    assert lines[0] == ("command: python -m benchmarks.tableone --profile smoke --rounds 3 --out "
+    assert lines[0] == ("command: python -m benchmarks.experiments table-one --profile smoke --rounds 3 --out "
                         f"{out} --docs {tmp_path / 'docs'}")
     assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds; in brackets the difference "
                                 "to TS+LR paired over seeds ± SE. Paper protocol: FedSPDnet (full, ProjAvg) ")
@@ -385,7 +392,7 @@ def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fak
     import mne
 
     assert [type(h).__name__ for h in mne.utils.logger.handlers] == ["StreamHandler"]
-    assert logging.getLogger("benchmarks.tableone").handlers == []
+    assert logging.getLogger("benchmarks").handlers == []
 
 
 def test_import_has_no_side_effects(tmp_path):
@@ -395,7 +402,8 @@ def test_import_has_no_side_effects(tmp_path):
     probe = (
         "import os, logging, warnings, json, joblib, sklearn, skfedspd, skfedspd.datasets\n"
         "env, filters, show = dict(os.environ), list(warnings.filters), warnings.showwarning\n"
-        "import benchmarks.tableone, benchmarks.tableone.cli, benchmarks.experiments.table_one_ablation\n"
+        "import benchmarks.experiments.table_one, benchmarks.experiments.table_one_ablation\n"
+        "import benchmarks.experiments.flower_table_one, benchmarks.experiments.moabb_evaluation\n"
         "loggers = {n: len(l.handlers) for n, l in logging.root.manager.loggerDict.items()\n"
         "           if isinstance(l, logging.Logger) and n.startswith('benchmarks')}\n"
         "print(json.dumps([dict(os.environ) == env, warnings.showwarning is show, loggers,\n"
@@ -428,7 +436,7 @@ def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(monkeypatch):
                     events=paradigm.events)
         return "X", "y", "subjects", "meta"
 
-    monkeypatch.setattr(protocols, "load_moabb", fake_load)
+    monkeypatch.setattr("skfedspd.datasets.load_moabb", fake_load)
     protocol = protocols.physionet_protocol(subjects=[1, 50, 109])
     assert not protocol.offline()
     assert protocol.load() == ("X", "y", "subjects")
@@ -440,7 +448,7 @@ def test_physionet_subjects_beyond_the_offline_copy_go_to_moabb(monkeypatch):
 
 def test_report_only_without_results_says_so(fake_weibo, tmp_path, capsys):
     out = tmp_path / "empty"
-    assert cli.main(["--profile", "smoke", "--report-only", "--out", str(out)], datasets={"FakeWeibo": fake_weibo}) == 1
+    assert table_one.main(["--profile", "smoke", "--report-only", "--out", str(out)], datasets={"FakeWeibo": fake_weibo}) == 1
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == [f"FakeWeibo: no results in {out / 'FakeWeibo'}; nothing to report for it.", "Nothing to report."]
     assert not (out / "FakeWeibo").exists()

@@ -74,8 +74,8 @@ def test_pipelines_that_adapt_or_federate_get_the_groups():
 def test_table_one_ablation_client_state_variants(name, setting, momentum):
     """The client-state variants change the clients' optimizer state only: server momentum as
     in the protocol's "+sm" cells, the paper's fresh client Adam unless the variant keeps it."""
-    from benchmarks.tableone.protocols import PROFILES, PROTOCOLS
-    from benchmarks.tableone.runner import build
+    from benchmarks.experiments.table_one_protocols import PROFILES, PROTOCOLS
+    from benchmarks.experiments.table_one_runner import build
 
     cells, params = table_one_ablation.VARIANTS[name]
     (cell,) = [c for c in cells if c.setting == setting]
@@ -96,6 +96,29 @@ def test_the_command_line_refuses_unknown_names(argv, message, capsys):
     with pytest.raises(SystemExit):
         main(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "online", "table-one-ablation"])
+def test_every_experiment_has_its_help(name, capsys):
+    from benchmarks.experiments.__main__ import EXPERIMENTS, main
+
+    with pytest.raises(SystemExit) as stop:
+        main([name, "--help"])
+    help_text = capsys.readouterr().out
+    assert stop.value.code == 0 and f"python -m benchmarks.experiments {name}" in help_text
+    assert EXPERIMENTS[name].__doc__.split("\n")[0] in help_text
+
+
+@pytest.mark.parametrize("key, clients_per_round, aggregation", [
+    ("full/spdnet-projavg", None, "projavg"), ("half/spdnet-rlavg", 0.5, "rlavg")])
+def test_flower_table_one_builds_the_cell_of_its_key(key, clients_per_round, aggregation):
+    from benchmarks.experiments.flower_table_one import build
+    from benchmarks.experiments.table_one_protocols import PROTOCOLS, federated_schedule
+
+    fed = build(PROTOCOLS["PhysionetMI"], key, 3, 7)
+    assert (fed.clients_per_round, fed.aggregation, fed.n_rounds, fed.random_state) == (
+        clients_per_round, aggregation, 7, 3)
+    assert fed.schedule == federated_schedule(clients_per_round or 1.0)["schedule"]
 
 
 def test_domain_bn_rows_need_the_cross_protocol():

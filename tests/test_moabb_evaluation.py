@@ -1,10 +1,11 @@
-"""Tests of the MOABB evaluation benchmark's report (``benchmarks/moabb_evaluation.py``) on
+"""Tests of the MOABB evaluation's report (``python -m benchmarks.experiments moabb``) on
 hand-made score tables: the target lines, the table and ``--combine`` (no fitting, no data)."""
 
 import pandas as pd
 import pytest
 
-from benchmarks import moabb_evaluation as me
+from benchmarks.experiments import moabb_evaluation as me
+from benchmarks.experiments.pipelines import moabb_pipelines
 
 
 def scores(values, subjects=(1, 2, 3), evaluation="WithinSession"):
@@ -66,14 +67,16 @@ def test_cross_subject_rows_that_use_domains_get_the_training_subjects():
 
     with config_context(enable_metadata_routing=True):
         consumes = {name: bool(get_routing_for_object(pipe).consumes("fit", {"subjects"}))
-                    for name, pipe in me.pipelines(quick=True).items()}
+                    for name, pipe in moabb_pipelines(quick=True).items()}
     assert consumes == {"TS+LR": False, "MDM": False, "Recenter+TS+LR": True, "SPDnet": True, "FedSPDnet": True,
                         "SPDnet + domain BN": True, "FedSPDnet + domain BN": True}
 
 
-@pytest.mark.parametrize("argv, message", [(["--cross-folds", "1"], "--cross-folds must be at least 2"),
+@pytest.mark.parametrize("argv, message", [(["--cross-folds", "1"], "--cross-folds: must be at least 2"),
                                            (["--evaluations", "CrossSession"], "invalid choice: 'CrossSession'")])
 def test_bad_evaluation_options_are_refused(argv, message, capsys, tmp_path):
+    from benchmarks.experiments.__main__ import main
+
     with pytest.raises(SystemExit):
-        me.main(argv + ["--out", str(tmp_path)])
+        main(["moabb", *argv, "--out", str(tmp_path)])
     assert message in capsys.readouterr().err

@@ -1,6 +1,6 @@
-"""The MOABB pipelines of ``benchmarks/pipelines`` (FedSPDnet-ProjAvg in YAML, FedSPDnet-
-RLAvg in Python): they parse with their benchmark settings, and ``moabb.benchmark`` runs
-both end to end, offline, on a ``FakeDataset`` with a tiny budget (copies of the files with
+"""The MOABB pipeline files of ``benchmarks/experiments/moabb_pipelines`` (FedSPDnet-ProjAvg in
+YAML, FedSPDnet-RLAvg in Python): they parse with the settings of the harness's Table I
+protocol (``table_one_protocols``), and ``moabb.benchmark`` runs both end to end, offline, on a ``FakeDataset`` with a tiny budget (copies of the files with
 ``n_rounds`` 150 -> 2).
 
 Measured (moabb 1.7.2, 2 busy cores): the benchmark test takes about 2-3 s (12 s for a
@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.usefixtures("torch_single_thread"),
 ]
 
-PIPELINE_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "pipelines"
+PIPELINE_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "moabb_pipelines"
 NAMES = {"FedSPDnet-ProjAvg", "FedSPDnet-RLAvg"}
 PARADIGMS = {"LeftRightImagery", "MotorImagery"}
 # SPDnet's first BiMap maps to 18 dimensions: the fake recordings need at least 18 channels
@@ -45,6 +45,7 @@ def test_pipelines_parse_with_benchmark_settings():
     from moabb.pipelines.utils import parse_pipelines_from_directory
     from pyriemann.estimation import Covariances
 
+    from benchmarks.experiments.table_one_protocols import LOCAL_EPOCHS, PROTOCOLS
     from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
     from skfedspd.classifier import auto_hidden_dim
 
@@ -66,6 +67,9 @@ def test_pipelines_parse_with_benchmark_settings():
         local = fed.estimator if fed.estimator is not None else SPDnetClassifier()
         dims = (auto_hidden_dim(64),) if isinstance(local.hidden_dims, str) else tuple(local.hidden_dims)
         assert dims == (18,) and local.eps == 1e-2
+        # The harness's Table I protocol on PhysionetMI: the same settings.
+        physionet = PROTOCOLS["PhysionetMI"]
+        assert (physionet.hidden_dim, physionet.eps, fed.local_epochs) == (dims[0], local.eps, LOCAL_EPOCHS)
 
 
 @pytest.fixture

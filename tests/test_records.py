@@ -98,8 +98,9 @@ def test_figures_in_code_links_and_versions_are_not_quotes():
 
 
 def test_a_table_one_run_records_every_cell_per_seed(tmp_path, monkeypatch):
-    from benchmarks.tableone import PROFILES, PROTOCOLS, cli, record
-    from benchmarks.tableone.cells import CELLS
+    from benchmarks.experiments import table_one, table_one_report
+    from benchmarks.experiments.table_one_cells import CELLS
+    from benchmarks.experiments.table_one_protocols import PROFILES, PROTOCOLS
 
     written = {}
 
@@ -107,26 +108,26 @@ def test_a_table_one_run_records_every_cell_per_seed(tmp_path, monkeypatch):
         written[name] = kw
         return tmp_path
 
-    monkeypatch.setattr(record, "write_record", write_record)
+    monkeypatch.setattr(table_one_report, "write_record", write_record)
     results = {cell: [{"seed": s, "f1": 0.5 + 0.01 * s, "accuracy": 0.6, "n_params": None, "fit_seconds": 6.0}
                       for s in range(2)] for cell in CELLS}
-    args = cli.parse(["--jobs", "2"], cli.DATASETS)[1]
-    lines = cli.record_lines(args, False, "quick", PROTOCOLS, {"PhysionetMI": ("", results, None)},
-                             PROFILES["quick"], "python -m benchmarks.tableone --jobs 2", 600.0, 0)
+    args = table_one.parse(["--jobs", "2"], table_one.DATASETS)[1]
+    lines = table_one.record_lines(args, False, "quick", PROTOCOLS, {"PhysionetMI": ("", results, None)},
+                                   PROFILES["quick"], "python -m benchmarks.experiments table-one --jobs 2", 600.0, 0)
     kw = written["tableone-quick-physionetmi"]
     assert lines == [f"Record: {tmp_path} (10.0 min wall, 0 runs cached at the start)"]
     assert kw["reference"] == "centralized/ts-lr" and set(kw["rows"]) == {c.key for c in CELLS}
     assert kw["rows"]["centralized/ts-lr"]["scores"]["macro_f1"] == {0: 50.0, 1: 51.0}
-    assert kw["command"] == "python -m benchmarks.tableone --jobs 2" and kw["facts"]["runs"] == 2 * len(CELLS)
+    assert kw["command"] == "python -m benchmarks.experiments table-one --jobs 2" and kw["facts"]["runs"] == 2 * len(CELLS)
 
 
 @pytest.mark.parametrize("option", [["--only", "centralized"], ["--seeds", "2"], ["--report-only"], ["--no-record"]])
 def test_a_partial_table_one_run_writes_no_record(option):
-    from benchmarks.tableone import cli
+    from benchmarks.experiments import table_one
 
-    args = cli.parse(["--jobs", "2", *option], cli.DATASETS)[1]
-    assert not cli.whole_profile(args, custom=False)
-    assert cli.record_lines(args, False, "quick", {}, {}, None, "", 1.0, 0)[0].startswith("Record: none written")
+    args = table_one.parse(["--jobs", "2", *option], table_one.DATASETS)[1]
+    assert not table_one.whole_profile(args, custom=False)
+    assert table_one.record_lines(args, False, "quick", {}, {}, None, "", 1.0, 0)[0].startswith("Record: none written")
 
 
 def test_per_subject_scores_are_recorded_against_a_reference_pipeline(tmp_path, monkeypatch):

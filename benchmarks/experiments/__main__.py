@@ -14,6 +14,8 @@ from . import (  # noqa: E402
     client_optimizer_state,
     defaults,
     drift,
+    flower_table_one,
+    moabb_evaluation,
     online,
     table_one,
     table_one_ablation,
@@ -28,6 +30,8 @@ EXPERIMENTS = {
     "defaults": defaults,
     "client-optimizer-state": client_optimizer_state,
     "table-one-ablation": table_one_ablation,
+    "flower-table-one": flower_table_one,
+    "moabb": moabb_evaluation,
 }
 
 
@@ -36,7 +40,8 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="experiment", required=True)
     for name, module in EXPERIMENTS.items():
         module.add_arguments(commands.add_parser(name, help=module.__doc__.split("\n")[0],
-                                                 description=module.__doc__))
+                                                 description=module.__doc__,
+                                                 formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     # Library noise (MNE's per-recording montage warnings, MOABB's logging) stays out of the console.

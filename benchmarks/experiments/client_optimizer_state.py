@@ -16,7 +16,7 @@ Protocols (PhysionetMI left/right, offline copy, ROC-AUC %):
   (StratifiedKFold(5, shuffle, random_state=42)), FedSPDnet's default stratified partition.
 
 Covariances: the harness's sample covariances (:mod:`.data`), as in the ``defaults``
-experiment, whose TS+LR this is; MOABB's pipelines in ``moabb_evaluation.py`` estimate their
+experiment, whose TS+LR this is; MOABB's pipelines of the ``moabb`` experiment estimate their
 own (OAS), so their TS+LR differs (e.g. 74.1 against 72.1 cross-subject on subjects 1–4).
 
 Rows (``--models plain``, the default): ``SPDnetClassifier()``,

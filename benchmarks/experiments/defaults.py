@@ -51,10 +51,10 @@ from sklearn.metrics import accuracy_score, roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
 from skfedspd import SPDnetClassifier
-from skfedspd.datasets import SENSORIMOTOR_CHANNELS, find_physionet_root, load_physionet_mi
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS
 
 from . import report
-from .data import load_left_right
+from .data import channel_names, load_left_right, offline_root
 from .pipelines import ts_lr
 
 SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
@@ -251,8 +251,7 @@ def run(args):
         print(text, flush=True)
         lines.append(text)
 
-    if find_physionet_root() is None:
-        print("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+    if offline_root(say=print) is None:
         return
     subjects = [1, 2] if args.quick else [1, 2, 3, 4]
     args.cache.mkdir(parents=True, exist_ok=True)
@@ -298,7 +297,7 @@ def run(args):
         evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
                          {"pooled": (X, y)}, pooled_rules, log, args.jobs, args.cache)
 
-        ch_names = load_physionet_mi(subjects[:1], n_classes=2)[3].attrs["ch_names"]
+        ch_names = channel_names(subjects[0])
         for names in (SENSORIMOTOR_CHANNELS, SENSORIMOTOR_3):
             idx = [ch_names.index(c) for c in names]
             sub = {s: (Xs[:, idx][:, :, idx], ys) for s, (Xs, ys) in within.items()}

@@ -1,4 +1,14 @@
-"""The named pipelines every accuracy experiment draws from, built from the public API only."""
+"""The named pipelines every accuracy experiment draws from, built from the public API only.
+
+* :data:`PIPELINES`: covariances in (TS+LR, Recenter+TS+LR, SPDnet and FedSPDnet with and
+  without domain batch norm), and :data:`ABLATIONS`, each one setting away from one of them;
+* :func:`moabb_pipelines`: epochs in, the covariances estimated inside, for MOABB's
+  evaluations (``moabb``);
+* the paper's Table I estimators are built by :mod:`.table_one_protocols` (its training
+  settings per dataset); the MOABB pipeline files in ``moabb_pipelines/`` (for
+  ``moabb.benchmark(pipelines=...)``: the paper's FedSPDnet, ProjAvg in YAML, RLAvg in
+  Python) are checked against them by ``tests/test_moabb_pipelines.py``.
+"""
 
 import sklearn
 from pyriemann.tangentspace import TangentSpace
@@ -59,3 +69,33 @@ def federated(seed, local=None, **params):
     """``FederatedSPDnetClassifier(local, **params)`` (None: the default local
     ``SPDnetClassifier()``), one client per group unless ``params`` say otherwise."""
     return FederatedSPDnetClassifier(local, random_state=seed, **params)
+
+
+def moabb_pipelines(quick, groups_per_client=2):
+    """name -> pipeline of MOABB's evaluations (``moabb``): epochs in, covariances estimated
+    inside, MOABB's own definitions where it has one (OAS covariances for the tangent-space
+    and MDM pipelines; SCM covariances for SPDnet, as in the paper); the SPDnet rows are
+    those of :data:`PIPELINES` (``random_state=0``); ``quick`` leaves TS+SVM and EEGNet out."""
+    from pyriemann.classification import MDM
+    from pyriemann.estimation import Covariances
+    from sklearn.svm import SVC
+
+    from skfedspd import EEGNetClassifier
+
+    def ts(clf):
+        return make_pipeline(Covariances("oas"), TangentSpace(metric="riemann"), clf)
+
+    out = {"TS+LR": ts(LogisticRegression(C=1.0))}
+    if not quick:
+        out["TS+SVM"] = ts(SVC(kernel="linear", C=1.0))
+    out["MDM"] = make_pipeline(Covariances("oas"), MDM(metric="riemann"))
+    out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), Recenter(), TangentSpace(metric="riemann"),
+                                          LogisticRegression(C=1.0))
+    out["SPDnet"] = make_pipeline(Covariances("scm"), spdnet(0))
+    out["FedSPDnet"] = make_pipeline(Covariances("scm"), federated(0, groups_per_client=groups_per_client))
+    out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), spdnet(0, batchnorm="domain"))
+    out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"),
+                                                 fedspdnet(0, groups_per_client, batchnorm="domain"))
+    if not quick:
+        out["EEGNet"] = EEGNetClassifier(fs=160.0, random_state=0)
+    return out

@@ -1,8 +1,11 @@
-"""Per-subject scores and paired comparisons, as every unseen-subject figure is reported.
+"""What every experiment's report shares: the command, the machine, the budget of a profile,
+the report file, and the per-subject scores and paired comparisons.
 
-Decisions are what a calibration-free user gets, so the headline metric is the balanced
-accuracy of each unseen subject; ROC-AUC stands beside it (it ranks one subject's trials
-against each other and cannot see a shift of that subject's whole score distribution).
+Decisions are what a calibration-free user gets, so the headline metric of an unseen-subject
+figure is the balanced accuracy of each unseen subject; ROC-AUC stands beside it (it ranks
+one subject's trials against each other and cannot see a shift of that subject's whole score
+distribution). The machine is described by :mod:`benchmarks._machine`, the one helper of the
+speed scripts, the experiments and the records.
 """
 
 import platform
@@ -44,6 +47,26 @@ def write_subject_record(name, title, scores, reference, wall_seconds, facts):
             for pipeline, part in scores.groupby("pipeline", sort=False)}
     return write_record(name, title=title, command=command_line(), rows=rows, metrics=METRICS,
                         reference=row_key(reference), paired_by="subject", wall_seconds=wall_seconds, facts=facts)
+
+
+def resolve_profile(args, profiles):
+    """``(profile name, budget, number of seeds)`` from ``--profile``/``--quick``, ``--rounds``
+    and ``--seeds`` (each overriding the profile's)."""
+    profile = args.profile or ("quick" if args.quick else "full")
+    budget = dict(profiles[profile])
+    if args.rounds is not None:
+        budget["rounds"] = args.rounds
+    return profile, budget, budget["seeds"] if args.seeds is None else args.seeds
+
+
+def write_report(lines, out, figure=None, docs=None):
+    """Print the report, write it to ``out/report.md`` and copy ``figure`` to ``docs`` (if given)."""
+    text = "\n".join(lines)
+    print("\n" + text)
+    (out / "report.md").write_text(text + "\n")
+    if docs and figure is not None:
+        docs.mkdir(parents=True, exist_ok=True)
+        (docs / figure.name).write_bytes(figure.read_bytes())
 
 
 def header():

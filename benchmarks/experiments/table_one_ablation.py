@@ -1,6 +1,6 @@
 """What moves the PhysionetMI figures of Table I: local budget and EEGNet input scaling.
 
-Each variant changes one thing of the paper's protocol (``benchmarks.tableone``) and
+Each variant changes one thing of the paper's protocol (``table-one``) and
 re-runs the cells it affects on the same client splits and seeds:
 
 * FedSPDnet Full (ProjAvg) with more local computation per round: E = 8 local epochs
@@ -35,13 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from benchmarks.tableone.cells import Cell
-from benchmarks.tableone.console import console_and_log
-from benchmarks.tableone.protocols import PROFILES, load_offline_physionet, machine
-from benchmarks.tableone.report import fmt
-from benchmarks.tableone.runner import run_table
+from .._machine import machine_line
+from .console import console_and_log
+from .table_one_cells import Cell
+from .table_one_protocols import PROFILES, load_offline_physionet
+from .table_one_report import fmt
+from .table_one_runner import run_table
 
-log = logging.getLogger("benchmarks.tableone.ablation")
+log = logging.getLogger(__name__)
 
 CENTRALIZED_SPDNET, CENTRALIZED_EEGNET = Cell("centralized", "spdnet"), Cell("centralized", "eegnet")
 FULL, HALF = Cell("full", "spdnet", "projavg"), Cell("half", "spdnet", "projavg")
@@ -82,7 +83,7 @@ def run(args):
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
         command = "python -m benchmarks.experiments " + shlex.join(sys.argv[1:])
-        log.info(f"command: {command.strip()}\nmachine: {machine()}\nlibrary output: {log_file}")
+        log.info(f"command: {command.strip()}\nmachine: {machine_line()}\nlibrary output: {log_file}")
         loaded = load_offline_physionet(log.info)
         if loaded is None:
             return 1
@@ -109,7 +110,7 @@ def run(args):
             ratio = f"{np.mean([r['f1'] for r in records]) / reference:.1%}" if reference else "–"
             halvings = ", ".join(str(int(np.sum(np.diff(r["lr"]) < 0))) if r.get("lr") else "–" for r in records)
             lines.append(f"| {name} | {cell.key} | {fmt(records)} | {len(records)} | {ratio} | {halvings} |")
-        lines += ["", f"Command: `{command.strip()}` — {(time.perf_counter() - start) / 60:.1f} min; {machine()}; "
+        lines += ["", f"Command: `{command.strip()}` — {(time.perf_counter() - start) / 60:.1f} min; {machine_line()}; "
                       f"{args.rounds} rounds."]
         text = "\n".join(lines)
         log.info("\n" + text)

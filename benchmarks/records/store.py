@@ -16,23 +16,12 @@ Layout::
 
 import datetime
 import json
-import os
-import platform
 from pathlib import Path
 
-from .._machine import cpu_name
+from .._machine import machine_facts
 
 #: Where the tracked records live.
 RECORDS = Path(__file__).parent / "data"
-
-
-def machine():
-    """The machine a record was measured on: CPU, cores, Python, torch, and its load average
-    (1 min) when the record is written."""
-    import torch
-
-    return {"cpu": cpu_name(), "cores": os.cpu_count(), "python": platform.python_version(),
-            "torch": torch.__version__, "load_average": round(os.getloadavg()[0], 2)}
 
 
 def record_path(name, folder=RECORDS):
@@ -54,7 +43,7 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
     record = {
         "name": name, "title": title, "command": command, "package": skfedspd.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
-        "machine": measured_on or machine(), "wall_seconds": round(float(wall_seconds), 1),
+        "machine": measured_on or machine_facts(), "wall_seconds": round(float(wall_seconds), 1),
         "paired_by": paired_by, "reference": reference, "metrics": dict(metrics),
         "rows": {key: {"label": row["label"],
                        "scores": {m: {str(u): float(v) for u, v in row["scores"][m].items()}

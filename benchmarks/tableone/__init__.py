@@ -1,21 +1,26 @@
-"""The FedSPDnet paper's Table I experiment, with the package's recommended configuration
-on the same splits, by role.
+"""Temporary aliases: the Table I experiment lives in :mod:`benchmarks.experiments`
+(``python -m benchmarks.experiments table-one``).
 
-- :mod:`.protocols`: per-dataset hyper-parameters, the training schedule (the federated
-  schedule in one function), budgets (profiles) and the estimators they build;
-- :mod:`.cells`: the cells of the table as frozen dataclasses;
-- :mod:`.runner`: fitting a cell, the JSON cache of records, MOABB's unseen-subject table;
-- :mod:`.report`: tables, targets, convergence, headline, figure;
-- :mod:`.console`: console vs log file (configured by the entry point only);
-- :mod:`.cli`: the command line, ``python -m benchmarks.tableone``.
-
-Importing it has no side effects (no environment variable, logging or warning set-up, no
-folder created).
+Only ``privacy_utility.py``, ``privacy_pretrain.py`` and ``robust_aggregation.py``, the
+scripts not yet in the harness, still import ``benchmarks.tableone.*``; this package goes
+with them (``tests/test_benchmarks_structure.py`` lists it among their dependencies).
 """
 
-from . import cells, cli, console, protocols, report, runner
-from .cells import CELLS, Cell
-from .protocols import PROFILES, PROTOCOLS, Budget, Protocol
+import sys
+import types
 
-__all__ = ["CELLS", "Cell", "PROFILES", "PROTOCOLS", "Budget", "Protocol", "cells", "cli", "console", "protocols",
-           "report", "runner"]
+from .._machine import machine_line
+from ..experiments import console, table_one_cells, table_one_protocols, table_one_runner
+
+
+def _alias(name, module, **extra):
+    alias = types.ModuleType(f"{__name__}.{name}", module.__doc__)
+    alias.__dict__.update({k: v for k, v in vars(module).items() if not k.startswith("__")}, **extra)
+    sys.modules[alias.__name__] = alias
+    return alias
+
+
+cells = _alias("cells", table_one_cells)
+protocols = _alias("protocols", table_one_protocols, machine=machine_line)
+runner = _alias("runner", table_one_runner)
+console = _alias("console", console)

@@ -31,6 +31,9 @@ and MDM pipelines; SCM covariances for SPDnet, as in the paper):
 * SPDnet + domain BN, FedSPDnet + domain BN: ``batchnorm="domain"``;
 * EEGNet: ``EEGNetClassifier(fs=160)`` on the band-passed epochs (full run only).
 
+The pipelines are those of :mod:`.pipelines` (``moabb_pipelines``), the data MOABB's
+PhysionetMI through :mod:`.data` (``physionet_moabb``).
+
 Output under ``--out`` (default ``results/moabb-evaluation``, ``results/moabb-evaluation-quick``
 with ``--quick``): MOABB's scores (``scores.csv``, one column per metric), ``report.md`` (the mean
 scores over subjects per pipeline and evaluation, the paired target lines, the command, the
@@ -38,86 +41,42 @@ machine and the time), MOABB's
 score plots (``moabb.analysis.plotting.score_plot``) as PNG, MOABB's results store
 (``hdf5_path``) and the MNE/MOABB log (``moabb.log``; library noise stays out of the console).
 
-    nice python benchmarks/moabb_evaluation.py --quick    # subjects 1-4, left/right, 5 pipelines
-    nice python benchmarks/moabb_evaluation.py            # 40 subjects, + 4 classes, all pipelines
+    nice python -m benchmarks.experiments moabb --quick    # subjects 1-4, left/right, 5 pipelines
+    nice python -m benchmarks.experiments moabb            # 40 subjects, + 4 classes, all pipelines
     # unseen subjects only, 40 subjects in GroupKFold(5) (the quick pipelines):
-    nice python benchmarks/moabb_evaluation.py --quick --subjects 1 2 ... 39 42 \
+    nice python -m benchmarks.experiments moabb --quick --subjects 1 2 ... 39 42 \
         --evaluations CrossSubject --cross-folds 5
 """
 
 import argparse
 import logging
-import os
 import sys
 import time
 import warnings
 from pathlib import Path
 
-os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # one process, one thread: a shared machine
-os.environ.setdefault("OMP_NUM_THREADS", "1")
+import numpy as np
+import torch
 
-import numpy as np  # noqa: E402
-import torch  # noqa: E402
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_name  # noqa: E402
+from .._machine import cpu_name
+from .data import offline_root, physionet_moabb
 
 FOUR_CLASS_SUBJECTS = [1, 4, 15, 42]  # all six imagery runs present offline
 EVALUATIONS = ("WithinSession", "CrossSubject")
 QUICK_SUBJECTS = [1, 2, 3, 4]
 
 
-def pipelines(quick, groups_per_client=2):
-    """name -> sklearn pipeline; skipped rows are printed."""
-    from pyriemann.classification import MDM
-    from pyriemann.estimation import Covariances
-    from pyriemann.tangentspace import TangentSpace
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-    from sklearn.svm import SVC
-
-    import skfedspd
-    from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
-
-    def ts(clf):
-        return make_pipeline(Covariances("oas"), TangentSpace(metric="riemann"), clf)
-
-    out = {"TS+LR": ts(LogisticRegression(C=1.0))}
-    if not quick:
-        out["TS+SVM"] = ts(SVC(kernel="linear", C=1.0))
-    out["MDM"] = make_pipeline(Covariances("oas"), MDM(metric="riemann"))
-    out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), skfedspd.Recenter(),
-                                          TangentSpace(metric="riemann"), LogisticRegression(C=1.0))
-    out["SPDnet"] = make_pipeline(Covariances("scm"), SPDnetClassifier(random_state=0))
-    out["FedSPDnet"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(
-        groups_per_client=groups_per_client, random_state=0))
-    out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), SPDnetClassifier(batchnorm="domain", random_state=0))
-    out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"), FederatedSPDnetClassifier(
-        SPDnetClassifier(batchnorm="domain"), groups_per_client=groups_per_client, random_state=0))
-    if not quick:
-        out["EEGNet"] = EEGNetClassifier(fs=160.0, random_state=0)
-    return out
-
-
 def datasets(quick, subjects=None):
     """(label, dataset, paradigm) triples; ``subjects`` overrides the left/right subjects."""
-    from moabb.datasets import PhysionetMI
-    from moabb.paradigms import LeftRightImagery, MotorImagery
-
     from skfedspd.datasets import PHYSIONET_LEFT_RIGHT_SUBJECTS
 
-    two = PhysionetMI(imagined=True)
-    two.subject_list = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_LEFT_RIGHT_SUBJECTS))
-    missing = sorted(set(two.subject_list) - set(PHYSIONET_LEFT_RIGHT_SUBJECTS))
+    subjects = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_LEFT_RIGHT_SUBJECTS))
+    missing = sorted(set(subjects) - set(PHYSIONET_LEFT_RIGHT_SUBJECTS))
     if missing:
         raise SystemExit(f"subjects {missing} are not in the offline copy ({list(PHYSIONET_LEFT_RIGHT_SUBJECTS)})")
-    two.feet_runs = []  # left/right runs only: every offline subject has them
-    out = [("left/right", two, LeftRightImagery(fmin=8, fmax=32, scorer=list(METRICS["left/right"])))]
+    out = [("left/right", *physionet_moabb(subjects, 2, scorer=list(METRICS["left/right"])))]
     if not quick:
-        four = PhysionetMI(imagined=True)
-        four.subject_list = FOUR_CLASS_SUBJECTS
-        out.append(("4 classes", four, MotorImagery(n_classes=4, events=["left_hand", "right_hand", "feet", "hands"],
-                                                     fmin=8, fmax=32, scorer=list(METRICS["4 classes"]))))
+        out.append(("4 classes", *physionet_moabb(FOUR_CLASS_SUBJECTS, 4, scorer=list(METRICS["4 classes"]))))
     return out
 
 
@@ -226,8 +185,14 @@ def quiet_libraries(log_path):
     warnings.simplefilter("default")
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def at_least_two(text):
+    k = int(text)
+    if k < 2:
+        raise argparse.ArgumentTypeError(f"must be at least 2, got {k}")
+    return k
+
+
+def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="subjects 1-4, left/right, fewer pipelines")
     parser.add_argument("--reuse", action="store_true",
                         help="reuse MOABB's stored results of unchanged pipelines (MOABB keys them on get_params, "
@@ -240,26 +205,26 @@ def main(argv=None):
                         help="fit nothing: report the scores.csv of earlier runs on disjoint subject sets as one table")
     parser.add_argument("--evaluations", nargs="+", choices=EVALUATIONS, default=list(EVALUATIONS),
                         help="which MOABB evaluations to run (default: both)")
-    parser.add_argument("--cross-folds", type=int, default=None, metavar="K",
+    parser.add_argument("--cross-folds", type=at_least_two, default=None, metavar="K",
                         help="CrossSubject by GroupKFold(K) over the subjects (default: leave-one-subject-out with "
                              "--quick, K = 5 otherwise)")
     parser.add_argument("--out", type=Path, default=None)
-    args = parser.parse_args(argv)
-    if args.cross_folds is not None and args.cross_folds < 2:
-        parser.error("--cross-folds must be at least 2")
+
+
+def run(args):
+    """``python -m benchmarks.experiments moabb``: exits with the evaluation's status."""
+    sys.exit(evaluate(args, " ".join(["nice python -m benchmarks.experiments moabb", *sys.argv[2:]])))
+
+
+def evaluate(args, command):
+    """The MOABB evaluations of ``args`` (``command``: how they were asked for); 0 when done."""
     out = args.out or Path("results/moabb-evaluation" + ("-quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
-    command = "nice python " + " ".join(["benchmarks/moabb_evaluation.py"] + (argv if argv is not None else sys.argv[1:]))
     if args.combine:
         return report_combined(args.combine, out, command)
 
-    from skfedspd.datasets import configure_offline, find_physionet_root
-
-    root = find_physionet_root()
-    if root is None:
-        print("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+    if offline_root(say=print) is None:  # MOABB reads the offline copy and never downloads
         return 1
-    configure_offline(root)  # MNE_DATA etc.: MOABB reads the offline copy and never downloads
     quiet_libraries(out / "moabb.log")
     torch.set_num_threads(1)
 
@@ -271,9 +236,11 @@ def main(argv=None):
     from moabb.analysis.plotting import score_plot
     from moabb.evaluations import CrossSubjectEvaluation, WithinSessionEvaluation
 
+    from .pipelines import moabb_pipelines  # pyRiemann's import writes matplotlib's folders
+
     print(f"command: {command}\nmachine: {cpu_name()}, torch {torch.__version__}\noutput: {out}", flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
-    pipes = pipelines(args.quick, args.groups_per_client)
+    pipes = moabb_pipelines(args.quick, args.groups_per_client)
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores = []
@@ -318,7 +285,3 @@ def main(argv=None):
     (out / "report.md").write_text("\n".join(report) + "\n")
     print(f"total time: {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU; report: {out / 'report.md'}")
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

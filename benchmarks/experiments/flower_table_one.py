@@ -1,9 +1,11 @@
-"""The PhysionetMI Table I protocol through a Flower deployment on this machine, against the
-local backend: same clients, same ``random_state``, the same model bit for bit?
+"""A Table I cell through a Flower deployment on this machine, against the local backend.
+
+The PhysionetMI Table I protocol, twice: same clients, same ``random_state``, the same model
+bit for bit?
 
 One cell of Table I (default: FedSPDnet ProjAvg, full participation, seed 0, 150 rounds of
-2 local epochs, 8 clients of 2 subjects, ``benchmarks.tableone``'s protocol
-on the offline PhysionetMI subset) is fitted twice:
+2 local epochs, 8 clients of 2 subjects, ``table-one``'s protocol on the offline PhysionetMI
+subset, read through :mod:`.data`) is fitted twice:
 
 * ``local``: ``FederatedSPDnetClassifier(backend="local").fit(X, y, groups=subjects)``;
 * ``loopback``: one ``.npz`` per client (the local backend's clients, in its order), a
@@ -14,11 +16,12 @@ It prints both wall times (the deployment's with and without starting its proces
 per-round times, the largest absolute difference of the global parameters, whether the
 histories (validation macro-F1 per round, ...) are identical, and both test macro-F1.
 
-    FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 python -m benchmarks.flower_tableone
-    python -m benchmarks.flower_tableone --key half/spdnet-rlavg --seed 1 --rounds 30
+    FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 python -m benchmarks.experiments flower-table-one
+    python -m benchmarks.experiments flower-table-one --key half/spdnet-rlavg --seed 1 --rounds 30
+
+The exit status is 0 when both models are the same bit for bit, 1 otherwise.
 """
 
-import argparse
 import json
 import os
 import sys
@@ -26,18 +29,21 @@ import tempfile
 import time
 from pathlib import Path
 
-os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+import numpy as np
+from sklearn.base import clone
+from sklearn.metrics import f1_score
 
-import numpy as np  # noqa: E402
-from sklearn.base import clone  # noqa: E402
-from sklearn.metrics import f1_score  # noqa: E402
+from skfedspd.datasets import sample_covariance
+from skfedspd.federated import make_clients
+from skfedspd.training import torch_threads
 
-from benchmarks.tableone.protocols import federated, machine, physionet_protocol, spdnet  # noqa: E402
-from benchmarks.tableone.runner import client_split, load_or_skip  # noqa: E402
-from skfedspd.datasets import configure_offline, find_physionet_root, sample_covariance  # noqa: E402
-from skfedspd.federated import make_clients  # noqa: E402
-from skfedspd.training import torch_threads  # noqa: E402
+from .._machine import machine_line
+from .data import offline_root
+from .table_one_cells import PARTICIPATION
+from .table_one_protocols import federated, physionet_protocol, spdnet
+from .table_one_runner import client_split, load_or_skip
+
+PROG = "python -m benchmarks.experiments flower-table-one"
 
 KEYS = ("full/spdnet-projavg", "full/spdnet-rlavg", "half/spdnet-projavg", "half/spdnet-rlavg")
 
@@ -46,35 +52,45 @@ def _history(fed):
     return repr([{k: v for k, v in record.items() if k != "wall_time"} for record in fed.history_])
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    parser.add_argument("--key", choices=KEYS, default=KEYS[0], help="Table I cell (setting/model)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--rounds", type=int, default=150)
+def build(protocol, key, seed, rounds):
+    """The federated estimator of the Table I cell ``key`` (one of :data:`KEYS`), unfitted."""
+    setting, model = key.split("/")
+    return federated(spdnet(protocol, seed, 1), model.split("-")[1], PARTICIPATION[setting], rounds, seed)
+
+
+def add_arguments(parser):
+    parser.add_argument("--key", choices=KEYS, default=KEYS[0], help=f"Table I cell (setting/model; default {KEYS[0]})")
+    parser.add_argument("--seed", type=int, default=0, help="default 0")
+    parser.add_argument("--rounds", type=int, default=150, help="default 150")
     parser.add_argument("--torch-threads", type=int, default=1,
-                        help="torch threads of the local fit and of each deployment process")
+                        help="torch threads of the local fit and of each deployment process (default 1)")
     parser.add_argument("--out", type=Path, default=None, help="folder for the sites' files, logs and the model "
                                                                "(default: a temporary one)")
     parser.add_argument("--json", type=Path, default=None, help="also write the figures there")
-    args = parser.parse_args(argv)
-    command = " ".join(["python -m benchmarks.flower_tableone", *(argv if argv is not None else sys.argv[1:])])
-    print(f"command: {command}\nmachine: {machine()}, load average {os.getloadavg()[0]:.1f} at start", flush=True)
+
+
+def run(args):
+    """``python -m benchmarks.experiments flower-table-one``: exits 0 when both models are the same."""
+    sys.exit(compare(args, " ".join([PROG, *sys.argv[2:]])))
+
+
+def compare(args, command):
+    """Fit the cell of ``args`` on both backends and report; 0 when the models are the same."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")  # before Flower is imported
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    print(f"command: {command}\nmachine: {machine_line()}, load average {os.getloadavg()[0]:.1f} at start",
+          flush=True)
 
     from skfedspd.flower import fit_federated
     from skfedspd.flower.loopback import LoopbackDeployment
 
-    root = find_physionet_root()
-    if root is None:
-        print("PhysionetMI files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+    if offline_root(say=print) is None:
         return 1
-    configure_offline(root)
     protocol = physionet_protocol()
     X_raw, y, subjects = load_or_skip(protocol)
     X = sample_covariance(X_raw)
     train, test = client_split(y, subjects, args.seed)
-    setting, model = args.key.split("/")
-    fed = federated(spdnet(protocol, args.seed, 1), model.split("-")[1], setting, args.rounds, args.seed)
+    fed = build(protocol, args.key, args.seed, args.rounds)
     clients, client_groups = make_clients(subjects[train], fed.groups_per_client)
     print(f"{protocol.name}: {len(train)} training trials, {len(clients)} clients {client_groups}; "
           f"{args.key}, seed {args.seed}, {args.rounds} rounds", flush=True)
@@ -124,7 +140,3 @@ def main(argv=None):
                                              loopback_total_s=total_s, max_abs_diff=diff, same_history=same_history,
                                              f1=f1, walls=walls), indent=1))
     return 0 if diff == 0 and same_history else 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Fitting the cells of Table I, the JSON cache of their records, and the MOABB
+"""Fitting the cells of Table I (``table-one``), the JSON cache of their records, and the MOABB
 unseen-subject evaluation."""
 
 import json
@@ -16,9 +16,9 @@ from skfedspd.datasets import sample_covariance
 from skfedspd.federated import make_clients
 from skfedspd.training import torch_threads
 
-from .cells import CELLS, Cell
 from .console import warnings_to_file
-from .protocols import (
+from .table_one_cells import CELLS, Cell
+from .table_one_protocols import (
     LOCAL_EPOCHS,
     TEST_FRACTION,
     eegnet,

@@ -1,13 +1,11 @@
-"""What Table I runs: per-dataset hyper-parameters, the training schedule, the budgets and
-the estimators they build.
+"""What Table I runs (``table-one``): per-dataset hyper-parameters, the training schedule, the
+budgets and the estimators they build.
 
 The schedule of the federated runs (patience and learning-rate patience, counted in rounds)
 is set in one place, :func:`federated_schedule`.
 """
 
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Callable
 
 from sklearn.linear_model import LogisticRegression
@@ -16,15 +14,9 @@ from sklearn.pipeline import make_pipeline
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.classifier import auto_hidden_dim
 from skfedspd.training import EpochSchedule, RoundSchedule
-from skfedspd.datasets import (
-    PHYSIONET_OFFLINE_SUBJECTS,
-    WEIBO2014_EVENTS,
-    configure_offline,
-    find_physionet_root,
-    load_moabb,
-    load_physionet_mi,
-    sample_covariance,
-)
+from skfedspd.datasets import PHYSIONET_OFFLINE_SUBJECTS, sample_covariance
+
+from . import data
 
 LOCAL_EPOCHS = 2  # E of the paper; centralized models get rounds x E epochs
 TEST_FRACTION = 0.15
@@ -153,7 +145,7 @@ def physionet_protocol(n_classes=4, subjects=None, channels=None):
     """PhysionetMI: 4 classes (left / right hand, hands, feet) or 2 (left / right hand).
 
     ``subjects`` None means the offline subset. When every subject is offline, trials come
-    from :func:`load_physionet_mi` (never downloads; runs picked from what is present),
+    from :func:`.data.physionet_trials` (never downloads; runs picked from what is present),
     otherwise from MOABB's download, resampled to 160 Hz. ``channels`` (names) keeps those
     EEG channels in that order (None: all 64); the network's hidden size follows the
     package's ``hidden_dims="auto"`` rule (18 at 64 channels, the paper's).
@@ -164,28 +156,18 @@ def physionet_protocol(n_classes=4, subjects=None, channels=None):
         raise ValueError(f"PhysionetMI subject(s) {excluded} are excluded (128 Hz recordings)")
 
     def offline():
-        return set(subjects) <= set(PHYSIONET_OFFLINE_SUBJECTS) and find_physionet_root() is not None
+        return data.is_offline(subjects)
 
     def moabb():
-        from moabb.datasets import PhysionetMI
-        from moabb.paradigms import LeftRightImagery, MotorImagery
-
-        on_disk = offline()
-        dataset = PhysionetMI(imagined=True)
-        dataset.subject_list = subjects
-        common = dict(fmin=8, fmax=32, resample=None if on_disk else 160.0,
-                      channels=None if channels is None else list(channels))
-        if n_classes == 2:
-            dataset.feet_runs = []
-            return dataset, LeftRightImagery(**common)
-        if on_disk:
-            dataset.feet_runs = [6]  # the one hands/feet run every offline subject has
-        return dataset, MotorImagery(n_classes=4, events=["left_hand", "right_hand", "feet", "hands"], **common)
+        on_disk = offline()  # then run 6: the one hands/feet run every offline subject has
+        return data.physionet_moabb(subjects, n_classes, feet_runs=[6] if on_disk else None,
+                                    resample=None if on_disk else 160.0,
+                                    channels=None if channels is None else list(channels))
 
     def load():
         if offline():
-            return load_physionet_mi(subjects, n_classes=n_classes, return_raw=True, n_times=480, channels=channels)[:3]
-        return load_moabb(*moabb(), n_times=480)[:3]
+            return data.physionet_trials(subjects, n_classes, n_times=480, channels=channels)
+        return data.moabb_trials(*moabb(), n_times=480)
 
     name = ("PhysionetMI" if n_classes == 4 else "PhysionetMI-2class") + ("" if channels is None else f"-{len(channels)}ch")
     hidden = 18 if channels is None else auto_hidden_dim(len(channels))
@@ -193,29 +175,9 @@ def physionet_protocol(n_classes=4, subjects=None, channels=None):
                     subjects=tuple(subjects))
 
 
-def weibo_moabb():
-    from moabb.datasets import Weibo2014
-    from moabb.paradigms import MotorImagery
-
-    return Weibo2014(), MotorImagery(n_classes=7, events=list(WEIBO2014_EVENTS), fmin=8, fmax=32)
-
-
-def weibo_folder():
-    """Where MOABB keeps Weibo2014 (``MNE_DATASETS_WEIBO_PATH``, else ``MNE_DATA``, else
-    ``~/mne_data``), read without MOABB's side effects (it creates folders)."""
-    import mne
-
-    root = mne.get_config("MNE_DATASETS_WEIBO_PATH") or mne.get_config("MNE_DATA") or Path.home() / "mne_data"
-    return Path(root) / "MNE-weibo-2014"
-
-
-def weibo_offline():
-    return all((weibo_folder() / f"subject_{s}.mat").is_file() for s in range(1, 11))
-
-
 def weibo_protocol():
-    return Protocol("Weibo2014", hidden_dim=22, eps=1e-1, fs=200.0, n_times=800, moabb=weibo_moabb,
-                    load=lambda: load_moabb(*weibo_moabb(), n_times=800)[:3], offline=weibo_offline)
+    return Protocol("Weibo2014", hidden_dim=22, eps=1e-1, fs=200.0, n_times=800, moabb=data.weibo_moabb,
+                    load=lambda: data.moabb_trials(*data.weibo_moabb(), n_times=800), offline=data.weibo_offline)
 
 
 def protocols(n_classes=4, subjects=None):
@@ -230,11 +192,8 @@ def load_offline_physionet(say=print):
     """``(protocol, X_raw, covariances, y, subjects)`` of Table I's PhysionetMI protocol from the
     offline copy (its MNE and MOABB settings made; ``covariances``: the trials' sample
     covariances); None where the EEG files are absent (``say`` tells why)."""
-    root = find_physionet_root()
-    if root is None:
-        say("PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run.")
+    if data.offline_root(say) is None:
         return None
-    configure_offline(root)
     protocol = PROTOCOLS["PhysionetMI"]
     X_raw, y, subjects = protocol.load()
     return protocol, X_raw, sample_covariance(X_raw), y, subjects
@@ -293,13 +252,3 @@ def riemann_reference(name):
         return MDM(metric="riemann")
     raise ValueError(f"unknown pyRiemann reference {name!r}; expected 'ts-lr' or 'mdm'")
 
-
-def machine():
-    """One line about the machine (CPU, cores, Python, torch)."""
-    import platform
-
-    import torch
-
-    from benchmarks._machine import cpu_name
-
-    return f"{cpu_name()}, {os.cpu_count()} cores, Python {platform.python_version()}, torch {torch.__version__}"

@@ -1,6 +1,6 @@
 """Console and log file of an experiment run.
 
-The console gets the experiment's own lines (logger ``benchmarks.tableone`` at INFO and
+The console gets the experiment's own lines (the loggers under ``benchmarks`` at INFO, and
 the report); library output — Python warnings (MNE's montage ``FutureWarning``, h5py's
 deprecations, loky's worker messages), MNE's and MOABB's log lines (one per recording),
 and the per-run lines of this package (DEBUG) — goes to the log file. Only the entry
@@ -13,7 +13,7 @@ import logging
 import sys
 import warnings
 
-LOGGER = "benchmarks.tableone"
+LOGGER = "benchmarks"
 LIBRARY_LOGGERS = ("moabb",)
 
 
