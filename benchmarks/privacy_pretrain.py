@@ -47,6 +47,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import sklearn
 from joblib import Parallel, delayed
 from pyriemann.tangentspace import TangentSpace
 from sklearn.linear_model import LogisticRegression
@@ -54,8 +55,11 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
-from benchmarks.script_report import load_average, resolve_profile, write_report
-from benchmarks.tableone.protocols import machine
+from benchmarks._machine import load_average
+from benchmarks._machine import machine_line as machine
+from benchmarks.experiments.online import adaptive_step
+from benchmarks.experiments.report import resolve_profile, write_report
+from benchmarks.records import store
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
 from skfedspd.privacy import DPSGD
@@ -83,6 +87,7 @@ ROWS = {
     "dp-finetune": ("DP-FedSPDnet fine-tuned (whole network)", True, "public"),
     "dp-finetune-head": ("DP-FedSPDnet fine-tuned (head)", True, "head"),
     "public-dbn": ("public model only, domain batch norm", False, None),
+    "fed-dbn": ("FedSPDnet fine-tuned, domain batch norm", False, "public-dbn"),
     "dp-dbn": ("DP-FedSPDnet fine-tuned, domain batch norm (released means)", True, "public-dbn"),
     "tslr": ("TS+LR, sites pooled", False, None),
     "recenter-tslr": ("Recenter+TS+LR, sites pooled", False, None),
@@ -102,22 +107,45 @@ def load_covariances(cache, channels):
     return X, y, subjects
 
 
-def site_split(y, subjects, seed):
-    """Site subjects' trials: each subject's stratified 80/20 split of ``seed``. Index arrays."""
+#: ``--unseen``: seed ``s`` keeps the ``s``-th block of this many site subjects (cyclically)
+#: out of every site; they are the test subjects, all their trials, in recording order.
+UNSEEN_BLOCK = 4
+#: ``--unseen``: online predictions are scored from this trial of each subject on (0-based).
+ONLINE_FROM = 10
+
+
+def held_out_subjects(seed):
+    """The site subjects in no site for ``seed`` (``--unseen``)."""
+    start = (seed % (len(SITE_SUBJECTS) // UNSEEN_BLOCK)) * UNSEEN_BLOCK
+    return SITE_SUBJECTS[start:start + UNSEEN_BLOCK]
+
+
+def site_split(y, subjects, seed, unseen=False):
+    """Site subjects' trials: each subject's stratified 80/20 split of ``seed``. Index arrays.
+    ``unseen``: the held-out subjects' trials are the whole test set (the other subjects keep
+    the same training part)."""
+    held = held_out_subjects(seed) if unseen else ()
     train, test = [], []
     for s in SITE_SUBJECTS:
         idx = np.flatnonzero(subjects == s)
         tr, te = train_test_split(idx, test_size=TEST_FRACTION, stratify=y[idx], random_state=seed * 1000 + s)
+        if s in held:
+            test.append(idx)
+            continue
         train.append(tr)
-        test.append(te)
+        if not unseen:
+            test.append(te)
     return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
 
 
-def setup(profile_budget, site_size, channels):
+def setup(profile_budget, site_size, channels, unseen=False):
     """What a cached record was fitted with: another setup is refitted, never reused."""
-    return dict(rounds=profile_budget["rounds"], public_epochs=profile_budget["public_epochs"], site_size=site_size,
-                channels=channels, batch_size=BATCH_SIZE, scratch_lr=SCRATCH_LR, finetune_lr=FINETUNE_LR, delta=DELTA,
-                clip_norm=CLIP_NORM, test_fraction=TEST_FRACTION)
+    settings = dict(rounds=profile_budget["rounds"], public_epochs=profile_budget["public_epochs"], site_size=site_size,
+                    channels=channels, batch_size=BATCH_SIZE, scratch_lr=SCRATCH_LR, finetune_lr=FINETUNE_LR,
+                    delta=DELTA, clip_norm=CLIP_NORM, test_fraction=TEST_FRACTION)
+    if unseen:  # only then: the records of the site-subject protocol keep their setup
+        settings.update(unseen=True, unseen_block=UNSEEN_BLOCK, online_from=ONLINE_FROM)
+    return settings
 
 
 def public_model(X, y, seed, epochs, subjects=None):
@@ -159,15 +187,37 @@ def per_subject_scores(model, X, y, subjects):
     return balanced, auc
 
 
+def online_scores(model, X, y, subjects):
+    """Balanced accuracy of each test subject predicted as an online BCI: one trial per call
+    in recording order, the subject a domain that every trial before updates (unlabeled),
+    scored from trial ``ONLINE_FROM`` on. A model without domain statistics (TS+LR) does not
+    adapt: its predictions of the same trials."""
+    step = adaptive_step(model)
+    adaptive = hasattr(step, "reset_domain") and getattr(step, "batchnorm", "domain") == "domain"
+    balanced = {}
+    with sklearn.config_context(enable_metadata_routing=True):
+        for s in np.unique(subjects):
+            rows = np.flatnonzero(subjects == s)
+            if adaptive:
+                proba = np.array([model.predict_proba(X[i:i + 1], domain=f"online-{s}")[0, 1] for i in rows])
+                step.reset_domain(f"online-{s}")
+            else:
+                proba = model.predict_proba(X[rows])[:, 1]
+            pred = model.classes_[(proba[ONLINE_FROM:] > 0.5).astype(int)]
+            balanced[int(s)] = float(balanced_accuracy_score(y[rows][ONLINE_FROM:], pred))
+    return balanced
+
+
 def record_of(row, epsilon, seed, model, data, split, settings, fit_seconds):
     X, y, subjects = data
     _, test = split
     balanced, auc = per_subject_scores(model, X[test], y[test], subjects[test])
+    online = online_scores(model, X[test], y[test], subjects[test]) if settings.get("unseen") else None
     privacy = getattr(model, "privacy_", None)
     # non-private federated fits: their training loss per round (the convergence check)
     curve = isinstance(model, FederatedSPDnetClassifier) and privacy is None
     return {"row": row, "epsilon": eps_key(epsilon), "seed": seed, "setup": settings,
-            "balanced_accuracy": balanced, "auc": auc, "fit_seconds": fit_seconds,
+            "balanced_accuracy": balanced, "auc": auc, "online_balanced_accuracy": online, "fit_seconds": fit_seconds,
             "train_loss": [h["train_loss"] for h in model.history_] if curve else None,
             "target_epsilon": None if privacy is None else privacy["target_epsilon"],
             "epsilon_spent": None if privacy is None else [s["epsilon"] for s in privacy["sites"]],
@@ -181,7 +231,7 @@ def record_of(row, epsilon, seed, model, data, split, settings, fit_seconds):
 def run_seed(data, seed, todo, budget, site_size, settings, out, n_threads=1):
     """Fit the ``todo`` (row, ε) pairs of one seed, writing each record as it is done."""
     X, y, subjects = data
-    split = site_split(y, subjects, seed)
+    split = site_split(y, subjects, seed, unseen=settings.get("unseen", False))
     train, _ = split
     public_rows = np.isin(subjects, PUBLIC_SUBJECTS)
     written = []
@@ -234,7 +284,7 @@ def mean_score(record, key="balanced_accuracy"):
 
 def scores(results, row, epsilon, key="balanced_accuracy"):
     """``{seed: score}`` of a cell."""
-    return {r["seed"]: mean_score(r, key) for r in results.get((row, eps_key(epsilon)), [])}
+    return {r["seed"]: mean_score(r, key) for r in results.get((row, eps_key(epsilon)), []) if r.get(key)}
 
 
 def paired(results, a, b):
@@ -372,6 +422,46 @@ def plot(results, epsilons, path, title):
     plt.close(fig)
 
 
+def record_name(profile, site_size, unseen):
+    return f"privacy-pretrain-{profile}-" + ("unseen" if unseen else f"sites-of-{site_size}")
+
+
+def write_record(results, rows, epsilons, seeds, settings, command, unseen):
+    """The tracked record of a complete run (every cell of ``rows`` at every seed; None
+    otherwise): per-seed scores (mean over the test subjects, %), the ε split of the DP
+    rows with released means, and the budget check."""
+    cells = [(row, math.inf) for row in rows if not ROWS[row][1]] + [(row, e) for row in rows if ROWS[row][1]
+                                                                       for e in epsilons]
+    if any(len(scores(results, row, e)) < seeds for row, e in cells):
+        return None
+    metrics = {"balanced_accuracy": "balanced accuracy (%)", "auc": "ROC-AUC (%)"}
+    if unseen:
+        metrics["online_balanced_accuracy"] = f"balanced accuracy online, from trial {ONLINE_FROM + 1} (%)"
+    table = {}
+    for row, e in cells:
+        label = ROWS[row][0] + ("" if math.isinf(e) else f", ε = {e:g}")
+        table[f"{row}/{eps_key(e)}"] = {"label": label, "scores": {m: scores(results, row, e, m) for m in metrics}}
+    private = [r for rs in results.values() for r in rs if r["target_epsilon"] is not None]
+    facts = dict(settings, seeds=seeds, sites=len(SITE_SUBJECTS) // settings["site_size"] - (1 if unseen else 0),
+                 test_subjects=UNSEEN_BLOCK if unseen else len(SITE_SUBJECTS),
+                 fit_minutes=round(sum(r["fit_seconds"] for rs in results.values() for r in rs) / 60, 1),
+                 site_runs=sum(len(r["epsilon_spent"]) for r in private),
+                 largest_spent_ratio=f"{max(max(r['epsilon_spent']) / r['target_epsilon'] for r in private):.4f}"
+                 if private else "–")
+    for e in epsilons:
+        released = [r for r in results.get(("dp-dbn", eps_key(e)), []) if r.get("domain_release")]
+        if released:
+            facts[f"release_epsilon_{eps_key(e)}"] = f"{max(r['domain_release']['epsilon'] for r in released):.2f}"
+            facts[f"training_epsilon_{eps_key(e)}"] = f"{max(max(r['training_epsilon']) for r in released):.2f}"
+            facts[f"total_epsilon_{eps_key(e)}"] = f"{max(max(r['epsilon_spent']) for r in released):.2f}"
+    reference = "recenter-tslr/inf" if "recenter-tslr/inf" in table else next(iter(table))
+    title = ("Public pre-training, then DP fine-tuning: " + ("subjects in no site" if unseen else
+             f"sites of {settings['site_size']}"))
+    return store.write_record(record_name(settings.get("profile", "quick"), settings["site_size"], unseen),
+                              title=title, command=command, rows=table, metrics=metrics, reference=reference,
+                              paired_by="seed", wall_seconds=facts["fit_minutes"] * 60, facts=facts)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m benchmarks.privacy_utility --protocol pretrain",
                                      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -382,6 +472,9 @@ def main(argv=None):
                         help="subjects per site (6, 3 or 2 sites)")
     parser.add_argument("--epsilons", nargs="+", type=float, default=list(EPSILONS), help="budgets of the DP rows")
     parser.add_argument("--rows", nargs="+", choices=sorted(ROWS), default=list(ROWS), help="the rows to fit and report")
+    parser.add_argument("--unseen", action="store_true",
+                        help=f"test on site subjects in no site (seed s holds out its block of {UNSEEN_BLOCK}), whole "
+                             f"recording and online from trial {ONLINE_FROM}")
     parser.add_argument("--channels", choices=("sensorimotor", "all"), default="sensorimotor",
                         help="the 16 sensorimotor channels (default) or all 64")
     parser.add_argument("--rounds", type=int, default=None, help="federated rounds (default: the profile's)")
@@ -391,8 +484,9 @@ def main(argv=None):
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
     args = parser.parse_args(argv)
     profile, budget, seeds = resolve_profile(args, PROFILES)
-    settings = setup(budget, args.site_size, args.channels)
-    out = args.out or Path("results") / f"privacy-pretrain-{profile}-sites-of-{args.site_size}"
+    settings = setup(budget, args.site_size, args.channels, args.unseen)
+    out = args.out or Path("results") / (f"privacy-pretrain-{profile}-sites-of-{args.site_size}"
+                                         + ("-unseen" if args.unseen else ""))
     out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m benchmarks.privacy_utility --protocol pretrain",
                         *(argv if argv is not None else sys.argv[1:])])
@@ -441,5 +535,8 @@ def main(argv=None):
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` (skfedspd {__version__}); {fit_minutes:.1f} min fitting, {args.jobs} process(es) "
               f"of 1 torch thread; {machine()}; {load_average()} at the end."]
+    path = None if profile == "smoke" else write_record(  # the smoke profile tests the plumbing, not the science
+        results, args.rows, args.epsilons, seeds, dict(settings, profile=profile), command, args.unseen)
+    report.append(f"Record: `{path}`" if path else "No record written: the run is incomplete.")
     write_report(report, out, figure, args.docs)
     return 0

@@ -330,9 +330,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         the schedule and the released model outside the budget: a fixed number of rounds
         runs and the last global model is kept), and ``scaling="auto"`` becomes
         ``"trace"`` (per matrix; ``init``'s scaling when given), which shares no statistic
-        of the sites. Refused: an explicit validation split (``validation_fraction > 0``
-        with the local estimator's ``early_stopping=True``) and ``warm_start`` (the budget
-        covers one fit). Sites do not release their training loss or input statistic.
+        of the sites. With a local ``batchnorm="domain"`` each site first releases its
+        domains' means under the budget (``DPSGD(domain_share=..., domain_clip=...)``,
+        :func:`skfedspd.privacy.release_domain_means`) and DP-SGD trains on trials
+        re-centred by them. Refused: an explicit validation split (``validation_fraction >
+        0`` with the local estimator's ``early_stopping=True``), ``batchnorm="spd"``
+        (minibatch means) and ``warm_start`` (the budget covers one fit). Sites do not
+        release their training loss or input statistic.
     classes : array-like of shape (n_classes,) or None, default=None
         The label set the consortium agreed out of band (as ``partial_fit``'s ``classes``
         in scikit-learn). None: the union of the sites' labels, each site sending the set

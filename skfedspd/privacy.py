@@ -78,6 +78,7 @@ __all__ = [
     "epsilon_spent",
     "calibrate_noise",
     "calibrate_release_noise",
+    "group_epsilon",
     "default_delta",
     "plan_dp",
 ]
@@ -799,6 +800,43 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
         event = _event(noise_multiplier, sample_rate, steps, domain)
     with _quiet_absl():
         return float(_accountant(accountant).compose(event).get_epsilon(delta))
+
+
+def group_epsilon(noise_multiplier, delta, steps, group_size, *, accountant="rdp", domain=None):
+    """An upper bound on ε for a **group** of ``group_size`` samples of one site (a subject's
+    whole recording), at ``δ``, for a run that gives one sample ``(ε, δ)``.
+
+    At every step the group moves the clipped sum by at most ``k·C`` (``k = group_size``),
+    so each step is a Gaussian mechanism of noise multiplier ``σ / k`` for the group; the
+    bound leaves out the amplification by sampling (a group of ``k`` is drawn almost every
+    step) and composes the ``steps`` mechanisms, then, with ``domain``, the release of the
+    group's domain means (its vector moves by at most ``k·Δ``: multiplier ``σ_s / k`` per
+    layer).
+
+    Examples
+    --------
+    A site of 144 training trials, batches of 32 (``q = 0.22``), 150 steps at ε = 8: one
+    trial is protected at ε = 8, a subject's 36 trials only at an ε in the tens of thousands.
+
+    >>> from skfedspd.privacy import calibrate_noise, epsilon_spent, group_epsilon
+    >>> sigma = calibrate_noise(8.0, 1e-5, sample_rate=0.22, steps=150)
+    >>> round(epsilon_spent(sigma, 1e-5, sample_rate=0.22, steps=150), 1)
+    8.0
+    >>> group_epsilon(sigma, 1e-5, steps=150, group_size=36) > 10_000
+    True
+    """
+    _check_positive("noise_multiplier", noise_multiplier)
+    if not (isinstance(group_size, numbers.Integral) and group_size >= 1):
+        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    _check_accounting_args(delta, 1.0, steps)
+    _check_domain(domain)
+    dpa = _dp_accounting()
+    events = [dpa.SelfComposedDpEvent(dpa.GaussianDpEvent(noise_multiplier / group_size), int(steps))]
+    if domain is not None:
+        events.append(_release_event({"noise_multiplier": domain["noise_multiplier"] / group_size,
+                                      "layers": domain["layers"]}))
+    with _quiet_absl():
+        return float(_accountant(accountant).compose(dpa.ComposedDpEvent(events)).get_epsilon(delta))
 
 
 def calibrate_release_noise(target_epsilon, delta, *, layers, accountant="rdp", tol=1e-4):

@@ -644,3 +644,15 @@ def test_a_release_that_spends_the_whole_budget_is_refused():
     domain = {"noise_multiplier": 0.05, "layers": 1}
     with pytest.raises(ValueError, match="release of the domain means alone spends the whole"):
         calibrate_noise(1.0, 1e-5, sample_rate=0.1, steps=10, domain=domain)
+
+
+def test_group_epsilon_bounds_one_sample_and_grows_with_the_group():
+    sigma, steps = 1.5, 100
+    one = epsilon_spent(sigma, 1e-5, sample_rate=0.2, steps=steps)
+    bounds = [privacy.group_epsilon(sigma, 1e-5, steps, k) for k in (1, 2, 10, 36)]
+    assert one <= bounds[0]  # the bound forgoes amplification by sampling
+    assert bounds == sorted(bounds) and bounds[-1] > 100 * one
+    domain = {"noise_multiplier": 2.0, "layers": 1}
+    assert privacy.group_epsilon(sigma, 1e-5, steps, 10, domain=domain) > bounds[2]
+    with pytest.raises(ValueError, match="group_size must be a positive integer"):
+        privacy.group_epsilon(sigma, 1e-5, steps, 0)
