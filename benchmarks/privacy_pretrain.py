@@ -62,7 +62,7 @@ from benchmarks.experiments.report import resolve_profile, write_report
 from benchmarks.records import store
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
-from skfedspd.privacy import DPSGD
+from skfedspd.privacy import DPSGD, group_epsilon, steps_per_epoch
 from skfedspd.training import torch_threads
 
 PUBLIC_SUBJECTS = (*range(1, 16), 42)
@@ -354,7 +354,20 @@ def targets(results):
         if line:
             mean = paired(results, one, public)[0]
             lines.append(line + f": {'met' if mean >= -1 else 'MISSED'}")
-    for a, b, label in ((("fed-finetune", math.inf), public, "non-private fine-tuned − public only"),
+    dbn = ("public-dbn", math.inf)
+    for a, b, label, floor in ((("dp-dbn", 8.0), ("recenter-tslr", math.inf),
+                                "DP domain-BN at ε = 8 − Recenter+TS+LR (target: at least level)", 0.0),
+                               (("dp-dbn", 8.0), dbn, "DP domain-BN at ε = 8 − public domain-BN (target ≥ +1)", 1.0),
+                               (("dp-dbn", 1.0), dbn, "DP domain-BN at ε = 1 − public domain-BN (target ≥ −1)", -1.0)):
+        p = paired(results, a, b)
+        if p is not None:
+            mean, se = p[0], p[1]
+            verdict = ("reached" if mean - 2 * se >= floor else "within two standard errors of the line"
+                       if mean + 2 * se >= floor else "NOT REACHED")
+            lines.append(difference_line(results, a, b, label) + f": {verdict}")
+    for a, b, label in ((("fed-dbn", math.inf), dbn, "non-private domain-BN fine-tuned − public domain-BN"),
+                        (dbn, public, "public domain-BN − public only"),
+                        (("fed-finetune", math.inf), public, "non-private fine-tuned − public only"),
                         (("fed-finetune", math.inf), ("fed-scratch", math.inf),
                          "non-private fine-tuned − non-private from scratch"),
                         (("dp-finetune", 8.0), ("dp-scratch", 8.0), "DP fine-tuned − DP from scratch at ε = 8"),
@@ -382,7 +395,7 @@ def convergence(results):
     """The non-private federated fits' mean training loss over rounds: first 10, the 10
     before the last 10, the last 10 (a fit still learning shows a clear fall at the end)."""
     lines = []
-    for row in ("fed-scratch", "fed-finetune"):
+    for row in ("fed-scratch", "fed-finetune", "fed-dbn"):
         curves = [r["train_loss"] for r in results.get((row, "inf"), []) if r["train_loss"]]
         if curves and len(curves[0]) >= 20:
             c = np.mean(curves, axis=0)
@@ -426,10 +439,24 @@ def record_name(profile, site_size, unseen):
     return f"privacy-pretrain-{profile}-" + ("unseen" if unseen else f"sites-of-{site_size}")
 
 
-def write_record(results, rows, epsilons, seeds, settings, command, unseen):
+def subject_epsilons(records, site_trials, subject_trials):
+    """The group-privacy bound (:func:`skfedspd.privacy.group_epsilon`) for one subject's
+    training trials, at each site of each DP record with released means: the largest."""
+    bounds = []
+    for r in records:
+        release = r["domain_release"]
+        for sigma, n in zip(r["noise_multipliers"], site_trials):
+            steps = r["setup"]["rounds"] * steps_per_epoch(min(1.0, BATCH_SIZE / n))
+            bounds.append(group_epsilon(sigma, DELTA, steps, subject_trials, domain=release))
+    return max(bounds)
+
+
+def write_record(results, rows, epsilons, seeds, settings, command, unseen, site_trials, subject_trials,
+                 folder=store.RECORDS):
     """The tracked record of a complete run (every cell of ``rows`` at every seed; None
     otherwise): per-seed scores (mean over the test subjects, %), the ε split of the DP
-    rows with released means, and the budget check."""
+    rows with released means, the budget check, and the group-privacy bound of one
+    subject's ``subject_trials`` training trials (sites of ``site_trials`` trials)."""
     cells = [(row, math.inf) for row in rows if not ROWS[row][1]] + [(row, e) for row in rows if ROWS[row][1]
                                                                        for e in epsilons]
     if any(len(scores(results, row, e)) < seeds for row, e in cells):
@@ -454,12 +481,14 @@ def write_record(results, rows, epsilons, seeds, settings, command, unseen):
             facts[f"release_epsilon_{eps_key(e)}"] = f"{max(r['domain_release']['epsilon'] for r in released):.2f}"
             facts[f"training_epsilon_{eps_key(e)}"] = f"{max(max(r['training_epsilon']) for r in released):.2f}"
             facts[f"total_epsilon_{eps_key(e)}"] = f"{max(max(r['epsilon_spent']) for r in released):.2f}"
+            facts[f"subject_epsilon_{eps_key(e)}"] = f"{subject_epsilons(released, site_trials, subject_trials):.0f}"
+    facts.update(site_trials=site_trials, subject_trials=subject_trials)
     reference = "recenter-tslr/inf" if "recenter-tslr/inf" in table else next(iter(table))
     title = ("Public pre-training, then DP fine-tuning: " + ("subjects in no site" if unseen else
              f"sites of {settings['site_size']}"))
     return store.write_record(record_name(settings.get("profile", "quick"), settings["site_size"], unseen),
                               title=title, command=command, rows=table, metrics=metrics, reference=reference,
-                              paired_by="seed", wall_seconds=facts["fit_minutes"] * 60, facts=facts)
+                              paired_by="seed", wall_seconds=facts["fit_minutes"] * 60, facts=facts, folder=folder)
 
 
 def main(argv=None):
@@ -535,8 +564,14 @@ def main(argv=None):
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` (skfedspd {__version__}); {fit_minutes:.1f} min fitting, {args.jobs} process(es) "
               f"of 1 torch thread; {machine()}; {load_average()} at the end."]
+    train, _ = site_split(data[1], data[2], 0, unseen=args.unseen)
+    per_subject = {s: int(np.sum(data[2][train] == s)) for s in np.unique(data[2][train])}
+    ordered = [per_subject[s] for s in sorted(per_subject)]
+    site_trials = [sum(ordered[i:i + args.site_size]) for i in range(0, len(ordered), args.site_size)]
     path = None if profile == "smoke" else write_record(  # the smoke profile tests the plumbing, not the science
-        results, args.rows, args.epsilons, seeds, dict(settings, profile=profile), command, args.unseen)
-    report.append(f"Record: `{path}`" if path else "No record written: the run is incomplete.")
+        results, args.rows, args.epsilons, seeds, dict(settings, profile=profile), command, args.unseen,
+        site_trials, int(np.median(ordered)))
+    report.append(f"Record: `{path}`" if path else "No record written: " + (
+        "the smoke profile." if profile == "smoke" else "the run is incomplete."))
     write_report(report, out, figure, args.docs)
     return 0

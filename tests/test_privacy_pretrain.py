@@ -94,8 +94,29 @@ def test_rows_build_their_estimator(row, private, init, trainable, lr):
 
 def test_runs_cover_every_row_and_budget():
     runs = pp.runs_of([1.0, 8.0], seeds=2)
-    assert len(runs) == 2 * (5 + 3 * 2)
-    assert ("dp-finetune-head", 1.0, 1) in runs and ("tslr", math.inf, 0) in runs
+    assert len(runs) == 2 * (7 + 4 * 2)
+    assert ("dp-finetune-head", 1.0, 1) in runs and ("tslr", math.inf, 0) in runs and ("dp-dbn", 8.0, 1) in runs
+
+
+def test_unseen_split_holds_out_whole_subjects_in_no_site():
+    subjects = np.repeat(np.arange(1, 43), 10)
+    y = np.tile(["left_hand", "right_hand"], len(subjects) // 2)
+    plain_train, _ = pp.site_split(y, subjects, seed=7)
+    train, test = pp.site_split(y, subjects, seed=7, unseen=True)
+    held = pp.held_out_subjects(7)
+    assert len(held) == pp.UNSEEN_BLOCK and set(subjects[test]) == set(held)
+    assert np.array_equal(test, np.flatnonzero(np.isin(subjects, held)))  # all their trials
+    assert np.array_equal(train, plain_train[~np.isin(subjects[plain_train], held)])  # the others' training part
+    blocks = {pp.held_out_subjects(seed) for seed in range(len(pp.SITE_SUBJECTS) // pp.UNSEEN_BLOCK)}
+    assert sorted(s for block in blocks for s in block) == sorted(pp.SITE_SUBJECTS)
+
+
+def test_domain_rows_re_centre_each_subject():
+    public = object()
+    fed = pp.federated("dp-dbn", 8.0, public, rounds=5, site_size=4, seed=2)
+    assert fed.estimator.batchnorm == "domain" and fed.domains == "group" and fed.init is public
+    assert fed.privacy.epsilon == 8.0 and fed.estimator.lr == pp.FINETUNE_LR
+    assert pp.federated("fed-dbn", 8.0, public, rounds=5, site_size=4, seed=2).privacy is None
 
 
 def test_privacy_utility_dispatches_the_protocol(monkeypatch):
@@ -124,4 +145,28 @@ def test_smoke_run_reports_and_caches(tmp_path, monkeypatch, capsys):
     assert len(saved["balanced_accuracy"]) == len(pp.SITE_SUBJECTS)
     capsys.readouterr()
     assert pp.main(argv) == 0
-    assert "8 of 8 runs cached" in capsys.readouterr().out
+    assert "11 of 11 runs cached" in capsys.readouterr().out
+
+
+def test_a_complete_run_writes_its_record(tmp_path):
+    """Per-seed scores of every cell, the ε split and the budget facts; nothing while a cell
+    lacks a seed."""
+    def dp(seed, score):
+        r = record("dp-dbn", 8.0, score, seed=seed)
+        r.update(noise_multipliers=[2.0, 2.0], training_epsilon=[7.6, 7.6],
+                 domain_release={"noise_multiplier": 2.1, "layers": 1, "epsilon": 2.0}, setup={"rounds": 3})
+        return r
+
+    records = [record("recenter-tslr", math.inf, 0.6, seed=s) for s in range(2)] + [dp(s, 0.62) for s in range(2)]
+    for r in records:
+        r.setdefault("fit_seconds", 30.0)
+    settings = dict(pp.setup(pp.PROFILES["quick"], 4, "sensorimotor"), profile="quick")
+    args = (["dp-dbn", "recenter-tslr"], [8.0], 2, settings, "cmd", False, [144, 144], 36)
+    assert pp.write_record(results_of(records[:-1]), *args, folder=tmp_path) is None
+    path = pp.write_record(results_of(records), *args, folder=tmp_path)
+    saved = json.loads(path.read_text())
+    assert path.name == "privacy-pretrain-quick-sites-of-4.json" and saved["reference"] == "recenter-tslr/inf"
+    assert saved["rows"]["dp-dbn/8"]["scores"]["balanced_accuracy"] == {"0": 62.0, "1": 62.0}
+    facts = saved["facts"]
+    assert facts["release_epsilon_8"] == "2.00" and facts["training_epsilon_8"] == "7.60"
+    assert facts["largest_spent_ratio"] == "0.9900" and float(facts["subject_epsilon_8"]) > 8
