@@ -60,7 +60,7 @@ from benchmarks._machine import machine_line as machine
 from benchmarks.experiments.online import adaptive_step
 from benchmarks.experiments.report import resolve_profile, write_report
 from benchmarks.records import store
-from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__
+from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__, load_estimator, save_estimator
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
 from skfedspd.privacy import DPSGD, group_epsilon, steps_per_epoch
 from skfedspd.training import torch_threads
@@ -228,6 +228,24 @@ def record_of(row, epsilon, seed, model, data, split, settings, fit_seconds):
             "resolved": None if privacy is None else privacy["resolved"]}
 
 
+def cached_public_model(kind, X, y, subjects, seed, epochs, out):
+    """The seed's public model of ``kind`` (``"public"`` or ``"public-dbn"``) and its fit
+    seconds, saved beside ``out`` and reused: every site size and the unseen protocol
+    fine-tune the same public model of a seed."""
+    folder = out.parent / "privacy-pretrain-public-models"
+    path = folder / f"{kind}-seed{seed}-epochs{epochs}.skfedspd"
+    seconds = path.with_suffix(".seconds")
+    if path.exists() and seconds.exists():
+        return load_estimator(path), float(seconds.read_text())
+    start = time.perf_counter()
+    model = public_model(X, y, seed, epochs, subjects if kind == "public-dbn" else None)
+    elapsed = time.perf_counter() - start
+    folder.mkdir(parents=True, exist_ok=True)
+    save_estimator(model, path)
+    seconds.write_text(f"{elapsed}")
+    return model, elapsed
+
+
 def run_seed(data, seed, todo, budget, site_size, settings, out, n_threads=1):
     """Fit the ``todo`` (row, ε) pairs of one seed, writing each record as it is done."""
     X, y, subjects = data
@@ -240,10 +258,8 @@ def run_seed(data, seed, todo, budget, site_size, settings, out, n_threads=1):
         for kind in ("public", "public-dbn"):
             if any(row == kind or ROWS[row][2] in {"public": ("public", "head"), "public-dbn": ("public-dbn",)}[kind]
                    for row, _ in todo):
-                start = time.perf_counter()
-                publics[kind] = public_model(X[public_rows], y[public_rows], seed, budget["public_epochs"],
-                                             subjects[public_rows] if kind == "public-dbn" else None)
-                public_seconds[kind] = time.perf_counter() - start
+                publics[kind], public_seconds[kind] = cached_public_model(
+                    kind, X[public_rows], y[public_rows], subjects[public_rows], seed, budget["public_epochs"], out)
         for row, epsilon in todo:
             start = time.perf_counter()
             if row in publics:
