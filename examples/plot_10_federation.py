@@ -1,6 +1,6 @@
 """
 A federation of sites on unseen subjects: FedSPDnet with domain batch norm against Recenter + TS+LR
-==================================================================================================
+===================================================================================================
 
 Three sites (hospitals, labs) each hold the recordings of two subjects and never send them
 anywhere: :class:`~skfedspd.FederatedSPDnetClassifier` trains one SPDnet across the sites
