@@ -371,15 +371,21 @@ def targets(results):
             mean = paired(results, one, public)[0]
             lines.append(line + f": {'met' if mean >= -1 else 'MISSED'}")
     dbn = ("public-dbn", math.inf)
-    for a, b, label, floor in ((("dp-dbn", 8.0), ("recenter-tslr", math.inf),
-                                "DP domain-BN at ε = 8 − Recenter+TS+LR (target: at least level)", 0.0),
-                               (("dp-dbn", 8.0), dbn, "DP domain-BN at ε = 8 − public domain-BN (target ≥ +1)", 1.0),
-                               (("dp-dbn", 1.0), dbn, "DP domain-BN at ε = 1 − public domain-BN (target ≥ −1)", -1.0)):
+    # (a, b, label, floor, level): the target is a - b >= floor beyond two standard errors,
+    # or, with level, a - b not below floor beyond them (level or higher)
+    for a, b, label, floor, level in (
+            (("dp-dbn", 8.0), ("recenter-tslr", math.inf),
+             "DP domain-BN at ε = 8 − Recenter+TS+LR (target: at least level)", 0.0, True),
+            (("dp-dbn", 8.0), dbn, "DP domain-BN at ε = 8 − public domain-BN (target ≥ +1)", 1.0, False),
+            (("dp-dbn", 1.0), dbn, "DP domain-BN at ε = 1 − public domain-BN (target ≥ −1)", -1.0, False)):
         p = paired(results, a, b)
         if p is not None:
             mean, se = p[0], p[1]
-            verdict = ("reached" if mean - 2 * se >= floor else "within two standard errors of the line"
-                       if mean + 2 * se >= floor else "NOT REACHED")
+            if level:
+                verdict = "reached" if mean + 2 * se >= floor else "NOT REACHED"
+            else:
+                verdict = ("reached" if mean - 2 * se >= floor else "within two standard errors of the line"
+                           if mean + 2 * se >= floor else "NOT REACHED")
             lines.append(difference_line(results, a, b, label) + f": {verdict}")
     for a, b, label in ((("fed-dbn", math.inf), dbn, "non-private domain-BN fine-tuned − public domain-BN"),
                         (dbn, public, "public domain-BN − public only"),
