@@ -56,7 +56,7 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from .stiefel import lift, polar, retract, stiefel_exp, stiefel_log, tangent_project
 
@@ -771,12 +771,14 @@ class FLTrust(RobustAggregation):
     #: The engine computes the server's reference update each round and passes it as ``reference``.
     needs_reference = True
     _parameter_constraints = {"X": ["array-like"], "y": ["array-like"],
-                              "threshold": [Interval(Real, 0, 1, closed="left")]}
+                              "threshold": [Interval(Real, 0, 1, closed="left")],
+                              "agreement_scope": [StrOptions({"model", "layer"})]}
 
-    def __init__(self, X, y, threshold=0.0):
+    def __init__(self, X, y, threshold=0.0, agreement_scope="model"):
         self.X = X
         self.y = y
         self.threshold = threshold
+        self.agreement_scope = agreement_scope
 
     def check_params(self):
         super().check_params()
@@ -792,19 +794,43 @@ class FLTrust(RobustAggregation):
         X, y = np.ascontiguousarray(self.X), np.asarray(self.y)
         digest = hashlib.sha256(X.tobytes() + repr(y.tolist()).encode()).hexdigest()[:12]
         threshold = "" if self.threshold == 0 else f", threshold={self.threshold!r}"
-        return f"FLTrust(X=<root set {X.shape} {digest}>, y=<{len(y)} labels>{threshold})"
+        scope = "" if self.agreement_scope == "model" else f", agreement_scope={self.agreement_scope!r}"
+        return f"FLTrust(X=<root set {X.shape} {digest}>, y=<{len(y)} labels>{threshold}{scope})"
 
     def agreement(self, client_params, reference, previous, kinds):
-        """Each client's agreement ``cos(g_i, g_0)`` with the reference update in the tangent
-        space at ``previous`` (0 for a client or a reference that did not move)."""
+        """Each client's agreement with the reference update in the tangent space at
+        ``previous``: ``cos(g_i, g_0)`` (``agreement="model"``) or its smallest per-layer
+        cosine (``"layer"``); 0 for a client or a reference that did not move."""
         updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
-        return _cosines(updates, ref)
+        return self._agreement(updates, ref, self._blocks(previous, kinds))
 
     @staticmethod
     def _tangent_vectors(client_params, reference, previous, kinds):
         """The clients' and the reference's updates as tangent vectors at ``previous``, in one pass."""
         vectors = tangent_updates([*client_params, reference], previous, kinds)
         return vectors[:-1], vectors[-1]
+
+    def _blocks(self, previous, kinds):
+        """The coordinate slices of the tangent vector that are compared and scaled apart: the
+        whole vector (``agreement="model"``), or one per layer (``"layer"``: the non-local
+        arrays grouped by module, the name up to its last dot: ``head.weight`` and ``head.bias``
+        form ``head``)."""
+        names = [name for name, kind in kinds.items() if kind != "local"]
+        sizes = [np.asarray(previous[name]).size for name in names]
+        if self.agreement_scope == "model":
+            return [slice(0, sum(sizes))]
+        blocks, start = {}, 0
+        for name, size in zip(names, sizes):
+            layer = name.rsplit(".", 1)[0]
+            first, _ = blocks.get(layer, (start, start))
+            blocks[layer] = (first, start + size)
+            start += size
+        return [slice(first, end) for first, end in blocks.values()]
+
+    @staticmethod
+    def _agreement(updates, ref, blocks):
+        """The smallest, over ``blocks``, of each client's cosine with the reference."""
+        return np.min([_cosines(updates[:, block], ref[block]) for block in blocks], axis=0)
 
     def aggregate(self, client_params, weights, previous, kinds, reference=None):
         weights = self._normalised_weights(client_params, weights, previous, kinds)
@@ -815,15 +841,17 @@ class FLTrust(RobustAggregation):
             raise ValueError("FLTrust works in the tangent space at the previous global model: previous must be given")
         names = [name for name, kind in kinds.items() if kind != "local"]
         updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
-        ref_norm = np.linalg.norm(ref)
-        agreement = _cosines(updates, ref)
+        blocks = self._blocks(previous, kinds)
+        agreement = self._agreement(updates, ref, blocks)
         trust = np.where(agreement > self.threshold, agreement, 0.0) * weights
         if not trust.sum() > 0:
             return {name: np.asarray(previous[name], dtype=np.float64) for name in names}, np.zeros(len(weights))
         shares = trust / trust.sum()
-        norms = np.linalg.norm(updates, axis=1)
-        scale = np.divide(ref_norm, norms, out=np.zeros_like(norms), where=norms > 0)
-        step = (shares * scale) @ updates
+        step = np.zeros_like(ref)
+        for block in blocks:  # each update at the reference's length, block by block
+            norms = np.linalg.norm(updates[:, block], axis=1)
+            scale = np.divide(np.linalg.norm(ref[block]), norms, out=np.zeros_like(norms), where=norms > 0)
+            step[block] = (shares * scale) @ updates[:, block]
         out, start = {}, 0
         for name in names:
             base = np.asarray(previous[name], dtype=np.float64)

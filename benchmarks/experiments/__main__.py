@@ -15,6 +15,7 @@ from . import (  # noqa: E402
     defaults,
     drift,
     online,
+    robust_aggregation,
     table_one,
     table_one_ablation,
     unseen_subjects,
@@ -28,6 +29,7 @@ EXPERIMENTS = {
     "defaults": defaults,
     "client-optimizer-state": client_optimizer_state,
     "table-one-ablation": table_one_ablation,
+    "robust-aggregation": robust_aggregation,
 }
 
 
