@@ -1145,8 +1145,9 @@ TWO_LAYERS = {"head.weight": "euclidean", "head.bias": "euclidean", "other.weigh
 
 def test_fltrust_per_layer_sees_a_client_that_disagrees_on_one_small_layer():
     """A client whose large layer agrees and whose small layer (the head) points against the
-    reference: the whole-vector cosine trusts it, the per-layer agreement (its smallest
-    per-layer cosine) does not. Weight and bias of a module form one layer."""
+    reference: the whole-vector cosine trusts it, the per-layer agreement (the mean of its
+    per-layer cosines, each layer counting the same) does not. Weight and bias of a module form
+    one layer."""
     rng = np.random.default_rng(0)
     previous = {"head.weight": rng.standard_normal((2, 3)), "head.bias": rng.standard_normal(2),
                 "other.weight": rng.standard_normal((10, 10))}
@@ -1158,7 +1159,7 @@ def test_fltrust_per_layer_sees_a_client_that_disagrees_on_one_small_layer():
     whole = FLTrust(*ROOT).agreement(clients, reference, previous, TWO_LAYERS)
     layer = FLTrust(*ROOT, agreement_scope="layer").agreement(clients, reference, previous, TWO_LAYERS)
     assert whole[1] > 0.5  # the large layer dominates the whole vector
-    np.testing.assert_allclose(layer, [1.0, -1.0], atol=1e-12)
+    np.testing.assert_allclose(layer, [1.0, 0.0], atol=1e-12)  # (1 + 1) / 2 and (−1 + 1) / 2
     out, effective = FLTrust(*ROOT, agreement_scope="layer").aggregate(clients, [0.5, 0.5], previous, TWO_LAYERS,
                                                                        reference=reference)
     np.testing.assert_allclose(effective, [1.0, 0.0])
@@ -1194,7 +1195,8 @@ def test_fltrust_per_layer_on_a_stiefel_model_is_the_whole_rule_on_one_layer(sha
     n_w = p * k
     cos = [updates[:, s] @ ref[s] / np.linalg.norm(updates[:, s], axis=1) / np.linalg.norm(ref[s])
            for s in (slice(0, n_w), slice(n_w, None))]
-    np.testing.assert_allclose(layer.agreement(clients, reference, previous, kinds), np.minimum(*cos), rtol=1e-12)
+    np.testing.assert_allclose(layer.agreement(clients, reference, previous, kinds), (cos[0] + cos[1]) / 2,
+                               rtol=1e-12)
     out, effective = layer.aggregate(clients, w[:3], previous, kinds, reference=reference)
     assert orthonormality_error(out[STIEFEL]) <= 1e-12 and effective.sum() in (0.0, pytest.approx(1.0))
     one = {STIEFEL: "stiefel"}
@@ -1205,9 +1207,30 @@ def test_fltrust_per_layer_on_a_stiefel_model_is_the_whole_rule_on_one_layer(sha
     np.testing.assert_allclose(ea, eb)
 
 
+def test_fltrust_accept_gives_every_agreeing_client_its_weight_and_bounded_keeps_short_updates():
+    previous = {"head.weight": np.zeros((3, 3)), "head.bias": np.zeros(3)}
+    e = np.eye(12)
+    reference = _euclidean(previous, 2.0 * e[0])
+    steps = [e[0], 0.6 * e[0] + 0.8 * e[1], 5.0 * (0.2 * e[0] + np.sqrt(0.96) * e[2]), -e[0]]  # agreements 1, .6, .2, -1
+    clients = [_euclidean(previous, step) for step in steps]
+    w = np.array([0.1, 0.2, 0.3, 0.4])
+    out, effective = FLTrust(*ROOT, trust="accept", magnitude="bounded").aggregate(clients, w, previous, EUCLIDEAN,
+                                                                                   reference=reference)
+    np.testing.assert_allclose(effective, [1 / 6, 2 / 6, 3 / 6, 0.0])  # the weights of the agreeing clients
+    # unit and 1-long updates kept as they are (shorter than the reference's 2), the 5-long one cut to 2
+    expected = (1 * steps[0] + 2 * steps[1] + 3 * steps[2] * 2 / 5) / 6
+    np.testing.assert_allclose(np.concatenate([out["head.weight"].ravel(), out["head.bias"]]), expected, atol=1e-12)
+    _, cosine = FLTrust(*ROOT).aggregate(clients, w, previous, EUCLIDEAN, reference=reference)
+    np.testing.assert_allclose(cosine, np.array([0.1, 0.12, 0.06, 0.0]) / 0.28)
+
+
+@pytest.mark.parametrize("name, value", [("agreement_scope", "array"), ("trust", "relu"), ("magnitude", "clip")])
+def test_fltrust_options_are_checked_parameters(name, value):
+    with pytest.raises(ValueError, match=f"'{name}' parameter of FLTrust"):
+        get_aggregation(FLTrust(*ROOT, **{name: value}))
+
+
 def test_fltrust_scope_is_a_checked_parameter_in_its_name():
-    with pytest.raises(ValueError, match="'agreement_scope' parameter of FLTrust"):
-        get_aggregation(FLTrust(*ROOT, agreement_scope="array"))
     assert rule_name(FLTrust(*ROOT, agreement_scope="layer")).endswith(", agreement_scope='layer')")
     assert rule_name(FLTrust(*ROOT, agreement_scope="layer")) != rule_name(FLTrust(*ROOT))
     assert "agreement_scope" not in rule_name(FLTrust(*ROOT))

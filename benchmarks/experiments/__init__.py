@@ -16,6 +16,8 @@ The experiments: ``table-one`` (the paper's Table I protocol and the package's r
 configuration, :mod:`benchmarks.tableone`; it writes its record), ``unseen-subjects`` (whole-subject adaptation, with the client-domains
 ablation), ``online`` (trial by trial), ``drift`` (why the first trials adapt worse than
 recent ones), ``defaults`` (the rules behind ``SPDnetClassifier``'s defaults),
-``client-optimizer-state`` (kept or fresh client Adam) and ``table-one-ablation`` (what
-moves the Table I figures, on the 4-class protocol of :mod:`benchmarks.tableone`).
+``client-optimizer-state`` (kept or fresh client Adam), ``table-one-ablation`` (what
+moves the Table I figures, on the 4-class protocol of :mod:`benchmarks.tableone`) and
+``robust-aggregation`` (faulty and hostile sites per aggregation rule, the honest sites'
+subjects against the fault-free federation, and the diagnosis; it writes its record).
 """

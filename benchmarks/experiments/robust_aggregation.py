@@ -70,9 +70,10 @@ DATA_FAULTS = ("labels", "channels", "noise")
 UPDATE_FAULTS = ("reversed", "scaled")
 DROPPED = "dropped"
 FAULTS = DATA_FAULTS + UPDATE_FAULTS + (DROPPED,)
-RULES = ("projavg", "trimmedmean", "geomedian", "krum", "fltrust", "fltrust-layer")
+RULES = ("projavg", "trimmedmean", "geomedian", "krum", "fltrust", "fltrust-layer", "fltrust-gate")
 LABELS = {"projavg": "ProjAvg", "trimmedmean": "trimmed mean", "geomedian": "geometric median",
-          "krum": "multi-Krum", "fltrust": "FLTrust", "fltrust-layer": "FLTrust, per layer"}
+          "krum": "multi-Krum", "fltrust": "FLTrust", "fltrust-layer": "FLTrust, per layer",
+          "fltrust-gate": "FLTrust gate"}
 FAULT_LABELS = {"none": "no fault", "labels": "labels swapped", "channels": "channels permuted",
                 "noise": "noise data", "reversed": "reversed update", "scaled": "scaled update",
                 DROPPED: "faulty sites dropped"}
@@ -182,7 +183,9 @@ def make_rule(rule, n_faulty, root):
         return GeometricMedian()
     if rule == "krum":
         return Krum(n_faulty=max(n_faulty, 1))
-    return FLTrust(*root, agreement_scope="layer" if rule == "fltrust-layer" else "model")
+    if rule == "fltrust-gate":  # per layer, accept or reject, updates bounded by the reference's length
+        return FLTrust(*root, agreement_scope="layer", trust="accept", magnitude="bounded")
+    return FLTrust(*root, agreement_scope="model" if rule == "fltrust" else "layer")
 
 
 def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE):
@@ -348,9 +351,13 @@ def record(args, n_faulty, wall_seconds):
         seeds = [s for s in row["scores"]["honest"] if s in reference]
         kept = np.mean([row["scores"]["honest"][s] for s in seeds]) / np.mean([reference[s] for s in seeds])
         facts[f"kept/{key}"] = f"{100 * kept:.1f} %"
+    for rule in dict.fromkeys(rule for rule, _ in fits):
+        seconds = [f["cpu_seconds"] for (r, _), by_seed in fits.items() if r == rule for f in by_seed.values()]
+        facts[f"fit_cpu_seconds/{rule}"] = round(float(np.median(seconds)))
+    facts.update(costs(args.root_size))
     first = min(args.seeds)
     facts["trust_curves"] = {f"{rule}/{fault}": block_means(fits[(rule, fault)][first]["round_trust"])
-                             for rule in ("fltrust", "fltrust-layer") for fault in ("none", *DATA_FAULTS)
+                             for rule in RULES[4:] for fault in ("none", *DATA_FAULTS)
                              if (rule, fault) in fits and first in fits[(rule, fault)]}
     facts["trust_curves_seed"], facts["trust_curves_block"] = first, BLOCK
     command = ("python -m benchmarks.experiments robust-aggregation --seeds " + " ".join(map(str, args.seeds))
@@ -364,6 +371,30 @@ def record(args, n_faulty, wall_seconds):
                  "faulty": "balanced accuracy (%) on the faulty sites' subjects",
                  "all": "balanced accuracy (%) on every subject"},
         facts=facts, folder=RECORDS)
+
+
+def costs(root_size, reps=50):
+    """The server's cost per round of FLTrust (``benchmarks.bench_aggregation``'s timings, one
+    core): the rule (and the record's agreement) for 8 clients of ``St(64, 18)`` + head, in ms,
+    the default and the gate options, ProjAvg beside them; and the reference step (the server's
+    training on ``root_size`` root trials, 2 local epochs)."""
+    from threadpoolctl import threadpool_limits
+
+    from benchmarks.bench_aggregation import KINDS, fltrust_round, median_ms, reference_step_ms, round_of_clients
+    from skfedspd.aggregation import projavg
+
+    reference = round_of_clients(9, 64, 18, 0, seed=1)[1][0]
+    root = (np.zeros((1, 64, 64)), [0])
+    rules = {"projavg": projavg, "fltrust": fltrust_round(FLTrust(*root), reference),
+             "fltrust-gate": fltrust_round(make_rule("fltrust-gate", 0, root), reference)}
+    out = {}
+    with threadpool_limits(1), torch_threads(1):
+        previous, clients, weights = round_of_clients(8, 64, 18, 0)
+        for name, rule in rules.items():
+            ms = median_ms(lambda rule=rule: rule(clients, weights, previous, KINDS), reps)
+            out[f"aggregation_ms/{name}"] = f"{ms:.2f}"
+        out["reference_step_ms"] = f"{reference_step_ms(root_size, 2, 5):.0f}"
+    return out
 
 
 #: Rounds per point of the record's trust curves (their means).
@@ -386,7 +417,7 @@ def figure(rec, path):
     import matplotlib.pyplot as plt
 
     curves, n_faulty, block = rec["facts"]["trust_curves"], rec["facts"]["n_faulty"], rec["facts"]["trust_curves_block"]
-    rules = [r for r in ("fltrust", "fltrust-layer") if any(k.startswith(r + "/") for k in curves)]
+    rules = [r for r in RULES[4:] if any(k.startswith(r + "/") for k in curves)]
     faults = [f for f in ("none", *DATA_FAULTS) if any(k.endswith("/" + f) for k in curves)]
     fig, axes = plt.subplots(len(rules), len(faults), figsize=(2.8 * len(faults), 2.3 * len(rules)),
                              sharex=True, sharey=True, squeeze=False)
