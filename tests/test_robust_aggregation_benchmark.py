@@ -116,6 +116,7 @@ def test_plan_fits_each_rule_without_fault_and_the_dropped_reference_with_projav
 def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monkeypatch):
     """The record of hand-made fits: per-seed scores of each row, the diagnosis as facts."""
     monkeypatch.setattr(experiment, "RECORDS", tmp_path)
+    monkeypatch.setattr(experiment, "costs", lambda root_size: {"reference_step_ms": "12"})
     args = argparse.Namespace(seeds=[0, 1], rounds=3, faulty=[4], faults=["labels"], rules=["projavg", "fltrust"],
                               root_size=16, out=tmp_path / "fits")
     args.out.mkdir()
@@ -139,6 +140,7 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     assert facts["named/fltrust/labels"] == "1 of 2" and facts["false_alarms/fltrust/none"] == "1 of 40"
     assert facts["honest_flagged/fltrust/labels"] == "0 of 32" and facts["faulty_flagged/fltrust/labels"] == "4 of 8"
     assert facts["kept/projavg/none"] == "100.0 %" and "named/projavg/labels" not in facts  # ProjAvg: no trust
+    assert facts["named_all/fltrust"] == "1 of 2 (50 %)" and facts["false_alarm_rate/fltrust"] == "1 of 40 (2 %)"
     assert facts["trust_curves"]["fltrust/labels"] == [[1.0] * 20] * 1  # the 5-round means of seed 0
     experiment.figure(record, tmp_path / "trust.png")
     assert (tmp_path / "trust.png").stat().st_size > 0
@@ -172,3 +174,10 @@ def test_corrupted_updates_reach_a_rule_with_a_reference():
     agreement = rule.agreement(clients, reference, previous, KINDS)
     _, effective = rule.aggregate(clients, np.full(3, 1 / 3), previous, KINDS, reference=reference)
     assert agreement[2] < 0 < min(agreement[:2]) and effective[2] == 0 and effective[:2].sum() == pytest.approx(1)
+
+
+def test_costs_time_the_rule_and_the_reference_step():
+    costs = experiment.costs(8, reps=2)
+    assert set(costs) == {"aggregation_ms/projavg", "aggregation_ms/fltrust", "aggregation_ms/fltrust-gate",
+                          "reference_step_ms"}
+    assert all(float(value) > 0 for value in costs.values())

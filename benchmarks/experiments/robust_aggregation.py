@@ -25,9 +25,11 @@ Faults (training only):
 
 Rules: ``projavg`` (no defence), ``trimmedmean`` (``TrimmedMean(trim=0.25)``), ``geomedian``,
 ``krum`` (multi-Krum, ``n_faulty`` the number of faulty clients), ``fltrust``
-(``FLTrust(X, y)``: agreement of the whole tangent vector) and ``fltrust-layer``
-(``FLTrust(X, y, agreement_scope="layer")``: a client's agreement is its smallest per-layer
-cosine). The root set: ``--root-size`` trials drawn (stratified, per seed) from the clients'
+(``FLTrust(X, y)``: agreement of the whole tangent vector, trust proportional to it, each
+update stretched to the reference's length), ``fltrust-layer`` (``FLTrust(X, y,
+agreement_scope="layer", magnitude="bounded")``: the mean of the per-layer cosines, each
+update cut to the reference's length) and ``fltrust-gate`` (the same with
+``trust="accept"``: an agreeing client keeps its weight). The root set: ``--root-size`` trials drawn (stratified, per seed) from the clients'
 clean training trials, as in the FLTrust paper's evaluation (the server holds a small clean
 sample of the federation's population); with all 40 offline subjects in the federation no
 public subject is left for a root set of its own.
@@ -72,7 +74,7 @@ DROPPED = "dropped"
 FAULTS = DATA_FAULTS + UPDATE_FAULTS + (DROPPED,)
 RULES = ("projavg", "trimmedmean", "geomedian", "krum", "fltrust", "fltrust-layer", "fltrust-gate")
 LABELS = {"projavg": "ProjAvg", "trimmedmean": "trimmed mean", "geomedian": "geometric median",
-          "krum": "multi-Krum", "fltrust": "FLTrust", "fltrust-layer": "FLTrust, per layer",
+          "krum": "multi-Krum", "fltrust": "FLTrust", "fltrust-layer": "FLTrust per layer",
           "fltrust-gate": "FLTrust gate"}
 FAULT_LABELS = {"none": "no fault", "labels": "labels swapped", "channels": "channels permuted",
                 "noise": "noise data", "reversed": "reversed update", "scaled": "scaled update",
@@ -183,9 +185,11 @@ def make_rule(rule, n_faulty, root):
         return GeometricMedian()
     if rule == "krum":
         return Krum(n_faulty=max(n_faulty, 1))
-    if rule == "fltrust-gate":  # per layer, accept or reject, updates bounded by the reference's length
-        return FLTrust(*root, agreement_scope="layer", trust="accept", magnitude="bounded")
-    return FLTrust(*root, agreement_scope="model" if rule == "fltrust" else "layer")
+    if rule == "fltrust":
+        return FLTrust(*root)
+    # per layer, updates bounded by the reference's length; the gate accepts or rejects
+    return FLTrust(*root, agreement_scope="layer", trust="accept" if rule == "fltrust-gate" else "cosine",
+                   magnitude="bounded")
 
 
 def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE):
@@ -346,6 +350,16 @@ def record(args, n_faulty, wall_seconds):
             facts[f"named/{key}"] = f"{sum(named(f, n_faulty) for f in trusts)} of {len(trusts)}"
             facts[f"honest_flagged/{key}"] = f"{sum(flagged(f, honest) for f in trusts)} of {len(honest) * len(trusts)}"
             facts[f"faulty_flagged/{key}"] = f"{sum(flagged(f, faulty) for f in trusts)} of {n_faulty * len(trusts)}"
+    for rule in dict.fromkeys(rule for rule, _ in fits):  # over every faulty fit of a rule, data and update faults
+        faulty_fits = [f for (r, fault), by_seed in fits.items() if r == rule and fault not in ("none", DROPPED)
+                       for f in by_seed.values() if f["round_trust"] is not None]
+        clean = [f for f in fits.get((rule, "none"), {}).values() if f["round_trust"] is not None]
+        if faulty_fits:
+            k = sum(named(f, n_faulty) for f in faulty_fits)
+            facts[f"named_all/{rule}"] = f"{k} of {len(faulty_fits)} ({100 * k / len(faulty_fits):.0f} %)"
+        if clean:
+            k = sum(flagged(f, range(20)) for f in clean)
+            facts[f"false_alarm_rate/{rule}"] = f"{k} of {20 * len(clean)} ({100 * k / (20 * len(clean)):.0f} %)"
     reference = rows["projavg/none"]["scores"]["honest"]
     for key, row in rows.items():
         seeds = [s for s in row["scores"]["honest"] if s in reference]
