@@ -1211,7 +1211,8 @@ def test_fltrust_accept_gives_every_agreeing_client_its_weight_and_bounded_keeps
     previous = {"head.weight": np.zeros((3, 3)), "head.bias": np.zeros(3)}
     e = np.eye(12)
     reference = _euclidean(previous, 2.0 * e[0])
-    steps = [e[0], 0.6 * e[0] + 0.8 * e[1], 5.0 * (0.2 * e[0] + np.sqrt(0.96) * e[2]), -e[0]]  # agreements 1, .6, .2, -1
+    # agreements 1, 0.6, 0.2, -1
+    steps = [e[0], 0.6 * e[0] + 0.8 * e[1], 5.0 * (0.2 * e[0] + np.sqrt(0.96) * e[2]), -e[0]]
     clients = [_euclidean(previous, step) for step in steps]
     w = np.array([0.1, 0.2, 0.3, 0.4])
     out, effective = FLTrust(*ROOT, trust="accept", magnitude="bounded").aggregate(clients, w, previous, EUCLIDEAN,

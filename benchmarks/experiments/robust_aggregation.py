@@ -29,10 +29,11 @@ Rules: ``projavg`` (no defence), ``trimmedmean`` (``TrimmedMean(trim=0.25)``), `
 update stretched to the reference's length), ``fltrust-layer`` (``FLTrust(X, y,
 agreement_scope="layer", magnitude="bounded")``: the mean of the per-layer cosines, each
 update cut to the reference's length) and ``fltrust-gate`` (the same with
-``trust="accept"``: an agreeing client keeps its weight). The root set: ``--root-size`` trials drawn (stratified, per seed) from the clients'
-clean training trials, as in the FLTrust paper's evaluation (the server holds a small clean
-sample of the federation's population); with all 40 offline subjects in the federation no
-public subject is left for a root set of its own.
+``trust="accept"``: an agreeing client keeps its weight). The root set: ``--root-size``
+trials drawn (stratified, per seed) from the clients' clean training trials, as in the
+FLTrust paper's evaluation (the server holds a small clean sample of the federation's
+population); with all 40 offline subjects in the federation no public subject is left for a
+root set of its own.
 
 Diagnosis, from each fit's ``client_trust_`` (mean over rounds of a client's effective weight
 over its weight): a faulty fit *names* its faulty clients when they are the ``n_faulty`` least
