@@ -453,7 +453,12 @@ def figure(rec, path):
     for i, rule in enumerate(rules):
         for j, fault in enumerate(faults):
             ax = axes[i, j]
-            trust = np.asarray(curves.get(f"{rule}/{fault}") or [[np.nan]], dtype=float)
+            if f"{rule}/{fault}" not in curves:
+                ax.text(0.5, 0.5, f"{LABELS[rule]}: {FAULT_LABELS[fault]}\nnot run", ha="center", va="center",
+                        transform=ax.transAxes, fontsize="small", color="0.4")
+                ax.set_axis_off()
+                continue
+            trust = np.asarray(curves[f"{rule}/{fault}"], dtype=float)
             rounds = block * np.arange(len(trust)) + (block + 1) / 2
             for c in range(trust.shape[1]):
                 broken = fault != "none" and c < n_faulty
