@@ -103,11 +103,14 @@ def main(argv=None):
     parser.add_argument("--local-epochs", type=int, default=2, help="local epochs of the reference step")
     parser.add_argument("--reference-reps", type=int, default=5)
     args = parser.parse_args(argv)
+    reference = round_of_clients(args.clients + 1, 64, 18, 0, seed=1)[1][0]
     rules = {"ProjAvg": projavg, "RLAvg": rlavg, "geomedian": GeometricMedian(), "trimmedmean": TrimmedMean(),
              "krum (f=2)": Krum(n_faulty=2),
              # the reference: one more client-like model (the root set plays no part in the rule)
-             "FLTrust": fltrust_round(FLTrust(np.zeros((1, 64, 64)), [0]),
-                                      round_of_clients(args.clients + 1, 64, 18, 0, seed=1)[1][0])}
+             "FLTrust": fltrust_round(FLTrust(np.zeros((1, 64, 64)), [0]), reference),
+             "FLTrust per layer, accept, bounded": fltrust_round(
+                 FLTrust(np.zeros((1, 64, 64)), [0], agreement_scope="layer", trust="accept", magnitude="bounded"),
+                 reference)}
     command = "python -m benchmarks.bench_aggregation " + " ".join(sys.argv[1:] if argv is None else argv)
     print(f"command: {command.strip()}\nmachine: {cpu_name()}, 1 thread, load average {os.getloadavg()[0]:.1f}; "
           f"skfedspd {__version__}, numpy {np.__version__}\n"

@@ -56,7 +56,7 @@ from numbers import Integral, Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
-from sklearn.utils._param_validation import Interval
+from sklearn.utils._param_validation import Interval, StrOptions
 
 from .stiefel import lift, polar, retract, stiefel_exp, stiefel_log, tangent_project
 
@@ -696,12 +696,13 @@ class FLTrust(RobustAggregation):
     """Trust by agreement with the server's own update on a root set (FLTrust on the Stiefel manifold).
 
     The server holds a small public *root set* ``(X, y)``. Each round it trains, from the
-    broadcast model and with the clients' local training (same epochs, learning rate and
-    seed discipline), its own *reference update* ``g_0`` on that set; the engine computes it
-    and hands it to the rule (``aggregate(..., reference=...)``), so the rule itself is a
-    pure function of the clients' updates and the reference. In the tangent space at the
-    broadcast ``θ`` (Stiefel arrays lifted with ``L_θ``, others as differences; all non-local
-    arrays as one vector, :func:`tangent_updates`), client ``i``'s update ``g_i`` gets
+    broadcast model and with the clients' local training (same epochs, learning rate, seed
+    discipline and, under ``client_optimizer_state="keep"``, its own Adam state kept from round
+    to round), its own *reference update* ``g_0`` on that set; the engine computes it and
+    hands it to the rule (``aggregate(..., reference=...)``), so the rule itself is a pure
+    function of the clients' updates and the reference. In the tangent space at the broadcast
+    ``θ`` (Stiefel arrays lifted with ``L_θ``, others as differences, :func:`tangent_updates`),
+    client ``i``'s update ``g_i`` gets
 
         ``c_i = cos(g_i, g_0)`` (its *agreement*), ``τ_i = c_i if c_i > threshold else 0``,
         ``a_i = w_i τ_i / Σ_j w_j τ_j`` (its effective weight, ``w_i`` its client weight),
@@ -711,6 +712,21 @@ class FLTrust(RobustAggregation):
     the tangent space) or ``θ + g`` (others). Every update counts with the reference's
     magnitude: a site cannot buy influence with a large step. When no client agrees
     (``Σ_j w_j τ_j = 0``) the model stays where it was and every effective weight is 0.
+    That is FLTrust [1]_ with the default options; three options change one step each:
+
+    * ``agreement_scope="layer"``: the cosine is taken layer by layer (the non-local arrays
+      grouped by module: ``head.weight`` and ``head.bias`` form ``head``) and ``c_i`` is their
+      mean, each layer counting the same; the magnitudes are matched layer by layer too. With
+      the whole vector the largest layer decides: on SPDnet the Stiefel weight holds three
+      quarters of the coordinates and most of an update's length, and a site with swapped
+      labels learns the same discriminative subspace as the others (the subspace does not
+      depend on the labels' names) while its head points the other way.
+    * ``trust="accept"``: ``τ_i = 1`` when ``c_i > threshold`` (else 0): a client that agrees
+      keeps its weight ``w_i`` instead of a share proportional to its cosine, which on
+      heterogeneous sites (each site's own subjects) varies from site to site far more than
+      between honest and broken ones.
+    * ``magnitude="bounded"``: ``g_i`` scaled by ``min(1, ‖g_0‖ / ‖g_i‖)``: an update is cut to
+      the reference's length, not stretched to it, so short honest updates keep their size.
 
     Why this mechanism: a data fault (swapped labels, permuted channels, noise) produces an
     update of ordinary size whose *direction* is wrong, so rules that measure distances
@@ -720,18 +736,21 @@ class FLTrust(RobustAggregation):
     tangent space at the broadcast point, where RLAvg averages them).
 
     Threat model. Meant against: sites whose data are broken (their updates point elsewhere
-    than the reference: on left/right EEG permuted channels and noise data were seen, swapped
-    labels on that near-chance task were not, ``docs/benchmarks/robust-aggregation.md``), and
-    hostile updates that point away from the reference (reversed, random) or are large
-    (scaled: normalised away).
+    than the reference, layer by layer with ``agreement_scope="layer"``; measured on
+    left/right EEG in ``docs/benchmarks/robust-aggregation.md``), and hostile updates that
+    point away from the reference (reversed, random) or are large (scaled: cut to the
+    reference's length, or stretched to it by default).
     Not protected against: a site that knows the rule and the root set's task can send an
-    update of agreement just above ``threshold`` that still moves the model by the
-    reference's full norm in a direction of its choice within that cone (a bounded, not a
-    null, influence, shared by up to ``n`` colluding sites); the rule is only as good as the
-    root set (a root set unlike the sites' data, e.g. another montage or population, makes
-    honest sites disagree with it: check the ``client_agreement`` of a fault-free run);
-    and the server's reference step costs one local training per round. It needs each
-    client's update: no secure aggregation.
+    update of agreement just above ``threshold`` that still moves the model by up to the
+    reference's norm in a direction of its choice within that cone (a bounded, not a
+    null, influence, shared by up to ``n`` colluding sites; with ``trust="accept"`` such a
+    site keeps its full weight); the rule is only as good as the root set (a root set unlike
+    the sites' data, e.g. another montage or population, or holding only some of the classes,
+    makes honest sites disagree with it: check the ``client_agreement`` of a fault-free run);
+    sites with atypical but honest data agree less and are down-weighted with them; and the
+    server's reference step costs one local training per round. The server's Adam state is
+    not part of a checkpoint: a resumed fit starts it afresh. It needs each client's update:
+    no secure aggregation.
 
     Parameters
     ----------
@@ -743,6 +762,13 @@ class FLTrust(RobustAggregation):
         Its labels, among the federation's classes.
     threshold : float in [0, 1), default=0.0
         Agreement at or below which a client gets no weight (0: FLTrust's ReLU).
+    agreement_scope : {"model", "layer"}, default="model"
+        The agreement of the whole tangent vector, or the mean of the per-layer cosines (and
+        the magnitudes matched per layer).
+    trust : {"cosine", "accept"}, default="cosine"
+        An agreeing client's weight times its cosine (FLTrust), or its weight.
+    magnitude : {"reference", "bounded"}, default="reference"
+        Each update stretched or cut to the reference's length (FLTrust), or only cut.
 
     References
     ----------
@@ -771,12 +797,18 @@ class FLTrust(RobustAggregation):
     #: The engine computes the server's reference update each round and passes it as ``reference``.
     needs_reference = True
     _parameter_constraints = {"X": ["array-like"], "y": ["array-like"],
-                              "threshold": [Interval(Real, 0, 1, closed="left")]}
+                              "threshold": [Interval(Real, 0, 1, closed="left")],
+                              "agreement_scope": [StrOptions({"model", "layer"})],
+                              "trust": [StrOptions({"cosine", "accept"})],
+                              "magnitude": [StrOptions({"reference", "bounded"})]}
 
-    def __init__(self, X, y, threshold=0.0):
+    def __init__(self, X, y, threshold=0.0, agreement_scope="model", trust="cosine", magnitude="reference"):
         self.X = X
         self.y = y
         self.threshold = threshold
+        self.agreement_scope = agreement_scope
+        self.trust = trust
+        self.magnitude = magnitude
 
     def check_params(self):
         super().check_params()
@@ -792,19 +824,45 @@ class FLTrust(RobustAggregation):
         X, y = np.ascontiguousarray(self.X), np.asarray(self.y)
         digest = hashlib.sha256(X.tobytes() + repr(y.tolist()).encode()).hexdigest()[:12]
         threshold = "" if self.threshold == 0 else f", threshold={self.threshold!r}"
-        return f"FLTrust(X=<root set {X.shape} {digest}>, y=<{len(y)} labels>{threshold})"
+        options = "".join(f", {name}={getattr(self, name)!r}" for name, default in
+                          (("agreement_scope", "model"), ("trust", "cosine"), ("magnitude", "reference"))
+                          if getattr(self, name) != default)
+        return f"FLTrust(X=<root set {X.shape} {digest}>, y=<{len(y)} labels>{threshold}{options})"
 
     def agreement(self, client_params, reference, previous, kinds):
-        """Each client's agreement ``cos(g_i, g_0)`` with the reference update in the tangent
-        space at ``previous`` (0 for a client or a reference that did not move)."""
+        """Each client's agreement with the reference update in the tangent space at
+        ``previous``: ``cos(g_i, g_0)`` (``agreement="model"``) or its smallest per-layer
+        cosine (``"layer"``); 0 for a client or a reference that did not move."""
         updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
-        return _cosines(updates, ref)
+        return self._agreement(updates, ref, self._blocks(previous, kinds))
 
     @staticmethod
     def _tangent_vectors(client_params, reference, previous, kinds):
         """The clients' and the reference's updates as tangent vectors at ``previous``, in one pass."""
         vectors = tangent_updates([*client_params, reference], previous, kinds)
         return vectors[:-1], vectors[-1]
+
+    def _blocks(self, previous, kinds):
+        """The coordinate slices of the tangent vector that are compared and scaled apart: the
+        whole vector (``agreement="model"``), or one per layer (``"layer"``: the non-local
+        arrays grouped by module, the name up to its last dot: ``head.weight`` and ``head.bias``
+        form ``head``)."""
+        names = [name for name, kind in kinds.items() if kind != "local"]
+        sizes = [np.asarray(previous[name]).size for name in names]
+        if self.agreement_scope == "model":
+            return [slice(0, sum(sizes))]
+        blocks, start = {}, 0
+        for name, size in zip(names, sizes):
+            layer = name.rsplit(".", 1)[0]
+            first, _ = blocks.get(layer, (start, start))
+            blocks[layer] = (first, start + size)
+            start += size
+        return [slice(first, end) for first, end in blocks.values()]
+
+    @staticmethod
+    def _agreement(updates, ref, blocks):
+        """The mean, over ``blocks`` (each counting the same), of each client's cosine with the reference."""
+        return np.mean([_cosines(updates[:, block], ref[block]) for block in blocks], axis=0)
 
     def aggregate(self, client_params, weights, previous, kinds, reference=None):
         weights = self._normalised_weights(client_params, weights, previous, kinds)
@@ -815,15 +873,19 @@ class FLTrust(RobustAggregation):
             raise ValueError("FLTrust works in the tangent space at the previous global model: previous must be given")
         names = [name for name, kind in kinds.items() if kind != "local"]
         updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
-        ref_norm = np.linalg.norm(ref)
-        agreement = _cosines(updates, ref)
-        trust = np.where(agreement > self.threshold, agreement, 0.0) * weights
+        blocks = self._blocks(previous, kinds)
+        agreement = self._agreement(updates, ref, blocks)
+        trust = np.where(agreement > self.threshold, agreement if self.trust == "cosine" else 1.0, 0.0) * weights
         if not trust.sum() > 0:
             return {name: np.asarray(previous[name], dtype=np.float64) for name in names}, np.zeros(len(weights))
         shares = trust / trust.sum()
-        norms = np.linalg.norm(updates, axis=1)
-        scale = np.divide(ref_norm, norms, out=np.zeros_like(norms), where=norms > 0)
-        step = (shares * scale) @ updates
+        step = np.zeros_like(ref)
+        for block in blocks:  # each update at the reference's length, block by block
+            norms = np.linalg.norm(updates[:, block], axis=1)
+            scale = np.divide(np.linalg.norm(ref[block]), norms, out=np.zeros_like(norms), where=norms > 0)
+            if self.magnitude == "bounded":  # at most the reference's length: a short update keeps its own
+                scale = np.minimum(scale, 1.0)
+            step[block] = (shares * scale) @ updates[:, block]
         out, start = {}, 0
         for name in names:
             base = np.asarray(previous[name], dtype=np.float64)

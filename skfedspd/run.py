@@ -521,10 +521,15 @@ class FederatedRun:
                 raise ValueError(f"its matrices have shape {tuple(site.reply.shape)}, the sites' {tuple(shape)}")
         except ValueError as error:
             raise ValueError(f"aggregation={rule!r}: the root set does not fit this fit: {error}") from error
-        n_epochs = self.fed.local_epochs
+        n_epochs, keep = self.fed.local_epochs, self.fed.client_optimizer_state == "keep"
+        kept = {}  # the server's Adam state between rounds, as a client's under client_optimizer_state="keep"
 
         def update(global_params, seed, lr):
-            return site.train_update(global_params, None, seed=seed, lr=lr, n_epochs=n_epochs).params
+            reply = site.train_update(global_params, None, seed=seed, lr=lr, n_epochs=n_epochs,
+                                      optimizer_state=kept.get("state", {}) if keep else None)
+            if keep and reply.optimizer_state is not None:
+                kept["state"] = reply.optimizer_state
+            return reply.params
 
         return update
 

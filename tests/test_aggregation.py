@@ -1128,3 +1128,112 @@ def test_fltrust_is_a_cloneable_rule_named_by_its_root_set():
     assert rule_name(FLTrust(ROOT[0], [1, 0, 1, 0])) != rule_name(FLTrust(*ROOT))
     with pytest.raises(ValueError, match="needs each client's update"):
         get_aggregation(rule, secure=True)
+
+
+# FLTrust per layer (agreement_scope="layer")
+
+
+def _two_layers(previous, head, bias, other):
+    """Clients of a model with two layers: ``head`` (weight and bias) and ``other``."""
+    return {"head.weight": previous["head.weight"] + head, "head.bias": previous["head.bias"] + bias,
+            "other.weight": previous["other.weight"] + other}
+
+
+TWO_LAYERS = {"head.weight": "euclidean", "head.bias": "euclidean", "other.weight": "euclidean",
+              "bn.running_mean": "local"}
+
+
+def test_fltrust_per_layer_sees_a_client_that_disagrees_on_one_small_layer():
+    """A client whose large layer agrees and whose small layer (the head) points against the
+    reference: the whole-vector cosine trusts it, the per-layer agreement (the mean of its
+    per-layer cosines, each layer counting the same) does not. Weight and bias of a module form
+    one layer."""
+    rng = np.random.default_rng(0)
+    previous = {"head.weight": rng.standard_normal((2, 3)), "head.bias": rng.standard_normal(2),
+                "other.weight": rng.standard_normal((10, 10))}
+    head, bias, other = rng.standard_normal((2, 3)), rng.standard_normal(2), rng.standard_normal((10, 10))
+    reference = _two_layers(previous, head, bias, other)
+    honest = _two_layers(previous, 2 * head, 2 * bias, other)
+    swapped = _two_layers(previous, -head, -bias, other)  # the head reversed, the large layer the same
+    clients = [honest, swapped]
+    whole = FLTrust(*ROOT).agreement(clients, reference, previous, TWO_LAYERS)
+    layer = FLTrust(*ROOT, agreement_scope="layer").agreement(clients, reference, previous, TWO_LAYERS)
+    assert whole[1] > 0.5  # the large layer dominates the whole vector
+    np.testing.assert_allclose(layer, [1.0, 0.0], atol=1e-12)  # (1 + 1) / 2 and (−1 + 1) / 2
+    out, effective = FLTrust(*ROOT, agreement_scope="layer").aggregate(clients, [0.5, 0.5], previous, TWO_LAYERS,
+                                                                       reference=reference)
+    np.testing.assert_allclose(effective, [1.0, 0.0])
+    for name in previous:  # the honest client at the reference's length, layer by layer: the reference
+        np.testing.assert_allclose(out[name], reference[name], atol=1e-12)
+
+
+def test_fltrust_per_layer_scales_each_layer_to_the_reference_length():
+    rng = np.random.default_rng(1)
+    previous = {"head.weight": np.zeros((2, 3)), "head.bias": np.zeros(2), "other.weight": np.zeros((10, 10))}
+    head, bias, other = rng.standard_normal((2, 3)), rng.standard_normal(2), rng.standard_normal((10, 10))
+    reference = _two_layers(previous, head, bias, other)
+    client = _two_layers(previous, 10 * head, 10 * bias, 0.01 * other)  # right directions, wrong sizes
+    out, _ = FLTrust(*ROOT, agreement_scope="layer").aggregate([client], [1.0], previous, TWO_LAYERS,
+                                                               reference=reference)
+    for name in previous:
+        np.testing.assert_allclose(out[name], reference[name], atol=1e-12)
+    whole, _ = FLTrust(*ROOT).aggregate([client], [1.0], previous, TWO_LAYERS, reference=reference)
+    assert not np.allclose(whole["other.weight"], reference["other.weight"])  # one scale for the whole vector
+
+
+@pytest.mark.parametrize("shape", SHAPES[:3])
+def test_fltrust_per_layer_on_a_stiefel_model_is_the_whole_rule_on_one_layer(shape):
+    """With one non-local layer the two scopes agree; with the Stiefel weight and the head they
+    take each layer's cosine (the Stiefel one in the tangent space at the broadcast)."""
+    p, k = shape
+    previous, clients, w = _clients(p, k, 4, 0.2, seed=p)
+    reference = clients.pop()
+    kinds = _kinds()
+    layer = FLTrust(*ROOT, agreement_scope="layer")
+    updates = tangent_updates(clients, previous, kinds)
+    ref = tangent_updates([reference], previous, kinds)[0]
+    n_w = p * k
+    cos = [updates[:, s] @ ref[s] / np.linalg.norm(updates[:, s], axis=1) / np.linalg.norm(ref[s])
+           for s in (slice(0, n_w), slice(n_w, None))]
+    np.testing.assert_allclose(layer.agreement(clients, reference, previous, kinds), (cos[0] + cos[1]) / 2,
+                               rtol=1e-12)
+    out, effective = layer.aggregate(clients, w[:3], previous, kinds, reference=reference)
+    assert orthonormality_error(out[STIEFEL]) <= 1e-12 and effective.sum() in (0.0, pytest.approx(1.0))
+    one = {STIEFEL: "stiefel"}
+    only_w = [{STIEFEL: c[STIEFEL]} for c in clients]
+    a, ea = layer.aggregate(only_w, w[:3], previous, one, reference={STIEFEL: reference[STIEFEL]})
+    b, eb = FLTrust(*ROOT).aggregate(only_w, w[:3], previous, one, reference={STIEFEL: reference[STIEFEL]})
+    np.testing.assert_allclose(a[STIEFEL], b[STIEFEL], atol=1e-14)
+    np.testing.assert_allclose(ea, eb)
+
+
+def test_fltrust_accept_gives_every_agreeing_client_its_weight_and_bounded_keeps_short_updates():
+    previous = {"head.weight": np.zeros((3, 3)), "head.bias": np.zeros(3)}
+    e = np.eye(12)
+    reference = _euclidean(previous, 2.0 * e[0])
+    # agreements 1, 0.6, 0.2, -1
+    steps = [e[0], 0.6 * e[0] + 0.8 * e[1], 5.0 * (0.2 * e[0] + np.sqrt(0.96) * e[2]), -e[0]]
+    clients = [_euclidean(previous, step) for step in steps]
+    w = np.array([0.1, 0.2, 0.3, 0.4])
+    out, effective = FLTrust(*ROOT, trust="accept", magnitude="bounded").aggregate(clients, w, previous, EUCLIDEAN,
+                                                                                   reference=reference)
+    np.testing.assert_allclose(effective, [1 / 6, 2 / 6, 3 / 6, 0.0])  # the weights of the agreeing clients
+    # unit and 1-long updates kept as they are (shorter than the reference's 2), the 5-long one cut to 2
+    expected = (1 * steps[0] + 2 * steps[1] + 3 * steps[2] * 2 / 5) / 6
+    np.testing.assert_allclose(np.concatenate([out["head.weight"].ravel(), out["head.bias"]]), expected, atol=1e-12)
+    _, cosine = FLTrust(*ROOT).aggregate(clients, w, previous, EUCLIDEAN, reference=reference)
+    np.testing.assert_allclose(cosine, np.array([0.1, 0.12, 0.06, 0.0]) / 0.28)
+
+
+@pytest.mark.parametrize("name, value", [("agreement_scope", "array"), ("trust", "relu"), ("magnitude", "clip")])
+def test_fltrust_options_are_checked_parameters(name, value):
+    with pytest.raises(ValueError, match=f"'{name}' parameter of FLTrust"):
+        get_aggregation(FLTrust(*ROOT, **{name: value}))
+
+
+def test_fltrust_scope_is_a_checked_parameter_in_its_name():
+    assert rule_name(FLTrust(*ROOT, agreement_scope="layer")).endswith(", agreement_scope='layer')")
+    assert rule_name(FLTrust(*ROOT, agreement_scope="layer")) != rule_name(FLTrust(*ROOT))
+    assert "agreement_scope" not in rule_name(FLTrust(*ROOT))
+    with pytest.raises(ValueError, match="needs each client's update"):
+        get_aggregation(FLTrust(*ROOT, agreement_scope="layer"), secure=True)

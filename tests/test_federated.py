@@ -1666,3 +1666,31 @@ def test_fltrust_reference_step_trains_with_the_class_weights(class_weight):
     X, y, groups, root, _ = _broken_federation(0, None, n_sites=3, n_per_site=20, n_root=20)
     fed = _fed(_estimator(class_weight=class_weight), aggregation=FLTrust(*root), n_rounds=1).fit(X, y, groups=groups)
     assert len(fed.history_[0]["client_agreement"]) == 3
+
+
+@pytest.mark.parametrize("policy", ["keep", "reset"])
+def test_fltrust_reference_step_keeps_its_adam_state_as_the_clients_do(policy, monkeypatch):
+    """The server trains its reference as a client trains: with ``client_optimizer_state="keep"``
+    its Adam state carries from round to round (a fresh Adam each round moves much farther than
+    the clients' kept ones, and every client's step is scaled to the reference's length), with
+    ``"reset"`` it starts afresh every round."""
+    from skfedspd.client import Site
+
+    X, y, groups, root, _ = _broken_federation(0, None, n_sites=3, n_per_site=20, n_root=20)
+    seen, original = [], Site.train_update
+
+    def spy(self, global_params, local_state, **kwargs):
+        reply = original(self, global_params, local_state, **kwargs)
+        if self.client_id == 3:  # the server's root-set site, numbered after the 3 sites
+            seen.append((kwargs.get("optimizer_state"), reply.optimizer_state))
+        return reply
+
+    monkeypatch.setattr(Site, "train_update", spy)
+    _fed(aggregation=FLTrust(*root), n_rounds=3, client_optimizer_state=policy).fit(X, y, groups=groups)
+    assert len(seen) == 3
+    if policy == "reset":
+        assert all(given is None for given, _ in seen)
+    else:
+        assert seen[0][0] == {}
+        for (_, after), (given, _) in zip(seen, seen[1:]):
+            assert given is after  # the state the previous round's reference step left

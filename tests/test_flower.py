@@ -104,6 +104,9 @@ def spd():
     dict(groups=True, aggregation=TrimmedMean(trim=0.25)),
     # the server's reference update on a root set, computed where the run's estimator lives
     dict(groups=True, aggregation=FLTrust(*make_spd_dataset(12, N_CHANNELS, 3, seed=1))),
+    # its options (the gate), and the reference's Adam state kept between rounds on the server
+    dict(groups=True, aggregation=FLTrust(*make_spd_dataset(12, N_CHANNELS, 3, seed=1), agreement_scope="layer",
+                                          trust="accept", magnitude="bounded")),
 ])
 def test_simulation_bit_identical_to_local(spd, config):
     X, y = spd

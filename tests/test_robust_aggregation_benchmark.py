@@ -1,20 +1,28 @@
-"""The fault-injection harness's faults (``benchmarks/robust_aggregation.py``): what each does to
-a site's data or update, on small synthetic arrays (no EEG, no fitting); the restated
-protocol's scores (honest sites' subjects against fault-free ProjAvg, faulty sites' subjects
-apart, the diagnosis) on hand-made records; the left/right protocol's root set."""
+"""The robust-aggregation experiment's pieces (``python -m benchmarks.experiments
+robust-aggregation``): what each fault does to a site's data or update, on small synthetic
+arrays (no EEG, no fitting); the scores (honest clients' subjects, faulty clients' subjects),
+the diagnosis and the record on hand-made fits; the root set's draw."""
+
+import argparse
+import json
 
 import numpy as np
 import pytest
 
-from benchmarks.robust_aggregation import (
+from benchmarks.experiments import robust_aggregation as experiment
+from benchmarks.experiments.robust_aggregation import (
     MAX_UPDATE_NORM,
     ROOT_SIZE,
     CorruptedUpdates,
+    client_split,
     draw_root_set,
+    flagged,
     inject_data_fault,
-    restated_report,
-    subject_score,
+    named,
+    plan,
+    score,
 )
+from benchmarks.records.store import read_record
 from skfedspd.aggregation import FLTrust, projavg
 from skfedspd.datasets import make_spd_classification
 from skfedspd.stiefel import lift, random_stiefel
@@ -73,45 +81,86 @@ def test_data_faults_change_the_site_only(fault):
         np.testing.assert_allclose(np.linalg.eigvalsh(Xf[rows]), np.linalg.eigvalsh(X[rows]))
 
 
-def _fit_record(rule, fault, n_faulty, seed, correct, trust, n_classes=2):
-    """A fit's record: one test trial of each class per site of 8, the first ``correct[site]`` right."""
-    site = np.repeat(np.arange(8), n_classes)
-    y_test = np.tile(np.arange(n_classes), 8)
-    pred = np.where(np.tile(np.arange(n_classes), 8) < np.repeat(correct, n_classes), y_test, (y_test + 1) % n_classes)
-    return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "site": site.tolist(),
-            "y_test": y_test.tolist(), "pred": pred.tolist(), "trust": trust}
+def _fit(rule, fault, n_faulty, seed, correct, trust, n_clients=20):
+    """A fit: two test trials (one per class) per client, the first ``correct[client]`` right."""
+    client = np.repeat(np.arange(n_clients), 2)
+    y_test = np.tile([0, 1], n_clients)
+    pred = np.where(np.tile([0, 1], n_clients) < np.repeat(correct, 2), y_test, 1 - y_test)
+    rounds = None if trust is None else [list(trust)] * 3
+    return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "client": client.tolist(),
+            "y_test": y_test.tolist(), "pred": pred.tolist(), "trust": trust, "round_trust": rounds,
+            "best_round": 2, "val_f1": [0.5, 0.6, 0.55], "cpu_seconds": 1.0}
 
 
-@pytest.mark.parametrize("n_classes", [2, 4])  # balanced accuracy, macro-F1
-def test_subject_score_scores_the_chosen_sites_only(n_classes):
-    record = _fit_record("projavg", "none", 0, 0, [n_classes] * 4 + [0] * 4, [1.0] * 8, n_classes=n_classes)
-    assert subject_score(record, range(4)) == 1.0 and subject_score(record, range(4, 8)) == 0.0
-    assert subject_score(record, range(2, 6)) == pytest.approx(0.5)
+def test_score_scores_the_chosen_clients_subjects_only():
+    fit = _fit("projavg", "none", 0, 0, [2] * 4 + [0] * 16, [1.0] * 20)
+    assert score(fit, range(4)) == 100.0 and score(fit, range(4, 20)) == 0.0  # balanced accuracy (%)
+    assert score(fit, range(2, 6)) == pytest.approx(50.0)
 
 
-def test_restated_report_pairs_honest_subjects_and_names_the_faulty_sites():
-    honest_trust, suspects = [1.0] * 8, [0.0, 0.1] + [1.2] * 6
-    records = [_fit_record("projavg", "none", 0, seed, [2] * 8, honest_trust) for seed in (0, 1)]
-    records += [_fit_record("fltrust", "none", 0, seed, [2] * 8, [0.4] + [1.1] * 7 if seed else honest_trust)
-                for seed in (0, 1)]
-    # the faulty sites' own subjects lose, the honest ones keep all (seed 0) or lose one site (seed 1)
-    records += [_fit_record("fltrust", "labels", 2, seed, [0, 0] + [2] * (5 + seed) + [1] * (1 - seed),
-                            suspects if seed else honest_trust) for seed in (0, 1)]
-    text = restated_report(records, ["projavg", "fltrust"], ["labels"], 2)
-    rows = {tuple(line.split(" | ")[:2]): line for line in text.splitlines() if line.startswith("| ")}
-    assert rows[("| projavg", "none")].endswith("| 100.0 | +0.0 ± 0.0 | 100.0% | 100.0 | false alarms 0/2 |")
-    assert rows[("| fltrust", "none")].endswith("| false alarms 1/2 |")
-    labels = rows[("| fltrust", "labels")].split(" | ")
-    assert labels[2] == "2" and labels[6] == "0.0" and labels[7] == "1/2 |"  # seed 0's equal trusts name nobody
-    assert float(labels[4].split(" ± ")[0]) < 0 and 0.9 < float(labels[5].rstrip("%")) / 100 < 1
+def test_named_and_flagged_read_the_trust_over_the_fit():
+    trust = [0.1, 0.3, 0.2, 0.45] + [0.6] + [1.1] * 15
+    fit = _fit("fltrust", "labels", 4, 0, [2] * 20, trust)
+    assert named(fit, 4) and flagged(fit, range(4)) == 4 and flagged(fit, range(4, 20)) == 0
+    tie = _fit("fltrust", "labels", 4, 0, [2] * 20, [0.4] * 4 + [0.4] + [1.0] * 15)
+    assert not named(tie, 4)  # an honest client as little trusted as a faulty one: not named
 
 
-def test_root_set_is_a_seeded_stratified_draw_of_the_public_corpus():
-    X, y = make_spd_classification(n_matrices=200, n_channels=4, n_classes=2, seed=0)
-    root = draw_root_set((X, y), seed=1)
+def test_plan_fits_each_rule_without_fault_and_the_dropped_reference_with_projavg_only():
+    runs = plan(["projavg", "fltrust"], ["labels", "dropped"], 4, [0, 1])
+    assert ("projavg", "none", 0, 0) in runs and ("fltrust", "labels", 4, 1) in runs
+    assert ("projavg", "dropped", 4, 0) in runs and ("fltrust", "dropped", 4, 0) not in runs
+    assert len(runs) == 2 * (2 + 2 + 1)
+
+
+def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monkeypatch):
+    """The record of hand-made fits: per-seed scores of each row, the diagnosis as facts."""
+    monkeypatch.setattr(experiment, "RECORDS", tmp_path)
+    monkeypatch.setattr(experiment, "costs", lambda root_size: {"reference_step_ms": "12"})
+    args = argparse.Namespace(seeds=[0, 1], rounds=3, faulty=[4], faults=["labels"], rules=["projavg", "fltrust"],
+                              root_size=16, out=tmp_path / "fits")
+    args.out.mkdir()
+    honest_trust, suspects = [1.0] * 20, [0.1, 0.2, 0.3, 0.2] + [1.2] * 16
+    fits = [_fit("projavg", "none", 0, s, [2] * 20, None) for s in (0, 1)]
+    fits += [_fit("projavg", "labels", 4, s, [0] * 4 + [2] * 16, None) for s in (0, 1)]
+    fits += [_fit("fltrust", "none", 0, s, [2] * 20, honest_trust if s else [0.4] + [1.0] * 19) for s in (0, 1)]
+    fits += [_fit("fltrust", "labels", 4, s, [0] * 4 + [2] * (15 + s) + [1] * (1 - s), suspects if s else
+                  honest_trust) for s in (0, 1)]
+    for fit in fits:
+        path = experiment.fit_path(args.out, fit["rule"], fit["fault"], fit["n_faulty"], fit["seed"], 3, 16)
+        path.write_text(json.dumps(fit))
+    experiment.record(args, 4, 10.0)
+    record = read_record("robust-aggregation-f4", folder=tmp_path)
+    assert record["reference"] == "projavg/none" and record["paired_by"] == "seed"
+    rows = record["rows"]
+    assert rows["projavg/labels"]["scores"]["honest"] == {"0": 100.0, "1": 100.0}
+    assert rows["projavg/labels"]["scores"]["faulty"] == {"0": 0.0, "1": 0.0}
+    assert rows["fltrust/labels"]["scores"]["honest"]["0"] == pytest.approx(100 * (15 + 0.5) / 16)
+    facts = record["facts"]
+    assert facts["named/fltrust/labels"] == "1 of 2" and facts["false_alarms/fltrust/none"] == "1 of 40"
+    assert facts["honest_flagged/fltrust/labels"] == "0 of 32" and facts["faulty_flagged/fltrust/labels"] == "4 of 8"
+    assert facts["kept/projavg/none"] == "100.0 %" and "named/projavg/labels" not in facts  # ProjAvg: no trust
+    assert facts["named_all/fltrust"] == "1 of 2 (50 %)" and facts["false_alarm_rate/fltrust"] == "1 of 40 (2 %)"
+    assert facts["trust_curves"]["fltrust/labels"] == [[1.0] * 20] * 1  # the 5-round means of seed 0
+    experiment.figure(record, tmp_path / "trust.png")
+    assert (tmp_path / "trust.png").stat().st_size > 0
+
+
+def test_client_split_holds_out_each_clients_own_share():
+    y = np.tile([0, 1], 40)
+    subjects = np.repeat(np.arange(8), 10)
+    train, test = client_split(y, subjects, seed=0)
+    assert len(set(train) & set(test)) == 0 and len(train) + len(test) == 80
+    for pair in range(4):  # each client of 2 subjects holds out 3 of its 20 trials
+        assert np.isin(subjects[test], [2 * pair, 2 * pair + 1]).sum() == 3
+
+
+def test_root_set_is_a_seeded_stratified_draw():
+    X, y = make_spd_classification(n_matrices=400, n_channels=4, n_classes=2, seed=0)
+    root = draw_root_set(X, y, seed=1)
     assert len(root[1]) == ROOT_SIZE and abs(np.mean(root[1]) - np.mean(y)) < 0.02
-    np.testing.assert_array_equal(draw_root_set((X, y), seed=1)[0], root[0])
-    assert not np.array_equal(draw_root_set((X, y), seed=2)[0], root[0])
+    np.testing.assert_array_equal(draw_root_set(X, y, seed=1)[0], root[0])
+    assert not np.array_equal(draw_root_set(X, y, seed=2)[0], root[0])
 
 
 def test_corrupted_updates_reach_a_rule_with_a_reference():
@@ -125,3 +174,10 @@ def test_corrupted_updates_reach_a_rule_with_a_reference():
     agreement = rule.agreement(clients, reference, previous, KINDS)
     _, effective = rule.aggregate(clients, np.full(3, 1 / 3), previous, KINDS, reference=reference)
     assert agreement[2] < 0 < min(agreement[:2]) and effective[2] == 0 and effective[:2].sum() == pytest.approx(1)
+
+
+def test_costs_time_the_rule_and_the_reference_step():
+    costs = experiment.costs(8, reps=2)
+    assert set(costs) == {"aggregation_ms/projavg", "aggregation_ms/fltrust", "aggregation_ms/fltrust-gate",
+                          "reference_step_ms"}
+    assert all(float(value) > 0 for value in costs.values())

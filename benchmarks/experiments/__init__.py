@@ -21,8 +21,10 @@ client-domains ablation), ``online`` (trial by trial), ``drift`` (why the first 
 worse than recent ones), ``defaults`` (the rules behind ``SPDnetClassifier``'s defaults),
 ``client-optimizer-state`` (kept or fresh client Adam), ``table-one-ablation`` (what moves
 the Table I figures, on its 4-class protocol), ``flower-table-one`` (a Table I cell through
-a Flower deployment on this machine against the local backend) and ``moabb`` (MOABB's
-within-session and cross-subject evaluations against pyRiemann).
+a Flower deployment on this machine against the local backend), ``moabb`` (MOABB's
+within-session and cross-subject evaluations against pyRiemann) and ``robust-aggregation``
+(faulty and hostile sites per aggregation rule, the honest sites' subjects against the
+fault-free federation, and the diagnosis; it writes its record).
 
 Records of the results live in :mod:`benchmarks.records`; the machine is described by
 :mod:`benchmarks._machine`, shared with the speed scripts (``bench_*.py``).

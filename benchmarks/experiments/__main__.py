@@ -17,6 +17,7 @@ from . import (  # noqa: E402
     flower_table_one,
     moabb_evaluation,
     online,
+    robust_aggregation,
     table_one,
     table_one_ablation,
     unseen_subjects,
@@ -32,6 +33,7 @@ EXPERIMENTS = {
     "table-one-ablation": table_one_ablation,
     "flower-table-one": flower_table_one,
     "moabb": moabb_evaluation,
+    "robust-aggregation": robust_aggregation,
 }
 
 

@@ -1,0 +1,477 @@
+"""Robust aggregation: can a few faulty sites damage the model for everyone else, and can the federation name them?
+
+The federation: left/right imagery of the 40 offline PhysioNet subjects (:mod:`.data`), 20
+clients of 2 subjects (sorted subject ids, two by two), each client's own stratified 85/15
+train/test split (seeded), ``FederatedSPDnetClassifier`` with the package defaults
+(:func:`.pipelines.fedspdnet`) and the rule under test; ``--rounds`` rounds. The first
+``--faulty`` clients (4 or 5 of 20) are faulty, in training only; the test trials are every
+client's true ones.
+
+Scores. The score that matters is the balanced accuracy on the **honest sites' subjects**
+(their held-out trials, pooled), compared with the fault-free ProjAvg federation on the same
+subjects, paired over seeds (same splits and initial models); the **faulty sites' subjects**
+are scored apart (they lose their only training data when their site is set aside: no rule
+can keep their score).
+
+Faults (training only):
+
+* ``labels``: the site's labels swapped; ``channels``: its channels permuted (``P X Pᵀ``, one
+  random permutation per site); ``noise``: it trains on random SPD matrices (white-noise
+  sample covariances) of its data's mean trace;
+* ``reversed``: the site's update reversed, ``R_W(−L_W(W_i))`` on Stiefel arrays,
+  ``θ − (θ_i − θ)`` otherwise (``W``, ``θ``: the broadcast); ``scaled``: its update scaled to
+  0.99 of the ``max_update_norm`` bound (1e3, the default), the largest reply the engine accepts;
+* ``dropped`` (a reference, not a fault): the federation without the faulty sites, ProjAvg.
+
+Rules: ``projavg`` (no defence), ``trimmedmean`` (``TrimmedMean(trim=0.25)``), ``geomedian``,
+``krum`` (multi-Krum, ``n_faulty`` the number of faulty clients), ``fltrust``
+(``FLTrust(X, y)``: agreement of the whole tangent vector, trust proportional to it, each
+update stretched to the reference's length), ``fltrust-layer`` (``FLTrust(X, y,
+agreement_scope="layer", magnitude="bounded")``: the mean of the per-layer cosines, each
+update cut to the reference's length) and ``fltrust-gate`` (the same with
+``trust="accept"``: an agreeing client keeps its weight). The root set: ``--root-size``
+trials drawn (stratified, per seed) from the clients' clean training trials, as in the
+FLTrust paper's evaluation (the server holds a small clean sample of the federation's
+population); with all 40 offline subjects in the federation no public subject is left for a
+root set of its own.
+
+Diagnosis, from each fit's ``client_trust_`` (mean over rounds of a client's effective weight
+over its weight): a faulty fit *names* its faulty clients when they are the ``n_faulty`` least
+trusted; a client is *flagged* when its trust is below 0.5 (``DOWNWEIGHT_RATIO``, the
+engine's down-weighting threshold, ``trust_summary_``); a *false alarm* is a flagged honest
+client, counted over the clients of the fault-free fits.
+
+Each fit is one JSON file under ``--out`` (a run resumes); the record
+``robust-aggregation-f{n}`` (one per number of faulty clients) holds per-seed scores, the
+diagnosis and the trust curves of the figure, which is drawn from the record
+(``docs/benchmarks/figures/robust_aggregation_trust.png``).
+
+    python -m benchmarks.experiments robust-aggregation --seeds 0 1 2 --rounds 80 --faulty 4 \\
+        --rules projavg fltrust-gate --faults labels channels noise
+    python -m benchmarks.experiments robust-aggregation --seeds 0 1 2 --rounds 80 --faulty 4 \\
+        --rules projavg fltrust-gate trimmedmean fltrust fltrust-layer \\
+        --faults labels channels noise reversed scaled dropped --report-only --record
+
+(the page ``docs/benchmarks/robust-aggregation.md`` lists the runs of its record).
+"""
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from sklearn.metrics import balanced_accuracy_score
+from sklearn.model_selection import train_test_split
+
+from benchmarks.records.store import RECORDS, read_record, write_record
+from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, get_aggregation
+from skfedspd.engine import DOWNWEIGHT_RATIO
+from skfedspd.federated import make_clients
+from skfedspd.stiefel import lift, retract
+from skfedspd.training import torch_threads
+
+from .data import load_left_right
+from .pipelines import fedspdnet
+
+SUBJECTS_PER_CLIENT, TEST_FRACTION, ROOT_SIZE = 2, 0.15, 256
+DATA_FAULTS = ("labels", "channels", "noise")
+UPDATE_FAULTS = ("reversed", "scaled")
+DROPPED = "dropped"
+FAULTS = DATA_FAULTS + UPDATE_FAULTS + (DROPPED,)
+RULES = ("projavg", "trimmedmean", "geomedian", "krum", "fltrust", "fltrust-layer", "fltrust-gate")
+LABELS = {"projavg": "ProjAvg", "trimmedmean": "trimmed mean", "geomedian": "geometric median",
+          "krum": "multi-Krum", "fltrust": "FLTrust", "fltrust-layer": "FLTrust per layer",
+          "fltrust-gate": "FLTrust gate"}
+FAULT_LABELS = {"none": "no fault", "labels": "labels swapped", "channels": "channels permuted",
+                "noise": "noise data", "reversed": "reversed update", "scaled": "scaled update",
+                DROPPED: "faulty sites dropped"}
+#: The engine's default bound on a reply's move (``max_update_norm``), which the scaled update fills
+#: to ``SCALED_SHARE``.
+MAX_UPDATE_NORM, SCALED_SHARE = 1e3, 0.99
+#: What the study is asked to show (the record keeps them beside the measurements).
+TARGETS = {"target_kept": "97 %", "target_fault_free": "1 point", "target_named": "95 %",
+           "target_false_alarms": "5 %"}
+FIGURE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "figures" / "robust_aggregation_trust.png"
+
+
+def add_arguments(parser):
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--rounds", type=int, default=80)
+    parser.add_argument("--faulty", type=int, nargs="+", default=[4], help="faulty clients of 20")
+    parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(DATA_FAULTS))
+    parser.add_argument("--rules", nargs="+", choices=RULES, default=["projavg", "fltrust-gate"])
+    parser.add_argument("--root-size", type=int, default=ROOT_SIZE)
+    parser.add_argument("--out", type=Path, default=Path("results/robust-aggregation"))
+    parser.add_argument("--report-only", action="store_true", help="fit nothing: record what --out holds")
+    parser.add_argument("--record", action="store_true", help="write the records (and the figure) at the end")
+
+
+class CorruptedUpdates:
+    """An aggregation rule whose clients at ``positions`` (in the order the rule receives the
+    accepted replies: client-id order) send a corrupted update: ``"reversed"`` or ``"scaled"``
+    (see the module docstring). Deterministic; the wrapped ``rule`` sees the corrupted arrays."""
+
+    def __init__(self, rule, fault, positions):
+        self.rule, self.fault, self.positions = rule, fault, tuple(positions)
+        #: A rule with the server's reference update (FLTrust) gets it through, on the corrupted
+        #: arrays; the run trains the reference on the rule's root set.
+        self.needs_reference = getattr(rule, "needs_reference", False)
+        if self.needs_reference:
+            self.X, self.y = rule.X, rule.y
+
+    def __call__(self, client_params, weights, previous, kinds):
+        return get_aggregation(self.rule)(self.corrupt_all(client_params, previous, kinds), weights, previous, kinds)
+
+    def aggregate(self, client_params, weights, previous, kinds, reference=None):
+        corrupted = self.corrupt_all(client_params, previous, kinds)
+        if self.needs_reference:
+            return self.rule.aggregate(corrupted, weights, previous, kinds, reference=reference)
+        return self.rule.aggregate(corrupted, weights, previous, kinds)
+
+    def agreement(self, client_params, reference, previous, kinds):
+        return self.rule.agreement(self.corrupt_all(client_params, previous, kinds), reference, previous, kinds)
+
+    def corrupt_all(self, client_params, previous, kinds):
+        return [self.corrupt(params, previous, kinds) if i in self.positions else params
+                for i, params in enumerate(client_params)]
+
+    def corrupt(self, params, previous, kinds):
+        out = dict(params)
+        for name, kind in kinds.items():
+            if kind == "local":
+                continue
+            base = np.asarray(previous[name], dtype=np.float64)
+            value = np.asarray(params[name], dtype=np.float64)
+            step = lift(base, value) if kind == "stiefel" else value - base
+            if self.fault == "reversed":
+                step = -step
+            else:  # scaled: the longest step the bound admits (a Stiefel array cannot go that far)
+                bound = SCALED_SHARE * MAX_UPDATE_NORM * (1 + np.linalg.norm(base))
+                step = step * (bound / max(np.linalg.norm(step), 1e-12))
+            new = retract(base, step) if kind == "stiefel" else base + step
+            out[name] = new.astype(np.asarray(params[name]).dtype)
+        return out
+
+
+def inject_data_fault(fault, X, y, rows, rng):
+    """Copies of ``(X, y)`` with the data fault applied to the samples ``rows`` of one site."""
+    X, y = X.copy(), y.copy()
+    if fault == "labels":
+        classes = np.unique(y)
+        y[rows] = classes[(np.searchsorted(classes, y[rows]) + 1) % len(classes)]
+    elif fault == "channels":
+        perm = rng.permutation(X.shape[1])
+        X[rows] = X[rows][:, perm][:, :, perm]
+    elif fault == "noise":
+        n_channels = X.shape[1]
+        scale = np.mean(np.trace(X[rows], axis1=1, axis2=2)) / n_channels
+        noise = rng.standard_normal((len(rows), n_channels, 4 * n_channels))
+        X[rows] = scale * noise @ noise.transpose(0, 2, 1) / noise.shape[2]
+    return X, y
+
+
+def client_split(y, subjects, seed, per_client=SUBJECTS_PER_CLIENT):
+    """Clients of ``per_client`` subjects; each client's own stratified 85/15 split. Index arrays."""
+    client_idx, _ = make_clients(subjects, groups_per_client=per_client)
+    train, test = [], []
+    for i, idx in enumerate(client_idx):
+        tr, te = train_test_split(idx, test_size=TEST_FRACTION, stratify=y[idx], random_state=seed * 1000 + i)
+        train.append(tr)
+        test.append(te)
+    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
+
+
+def draw_root_set(X, y, seed, size=ROOT_SIZE):
+    """``size`` trials of ``(X, y)``, stratified, drawn by ``seed``."""
+    rows, _ = train_test_split(np.arange(len(y)), train_size=size, stratify=y, random_state=seed)
+    return X[rows], y[rows]
+
+
+def make_rule(rule, n_faulty, root):
+    if rule == "projavg":
+        return "projavg"
+    if rule == "trimmedmean":
+        return TrimmedMean(trim=0.25)
+    if rule == "geomedian":
+        return GeometricMedian()
+    if rule == "krum":
+        return Krum(n_faulty=max(n_faulty, 1))
+    if rule == "fltrust":
+        return FLTrust(*root)
+    # per layer, updates bounded by the reference's length; the gate accepts or rejects
+    return FLTrust(*root, agreement_scope="layer", trust="accept" if rule == "fltrust-gate" else "cosine",
+                   magnitude="bounded")
+
+
+def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE):
+    """One fit: its test predictions with each trial's client, the clients' trust (over the fit
+    and per round), its best round and validation curve."""
+    X, y, subjects = data
+    train, test = client_split(y, subjects, seed)
+    client_rows, client_subjects = make_clients(subjects[train], groups_per_client=SUBJECTS_PER_CLIENT)
+    X_train, y_train = X[train], y[train]
+    root = draw_root_set(X_train, y_train, seed, root_size) if rule.startswith("fltrust") else None
+    aggregation = make_rule(rule, n_faulty, root)
+    if fault in DATA_FAULTS:
+        rng = np.random.default_rng(seed)
+        for site in range(n_faulty):
+            X_train, y_train = inject_data_fault(fault, X_train, y_train, client_rows[site], rng)
+    elif fault in UPDATE_FAULTS:
+        aggregation = CorruptedUpdates(aggregation, fault, range(n_faulty))
+        if not isinstance(aggregation.rule, str):
+            aggregation = _as_robust(aggregation)
+    keep = np.ones(len(train), dtype=bool)
+    if fault == DROPPED:
+        keep[np.concatenate([client_rows[site] for site in range(n_faulty)])] = False
+    clf = fedspdnet(seed, groups_per_client=SUBJECTS_PER_CLIENT).set_params(
+        aggregation=aggregation, n_rounds=rounds, max_update_norm=MAX_UPDATE_NORM)
+    start = time.process_time()
+    with torch_threads(1):
+        clf.fit(X_train[keep], y_train[keep], groups=subjects[train][keep])
+        pred = clf.predict(X[test])
+    client_of = {subject: c for c, group in enumerate(client_subjects) for subject in group}
+    history = clf.history_
+    round_trust = None
+    if fault != DROPPED and history[0].get("effective_weights") is not None:
+        round_trust = [[round(e / w, 3) for e, w in zip(r["effective_weights"], _weights(r["n_samples"]))]
+                       for r in history]
+    return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "rounds": rounds,
+            "root_size": root_size if root is not None else None,
+            "y_test": y[test].tolist(), "pred": pred.tolist(), "client": [int(client_of[s]) for s in subjects[test]],
+            "trust": None if fault == DROPPED else [None if np.isnan(t) else float(t) for t in clf.client_trust_],
+            "round_trust": round_trust, "best_round": int(clf.best_round_),
+            "val_f1": [round(float(r["val_f1"]), 4) for r in history],
+            "cpu_seconds": time.process_time() - start}
+
+
+def _weights(n_samples):
+    n = np.asarray(n_samples, dtype=float)
+    return n / n.sum()
+
+
+def _as_robust(corrupted):
+    """The wrapper as a :class:`~skfedspd.aggregation.RobustAggregation` (so that the engine
+    records the wrapped rule's effective weights)."""
+    from skfedspd.aggregation import RobustAggregation
+
+    class Wrapped(RobustAggregation):
+        label = "corrupted " + getattr(corrupted.rule, "label", "rule")
+        needs_reference = corrupted.needs_reference
+
+        def __init__(self):
+            pass
+
+        def check_params(self):
+            corrupted.rule.check_params()
+
+        def check_n_clients(self, n_clients):
+            corrupted.rule.check_n_clients(n_clients)
+
+        def aggregate(self, *args, **kwargs):
+            return corrupted.aggregate(*args, **kwargs)
+
+        def agreement(self, *args):
+            return corrupted.agreement(*args)
+
+        def __repr__(self, N_CHAR_MAX=700):
+            return f"Corrupted({corrupted.fault}, {corrupted.rule!r})"
+
+    wrapped = Wrapped()
+    if corrupted.needs_reference:
+        wrapped.X, wrapped.y = corrupted.X, corrupted.y
+    return wrapped
+
+
+def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size):
+    root = f"__root{root_size}" if rule.startswith("fltrust") else ""
+    return Path(out) / f"{rule}__{fault}__{n_faulty}__{seed}__T{rounds}{root}.json"
+
+
+def score(fit, clients):
+    """Balanced accuracy (%) of a fit on the pooled test trials of the subjects of ``clients``."""
+    at = np.isin(fit["client"], list(clients))
+    return 100 * balanced_accuracy_score(np.asarray(fit["y_test"])[at], np.asarray(fit["pred"])[at])
+
+
+def named(fit, n_faulty):
+    """Whether the ``n_faulty`` faulty clients are the least trusted of the fit."""
+    trust = np.asarray(fit["trust"], dtype=float)
+    return bool(np.max(trust[:n_faulty]) < np.min(trust[n_faulty:]))
+
+
+def flagged(fit, clients):
+    """How many of ``clients`` have a trust below ``DOWNWEIGHT_RATIO`` over the fit."""
+    return int(sum(fit["trust"][c] < DOWNWEIGHT_RATIO for c in clients))
+
+
+def run(args):
+    start = time.perf_counter()
+    data = None
+    args.out.mkdir(parents=True, exist_ok=True)
+    for n_faulty in args.faulty:
+        runs = plan(args.rules, args.faults, n_faulty, args.seeds)
+        todo = [r for r in runs if not fit_path(args.out, *r, args.rounds, args.root_size).exists()]
+        print(f"{n_faulty} faulty of 20: {len(todo)} of {len(runs)} fits to run", flush=True)
+        for rule, fault, n, seed in [] if args.report_only else todo:
+            if data is None:
+                data = load_left_right()
+            fit = fit_one(data, rule, fault, n, seed, args.rounds, args.root_size)
+            fit_path(args.out, rule, fault, n, seed, args.rounds, args.root_size).write_text(json.dumps(fit))
+            honest = range(n_faulty, 20)
+            diag = "" if fit["trust"] is None or fault == DROPPED else (
+                f", named {named(fit, n)}" if n else f", flagged {flagged(fit, range(20))}")
+            print(f"{rule} {fault} x{n} seed {seed}: honest {score(fit, honest):.1f}, best round "
+                  f"{fit['best_round']}/{args.rounds}, {fit['cpu_seconds']:.0f} s CPU{diag}", flush=True)
+    if args.record:
+        for n_faulty in args.faulty:
+            path = record(args, n_faulty, time.perf_counter() - start)
+            print(f"record: {path}")
+        figure(read_record(f"robust-aggregation-f{args.faulty[0]}"), FIGURE)
+        print(f"figure: {FIGURE}")
+
+
+def plan(rules, faults, n_faulty, seeds):
+    """``(rule, fault, n_faulty, seed)`` of every fit: each rule without fault and under each
+    fault; ``dropped`` with ProjAvg only."""
+    return [(rule, fault, 0 if fault == "none" else n_faulty, seed) for seed in seeds
+            for fault in ["none", *faults] for rule in rules if fault != DROPPED or rule == "projavg"]
+
+
+def record(args, n_faulty, wall_seconds):
+    """Write the record ``robust-aggregation-f{n_faulty}`` from the fits in ``args.out``."""
+    fits = {}
+    for rule, fault, n, seed in plan(args.rules, args.faults, n_faulty, args.seeds):
+        path = fit_path(args.out, rule, fault, n, seed, args.rounds, args.root_size)
+        if path.exists():
+            fits.setdefault((rule, fault), {})[seed] = json.loads(path.read_text())
+    honest, faulty = range(n_faulty, 20), range(n_faulty)
+    rows, facts = {}, {"clients": 20, "subjects_per_client": SUBJECTS_PER_CLIENT, "n_faulty": n_faulty,
+                       "rounds": args.rounds, "root_size": args.root_size, "seeds": list(args.seeds),
+                       "scaled_share": f"{SCALED_SHARE}", "flag_below": f"{DOWNWEIGHT_RATIO}", **TARGETS}
+    for (rule, fault), by_seed in fits.items():
+        key = f"{rule}/{fault}"
+        rows[key] = {"label": f"{LABELS[rule]}, {FAULT_LABELS[fault]}" + (f" ×{n_faulty}" if fault != "none" else ""),
+                     "scores": {"honest": {s: score(f, honest) for s, f in by_seed.items()},
+                                "faulty": {s: score(f, faulty) for s, f in by_seed.items()},
+                                "all": {s: score(f, range(20)) for s, f in by_seed.items()}}}
+        facts[f"best_round/{key}"] = float(np.median([f["best_round"] for f in by_seed.values()]))
+        trusts = [f for f in by_seed.values() if f["trust"] is not None and f["round_trust"] is not None]
+        if trusts and fault == "none":
+            facts[f"false_alarms/{key}"] = f"{sum(flagged(f, range(20)) for f in trusts)} of {20 * len(trusts)}"
+        elif trusts and fault != DROPPED:
+            facts[f"named/{key}"] = f"{sum(named(f, n_faulty) for f in trusts)} of {len(trusts)}"
+            facts[f"honest_flagged/{key}"] = f"{sum(flagged(f, honest) for f in trusts)} of {len(honest) * len(trusts)}"
+            facts[f"faulty_flagged/{key}"] = f"{sum(flagged(f, faulty) for f in trusts)} of {n_faulty * len(trusts)}"
+    for rule in dict.fromkeys(rule for rule, _ in fits):  # over every faulty fit of a rule, data and update faults
+        faulty_fits = [f for (r, fault), by_seed in fits.items() if r == rule and fault not in ("none", DROPPED)
+                       for f in by_seed.values() if f["round_trust"] is not None]
+        clean = [f for f in fits.get((rule, "none"), {}).values() if f["round_trust"] is not None]
+        if faulty_fits:
+            k = sum(named(f, n_faulty) for f in faulty_fits)
+            facts[f"named_all/{rule}"] = f"{k} of {len(faulty_fits)} ({100 * k / len(faulty_fits):.0f} %)"
+        if clean:
+            k = sum(flagged(f, range(20)) for f in clean)
+            facts[f"false_alarm_rate/{rule}"] = f"{k} of {20 * len(clean)} ({100 * k / (20 * len(clean)):.0f} %)"
+    reference = rows["projavg/none"]["scores"]["honest"]
+    for key, row in rows.items():
+        seeds = [s for s in row["scores"]["honest"] if s in reference]
+        kept = np.mean([row["scores"]["honest"][s] for s in seeds]) / np.mean([reference[s] for s in seeds])
+        facts[f"kept/{key}"] = f"{100 * kept:.1f} %"
+    for rule in dict.fromkeys(rule for rule, _ in fits):
+        seconds = [f["cpu_seconds"] for (r, _), by_seed in fits.items() if r == rule for f in by_seed.values()]
+        facts[f"fit_cpu_seconds/{rule}"] = round(float(np.median(seconds)))
+    all_fits = [f for by_seed in fits.values() for f in by_seed.values()]
+    facts["fits"] = len(all_fits)
+    facts["fits_cpu_minutes"] = f"{sum(f['cpu_seconds'] for f in all_fits) / 60:.0f}"
+    facts.update(costs(args.root_size))
+    first = min(args.seeds)
+    facts["trust_curves"] = {f"{rule}/{fault}": block_means(fits[(rule, fault)][first]["round_trust"])
+                             for rule in RULES[4:] for fault in ("none", *DATA_FAULTS)
+                             if (rule, fault) in fits and first in fits[(rule, fault)]}
+    facts["trust_curves_seed"], facts["trust_curves_block"] = first, BLOCK
+    command = ("python -m benchmarks.experiments robust-aggregation --seeds " + " ".join(map(str, args.seeds))
+               + f" --rounds {args.rounds} --faulty {' '.join(map(str, args.faulty))} --faults {' '.join(args.faults)}"
+               + f" --rules {' '.join(args.rules)} --root-size {args.root_size} --record")
+    return write_record(
+        f"robust-aggregation-f{n_faulty}",
+        title=f"Robust aggregation, left/right, 20 clients of 2 subjects, {n_faulty} faulty",
+        command=command, rows=rows, reference="projavg/none", paired_by="seed", wall_seconds=wall_seconds,
+        metrics={"honest": "balanced accuracy (%) on the honest sites' subjects",
+                 "faulty": "balanced accuracy (%) on the faulty sites' subjects",
+                 "all": "balanced accuracy (%) on every subject"},
+        facts=facts, folder=RECORDS)
+
+
+def costs(root_size, reps=50):
+    """The server's cost per round of FLTrust (``benchmarks.bench_aggregation``'s timings, one
+    core): the rule (and the record's agreement) for 8 clients of ``St(64, 18)`` + head, in ms,
+    the default and the gate options, ProjAvg beside them; and the reference step (the server's
+    training on ``root_size`` root trials, 2 local epochs)."""
+    from threadpoolctl import threadpool_limits
+
+    from benchmarks.bench_aggregation import KINDS, fltrust_round, median_ms, reference_step_ms, round_of_clients
+    from skfedspd.aggregation import projavg
+
+    reference = round_of_clients(9, 64, 18, 0, seed=1)[1][0]
+    root = (np.zeros((1, 64, 64)), [0])
+    rules = {"projavg": projavg, "fltrust": fltrust_round(FLTrust(*root), reference),
+             "fltrust-gate": fltrust_round(make_rule("fltrust-gate", 0, root), reference)}
+    out = {}
+    with threadpool_limits(1), torch_threads(1):
+        previous, clients, weights = round_of_clients(8, 64, 18, 0)
+        for name, rule in rules.items():
+            ms = median_ms(lambda rule=rule: rule(clients, weights, previous, KINDS), reps)
+            out[f"aggregation_ms/{name}"] = f"{ms:.2f}"
+        out["reference_step_ms"] = f"{reference_step_ms(root_size, 2, 5):.0f}"
+    return out
+
+
+#: Rounds per point of the record's trust curves (their means).
+BLOCK = 5
+
+
+def block_means(round_trust, block=BLOCK):
+    """Each client's trust averaged over consecutive blocks of ``block`` rounds (the last may
+    be shorter), rounded to 0.01: ``(n_blocks, n_clients)`` lists."""
+    trust = np.asarray(round_trust, dtype=float)
+    return [np.round(trust[i:i + block].mean(axis=0), 2).tolist() for i in range(0, len(trust), block)]
+
+
+def figure(rec, path):
+    """Each client's trust per round (its effective weight over its weight) under FLTrust and
+    FLTrust per layer, no fault and each data fault, from the record's trust curves."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    curves, n_faulty, block = rec["facts"]["trust_curves"], rec["facts"]["n_faulty"], rec["facts"]["trust_curves_block"]
+    rules = [r for r in RULES[4:] if any(k.startswith(r + "/") for k in curves)]
+    faults = [f for f in ("none", *DATA_FAULTS) if any(k.endswith("/" + f) for k in curves)]
+    fig, axes = plt.subplots(len(rules), len(faults), figsize=(2.8 * len(faults), 2.3 * len(rules)),
+                             sharex=True, sharey=True, squeeze=False)
+    for i, rule in enumerate(rules):
+        for j, fault in enumerate(faults):
+            ax = axes[i, j]
+            if f"{rule}/{fault}" not in curves:
+                ax.text(0.5, 0.5, f"{LABELS[rule]}: {FAULT_LABELS[fault]}\nnot run", ha="center", va="center",
+                        transform=ax.transAxes, fontsize="small", color="0.4")
+                ax.set_axis_off()
+                continue
+            trust = np.asarray(curves[f"{rule}/{fault}"], dtype=float)
+            rounds = block * np.arange(len(trust)) + (block + 1) / 2
+            for c in range(trust.shape[1]):
+                broken = fault != "none" and c < n_faulty
+                ax.plot(rounds, trust[:, c], lw=1.2 if broken else 0.7,
+                        color="tab:red" if broken else "0.6", zorder=3 if broken else 2)
+            ax.axhline(DOWNWEIGHT_RATIO, color="k", lw=0.6, ls="--")
+            ax.set_title(f"{LABELS[rule]}: {FAULT_LABELS[fault]}", fontsize="small")
+            if i == len(rules) - 1:
+                ax.set_xlabel("round")
+            if j == 0:
+                ax.set_ylabel(f"trust ({block}-round mean)")
+    fig.suptitle(f"Each client's trust per round, seed {rec['facts']['trust_curves_seed']}: faulty clients red "
+                 f"({n_faulty} of 20), honest grey; dashed: down-weighting threshold", fontsize="small")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
