@@ -72,8 +72,7 @@ TOP_LEVEL = {"__init__.py", "_machine.py", "experiments", "records"}
 #: Temporary: scripts not yet moved into the harness, and what they still import
 #: (``tableone`` and ``script_report.py``: aliases of harness modules). An entry goes when its
 #: script becomes a named experiment.
-NOT_YET_IN_THE_HARNESS = {"privacy_utility.py", "privacy_pretrain.py", "robust_aggregation.py",
-                          "tableone", "script_report.py"}
+NOT_YET_IN_THE_HARNESS = {"robust_aggregation.py", "tableone", "script_report.py"}
 
 
 def test_benchmarks_hold_the_speed_scripts_and_one_harness():
