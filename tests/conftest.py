@@ -152,3 +152,13 @@ def fake_moabb(tmp_path, monkeypatch):
         return dataset
 
     return make
+
+
+def run_experiment(module, argv):
+    """Run a harness experiment (``benchmarks.experiments.<module>``) with the options
+    ``argv``, as ``python -m benchmarks.experiments NAME ...`` does; its return status (0: done)."""
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    module.add_arguments(parser)
+    return module.run(parser.parse_args(argv), list(argv)) or 0

@@ -69,18 +69,10 @@ def test_a_cycle_is_found():
 #: the machine helper they share with the harness) and the one accuracy harness
 #: (``experiments/``, its results in ``records/``).
 TOP_LEVEL = {"__init__.py", "_machine.py", "experiments", "records"}
-#: Temporary: scripts not yet moved into the harness, and what they still import
-#: (``tableone`` and ``script_report.py``: aliases of harness modules). An entry goes when its
-#: script becomes a named experiment.
-NOT_YET_IN_THE_HARNESS = {"privacy_utility.py", "privacy_pretrain.py", "robust_aggregation.py",
-                          "tableone", "script_report.py"}
-
-
 def test_benchmarks_hold_the_speed_scripts_and_one_harness():
     entries = {p.name for p in BENCHMARKS.iterdir() if p.name != "__pycache__"}
     speed = {name for name in entries if name.startswith("bench_") and name.endswith(".py")}
-    assert entries - speed - TOP_LEVEL - NOT_YET_IN_THE_HARNESS == set()
-    assert NOT_YET_IN_THE_HARNESS <= entries, "moved into the harness: drop it from NOT_YET_IN_THE_HARNESS"
+    assert entries - speed - TOP_LEVEL == set()
 
 
 #: What reads EEG (PhysioNet's files, MOABB's datasets): only ``experiments/data.py`` calls it.

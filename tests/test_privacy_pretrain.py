@@ -1,5 +1,5 @@
-"""Tests of the public pre-training protocol (``benchmarks.privacy_pretrain``, reached as
-``privacy_utility --protocol pretrain``): the split, the rows' estimators, the paired
+"""Tests of the public pre-training protocol (``python -m benchmarks.experiments
+privacy-pretrain``): the split, the rows' estimators, the paired
 report on hand-made records, and a smoke run of the entry point on synthetic matrices."""
 
 import json
@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("dp_accounting")
 
-from benchmarks import privacy_pretrain as pp  # noqa: E402
-from benchmarks import privacy_utility as pu  # noqa: E402
+from benchmarks.experiments import privacy_pretrain as pp  # noqa: E402
+from conftest import run_experiment  # noqa: E402
 from skfedspd.datasets import make_spd_classification  # noqa: E402
 
 
@@ -119,11 +119,10 @@ def test_domain_rows_re_centre_each_subject():
     assert pp.federated("fed-dbn", 8.0, public, rounds=5, site_size=4, seed=2).privacy is None
 
 
-def test_privacy_utility_dispatches_the_protocol(monkeypatch):
-    seen = []
-    monkeypatch.setattr(pp, "main", lambda argv: seen.append(argv) or 0)
-    assert pu.main(["--protocol", "pretrain", "--quick", "--site-size", "8"]) == 0
-    assert seen == [["--quick", "--site-size", "8"]]
+def test_the_harness_names_both_privacy_experiments():
+    from benchmarks.experiments.__main__ import EXPERIMENTS
+
+    assert EXPERIMENTS["privacy-pretrain"] is pp and EXPERIMENTS["privacy"].__name__ == "benchmarks.experiments.privacy"
 
 
 def test_smoke_run_reports_and_caches(tmp_path, monkeypatch, capsys):
@@ -135,7 +134,7 @@ def test_smoke_run_reports_and_caches(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(pp, "load_covariances", lambda cache, channels: (X, y, subjects))
     monkeypatch.chdir(tmp_path)
     argv = ["--profile", "smoke", "--epsilons", "8", "--out", str(tmp_path / "out")]
-    assert pp.main(argv) == 0
+    assert run_experiment(pp, argv) == 0
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| DP-FedSPDnet fine-tuned (head) |  |" in text and "every site's ε spent ≤ the requested ε" in text
     assert "at ε = 8 − public only (target ≥ +3)" in text
@@ -144,7 +143,7 @@ def test_smoke_run_reports_and_caches(tmp_path, monkeypatch, capsys):
     assert saved["resolved"] == {"validation_fraction": 0.0, "scaling": "trace"}
     assert len(saved["balanced_accuracy"]) == len(pp.SITE_SUBJECTS)
     capsys.readouterr()
-    assert pp.main(argv) == 0
+    assert run_experiment(pp, argv) == 0
     assert "11 of 11 runs cached" in capsys.readouterr().out
 
 

@@ -1,4 +1,4 @@
-"""Tests of the privacy-utility benchmark (``benchmarks.privacy_utility``).
+"""Tests of the privacy-utility benchmark (``python -m benchmarks.experiments privacy``).
 
 The report's target lines and budget check on hand-made records (no fitting), and a smoke
 run of the entry point on the offline PhysioNet subjects 1-4 (1 round, ProjAvg only): the
@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from benchmarks import privacy_utility as pu
+from benchmarks.experiments import privacy as pu
+from conftest import run_experiment
 
 
 def record(model, epsilon, f1, seed=0, spent=None, chance=(0.25, 0.3)):
@@ -75,14 +76,14 @@ def test_chance_is_uniform_guessing():
 def test_smoke_run_reports_and_caches(physionet_root, tmp_path, capsys):
     out = tmp_path / "privacy"
     args = ["--profile", "smoke", "--models", "spdnet-projavg", "--out", str(out), "--docs", str(tmp_path / "docs")]
-    assert pu.main(args) == 0
+    assert run_experiment(pu, args) == 0
     text = capsys.readouterr().out
     assert "0 of 4 runs cached, 4 to fit" in text
     assert "| DP-FedSPDnet (ProjAvg) |" in text and "(n=1)" in text
     assert "ε = 8 vs ε = ∞" in text and "at ε = 1" in text and "every site's ε spent ≤ the requested ε" in text
     assert "signal / noise = " in text
     assert "Non-private centralized TS+LR on the same trials (seeds 0–0): " in text
-    assert "command: python -m benchmarks.privacy_utility --profile smoke" in text and "machine:" in text
+    assert "command: python -m benchmarks.experiments privacy --profile smoke" in text and "machine:" in text
     assert (out / "privacy_utility_smoke.png").stat().st_size > 0
     assert (tmp_path / "docs" / "privacy_utility_smoke.png").exists()
     for file in out.glob("*.json"):
@@ -93,7 +94,7 @@ def test_smoke_run_reports_and_caches(physionet_root, tmp_path, capsys):
     stale = out / "spdnet-projavg__epsinf__seed0.json"
     stored = json.loads(stale.read_text())
     stale.write_text(json.dumps(dict(stored, setup=dict(stored["setup"], lr=1.0))))
-    assert pu.main(args) == 0
+    assert run_experiment(pu, args) == 0
     assert "3 of 4 runs cached, 1 to fit" in capsys.readouterr().out
 
 
@@ -113,7 +114,7 @@ def test_smoke_run_on_the_sensorimotor_channels(physionet_root, tmp_path, capsys
     out = tmp_path / "privacy"
     args = ["--profile", "smoke", "--models", "spdnet-projavg", "--epsilons", "20", "inf", "--channels",
             "sensorimotor", "--rounds", "2", "--out", str(out)]
-    assert pu.main(args) == 0
+    assert run_experiment(pu, args) == 0
     text = capsys.readouterr().out
     assert "PhysionetMI-16ch" in text and "16 channels" in text and "'rounds': 2" in text
     assert "| DP-FedSPDnet (ProjAvg) | – | – | – |" in text and "(n=1)" in text
@@ -124,7 +125,7 @@ def test_smoke_run_on_the_sensorimotor_channels(physionet_root, tmp_path, capsys
                                    ["--models", "eegnet"]])
 def test_curve_refuses_options_it_would_ignore(extra, tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
-        pu.main(["--quick", "--curve", "10", "--out", str(tmp_path), *extra])
+        run_experiment(pu, ["--quick", "--curve", "10", "--out", str(tmp_path), *extra])
     assert stop.value.code == 2 and "--curve sizes the rounds" in capsys.readouterr().err
 
 

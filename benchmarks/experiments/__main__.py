@@ -3,6 +3,7 @@
 import argparse
 import logging
 import os
+import sys
 import warnings
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")  # one thread per process: a shared machine
@@ -17,6 +18,8 @@ from . import (  # noqa: E402
     flower_table_one,
     moabb_evaluation,
     online,
+    privacy,
+    privacy_pretrain,
     robust_aggregation,
     table_one,
     table_one_ablation,
@@ -33,6 +36,8 @@ EXPERIMENTS = {
     "table-one-ablation": table_one_ablation,
     "flower-table-one": flower_table_one,
     "moabb": moabb_evaluation,
+    "privacy": privacy,
+    "privacy-pretrain": privacy_pretrain,
     "robust-aggregation": robust_aggregation,
 }
 
@@ -51,7 +56,8 @@ def main(argv=None):
     logging.getLogger("moabb").setLevel(logging.ERROR)
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", module="mne")
-        EXPERIMENTS[args.experiment].run(args)
+        status = EXPERIMENTS[args.experiment].run(args)
+    sys.exit(status or 0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,8 @@ checks it):
   ``~/mne_data`` when ``MNE_DATA`` is read-only;
 * :func:`load_left_right`: the left/right imagery of the 40 offline subjects as covariance
   matrices, cached per subject under ``results/cache``, trials in recording order;
+* :func:`load_left_right_channels`: the same imagery on a set of channels (the 16
+  sensorimotor ones), cached in one file;
 * :func:`physionet_trials`: band-passed PhysionetMI trials from the offline copy;
 * :func:`physionet_moabb`: MOABB's PhysionetMI dataset and paradigm (left/right or 4 classes),
   for MOABB's evaluations and for subjects beyond the offline copy;
@@ -154,3 +156,20 @@ def load_left_right(subjects=LEFT_RIGHT_SUBJECTS, cache=CACHE):
             parts.append((f["X"], f["y"], np.full(len(f["y"]), subject)))
     X, y, groups = (np.concatenate(a) for a in zip(*parts))
     return X, y, groups
+
+
+def load_left_right_channels(subjects, cache, channels="sensorimotor"):
+    """``(X, y, subject)`` of the left/right imagery of ``subjects`` on ``channels``
+    (``"sensorimotor"``: :data:`skfedspd.datasets.SENSORIMOTOR_CHANNELS`; ``"all"``: the 64),
+    loaded once and cached in the ``.npz`` file ``cache``."""
+    from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
+
+    cache = Path(cache)
+    if cache.exists():
+        with np.load(cache) as f:
+            return f["X"], f["y"], f["subjects"]
+    X, y, subject, _ = load_physionet_mi(subjects=list(subjects), n_classes=2,
+                                         channels=SENSORIMOTOR_CHANNELS if channels == "sensorimotor" else None)
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    np.savez(cache, X=X, y=y, subjects=subject)
+    return X, y, subject

@@ -1,7 +1,7 @@
-"""Public pre-training, then DP fine-tuning at the sites (``privacy_utility --protocol pretrain``).
+"""Public pre-training, then DP fine-tuning at the sites (``python -m benchmarks.experiments privacy-pretrain``).
 
 At the FedSPDnet paper's site sizes DP-FedSPDnet trained from scratch is at chance
-(``benchmarks/privacy_utility.py``). The standard remedy (Tramèr & Boneh 2021; De et al.
+(the ``privacy`` experiment). The standard remedy (Tramèr & Boneh 2021; De et al.
 2022): pre-train on public data, outside the privacy budget, then fine-tune privately.
 
 Protocol (left vs right hand imagery, ``load_physionet_mi(n_classes=2)``: MOABB's
@@ -31,15 +31,15 @@ The rounds are checked, not tuned: each non-private federated record stores its 
 loss per round, and the report prints the change of its mean over the last 10 rounds
 (a fit still learning shows a clear fall).
 
-    python -m benchmarks.privacy_utility --protocol pretrain --quick      # 3 seeds, sites of 4, ~20 min on 1 core
-    python -m benchmarks.privacy_utility --protocol pretrain --quick --site-size 8
-    python -m benchmarks.privacy_utility --protocol pretrain               # full: 10 seeds
+    python -m benchmarks.experiments privacy-pretrain --quick --seeds 10                  # sites of 4
+    python -m benchmarks.experiments privacy-pretrain --quick --seeds 10 --site-size 8
+    python -m benchmarks.experiments privacy-pretrain --quick --seeds 12 --unseen --epsilons 1 8
+    python -m benchmarks.experiments privacy-pretrain                                    # full: 60 rounds
 
 Covariances are cached under ``results/`` (one load of the 40 subjects); every (row, ε,
 seed) result is a JSON file under ``--out`` with its setup, so a re-run skips what is done.
 """
 
-import argparse
 import json
 import math
 import sys
@@ -55,13 +55,13 @@ from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
-from benchmarks._machine import load_average
-from benchmarks._machine import machine_line as machine
-from benchmarks.experiments.online import adaptive_step
-from benchmarks.experiments.report import resolve_profile, write_report
-from benchmarks.records import store
+from .._machine import load_average
+from .._machine import machine_line as machine
+from ..records import store
+from .data import load_left_right_channels
+from .online import adaptive_step
+from .report import resolve_profile, write_report
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__, load_estimator, save_estimator
-from skfedspd.datasets import SENSORIMOTOR_CHANNELS, load_physionet_mi
 from skfedspd.privacy import DPSGD, group_epsilon, steps_per_epoch
 from skfedspd.training import torch_threads
 
@@ -97,14 +97,7 @@ ROWS = {
 def load_covariances(cache, channels):
     """Covariances, labels and subjects of the 40 offline subjects (left/right imagery),
     loaded once and cached in ``cache`` (an ``.npz``)."""
-    if cache.exists():
-        with np.load(cache) as f:
-            return f["X"], f["y"], f["subjects"]
-    X, y, subjects, _ = load_physionet_mi(subjects=[*PUBLIC_SUBJECTS, *SITE_SUBJECTS], n_classes=2,
-                                          channels=SENSORIMOTOR_CHANNELS if channels == "sensorimotor" else None)
-    cache.parent.mkdir(parents=True, exist_ok=True)
-    np.savez(cache, X=X, y=y, subjects=subjects)
-    return X, y, subjects
+    return load_left_right_channels([*PUBLIC_SUBJECTS, *SITE_SUBJECTS], cache, channels)
 
 
 #: ``--unseen``: seed ``s`` keeps the ``s``-th block of this many site subjects (cyclically)
@@ -513,9 +506,10 @@ def write_record(results, rows, epsilons, seeds, settings, command, unseen, site
                               paired_by="seed", wall_seconds=facts["fit_minutes"] * 60, facts=facts, folder=folder)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m benchmarks.privacy_utility --protocol pretrain",
-                                     description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+PROG = "python -m benchmarks.experiments privacy-pretrain"
+
+
+def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="the quick profile (3 seeds)")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
@@ -533,14 +527,16 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None, help="results folder")
     parser.add_argument("--report-only", action="store_true", help="fit nothing: report the records in --out")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
-    args = parser.parse_args(argv)
+
+
+def run(args, argv=None):
+    """The experiment of ``args`` (``argv``: its options as given, for the command line)."""
     profile, budget, seeds = resolve_profile(args, PROFILES)
     settings = setup(budget, args.site_size, args.channels, args.unseen)
     out = args.out or Path("results") / (f"privacy-pretrain-{profile}-sites-of-{args.site_size}"
                                          + ("-unseen" if args.unseen else ""))
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m benchmarks.privacy_utility --protocol pretrain",
-                        *(argv if argv is not None else sys.argv[1:])])
+    command = " ".join([PROG, *(argv if argv is not None else sys.argv[2:])])
     print(f"command: {command}\nskfedspd {__version__}; machine: {machine()}\nsetup: {settings}, {seeds} seeds",
           flush=True)
     start = time.perf_counter()
@@ -596,4 +592,3 @@ def main(argv=None):
     report.append(f"Record: `{path}`" if path else "No record written: " + (
         "the smoke profile." if profile == "smoke" else "the run is incomplete."))
     write_report(report, out, figure, args.docs)
-    return 0

@@ -1,6 +1,6 @@
 """Privacy-utility trade-off: DP-FedSPDnet (ProjAvg, RLAvg) vs DP-FedEEGNet on PhysionetMI.
 
-Protocol: Table I of ``benchmarks.tableone`` (4 classes, clients of 2 subjects, each
+Protocol: Table I of the ``table-one`` experiment (4 classes, clients of 2 subjects, each
 client's stratified 85/15 train/test split per seed, E = 2 local epochs, Adam 1e-3, batch
 64, full participation) with the package's recommended server optimizer (FedAvgM on the
 Stiefel manifold, ``ServerMomentum(lr=1.0, momentum=0.9)``: ``docs/design-decisions.md``), in DP mode
@@ -31,18 +31,18 @@ whose last 10 rounds' mean test macro-F1 is within 1 point of the best 10-round 
 no more rounds than that). The test curve of one seed of the ε = ∞ run is the only thing
 looked at; the DP columns never feed back into the setup.
 
-    python -m benchmarks.privacy_utility --quick                  # 4 subjects (2 clients), 1 seed, ~5 min on 2 cores
-    python -m benchmarks.privacy_utility --seeds 3 --models spdnet-projavg eegnet  # full, seeds 0-2
-    python -m benchmarks.privacy_utility                          # full: 16 offline subjects, 10 seeds
-    python -m benchmarks.privacy_utility --quick --curve 80       # the round-sizing run
-    python -m benchmarks.privacy_utility --protocol pretrain --quick  # public pre-training, then DP fine-tuning
+    python -m benchmarks.experiments privacy --quick                  # 4 subjects (2 clients), 1 seed, ~5 min on 2 cores
+    python -m benchmarks.experiments privacy --seeds 3 --models spdnet-projavg eegnet  # full, seeds 0-2
+    python -m benchmarks.experiments privacy                          # full: 16 offline subjects, 10 seeds
+    python -m benchmarks.experiments privacy --quick --curve 80       # the round-sizing run
+
+Public pre-training, then DP fine-tuning at the sites: the ``privacy-pretrain`` experiment.
 
 Every (ε, model, seed) result is stored as JSON under ``--out`` with its setup; a re-run
 skips what is done with the same setup and refits the rest, so the full profile can be
 extended seed by seed.
 """
 
-import argparse
 import json
 import math
 import sys
@@ -54,13 +54,16 @@ import torch
 from joblib import Parallel, delayed
 from sklearn.metrics import f1_score
 
-from benchmarks.script_report import load_average, resolve_profile, write_report
-from benchmarks.tableone.cells import SERVER_MOMENTUM, Cell
-from benchmarks.tableone.protocols import LOCAL_EPOCHS, TRAINING, machine, physionet_protocol
-from benchmarks.tableone.protocols import PROFILES as TABLE_ONE_PROFILES
-from benchmarks.tableone.runner import client_split, fit_cell, load_or_skip
+from .._machine import load_average
+from .._machine import machine_line as machine
+from .data import offline_root
+from .report import resolve_profile, write_report
+from .table_one_cells import SERVER_MOMENTUM, Cell
+from .table_one_protocols import LOCAL_EPOCHS, TRAINING, physionet_protocol
+from .table_one_protocols import PROFILES as TABLE_ONE_PROFILES
+from .table_one_runner import client_split, fit_cell, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
-from skfedspd.datasets import SENSORIMOTOR_CHANNELS, configure_offline, find_physionet_root, sample_covariance
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, sample_covariance
 from skfedspd.privacy import DPSGD, clip_and_sum, per_sample_gradients
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
@@ -311,19 +314,10 @@ def plot(results, path, title):
     plt.close(fig)
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    protocol_parser = argparse.ArgumentParser(add_help=False)
-    protocol_parser.add_argument("--protocol", choices=("tableone", "pretrain"), default="tableone")
-    chosen, rest = protocol_parser.parse_known_args(argv)
-    if chosen.protocol == "pretrain":
-        from benchmarks import privacy_pretrain
+PROG = "python -m benchmarks.experiments privacy"
 
-        return privacy_pretrain.main(rest)
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--protocol", choices=("tableone", "pretrain"), default="tableone",
-                        help="tableone: this docstring's protocol; pretrain: public pre-training, then DP "
-                             "fine-tuning (benchmarks/privacy_pretrain.py, its own options)")
+
+def add_arguments(parser):
     parser.add_argument("--quick", action="store_true", help="the quick profile: 4 subjects (2 clients), 1 seed")
     parser.add_argument("--profile", choices=sorted(PROFILES), default=None, help="a profile by name (--quick: quick)")
     parser.add_argument("--seeds", type=int, default=None, help="seeds 0..N-1 (default: the profile's)")
@@ -346,22 +340,24 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=None,
                         help="federated rounds (default: the profile's, sized by --curve for all channels)")
     parser.add_argument("--docs", type=Path, default=None, help="also copy the figure to <DOCS>/")
-    args = parser.parse_args(argv)
+
+
+def run(args, argv=None):
+    """The experiment of ``args`` (``argv``: its options as given, for the command line)."""
     profile, budget, seeds = resolve_profile(args, PROFILES)
     k, channels = args.subjects_per_site, args.channels
     if args.curve and (k != 2 or args.epsilons != list(EPSILONS) or args.models != list(MODELS)
                        or args.rounds is not None):
-        parser.error("--curve sizes the rounds of Table I's protocol (ε = ∞, ProjAvg, sites of 2): "
-                     "no --subjects-per-site, --epsilons, --models or --rounds with it")
+        print(f"{PROG}: error: --curve sizes the rounds of Table I's protocol (ε = ∞, ProjAvg, sites of 2): "
+              "no --subjects-per-site, --epsilons, --models or --rounds with it", file=sys.stderr)
+        raise SystemExit(2)
     out = args.out or Path("results") / (f"privacy-{profile}" + (f"-sites-of-{k}" if k != 2 else "")
                                          + (f"-{channels}" if channels != "all" else ""))
     out.mkdir(parents=True, exist_ok=True)
-    command = " ".join(["python -m benchmarks.privacy_utility", *argv])
+    command = " ".join([PROG, *(argv if argv is not None else sys.argv[2:])])
     print(f"command: {command}\nmachine: {machine()}; {load_average()} at start\nprofile: {profile} {budget}; "
           f"setup {setup(budget['rounds'], k, channels)}", flush=True)
-    root = find_physionet_root()
-    if root is not None:
-        configure_offline(root)
+    offline_root()
     protocol = physionet_protocol(4, budget["subjects"], None if channels == "all" else SENSORIMOTOR_CHANNELS)
     loaded = load_or_skip(protocol)
     if loaded is None:
@@ -425,8 +421,3 @@ def main(argv=None):
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
               f"1 torch thread each; {machine()}; {load_average()} at the end."]
     write_report(report, out, figure, args.docs)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
