@@ -129,7 +129,7 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     for fit in fits:
         path = experiment.fit_path(args.out, fit["rule"], fit["fault"], fit["n_faulty"], fit["seed"], 3, 16)
         path.write_text(json.dumps(fit))
-    experiment.record(args, 4, 10.0)
+    experiment.record(args, 4)
     record = read_record("robust-aggregation-f4", folder=tmp_path)
     assert record["reference"] == "projavg/none" and record["paired_by"] == "seed"
     rows = record["rows"]
