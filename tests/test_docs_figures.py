@@ -17,7 +17,6 @@ from benchmarks.records.render import ROOT, page_paths, stale_pages
 NOT_YET_GENERATED = (
     "docs/benchmarks/federation-scale.md",
     "docs/benchmarks/moabb.md",
-    "docs/benchmarks/privacy-pretraining.md",
     "docs/benchmarks/privacy.md",
     "docs/benchmarks/speed.md",
     "docs/benchmarks/unseen-subjects.md",
