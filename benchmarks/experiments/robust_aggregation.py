@@ -72,8 +72,9 @@ from skfedspd.training import torch_threads
 
 from .data import load_left_right
 from .pipelines import fedspdnet
+from .table_one_runner import client_split
 
-SUBJECTS_PER_CLIENT, TEST_FRACTION, ROOT_SIZE = 2, 0.15, 256
+SUBJECTS_PER_CLIENT, ROOT_SIZE = 2, 256
 DATA_FAULTS = ("labels", "channels", "noise")
 UPDATE_FAULTS = ("reversed", "scaled")
 DROPPED = "dropped"
@@ -170,17 +171,6 @@ def inject_data_fault(fault, X, y, rows, rng):
     return X, y
 
 
-def client_split(y, subjects, seed, per_client=SUBJECTS_PER_CLIENT):
-    """Clients of ``per_client`` subjects; each client's own stratified 85/15 split. Index arrays."""
-    client_idx, _ = make_clients(subjects, groups_per_client=per_client)
-    train, test = [], []
-    for i, idx in enumerate(client_idx):
-        tr, te = train_test_split(idx, test_size=TEST_FRACTION, stratify=y[idx], random_state=seed * 1000 + i)
-        train.append(tr)
-        test.append(te)
-    return np.sort(np.concatenate(train)), np.sort(np.concatenate(test))
-
-
 def draw_root_set(X, y, seed, size=ROOT_SIZE):
     """``size`` trials of ``(X, y)``, stratified, drawn by ``seed``."""
     rows, _ = train_test_split(np.arange(len(y)), train_size=size, stratify=y, random_state=seed)
@@ -207,7 +197,7 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE):
     """One fit: its test predictions with each trial's client, the clients' trust (over the fit
     and per round), its best round and validation curve."""
     X, y, subjects = data
-    train, test = client_split(y, subjects, seed)
+    train, test = client_split(y, subjects, seed, SUBJECTS_PER_CLIENT)  # Table I's: each client's own 85/15
     client_rows, client_subjects = make_clients(subjects[train], groups_per_client=SUBJECTS_PER_CLIENT)
     X_train, y_train = X[train], y[train]
     root = draw_root_set(X_train, y_train, seed, root_size) if rule.startswith("fltrust") else None
