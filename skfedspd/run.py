@@ -26,7 +26,6 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
-from pyriemann.utils.base import logm as logm_spd
 from sklearn.base import clone
 
 from .base import training_weights, uses_validation
@@ -599,14 +598,18 @@ def public_domain_references(model, est):
     prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
     if prior is None:
         return [np.zeros((bn.log_bias.shape[0],) * 2).tolist() for bn in est.module_.batchnorms]
-    return [logm_spd(M).tolist() for M in prior]
+    from pyriemann.utils.base import logm  # here: importing pyriemann sets up plotting libraries
+
+    return [logm(M).tolist() for M in prior]
 
 
 def _public_prior(model, est):
     """The released model of a private fit starts new domains from ``init``'s prior (public)."""
     prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
     if prior is not None:
-        est.set_domain_prior([logm_spd(M) for M in prior], 1)
+        from pyriemann.utils.base import logm
+
+        est.set_domain_prior([logm(M) for M in prior], 1)
 
 
 def domain_prior_from_data(data):
