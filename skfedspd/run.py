@@ -595,21 +595,27 @@ def public_domain_references(model, est):
     >>> public_domain_references(None, est)
     [[[0.0, 0.0], [0.0, 0.0]]]
     """
+    logs = _public_prior_logs(model)
+    if logs is None:
+        return [np.zeros((bn.log_bias.shape[0],) * 2).tolist() for bn in est.module_.batchnorms]
+    return [L.tolist() for L in logs]
+
+
+def _public_prior_logs(model):
+    """The log of ``init``'s domain prior at each batch-norm layer, or None without one."""
     prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
     if prior is None:
-        return [np.zeros((bn.log_bias.shape[0],) * 2).tolist() for bn in est.module_.batchnorms]
+        return None
     from pyriemann.utils.base import logm  # here: importing pyriemann sets up plotting libraries
 
-    return [logm(M).tolist() for M in prior]
+    return [logm(M) for M in prior]
 
 
 def _public_prior(model, est):
     """The released model of a private fit starts new domains from ``init``'s prior (public)."""
-    prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
-    if prior is not None:
-        from pyriemann.utils.base import logm
-
-        est.set_domain_prior([logm(M) for M in prior], 1)
+    logs = _public_prior_logs(model)
+    if logs is not None:
+        est.set_domain_prior(logs, 1)
 
 
 def domain_prior_from_data(data):
