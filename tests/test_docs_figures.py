@@ -22,7 +22,6 @@ NOT_YET_GENERATED = (
     "docs/benchmarks/unseen-subjects.md",
     "docs/design-decisions.md",
     "docs/guide/privacy.md",
-    "docs/guide/robust-aggregation.md",
 )
 PAGES = [p.relative_to(ROOT).as_posix() for p in page_paths()]
 CONVERTED = [p for p in PAGES if p not in NOT_YET_GENERATED]
