@@ -200,6 +200,15 @@ def test_online_conditions_score_every_trial_after_the_warmup_and_restore_the_mo
     np.testing.assert_allclose(proba["none"], prior_only, atol=1e-6)
 
 
+@pytest.mark.parametrize("pipeline, kept", [
+    ("SPDnet+dBN | 20 recent", True), ("Recenter+TS+LR | online after 5", True), ("TS+LR | none", True),
+    ("SPDnet+dBN (memory 10) | online", True), ("FedSPDnet+dBN (itself included) | 1", True),
+    ("SPDnet+dBN (prior weight 4) | 1 recent", True), ("SPDnet+dBN (memory 10) | 20", False),
+    ("Recenter+TS+LR (itself included) | online after 10", False)])
+def test_the_online_record_keeps_every_condition_of_a_model_and_the_ablations_compared(pipeline, kept):
+    assert online.recorded(pipeline) is kept
+
+
 def test_drift_means_are_the_exact_means_of_the_chosen_trials(spd_domains):
     """The trial sets of the drift experiment: "10 before" ends at the warm-up, the
     scored-run trials come after it."""

@@ -131,8 +131,14 @@ def conditions(name, model, X, warmup):
     return proba, float(np.median(seconds))
 
 
-#: The conditions a run's record keeps (every model's), beside ``none`` for TS+LR.
-RECORDED = ("none", "10", "10 recent", "all", "online", "online after 10", "all after 10")
+#: The conditions an ablation's rows keep in the record (the models' own rows keep every one).
+ABLATION_RECORDED = ("none", "0", "1", "1 recent", "all", "online")
+
+
+def recorded(pipeline):
+    """Whether the record keeps the scores of ``pipeline`` (``"model (ablation) | condition"``)."""
+    variant, condition = pipeline.split(" | ")
+    return "(" not in variant or condition in ABLATION_RECORDED
 
 
 def run(args):
@@ -175,9 +181,9 @@ def run(args):
     predictions.to_csv(args.out / "predictions.csv", index=False)
     pd.DataFrame(latency).to_csv(args.out / "latency.csv", index=False)
     scores = write_report(args, predictions, pd.DataFrame(latency))
-    recorded = scores[scores["pipeline"].str.split(" | ", regex=False).str[1].isin(RECORDED)]
     path = report.write_subject_record(
-        f"online-{args.cv}", f"Unseen subjects online, trial by trial, {args.cv}", recorded,
+        f"online-{args.cv}", f"Unseen subjects online, trial by trial, {args.cv}",
+        scores[scores["pipeline"].map(recorded)],
         "Recenter+TS+LR | online", time.perf_counter() - start,
         {"subjects": scores["subject"].nunique(), "cv": args.cv, "warmup": args.warmup})
     print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall)")
