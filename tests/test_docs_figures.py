@@ -19,7 +19,6 @@ NOT_YET_GENERATED = (
     "docs/benchmarks/moabb.md",
     "docs/benchmarks/privacy.md",
     "docs/benchmarks/speed.md",
-    "docs/benchmarks/unseen-subjects.md",
     "docs/design-decisions.md",
     "docs/guide/privacy.md",
 )

@@ -6,6 +6,7 @@ two-sided Wilcoxon signed-rank p-value. A difference within two standard errors 
 "level", never a win.
 """
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -39,13 +40,20 @@ def paired_difference(a, b):
 
     Raises ValueError when they share no unit.
     """
-    from scipy.stats import wilcoxon
-
     units = [u for u in a if u in b]
     if not units:
         raise ValueError("the two rows share no unit (seed or subject)")
     # Rounded far below any score's resolution, so that equal differences tie exactly.
-    d = np.round(np.array([a[u] - b[u] for u in units], dtype=float), 9)
+    return _of_differences(tuple(np.round([float(a[u]) - float(b[u]) for u in units], 9)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _of_differences(differences):
+    """:class:`PairedDifference` of the paired differences (a tuple: a page's views ask for the
+    same pair many times, and an exact Wilcoxon test with ties is a permutation test)."""
+    from scipy.stats import wilcoxon
+
+    d = np.array(differences, dtype=float)
     se = float(d.std(ddof=1) / math.sqrt(len(d))) if len(d) > 1 else float("nan")
     p = float(wilcoxon(d).pvalue) if len(d) > 1 and np.any(d != 0) else float("nan")
     return PairedDifference(float(d.mean()), se, int((d > 0).sum()), len(d), p)

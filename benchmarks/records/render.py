@@ -120,22 +120,27 @@ def pair(record, row, other, metric=None):
             f"{wilcoxon_text(d.p)}: {word}")
 
 
+def cell(text):
+    """``text`` as one cell of a Markdown table (a label such as ``"SPDnet | online"`` keeps its bar)."""
+    return text.replace("|", "\\|")
+
+
 def paired_table(record, metric=None):
     """The reference row, then every other row with its mean ± sd, units, and its paired
     comparison with the reference."""
     metric = metric_of(record, metric)
     unit = record["paired_by"]
-    reference = record["rows"][record["reference"]]["label"]
+    reference = cell(record["rows"][record["reference"]]["label"])
     lines = [f"| row | {record['metrics'][metric]} | {unit}s | − {reference}, paired (points ± SE) | higher on "
              f"| Wilcoxon p | reading |", "| --- | --- | --- | --- | --- | --- | --- |"]
     reference_first = sorted(record["rows"].items(), key=lambda item: item[0] != record["reference"])
     for key, row in reference_first:
         if key == record["reference"]:
-            lines.append(f"| {row['label']} | {mean_sd(record, key, metric)} | {units(record, key, metric)} "
+            lines.append(f"| {cell(row['label'])} | {mean_sd(record, key, metric)} | {units(record, key, metric)} "
                          f"| | | | reference |")
             continue
         d = versus_reference(record, key, metric)
-        lines.append(f"| {row['label']} | {mean_sd(record, key, metric)} | {units(record, key, metric)} | "
+        lines.append(f"| {cell(row['label'])} | {mean_sd(record, key, metric)} | {units(record, key, metric)} | "
                      f"{difference(record, key, metric)} | {d.higher} of {d.n} | {p_value(d.p)} | "
                      f"{reading(record, key, metric)} |")
     lines += ["", f"Paired by {unit} over the {unit}s both rows have; \"level\": the difference is within two "
