@@ -190,3 +190,10 @@ def test_speed_figures_are_given_and_others_caught(tmp_path, monkeypatch):
     block = "<!-- record:speed-demo median ours -->4.05<!-- /record -->"
     assert unbacked_figures(f"{block} ms; 1.99× faster, 0.503 of it; peak 0.456 GiB; 3.98 to 4.12.") == []
     assert unbacked_figures(f"{block} ms; 2.04× faster.") == ["2.04"]
+
+
+def test_a_median_table_shows_part_of_the_rows_against_the_first_one(tmp_path):
+    write_speed(tmp_path)
+    record = store.read_record("speed-demo", tmp_path)
+    table = render.median_table(record, "ms", "ours")
+    assert "/ skfedspd |" in table and "| skfedspd | 4.05 | 3.98–4.12 | 4 | 1.00× |" in table and "theirs" not in table

@@ -192,17 +192,19 @@ def ratio(record, row, other, metric=None):
     return significant(float(np.median(values_of(record, row, metric)) / np.median(values_of(record, other, metric)))) + "×"
 
 
-def median_table(record, metric=None):
-    """Every row with its median, interquartile range, units and its ratio to the reference."""
+def median_table(record, metric=None, part=None):
+    """Every row (those whose key contains ``part``, when given) with its median, interquartile
+    range and units, and its ratio to the reference (to the first row shown when the reference
+    is not among them)."""
     metric = metric_of(record, metric)
-    unit = record["paired_by"]
-    reference = record["rows"][record["reference"]]["label"]
-    lines = [f"| variant | median, {record['metrics'][metric]} | IQR | {unit}s | / {reference} |",
-             "| --- | --- | --- | --- | --- |"]
-    for key, row in record["rows"].items():
+    keys = [key for key in record["rows"] if part is None or part in key]
+    reference = record["reference"] if record["reference"] in keys else keys[0]
+    lines = [f"| variant | median, {record['metrics'][metric]} | IQR | {record['paired_by']}s "
+             f"| / {record['rows'][reference]['label']} |", "| --- | --- | --- | --- | --- |"]
+    for key in keys:
         q25, q75 = np.percentile(values_of(record, key, metric), [25, 75])
-        lines.append(f"| {row['label']} | {median(record, key, metric)} | {significant(q25)}–{significant(q75)} | "
-                     f"{units(record, key, metric)} | {ratio(record, key, record['reference'], metric)} |")
+        lines.append(f"| {record['rows'][key]['label']} | {median(record, key, metric)} | {significant(q25)}–"
+                     f"{significant(q75)} | {units(record, key, metric)} | {ratio(record, key, reference, metric)} |")
     return "\n".join(lines)
 
 
