@@ -180,7 +180,8 @@ def test_speed_views_give_medians_ratios_and_targets(tmp_path):
     assert "| skfedspd | 4.05 | 3.98–4.12 | 4 | 0.503× |" in table
     assert render.reached(record, "target", "ratio", "theirs", "ours") == "reached"
     assert render.reached(record, "target", "ratio", "ours", "theirs") == "not reached"
-    assert [render.significant(v) for v in (0.29345, 152.8, 12.64, 1.0)] == ["0.293", "153", "12.6", "1.00"]
+    assert [render.significant(v) for v in (0.29345, 152.8, 12.64, 1.0, 99.96, 11593)] == \
+        ["0.293", "153", "12.6", "1.00", "100", "11593"]
 
 
 def test_speed_figures_are_given_and_others_caught(tmp_path, monkeypatch):

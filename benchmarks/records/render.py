@@ -171,10 +171,14 @@ def fact(record, name):
 
 
 def significant(value, digits=3):
-    """``4.02``, ``0.293``, ``153``: ``value`` to ``digits`` significant digits (no exponent)."""
+    """``4.02``, ``0.293``, ``153``, ``11593``: ``value`` to ``digits`` significant digits, or to the
+    unit when it has more (no exponent)."""
     if value == 0 or not math.isfinite(value):
         return f"{value:g}"
-    return f"{value:.{max(0, digits - 1 - math.floor(math.log10(abs(value))))}f}"
+    rounded = float(f"{value:.{digits - 1}e}")  # 99.96 -> 100.0: the digits of the rounded value
+    if abs(rounded) >= 10 ** (digits - 1):
+        return f"{value:.0f}"  # whole numbers keep their digits: 11593, not 11600
+    return f"{rounded:.{max(0, digits - 1 - math.floor(math.log10(abs(rounded))))}f}"
 
 
 def values_of(record, row, metric=None):
