@@ -17,6 +17,8 @@ so machine noise hits all alike. Median and IQR in ms, and the ratio to ``none``
 Usage::
 
     .venv/bin/python benchmarks/bench_batchnorm.py [--reps 30] [--batch 64] [--dtype float64]
+
+Writes the record ``speed-batchnorm`` (``--record``): ms per step of every variant per repetition.
 """
 
 import argparse
@@ -24,11 +26,15 @@ import platform
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from _machine import cpu_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd.datasets import make_spd_classification
 from skfedspd.nn import SPDNet
 
@@ -65,7 +71,9 @@ def main(argv=None):
     parser.add_argument("--reps", type=int, default=30)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--dtype", choices=["float64", "float32"], default="float64")
+    add_record_option(parser, "speed-batchnorm")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     torch.set_num_threads(1)
     dtype = getattr(torch, args.dtype)
     X, y = make_spd_classification(args.batch, N_CHANS, N_CLASSES, seed=0)
@@ -92,6 +100,11 @@ def main(argv=None):
     for name in names:
         q25, q50, q75 = np.percentile(times[name], [25, 50, 75])
         print(f"{name:<18} {q50:>10.3f} {q75 - q25:>8.3f} {q50 / base:>8.2f}")
+    keys = {"none": "none", "spd k=0": "spd-k0", "spd k=1": "spd-k1", "spd k=3": "spd-k3",
+            "domain k=1, D=4": "domain-k1"}
+    write_speed_record(args.record, title="SPDnet training step with SPD batch normalization against none",
+                       times={keys[n]: times[n] for n in names}, labels={keys[n]: n for n in names}, reference="none",
+                       started=started, facts={"batch": args.batch, "dtype": args.dtype})
 
 
 if __name__ == "__main__":

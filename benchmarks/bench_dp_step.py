@@ -17,6 +17,9 @@ order of the variants; median and IQR in ms.
 Usage::
 
     .venv/bin/python benchmarks/bench_dp_step.py [--reps 7] [--batch 64]
+
+Writes the record ``speed-dp-step`` (``--record``): ms per step of every model and variant per
+repetition.
 """
 
 import argparse
@@ -24,11 +27,15 @@ import platform
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 
 from _machine import cpu_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd.datasets import make_spd_classification
 from skfedspd.eegnet import EEGNet
 from skfedspd.nn import SPDNet
@@ -92,7 +99,9 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--batch", type=int, default=64)
+    add_record_option(parser, "speed-dp-step")
     args = parser.parse_args()
+    started = time.perf_counter()
     torch.set_num_threads(1)
     print("command:", shlex.join([sys.executable, *sys.argv]))
     print(f"machine: {cpu_name()}, python {platform.python_version()}, torch {torch.__version__}, 1 thread")
@@ -102,8 +111,8 @@ def main():
     spd = {name: (SPDNet(64, (18,), 4, eps=1e-2, seed=0), step)
            for name, step in (("plain (Adam)", plain_step), ("DP, batched backward", dp_step("batched")),
                               ("DP, per-sample loop", dp_step("loop")))}
-    report(f"SPDNet 64→18, 4 classes, float64, batch {args.batch}", time_variants(spd, X, y, args.reps),
-           "plain (Adam)")
+    spd_times = time_variants(spd, X, y, args.reps)
+    report(f"SPDNet 64→18, 4 classes, float64, batch {args.batch}", spd_times, "plain (Adam)")
 
     rng = np.random.default_rng(0)
     Xe = torch.as_tensor(rng.standard_normal((args.batch, 64, 480)), dtype=torch.float32)
@@ -112,8 +121,14 @@ def main():
            for name, step in (("plain (Adam)", plain_step), ("plain, BatchNorm frozen", frozen_bn_plain_step),
                               ("DP, per-sample vmap", dp_step("vmap")), ("DP, batched backward", dp_step("batched")),
                               ("DP, per-sample loop", dp_step("loop")))}
-    report(f"EEGNet-8,2 64×480 @160 Hz, 4 classes, float32, batch {args.batch}",
-           time_variants(eeg, Xe, ye, args.reps), "plain (Adam)")
+    eeg_times = time_variants(eeg, Xe, ye, args.reps)
+    report(f"EEGNet-8,2 64×480 @160 Hz, 4 classes, float32, batch {args.batch}", eeg_times, "plain (Adam)")
+    keys = {"plain (Adam)": "plain", "plain, BatchNorm frozen": "plain-frozen-bn", "DP, per-sample vmap": "dp-vmap",
+            "DP, batched backward": "dp-batched", "DP, per-sample loop": "dp-loop"}
+    times = {f"spdnet/{keys[n]}": t for n, t in spd_times.items()} | {f"eegnet/{keys[n]}": t for n, t in eeg_times.items()}
+    labels = {f"spdnet/{keys[n]}": f"SPDNet, {n}" for n in spd_times} | {f"eegnet/{keys[n]}": f"EEGNet, {n}" for n in eeg_times}
+    write_speed_record(args.record, title="One DP-SGD step against one plain step", times=times, labels=labels,
+                       reference="spdnet/plain", started=started, facts={"batch": args.batch})
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ steps of the median time, the last batch counted as a full one).
 Usage::
 
     .venv/bin/python benchmarks/bench_eegnet.py [--reps 20] [--batch 64] [--threads 2 1]
+
+Writes the record ``speed-eegnet`` (``--record``): ms per step of each implementation and
+thread count per repetition.
 """
 
 import argparse
@@ -30,12 +33,16 @@ import platform
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from _machine import cpu_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd.eegnet import EEGNet
 
 
@@ -66,7 +73,9 @@ def main():
     parser.add_argument("--threads", type=int, nargs="+", default=[2, 1])
     parser.add_argument("--dtype", choices=["float32", "float64"], default="float32")
     parser.add_argument("--epoch-trials", type=int, default=918)
+    add_record_option(parser, "speed-eegnet")
     args = parser.parse_args()
+    started = time.perf_counter()
 
     print("command:", shlex.join([sys.executable] + sys.argv))
     print(f"machine: {platform.node()} | {cpu_name()} | {os.cpu_count()} logical CPUs | "
@@ -82,6 +91,7 @@ def main():
     steps = {"reference": make_step(copy.deepcopy(base), "_reference_forward"),
              "fast": make_step(copy.deepcopy(base), "forward")}
     n_steps = math.ceil(args.epoch_trials / args.batch)
+    recorded, labels = {}, {}
 
     for threads in args.threads:
         torch.set_num_threads(threads)
@@ -103,6 +113,14 @@ def main():
                   f"epoch of {args.epoch_trials} trials ({n_steps} steps): "
                   f"{med[name] * n_steps / 1e3:6.2f} s")
         print(f"  ratio reference / fast: {med['reference'] / med['fast']:.1f}x")
+        for name, ts in times.items():
+            recorded[f"{name}/{threads}"] = ts
+            labels[f"{name}/{threads}"] = (f"{'layer by layer' if name == 'reference' else 'fast block 1'}, "
+                                           f"{threads} thread{'s' if threads > 1 else ''}")
+    write_speed_record(args.record, title="One EEGNet-8,2 training step: the fast block 1 against layer by layer",
+                       times=recorded, labels=labels, reference=f"fast/{args.threads[-1]}", started=started,
+                       facts={"batch": args.batch, "channels": args.channels, "times": args.times,
+                              "dtype": args.dtype, "parameters": n_params})
 
 
 if __name__ == "__main__":

@@ -46,6 +46,10 @@ Usage::
     .venv/bin/python benchmarks/bench_federated.py                 # all parts, < 5 min on 2 cores
     .venv/bin/python benchmarks/bench_federated.py --parts P2,P3 --reps 5
     .venv/bin/python benchmarks/bench_federated.py --parts P6 --p6-clients 2000
+
+Each part writes its record (``--record PREFIX``, default ``speed-federated``):
+``PREFIX-overhead`` (P2), ``PREFIX-parallel`` (P3), ``PREFIX-aggregation`` (P4),
+``PREFIX-memory`` (P6).
 """
 
 import argparse
@@ -68,6 +72,9 @@ import torch
 
 import skfedspd.local as local_backend
 from _machine import cpu_name
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the benchmarks package
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.engine import FederatedEngine
 from skfedspd.datasets import make_spd_classification
@@ -118,7 +125,7 @@ def median_ms(fn, reps, warmup=3):
 
 
 def verdict(ok):
-    return "MET" if ok else "MISSED"
+    return "REACHED" if ok else "NOT REACHED"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -208,6 +215,7 @@ def _compare_models(a, b):
 
 
 def bench_p2(args, X, y, results):
+    started = time.perf_counter()  # the wall time of this part's record
     T, E, K = args.rounds, args.epochs, args.clients
     print(f"\n== P2: federated ({K} clients, T={T} rounds x E={E} local epochs, all clients, "
           f"validation {args.validation_fraction:g} per client) vs centralized ({T * E} epochs) ==")
@@ -258,6 +266,14 @@ def bench_p2(args, X, y, results):
     print(f"  ratio federated / centralized = {ratio:.3f} wall ({fc / cc:.3f} CPU)   target <= 1.15   "
           f"-> {verdict(ratio <= 1.15)}")
     results["P2"] = (f"fed/central wall time = {ratio:.3f} (CPU {fc / cc:.3f})", "<= 1.15", ratio <= 1.15)
+    write_speed_record(f"{args.record}-overhead", title="Federated fit against the centralized fit of as many epochs",
+                       times={"federated": fed_t, "centralized": cen_t}, reference="centralized",
+                       labels={"federated": f"federated, {K} clients x {T} rounds x {E} epochs",
+                               "centralized": f"centralized, {T * E} epochs"},
+                       metric="s", description="seconds per fit", started=started,
+                       facts={"target": "≤ 1.15", "cpu_ratio": f"{fc / cc:.3f}", "clients": K, "rounds": T,
+                              "local_epochs": E, "steps_ratio": f"{steps_fed / steps_cen:.3f}",
+                              "server_share_percent": f"{100 * statistics.median(server) / f:.1f}"})
 
 
 def _cpu_seconds():
@@ -308,6 +324,7 @@ def _ceiling(n_jobs, n_tasks, n_iter):
 
 
 def bench_p3(args, X, y, results):
+    started = time.perf_counter()  # the wall time of this part's record
     T, K = args.p3_rounds, args.p3_clients
     print(f"\n== P3: n_jobs=2 vs n_jobs=1 ({K} clients, T={T} rounds x E={args.epochs} local epochs) ==")
     t0 = time.perf_counter()
@@ -388,6 +405,21 @@ def bench_p3(args, X, y, results):
           f"   -> {verdict(met)}")
     results["P3"] = (f"speed-up n_jobs=2 = {speedup:.2f}x, per round {round_speedup:.2f}x (ceiling {ceiling:.2f}x; "
                      f"bit-identical: {identical})", ">= 1.6x or >= 90% of ceiling", met and identical)
+    facts = {"target": "≥ 1.6×", "bit_identical": identical, "clients": K, "rounds": T, "short_rounds": T_short,
+             "per_round_ms_1": f"{1e3 * per_round[1]:.1f}", "per_round_ms_2": f"{1e3 * per_round[2]:.1f}",
+             "per_round_speedup": f"{round_speedup:.2f}×", "percent_of_ceiling": f"{100 * speedup / ceiling:.0f} %",
+             "per_round_percent_of_ceiling": f"{100 * round_speedup / ceiling:.0f} %"}
+    if cpu2:
+        facts.update(main_cpu_s=f"{main_c:.2f}", serial_cpu_s=f"{serial_c:.2f}",
+                     contention_free_bound=f"{serial_c / path:.2f}×")
+    write_speed_record(f"{args.record}-parallel", title="Federated fit with n_jobs=2 against n_jobs=1",
+                       times={"n_jobs=1": t1, "n_jobs=2": t2, "n_jobs=1/short": short[1], "n_jobs=2/short": short[2],
+                              "ceiling/serial": c1, "ceiling/n_jobs=2": c2}, reference="n_jobs=1",
+                       labels={"n_jobs=1": f"n_jobs=1, {T} rounds", "n_jobs=2": f"n_jobs=2, {T} rounds",
+                               "n_jobs=1/short": f"n_jobs=1, {T_short} rounds",
+                               "n_jobs=2/short": f"n_jobs=2, {T_short} rounds",
+                               "ceiling/serial": "pure compute, serial", "ceiling/n_jobs=2": "pure compute, n_jobs=2"},
+                       metric="s", description="seconds per fit", started=started, facts=facts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -396,6 +428,7 @@ def bench_p3(args, X, y, results):
 
 
 def bench_p4(args, results):
+    started = time.perf_counter()  # the wall time of this part's record
     N, p, k, n_classes = args.p4_clients, args.channels, args.hidden, 4
     n_feat = k * (k + 1) // 2
     print(f"\n== P4: one aggregation of {N} clients x St({p},{k}) + head ({n_classes}x{n_feat} + {n_classes}) ==")
@@ -416,6 +449,7 @@ def bench_p4(args, results):
               f"{'mean |W_i-K|F':>14} {'orth. err':>9}")
     print(header)
     worst_ms, worst_ratio = 0.0, np.inf
+    recorded, labels, facts = {}, {}, {"clients": N}
     for delta in args.deltas:
         clients = []
         for _ in range(N):
@@ -425,9 +459,13 @@ def bench_p4(args, results):
             clients.append({name: retract(W0, delta * D),
                             "head.weight": H0 + delta * rng.standard_normal(H0.shape),
                             "head.bias": b0 + delta * rng.standard_normal(b0.shape)})
-        t_proj, _ = median_ms(lambda: projavg(clients, weights, previous, kinds), args.p4_reps)
-        t_rl, _ = median_ms(lambda: rlavg(clients, weights, previous, kinds), args.p4_reps)
-        t_k, _ = median_ms(lambda: karcher(clients, weights, previous, kinds), args.p4_ref_reps, warmup=1)
+        t_proj, s_proj = median_ms(lambda: projavg(clients, weights, previous, kinds), args.p4_reps)
+        t_rl, s_rl = median_ms(lambda: rlavg(clients, weights, previous, kinds), args.p4_reps)
+        t_k, s_k = median_ms(lambda: karcher(clients, weights, previous, kinds), args.p4_ref_reps, warmup=1)
+        for rule, label, seconds in (("projavg", "ProjAvg", s_proj), ("rlavg", "RLAvg", s_rl),
+                                     ("karcher", "Karcher mean", s_k)):
+            recorded[f"{rule}/{delta:g}"] = [1e3 * v for v in seconds]
+            labels[f"{rule}/{delta:g}"] = f"{label}, spread δ = {delta:g}"
         out, iters = karcher(clients, weights, previous, kinds, return_iterations=True)
         K = out[name]
         pa = projavg(clients, weights, previous, kinds)[name]
@@ -439,6 +477,9 @@ def bench_p4(args, results):
               f"{t_k / t_rl:>8.0f} {np.linalg.norm(pa - K):>10.2e} {np.linalg.norm(rl - K):>10.2e} "
               f"{grad_pa:>14.2e} {spread:>14.3e} {orth:>9.1e}")
         worst_ms = max(worst_ms, t_proj, t_rl)
+        facts.update({f"karcher_iterations_{delta:g}": int(iters[name]),
+                      f"projavg_to_karcher_{delta:g}": f"{np.linalg.norm(pa - K):.1e}",
+                      f"rlavg_to_karcher_{delta:g}": f"{np.linalg.norm(rl - K):.1e}"})
         worst_ratio = min(worst_ratio, t_k / t_proj, t_k / t_rl)
     # where one ProjAvg goes: the weighted sum over clients vs the polar factor
     summed = weighted_sum(clients, weights, kinds)
@@ -451,6 +492,9 @@ def bench_p4(args, results):
     print(f"  smallest Karcher / (ProjAvg|RLAvg) = {worst_ratio:.0f}x   target >= 100x   -> {verdict(ok_ratio)}")
     results["P4 time"] = (f"ProjAvg/RLAvg <= {worst_ms:.3f} ms", "<= 1 ms", ok_ms)
     results["P4 ratio"] = (f"Karcher / one-step >= {worst_ratio:.0f}x", ">= 100x", ok_ratio)
+    write_speed_record(f"{args.record}-aggregation", title=f"One aggregation of {N} clients: ProjAvg, RLAvg, Karcher mean",
+                       times=recorded, labels=labels, reference=f"projavg/{args.deltas[0]:g}", started=started,
+                       description="milliseconds per aggregation", facts=facts)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -513,6 +557,7 @@ def p6_child(args):
 
 
 def bench_p6(args, results):
+    started = time.perf_counter()  # the wall time of this part's record
     print(f"\n== P6: {args.p6_clients} clients x {args.p6_rounds} rounds, {args.p6_samples} matrices "
           f"{args.p6_channels}x{args.p6_channels} per client ({args.p6_samples - 1} train + 1 validation), "
           f"BiMap {args.p6_hidden}, E={args.epochs}, n_jobs={args.p6_jobs} ==")
@@ -542,6 +587,13 @@ def bench_p6(args, results):
         print("  note: loky workers' own memory is not included in this process's ru_maxrss")
     print(f"  peak RSS {peak_gb:.3f} GiB   target <= 2 GB   -> {verdict(peak_gb <= 2)}")
     results["P6"] = (f"peak RSS = {peak_gb:.3f} GiB", "<= 2 GB", peak_gb <= 2)
+    write_speed_record(f"{args.record}-memory", title=f"Peak memory of a federated fit of {r['n_clients']} clients",
+                       times={"fit": [r["peak_mib"]]}, reference="fit", labels={"fit": "peak RSS of the fit's process"},
+                       metric="MiB", description="MiB", started=started,
+                       facts={"target": "≤ 2 GiB", "peak_gib": f"{peak_gb:.3f}", "clients": r["n_clients"],
+                              "rounds": r["rounds"], "fit_s": f"{r['wall_s']:.1f}",
+                              "imports_and_data_mib": f"{r['rss_before_mib']:.0f}",
+                              "round_s_first": f"{rounds[0]:.2f}", "round_s_last": f"{rounds[-1]:.2f}"})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -580,6 +632,7 @@ def main(argv=None):
     g.add_argument("--p6-hidden", type=int, default=4)
     g.add_argument("--p6-jobs", type=int, default=1)
     p.add_argument("--_p6-child", action="store_true", help=argparse.SUPPRESS)
+    add_record_option(p, "speed-federated")
     args = p.parse_args(argv)
     if args._p6_child:
         return p6_child(args)

@@ -25,6 +25,9 @@ Usage::
 
     FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 .venv/bin/python benchmarks/bench_flower.py
     ... --modes local,loopback,loopback-subprocess --rounds 1,3 --sites 2
+
+Writes the record ``speed-flower`` (``--record``): each mode's round wall times (the fit of n2
+rounds, units: rounds), its per-round cost, CPU and memory as facts.
 """
 
 import argparse
@@ -45,6 +48,9 @@ os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _machine import cpu_name  # noqa: E402
+
+sys.path.insert(0, str(ROOT))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 MODES = ("local", "simulation", "loopback", "loopback-subprocess")
 DEFAULT_MODES = "local,simulation,loopback"
 
@@ -68,12 +74,16 @@ def problem(args):
 
 
 def estimator(args):
+    """The federated estimator of every mode. No validation split: on this small problem the
+    local backend holds out none (``skfedspd.run.held_out_fraction``), while a deployment's
+    sites, which the server does not see, hold out ``validation_fraction`` as given; with 0
+    both train on the same data and their models can be compared."""
     from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 
     return FederatedSPDnetClassifier(
         SPDnetClassifier(hidden_dims=(args.hidden,), batch_size=16, lr=0.02),
         n_rounds=args.rounds, local_epochs=args.local_epochs, clients_per_round=args.clients_per_round,
-        random_state=0)
+        validation_fraction=0.0, random_state=0)
 
 
 def _group_cpu_seconds(pgids):
@@ -155,7 +165,7 @@ def child(args):
         out["deployment_total_peak_mib"] = peak["total"]
         out["deployment_largest_process_peak_mib"] = peak["largest"]
     walls = [r["wall_time"] for r in fed.history_]
-    out.update(rounds=len(walls), round_median_s=float(np.median(walls)), round_min_s=float(np.min(walls)),
+    out.update(rounds=len(walls), round_s=walls, round_median_s=float(np.median(walls)), round_min_s=float(np.min(walls)),
                round_max_s=float(np.max(walls)), peak_hwm_mib=vm_hwm_mib(), total_s=time.perf_counter() - t0,
                params={k: np.asarray(v).tolist() for k, v in fed.engine_.global_params.items()},
                history=repr([{k: r[k] for k in sorted(r) if k != "wall_time"} for r in fed.history_]))
@@ -191,7 +201,9 @@ def main():
                    help="torch intra-op threads of every process (as bench_federated.py)")
     p.add_argument("--json", default=None, help="also write the figures there")
     p.add_argument("--child", choices=MODES, help=argparse.SUPPRESS)
+    add_record_option(p, "speed-flower")
     args = p.parse_args()
+    started = time.perf_counter()
     if args.child:
         args.rounds = int(args.rounds)
         return child(args)
@@ -223,7 +235,7 @@ def main():
     print("| mode | per round | / local | median round (history) | fit at n2 rounds | CPU s per round, all "
           "processes | peak RSS |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
-    figures = {}
+    figures, facts = {}, {"target": "≤ 3 s", "sites": args.sites, "rounds": f"{n1}, {n2}"}
     for mode, (a, b) in results.items():
         per_round = (b["fit_s"] - a["fit_s"]) / (n2 - n1)
         ratio = f"{per_round / local_round:.0f}x" if local_round and mode != "local" else "1"
@@ -237,6 +249,13 @@ def main():
         else:
             memory = f"{b['peak_hwm_mib']:.0f} MiB (imports alone {b['imports_hwm_mib']:.0f} MiB)"
         print(f"| {mode} | {per_round:.3f} s | {ratio} | {b['round_median_s']:.3f} s | {fit} | {cpu} | {memory} |")
+        facts.update({f"per_round_s_{mode}": f"{per_round:.3f}", f"fit_s_{mode}": f"{b['fit_s']:.2f}"})
+        if "startup_s" in b:
+            facts.update({f"startup_s_{mode}": f"{b['startup_s']:.1f}", f"cpu_per_round_s_{mode}": cpu.split()[0],
+                          f"peak_mib_{mode}": f"{b['deployment_total_peak_mib']:.0f}",
+                          f"largest_process_peak_mib_{mode}": f"{b['deployment_largest_process_peak_mib']:.0f}"})
+        else:
+            facts[f"peak_mib_{mode}"] = f"{b['peak_hwm_mib']:.0f}"
         figures[mode] = dict(per_round_s=per_round, **{f"{k}_n{n}": r[k] for n, r in ((n1, a), (n2, b))
                                                          for k in r if k not in ("params", "history")})
     if len(results) > 1:
@@ -244,6 +263,12 @@ def main():
                    and runs[i]["history"] == next(iter(results.values()))[i]["history"]
                    for runs in results.values() for i in (0, 1))
         print(f"\nbit-identical global models and histories across {', '.join(results)}: {same}")
+        facts["bit_identical"] = same
+    if results:
+        write_speed_record(args.record, title="Flower backends: the cost of a round",
+                           times={mode: b["round_s"] for mode, (a, b) in results.items()},
+                           reference="local" if "local" in results else next(iter(results)), started=started,
+                           metric="s", description=f"seconds per round (fit of {n2} rounds)", facts=facts)
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(figures, indent=1))

@@ -22,6 +22,8 @@ all alike. Median and 90th percentile in ms, and the median's ratio to ``plain p
 Usage::
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/bench_online.py [--reps 300]
+
+Writes the record ``speed-online`` (``--record``): ms per call of every variant per repetition.
 """
 
 import argparse
@@ -29,6 +31,7 @@ import platform
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import sklearn
@@ -39,6 +42,9 @@ from sklearn.pipeline import make_pipeline
 
 import skfedspd
 from _machine import cpu_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd import Recenter, SPDnetClassifier
 from skfedspd.datasets import make_spd_classification
 
@@ -48,7 +54,9 @@ N_CHANS, N_TRAIN, N_CLASSES = 64, 200, 2
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=300)
+    add_record_option(parser, "speed-online")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     torch.set_num_threads(1)
     X, y = make_spd_classification(N_TRAIN + args.reps, N_CHANS, N_CLASSES, seed=0)
     groups = np.arange(N_TRAIN) % 4
@@ -89,6 +97,12 @@ def main(argv=None):
     for name in names:
         q50, q90 = np.percentile(times[name], [50, 90])
         print(f"{name:<26} {q50:>10.3f} {q90:>8.3f} {q50 / base:>8.2f}")
+    keys = {"plain predict": "plain", "domain predict+update": "domain-update", "domain, no domain=": "domain-none",
+            "Recenter+TS+LR": "recenter-tslr", "Recenter+TS+LR, steps": "recenter-tslr-steps"}
+    write_speed_record(args.record, title="Online prediction: one trial per call, its domain updated first",
+                       times={keys[name]: times[name] for name in names}, labels={keys[n]: n for n in names},
+                       reference="plain", started=started, description="milliseconds per one-trial call",
+                       facts={"target": "≤ 1 ms", "channels": N_CHANS})
 
 
 if __name__ == "__main__":

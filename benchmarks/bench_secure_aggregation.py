@@ -14,6 +14,9 @@ Usage::
 
     FLWR_TELEMETRY_ENABLED=0 FLWR_DISABLE_UPDATE_CHECK=1 .venv/bin/python benchmarks/bench_secure_aggregation.py
     ... --sites 3,5,10 --rounds 5
+
+Writes the record ``speed-secure-aggregation`` (``--record``): each fit's round wall times
+(units: rounds), plain and secure, for every number of sites.
 """
 
 import argparse
@@ -22,6 +25,7 @@ import platform
 import shlex
 import sys
 import time
+from pathlib import Path
 
 os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
 os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
@@ -30,6 +34,9 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from _machine import cpu_name  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.datasets import make_spd_classification  # noqa: E402
 
@@ -55,7 +62,9 @@ def main():
     p.add_argument("--hidden", type=int, default=18)
     p.add_argument("--classes", type=int, default=4)
     p.add_argument("--aggregation", default="projavg", choices=["projavg", "rlavg"])
+    add_record_option(p, "speed-secure-aggregation")
     args = p.parse_args()
+    started = time.perf_counter()
     torch.set_num_threads(1)
     sites = [int(s) for s in args.sites.split(",")]
     print(f"command: {shlex.join([os.path.basename(sys.executable)] + sys.argv)}")
@@ -66,7 +75,7 @@ def main():
           f"{args.aggregation}\n")
     X0, y0 = make_spd_classification(3 * 6, args.channels, args.classes, seed=1)
     fit(args, 3, False, X0, y0)  # warm-up (imports, first simulation), not measured
-    rows = []
+    rows, times, labels, facts = [], {}, {}, {}
     for n_sites in sites:
         X, y = make_spd_classification(n_sites * args.samples_per_site, args.channels, args.classes, seed=0)
         plain, plain_fit = fit(args, n_sites, False, X, y)
@@ -76,12 +85,19 @@ def main():
         diff = max(float(np.abs(plain.engine_.global_params[n] - secure.engine_.global_params[n]).max())
                    for n in plain.engine_.global_params)
         rows.append((n_sites, plain_round, secure_round, plain_fit, secure_fit, diff))
+        for kind, fed in (("plain", plain), ("secure", secure)):
+            times[f"{kind}/{n_sites}"] = [r["wall_time"] for r in fed.history_]
+            labels[f"{kind}/{n_sites}"] = f"{kind}, {n_sites} sites"
+        facts[f"max_difference_{n_sites}"] = f"{diff:.1e}"
     print("| sites | plain per round | secure per round | overhead per round | ratio | fit plain / secure "
           "| max abs Δ global model |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for n_sites, plain_round, secure_round, plain_fit, secure_fit, diff in rows:
         print(f"| {n_sites} | {plain_round:.3f} s | {secure_round:.3f} s | {secure_round - plain_round:+.3f} s "
               f"| {secure_round / plain_round:.2f}x | {plain_fit:.1f} s / {secure_fit:.1f} s | {diff:.1e} |")
+    write_speed_record(args.record, title="Secure aggregation (SecAgg+) against plain rounds, in-process simulation",
+                       times=times, labels=labels, reference=f"plain/{sites[0]}", started=started, metric="s",
+                       description="seconds per round", facts=facts)
 
 
 if __name__ == "__main__":

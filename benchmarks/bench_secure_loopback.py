@@ -9,7 +9,10 @@ backend's global model.
 
 Usage::
 
-    cd benchmarks && PYTHONPATH=.. python bench_secure_loopback.py /tmp/secure-loopback
+    cd benchmarks && PYTHONPATH=.. python bench_secure_loopback.py /tmp/secure-loopback [--record NAME]
+
+Writes the record ``speed-secure-loopback`` (``--record NAME``; ``none``: no record): each run's
+round wall times (units: rounds), the largest difference from the local backend as facts.
 """
 import os, sys, time
 os.environ["FLWR_TELEMETRY_ENABLED"] = "0"; os.environ["FLWR_DISABLE_UPDATE_CHECK"] = "1"
@@ -17,6 +20,10 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from pathlib import Path
 import numpy as np
 from conftest import make_spd_dataset
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))  # the benchmarks package
+from benchmarks.records.speed import write_speed_record
+started = time.perf_counter()
+record = sys.argv[sys.argv.index("--record") + 1] if "--record" in sys.argv else "speed-secure-loopback"
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.flower import fit_federated
 from skfedspd.flower.loopback import LoopbackDeployment
@@ -43,7 +50,12 @@ with LoopbackDeployment(paths, root=tmp / "flower") as dep:
                 print(f"---- {name}\n{dep.log(name)[-3000:]}")
             raise
         out[secure] = (m, time.perf_counter() - t)
+facts = {}
 for secure, (m, total) in out.items():
     diff = max(np.abs(m.engine_.global_params[n] - local.engine_.global_params[n]).max() for n in m.engine_.global_params)
     print(f"secure={secure}: per round {[round(r['wall_time'], 2) for r in m.history_]} s, fit {total:.1f} s, "
           f"max |Δ| vs local {diff:.1e}")
+    facts[f"max_difference_from_local_{'secure' if secure else 'plain'}"] = f"{diff:.1e}"
+write_speed_record(record, title="Secure aggregation on a loopback deployment, 3 sites",
+                   times={("secure" if s else "plain"): [r["wall_time"] for r in m.history_] for s, (m, _) in out.items()},
+                   reference="plain", started=started, metric="s", description="seconds per round", facts=facts)

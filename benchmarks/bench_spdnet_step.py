@@ -35,6 +35,9 @@ eigenvalues clamped to ``eps``), reporting NaN/Inf.
 Usage::
 
     .venv/bin/python benchmarks/bench_spdnet_step.py [--reps 40] [--batch 64] [--device cpu]
+
+Writes the record ``speed-spdnet-step`` (``--record``): ms per step of every (implementation,
+dtype) per repetition, the gradient checks' errors as facts.
 """
 
 import argparse
@@ -43,6 +46,7 @@ import platform
 import shlex
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -50,6 +54,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from _machine import cpu_name
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
+from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd.functional import reeig_logeig, vech
 from skfedspd.nn import SPDNet
 from skfedspd.stiefel import random_stiefel, tangent_project
@@ -268,7 +275,7 @@ def gradient_report(X, y, device, h=1e-4, label=""):
     print("(a) Euclidean gradient dL/dW at the same W, through each implementation's layers")
     print(f"    {'impl':<10} {'loss':>22} {'finite':>6} {'rel.err vs ours':>16} "
           f"{'Riem. vs ours':>14} {'rel.err vs FD':>14}")
-    grads = {}
+    grads, errors = {}, {}
     for impl in IMPLS:
         W = W0.clone().requires_grad_(True)
         loss = _loss_of_W(impl, models[impl], W, X, y)
@@ -283,6 +290,7 @@ def gradient_report(X, y, device, h=1e-4, label=""):
         rel_fd = abs(dd - fd) / max(abs(fd), 1e-300)
         rel_ours = _rel(G, G_ours)
         rel_riem = _rel(tangent_project(W0, G), tangent_project(W0, G_ours))
+        errors[impl] = f"{rel_fd:.1e}" if finite and np.isfinite(rel_fd) else "not finite"
         print(f"    {impl:<10} {loss:>22.16f} {str(finite):>6} {rel_ours:>16.2e} "
               f"{rel_riem:>14.2e} {rel_fd:>14.2e}")
 
@@ -337,6 +345,7 @@ def gradient_report(X, y, device, h=1e-4, label=""):
     dd = float((gO * DO).sum())
     print(f"    {'spd-learn':<10} {'original':<9} {str(bool(torch.isfinite(gO).all())):>6} "
           f"{abs(dd - fd) / max(abs(fd), 1e-300):>14.2e}  (Cayley, base ← [W, W⊥])")
+    return errors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -350,7 +359,9 @@ def main(argv=None):
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
     parser.add_argument("--skip-grad-check", action="store_true")
+    add_record_option(parser, "speed-spdnet-step")
     args = parser.parse_args(argv)
+    started = time.perf_counter()
     if args.reps < 30:
         parser.error("--reps must be >= 30")
     if args.device.startswith("cuda") and not torch.cuda.is_available():
@@ -387,15 +398,23 @@ def main(argv=None):
     for dname in DTYPES:
         r_sl = med[("spd-learn", dname)] / med[("ours", dname)]
         r_nv = med[("naive", dname)] / med[("ours", dname)]
-        verdict = "target met" if r_sl >= 2 else "target NOT met"
+        verdict = "target reached" if r_sl >= 2 else "target not reached"
         print(f"  {dname}: spd-learn/ours = {r_sl:.2f}x ({verdict}: >= 2x)   naive/ours = {r_nv:.2f}x")
 
+    facts = {"batch": args.batch, "threads": args.threads, "device": args.device}
     if not args.skip_grad_check:
         X, y = make_batch(args.batch, torch.float64, device)
-        gradient_report(X, y, device, label="generic batch (distinct eigenvalues)")
+        generic = gradient_report(X, y, device, label="generic batch (distinct eigenvalues)")
         Xd, yd = make_degenerate_batch(args.batch, torch.float64, device)
-        gradient_report(Xd, yd, device,
-                        label="degenerate batch (identity -> tied eigenvalues; rank 4 -> 14 ties at eps)")
+        degenerate = gradient_report(Xd, yd, device,
+                                     label="degenerate batch (identity -> tied eigenvalues; rank 4 -> 14 ties at eps)")
+        facts.update({f"gradient_error_{impl}": generic[impl] for impl in IMPLS})
+        facts.update({f"degenerate_gradient_error_{impl}": degenerate[impl] for impl in IMPLS})
+    labels = {"ours": "skfedspd `SPDNet`", "naive": "naive (`eigh` autograd, QR)", "spd-learn": "spd-learn `SPDNet`"}
+    write_speed_record(args.record, title="One SPDnet training step: skfedspd, a naive implementation, spd-learn",
+                       times={f"{impl}/{d}": times[(impl, d)] for d in DTYPES for impl in IMPLS},
+                       labels={f"{impl}/{d}": f"{labels[impl]}, {d}" for d in DTYPES for impl in IMPLS},
+                       reference="ours/float32", started=started, facts=facts)
 
 
 if __name__ == "__main__":

@@ -98,3 +98,10 @@ def test_the_harness_reads_eeg_through_its_data_module():
     readers = {str(p.relative_to(harness)): sorted(loader_names(p)) for p in sorted(harness.rglob("*.py"))}
     assert {path: names for path, names in readers.items() if names and path != "data.py"} == {}
     assert {"load_physionet_mi", "load_moabb", "PhysionetMI", "Weibo2014"} <= set(readers["data.py"])
+
+
+def test_every_speed_script_writes_a_record():
+    """A speed script's figures reach the docs only through its record (``benchmarks/records/speed.py``)."""
+    scripts = sorted(BENCHMARKS.glob("bench_*.py"))
+    assert scripts
+    assert [p.name for p in scripts if "write_speed_record(" not in p.read_text()] == []

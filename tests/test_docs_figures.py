@@ -18,7 +18,6 @@ NOT_YET_GENERATED = (
     "docs/benchmarks/federation-scale.md",
     "docs/benchmarks/moabb.md",
     "docs/benchmarks/privacy.md",
-    "docs/benchmarks/speed.md",
     "docs/design-decisions.md",
     "docs/guide/privacy.md",
 )

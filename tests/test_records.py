@@ -146,3 +146,55 @@ def test_per_subject_scores_are_recorded_against_a_reference_pipeline(tmp_path, 
     assert record["rows"]["fedspdnet-dbn-subject-domains"]["label"] == "FedSPDnet+dBN, subject domains"
     assert render.difference(record, "fedspdnet-dbn-subject-domains") == "+3.5 ± 1.5"
     assert render.mean(record, "recenter-ts-lr", "roc_auc") == "66.0"
+
+
+def write_speed(folder, name="speed-demo"):
+    from benchmarks.records import speed
+
+    return speed.write_speed_record(
+        name, title="demo step", times={"ours": [4.0, 4.2, 3.9, 4.1], "theirs": [8.0, 8.3, 8.1, 7.9]},
+        reference="theirs", labels={"ours": "skfedspd"}, started=0.0, facts={"target": "≥ 1.6×", "peak": "0.456"},
+        command="python benchmarks/bench_demo.py --reps 4", folder=folder)
+
+
+def test_a_speed_script_writes_its_repetitions_as_a_record(tmp_path):
+    from benchmarks.records import speed
+
+    assert speed.write_speed_record("none", title="", times={}, reference="", started=0.0, folder=tmp_path) is None
+    write_speed(tmp_path)
+    record = store.read_record("speed-demo", tmp_path)
+    assert record["paired_by"] == "repetition" and record["reference"] == "theirs"
+    assert record["metrics"] == {"ms": "milliseconds per step"}
+    assert record["rows"]["ours"] == {"label": "skfedspd", "scores": {"ms": {"0": 4.0, "1": 4.2, "2": 3.9, "3": 4.1}}}
+    assert record["command"] == "python benchmarks/bench_demo.py --reps 4"
+    assert speed.script_command([str(speed.ROOT / "benchmarks" / "bench_x.py"), "--reps", "7"]) == \
+        "python benchmarks/bench_x.py --reps 7"
+
+
+def test_speed_views_give_medians_ratios_and_targets(tmp_path):
+    write_speed(tmp_path)
+    record = store.read_record("speed-demo", tmp_path)
+    assert render.median(record, "ours") == "4.05" and render.median(record, "theirs") == "8.05"
+    assert render.ratio(record, "theirs", "ours") == "1.99×"
+    table = render.median_table(record)
+    assert "| skfedspd | 4.05 | 3.98–4.12 | 4 | 0.503× |" in table
+    assert render.reached(record, "target", "ratio", "theirs", "ours") == "reached"
+    assert render.reached(record, "target", "ratio", "ours", "theirs") == "not reached"
+    assert [render.significant(v) for v in (0.29345, 152.8, 12.64, 1.0, 99.96, 11593)] == \
+        ["0.293", "153", "12.6", "1.00", "100", "11593"]
+
+
+def test_speed_figures_are_given_and_others_caught(tmp_path, monkeypatch):
+    write_speed(tmp_path)
+    monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, tmp_path))
+    monkeypatch.setattr("benchmarks.records.quotes.read_record", lambda name: store.read_record(name, tmp_path))
+    block = "<!-- record:speed-demo median ours -->4.05<!-- /record -->"
+    assert unbacked_figures(f"{block} ms; 1.99× faster, 0.503 of it; peak 0.456 GiB; 3.98 to 4.12.") == []
+    assert unbacked_figures(f"{block} ms; 2.04× faster.") == ["2.04"]
+
+
+def test_a_median_table_shows_part_of_the_rows_against_the_first_one(tmp_path):
+    write_speed(tmp_path)
+    record = store.read_record("speed-demo", tmp_path)
+    table = render.median_table(record, "ms", "ours")
+    assert "/ skfedspd |" in table and "| skfedspd | 4.05 | 3.98–4.12 | 4 | 1.00× |" in table and "theirs" not in table

@@ -52,7 +52,9 @@ def given_figures(record):
     for metric in record["metrics"]:
         texts.append(VIEWS["paired-table"](record, metric))
         for row in record["rows"]:
-            texts += [VIEWS[v](record, row, metric) for v in ("mean", "mean-sd", "comparison")]
+            texts += [VIEWS[v](record, row, metric) for v in ("mean", "mean-sd", "comparison", "median")]
+            texts += [VIEWS["ratio"](record, row, other, metric) for other in record["rows"]]
+        texts.append(VIEWS["median-table"](record, metric))
     return {normalize(f) for text in texts for f in FIGURE.findall(text)}
 
 

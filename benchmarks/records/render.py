@@ -175,10 +175,64 @@ def fact(record, name):
     return ", ".join(map(str, value)) if isinstance(value, list) else str(value)
 
 
+def significant(value, digits=3):
+    """``4.02``, ``0.293``, ``153``, ``11593``: ``value`` to ``digits`` significant digits, or to the
+    unit when it has more (no exponent)."""
+    if value == 0 or not math.isfinite(value):
+        return f"{value:g}"
+    rounded = float(f"{value:.{digits - 1}e}")  # 99.96 -> 100.0: the digits of the rounded value
+    if abs(rounded) >= 10 ** (digits - 1):
+        return f"{value:.0f}"  # whole numbers keep their digits: 11593, not 11600
+    return f"{rounded:.{max(0, digits - 1 - math.floor(math.log10(abs(rounded))))}f}"
+
+
+def values_of(record, row, metric=None):
+    return np.array(list(scores(record, row, metric_of(record, metric)).values()), dtype=float)
+
+
+def median(record, row, metric=None):
+    """``4.02``: the row's median over its units (interleaved repetitions of a speed record), 3
+    significant digits."""
+    return significant(float(np.median(values_of(record, row, metric))))
+
+
+def ratio(record, row, other, metric=None):
+    """``2.04×``: the row's median over the other row's median."""
+    return significant(float(np.median(values_of(record, row, metric)) / np.median(values_of(record, other, metric)))) + "×"
+
+
+def median_table(record, metric=None, part=None):
+    """Every row (those whose key contains ``part``, when given) with its median, interquartile
+    range and units, and its ratio to the reference (to the first row shown when the reference
+    is not among them)."""
+    metric = metric_of(record, metric)
+    keys = [key for key in record["rows"] if part is None or part in key]
+    reference = record["reference"] if record["reference"] in keys else keys[0]
+    lines = [f"| variant | median, {record['metrics'][metric]} | IQR | {record['paired_by']}s "
+             f"| / {record['rows'][reference]['label']} |", "| --- | --- | --- | --- | --- |"]
+    for key in keys:
+        q25, q75 = np.percentile(values_of(record, key, metric), [25, 75])
+        lines.append(f"| {record['rows'][key]['label']} | {median(record, key, metric)} | {significant(q25)}–"
+                     f"{significant(q75)} | {units(record, key, metric)} | {ratio(record, key, reference, metric)} |")
+    return "\n".join(lines)
+
+
+def reached(record, target, view, *args):
+    """``reached`` or ``not reached``: the first figure of ``view`` against the fact ``target``
+    (``"≤ 1.15"``, ``"≥ 1.6×"``, ``"≤ 2 GiB"``)."""
+    bound = record["facts"][target]
+    limit = float(re.search(r"\d+(?:\.\d+)?", bound).group(0))
+    value = float(re.search(r"[+−-]?\d+(?:\.\d+)?", VIEWS[view](record, *args)).group(0).replace("−", "-"))
+    if bound.lstrip()[0] not in "≤≥":
+        raise ValueError(f"target {target!r} of record {record['name']!r} is {bound!r}: it starts with ≤ or ≥")
+    return "reached" if (value <= limit if bound.lstrip()[0] == "≤" else value >= limit) else "not reached"
+
+
 #: view name -> function(record, *args) -> text.
 VIEWS = {"mean": mean, "mean-sd": mean_sd, "units": units, "difference": difference, "reading": reading,
          "versus": versus, "pair": pair, "comparison": comparison, "paired-table": paired_table, "wall": wall, "command": command,
-         "machine": machine, "provenance": provenance, "fact": fact}
+         "machine": machine, "provenance": provenance, "fact": fact, "median": median, "ratio": ratio,
+         "median-table": median_table, "reached": reached}
 
 
 def render_block(match, records=None):
