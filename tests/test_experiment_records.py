@@ -45,7 +45,7 @@ def test_a_within_subject_setting_is_recorded_per_subject_against_ts_lr(records)
     assert render.units(record, "recommended", "accuracy") == "2"
     facts = record["facts"]
     assert (facts["folds"], facts["folds_cached_at_start"]) == (20, 5)
-    assert facts["fit_seconds/recommended"] == 2.0 and facts["fit_seconds/ts-lr"] == 0.5
+    assert facts["fit_cpu_seconds/recommended"] == 2.0 and facts["fit_cpu_seconds/ts-lr"] == 0.5
     assert facts["epochs/recommended"] == 300 and facts["parameters/recommended"] == "lr=0.01"
     assert "epochs/ts-lr" not in facts
     # this call's wall time plus the fit time of the folds read from the cache

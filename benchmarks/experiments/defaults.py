@@ -223,7 +223,8 @@ def evaluate_setting(title, units, rules, log, jobs, cache):
         row = summarize(name, folds[key])
         rows.append(row)
         log(row["text"])
-    cached = [records[i] for i in range(len(records)) if i not in set(todo)]
+    fitted = set(todo)
+    cached = [record for i, record in enumerate(records) if i not in fitted]
     return rows, folds, time.perf_counter() - start, cached
 
 
@@ -245,7 +246,7 @@ def unit_scores(per_unit, paired_by):
 def rule_facts(key, recs):
     """A rule's facts: its parameters at the first fold's training size, the mean CPU time of
     a fold's fit (s), and for SPDnet the mean epochs run and the mean epoch kept."""
-    facts = {f"fit_seconds/{key}": round(float(np.mean([r.get("cpu", r["time"]) for r in recs])), 1)}
+    facts = {f"fit_cpu_seconds/{key}": round(float(np.mean([r.get("cpu", r["time"]) for r in recs])), 1)}
     epochs = [r["epochs"] for r in recs if r["epochs"] == r["epochs"]]  # NaN (TS+LR) left out
     if epochs:
         facts[f"parameters/{key}"] = describe(recs[0]["params"])
