@@ -35,6 +35,12 @@ the 10 % split holds 14 trials).
     nice python -m benchmarks.experiments defaults --quick             # 2 subjects, 3 rows (smoke run)
 
 Fold results are cached in ``--cache`` (``results/``): a second run only fits what is missing.
+A whole run (not ``--quick``) writes one record per setting (``benchmarks/records/data``):
+``defaults-within`` (paired by subject: each subject's mean over its 5 folds, the same folds
+for every rule) and, with ``--extra``, ``defaults-pooled`` (paired by fold: the 5 folds of
+one pooled data set, which share training trials) and ``defaults-within-16-channels``,
+``defaults-within-3-channels``; every rule is compared with TS+LR on the same units. The
+report (tables with per-subject scores, epochs and fit times) goes to ``--out``.
 """
 
 import json
@@ -54,11 +60,11 @@ from skfedspd import SPDnetClassifier
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS
 
 from . import report
+from ..records.store import write_record
 from .data import channel_names, load_left_right, offline_root
 from .pipelines import ts_lr
 
 SENSORIMOTOR_3 = ["C3", "Cz", "C4"]
-READING = "## Reading and recommendation"
 N_MIN_VALIDATION = 50  # smallest validation split worth selecting weights on (accuracy SE <= 0.07)
 
 
@@ -141,7 +147,7 @@ def fit_fold(X, y, tr, te, rule, criterion, k):
     """One fold: SPDnet under ``rule`` (``criterion``: restore-best on "f1" or "loss"), or
     TS+LR when ``rule == "ts-lr"``. Runs in a joblib worker (one torch thread)."""
     torch.set_num_threads(1)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     if rule == "ts-lr":
         params, epochs, best = {}, np.nan, np.nan
         clf = ts_lr(k)
@@ -153,14 +159,14 @@ def fit_fold(X, y, tr, te, rule, criterion, k):
             warnings.simplefilter("ignore", UserWarning)
             clf.fit(X[tr], y[tr])
         epochs, best = clf.n_iter_, clf.best_epoch_
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     auc, acc = score(y[te], clf.decision_function(X[te]), clf.classes_)
-    return dict(auc=auc, acc=acc, epochs=epochs, best=best, time=elapsed, params=params)
+    return dict(auc=auc, acc=acc, epochs=epochs, best=best, time=elapsed, cpu=cpu, params=params)
 
 
 def describe(params):
     if not params:
-        return "today's defaults"
+        return "the starting defaults"
     return ", ".join(f"{k}={v}" for k, v in params.items())
 
 
@@ -169,7 +175,7 @@ def summarize(name, per_unit):
     aucs = [np.mean([r["auc"] for r in recs]) for recs in per_unit.values()]
     accs = [np.mean([r["acc"] for r in recs]) for recs in per_unit.values()]
     recs = [r for rs in per_unit.values() for r in rs]
-    sd = f" ± {100 * np.std(aucs):.1f}" if len(aucs) > 1 else ""
+    sd = f" ± {100 * np.std(aucs, ddof=1):.1f}" if len(aucs) > 1 else ""
     return {
         "name": name, "auc": np.mean(aucs), "acc": np.mean(accs),
         "text": (f"| {name} | {TS_LR if name == 'TS+LR' else describe(recs[0]['params'])} | {100 * np.mean(aucs):.1f}{sd} | "
@@ -191,9 +197,13 @@ HEADER = ("| rule | parameters at this n | ROC-AUC (%) mean ± sd over subjects 
 
 
 def evaluate_setting(title, units, rules, log, jobs, cache):
-    """units: {label: (X, y)}; rules: [(name, rule or 'ts-lr', criterion)]. Every fold of every
-    rule in one joblib pool; fold results are kept in ``cache`` (a folder, keyed by setting,
-    rule and fold) so an interrupted run resumes where it stopped."""
+    """units: {label: (X, y)}; rules: [(key, name, rule or 'ts-lr', criterion)]. Every fold of
+    every rule in one joblib pool; fold results are kept in ``cache`` (a folder, keyed by
+    setting, rule and fold) so an interrupted run resumes where it stopped.
+
+    Returns ``(rows, folds, elapsed, cached)``: the table rows, ``{rule key: {unit: [fold
+    records]}}``, this call's wall time and the fold records read from the cache."""
+    start = time.perf_counter()
     log(f"\n## {title}\n\n{HEADER}")
     tasks = [(r, label, k, tr, te) for r in range(len(rules)) for label, (X, y) in units.items()
              for k, (tr, te) in enumerate(stratified_folds(y))]
@@ -202,18 +212,66 @@ def evaluate_setting(title, units, rules, log, jobs, cache):
     COUNTS["fitted"] += len(todo)
     COUNTS["cached"] += len(paths) - len(todo)
     Parallel(n_jobs=jobs)(
-        delayed(_cached_fold)(paths[i], *units[tasks[i][1]], tasks[i][3], tasks[i][4], rules[tasks[i][0]][1],
-                              rules[tasks[i][0]][2], tasks[i][2]) for i in todo)
+        delayed(_cached_fold)(paths[i], *units[tasks[i][1]], tasks[i][3], tasks[i][4], rules[tasks[i][0]][2],
+                              rules[tasks[i][0]][3], tasks[i][2]) for i in todo)
     records = [json.loads(path.read_text()) for path in paths]
     COUNTS["fit_seconds"] += sum(r["time"] for r in records)
-    rows = []
-    for r, (name, _, _) in enumerate(rules):
-        per_unit = {label: [rec for (i, lab, *_), rec in zip(tasks, records) if i == r and lab == label]
-                    for label in units}
-        row = summarize(name, per_unit)
+    rows, folds = [], {}
+    for r, (key, name, _, _) in enumerate(rules):
+        folds[key] = {label: [rec for (i, lab, *_), rec in zip(tasks, records) if i == r and lab == label]
+                      for label in units}
+        row = summarize(name, folds[key])
         rows.append(row)
         log(row["text"])
-    return rows
+    fitted = set(todo)
+    cached = [record for i, record in enumerate(records) if i not in fitted]
+    return rows, folds, time.perf_counter() - start, cached
+
+
+#: The metrics of a record of this ablation (in %).
+METRICS = {"roc_auc": "ROC-AUC (%)", "accuracy": "accuracy (%)"}
+
+
+def unit_scores(per_unit, paired_by):
+    """``{metric: {unit: score in %}}`` of one rule: per subject, the mean over its folds
+    (``paired_by="subject"``), or per fold of the one unit (``"fold"``: the pooled data)."""
+    field = {"roc_auc": "auc", "accuracy": "acc"}
+    if paired_by == "subject":
+        return {m: {label: 100 * np.mean([r[f] for r in recs]) for label, recs in per_unit.items()}
+                for m, f in field.items()}
+    (recs,) = per_unit.values()
+    return {m: {k: 100 * r[f] for k, r in enumerate(recs)} for m, f in field.items()}
+
+
+def rule_facts(key, recs):
+    """A rule's facts: its parameters at the first fold's training size, the mean CPU time of
+    a fold's fit (s), and for SPDnet the mean epochs run and the mean epoch kept."""
+    facts = {f"fit_cpu_seconds/{key}": round(float(np.mean([r.get("cpu", r["time"]) for r in recs])), 1)}
+    epochs = [r["epochs"] for r in recs if r["epochs"] == r["epochs"]]  # NaN (TS+LR) left out
+    if epochs:
+        facts[f"parameters/{key}"] = describe(recs[0]["params"])
+        facts[f"epochs/{key}"] = int(round(np.mean(epochs)))
+        facts[f"kept_epoch/{key}"] = int(round(np.mean([r["best"] for r in recs])))
+    return facts
+
+
+def write_setting_record(name, title, rules, folds, paired_by, elapsed, cached, facts):
+    """Write the record ``name`` of one setting: every rule (``rules``: ``[(key, label, rule,
+    criterion)]``, TS+LR first, the reference) per unit (:func:`unit_scores`), from ``folds``
+    (``{rule key: {unit: [fold records]}}``, as :func:`evaluate_setting` returns them).
+
+    Its time is the setting's wall time plus the fit time of the folds read from the cache
+    (:func:`.report.record_seconds`)."""
+    rows = {key: {"label": label, "scores": unit_scores(folds[key], paired_by)} for key, label, _, _ in rules}
+    recs = {key: [r for unit in folds[key].values() for r in unit] for key, _, _, _ in rules}
+    every = [r for rs in recs.values() for r in rs]
+    facts = {**facts, "folds": len(every), "folds_cached_at_start": len(cached),
+             "fit_cpu_minutes": round(sum(r.get("cpu", r["time"]) for r in every) / 60, 1)}
+    for key, rs in recs.items():
+        facts.update(rule_facts(key, rs))
+    return write_record(name, title=title, command=report.command_line(), rows=rows, metrics=METRICS,
+                        reference=rules[0][0], paired_by=paired_by,
+                        wall_seconds=report.record_seconds(elapsed, [r["time"] for r in cached]), facts=facts)
 
 
 COUNTS = {"fitted": 0, "cached": 0, "fit_seconds": 0.0}
@@ -241,7 +299,8 @@ def add_arguments(parser):
     parser.add_argument("--extra", action="store_true",
                         help="also the pooled setting, the channel subsets of (a) and two more budget rows")
     parser.add_argument("--cache", type=Path, default=Path("results/ablation-defaults-cache"))
-    parser.add_argument("--out", type=Path, default=Path("docs/ablation-defaults.md"))
+    parser.add_argument("--out", type=Path, default=Path("results/ablation-defaults.md"),
+                        help="the report (the records go to benchmarks/records/data)")
 
 
 def run(args):
@@ -265,37 +324,48 @@ def run(args):
         "`decision_function`; mean over folds per subject, then over subjects. TS+LR = "
         "TangentSpace(riemann) + LogisticRegression(C=1) on the same covariances and folds.")
 
+    def setting(record, title, units, rules, paired_by, **facts):
+        """Evaluate one setting and, on a whole run, write its record."""
+        rows, folds, elapsed, cached = evaluate_setting(title, units, rules, log, args.jobs, args.cache)
+        if not args.quick:
+            training = sorted({len(tr) for _, yu in units.values() for tr, _ in stratified_folds(yu)})
+            path = write_setting_record(record, title, rules, folds, paired_by, elapsed, cached,
+                                        {"subjects": subjects, "training_trials": training, **facts})
+            log(f"\nRecord: {path}")
+        return rows
+
     within = {s: (X[subj == s], y[subj == s]) for s in subjects}
     rules = [
-        ("TS+LR", "ts-lr", None),
-        ("today", today, "f1"),
-        ("(a+b+c) recommended: batch 64, 300 epochs", RECOMMENDED, "loss"),
-        ("(b) validation only if >= 50 samples, else fixed budget", rule_b_small_val, "f1"),
-        ("(c) lr 1e-2", rule_c_lr, "f1"),
-        ("(d) batch ~ n/4", rule_d_batch, "f1"),
-        ("(b) restore-best on validation loss", today, "loss"),
-        ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
+        ("ts-lr", "TS+LR", "ts-lr", None),
+        ("before", "starting defaults: d = 18, lr 1e-3, 10 % split, restore-best on F1", today, "f1"),
+        ("recommended", "(a+b+c) recommended: batch 64, 300 epochs", RECOMMENDED, "loss"),
+        ("b-small-split", "(b) validation only if >= 50 samples, else fixed budget", rule_b_small_val, "f1"),
+        ("c-lr", "(c) lr 1e-2", rule_c_lr, "f1"),
+        ("d-batch", "(d) batch ~ n/4", rule_d_batch, "f1"),
+        ("b-loss", "(b) restore-best on validation loss", today, "loss"),
+        ("abcd-300", "(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
     ]
     if args.extra:
-        rules += [("(c) lr 1e-2, 100 epochs", rule_c_lr_budget, "f1"),
-                  ("(a+b+c+d) combination, 100 epochs", combination(100), "loss"),
-                  ("(a+b+d) combination, lr 1e-3, 300 epochs", combination(300, lr=1e-3), "loss")]
+        rules += [("c-lr-100", "(c) lr 1e-2, 100 epochs", rule_c_lr_budget, "f1"),
+                  ("abcd-100", "(a+b+c+d) combination, 100 epochs", combination(100), "loss"),
+                  ("abd-lr-1e-3", "(a+b+d) combination, lr 1e-3, 300 epochs", combination(300, lr=1e-3), "loss")]
     if args.quick:
         rules = rules[:3]
-    within_rows = evaluate_setting("Within-subject (36 training trials per fold, 64 channels)", within, rules, log,
-                                   args.jobs, args.cache)
+    within_rows = setting("defaults-within", "Within-subject (36 training trials per fold, 64 channels)", within,
+                          rules, "subject", channels=X.shape[1])
 
     if args.extra and not args.quick:
         pooled_rules = [
-            ("TS+LR", "ts-lr", None),
-            ("today (14-trial split, restore-best on F1)", today, "f1"),
-            ("(b) restore-best on validation loss (14-trial split)", today, "loss"),
-            ("(b) no split: fixed 300-epoch budget, last weights", lambda n, c, k: {"validation_fraction": 0.0}, "f1"),
-            ("(a+b+c) recommended: batch 64, 300 epochs", RECOMMENDED, "loss"),
-            ("(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
+            ("ts-lr", "TS+LR", "ts-lr", None),
+            ("before", "starting defaults (14-trial split, restore-best on F1)", today, "f1"),
+            ("b-loss", "(b) restore-best on validation loss (14-trial split)", today, "loss"),
+            ("b-no-split", "(b) no split: fixed 300-epoch budget, last weights",
+             lambda n, c, k: {"validation_fraction": 0.0}, "f1"),
+            ("recommended", "(a+b+c) recommended: batch 64, 300 epochs", RECOMMENDED, "loss"),
+            ("abcd-300", "(a+b+c+d) combination, 300 epochs", combination(300), "loss"),
         ]
-        evaluate_setting("Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
-                         {"pooled": (X, y)}, pooled_rules, log, args.jobs, args.cache)
+        setting("defaults-pooled", "Pooled subjects 1-4 (144 training trials per fold, 64 channels)",
+                {"pooled": (X, y)}, pooled_rules, "fold", channels=X.shape[1])
 
         ch_names = channel_names(subjects[0])
         for names in (SENSORIMOTOR_CHANNELS, SENSORIMOTOR_3):
@@ -303,14 +373,15 @@ def run(args):
             sub = {s: (Xs[:, idx][:, :, idx], ys) for s, (Xs, ys) in within.items()}
             n = len(idx)
             variants = sorted({auto_hidden(n), max(1, round(0.28 * n)), n})
-            hidden_rules = [("TS+LR", "ts-lr", None)] + [
-                (f"(a) d={d}" + (" = auto" if d == auto_hidden(n) else "")
+            hidden_rules = [("ts-lr", "TS+LR", "ts-lr", None)] + [
+                (f"d-{d}", f"(a) d={d}" + (" = auto" if d == auto_hidden(n) else "")
                  + (" = round(0.28 n)" if d == max(1, round(0.28 * n)) else "") + (" = n" if d == n else ""),
                  with_hidden(d, RECOMMENDED), "loss")
                 for d in variants
             ]
-            evaluate_setting(f"Within-subject, {n} sensorimotor channels ({', '.join(names)}); "
-                             "training rules of the recommended set", sub, hidden_rules, log, args.jobs, args.cache)
+            setting(f"defaults-within-{n}-channels",
+                    f"Within-subject, {n} sensorimotor channels ({', '.join(names)}); training rules of the "
+                    "recommended set", sub, hidden_rules, "subject", channels=list(names))
 
     best = max(within_rows[1:], key=lambda r: r["auc"])
     log(f"\nBest within-subject rule: {best['name']} ({100 * best['auc']:.1f} ROC-AUC vs TS+LR "
@@ -322,7 +393,5 @@ def run(args):
         + ", ".join(f"{x:.1f}" for x in os.getloadavg()) + f" on {os.cpu_count()} CPUs).")
     if not args.quick:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        # The hand-written reading below the generated tables survives a re-run.
-        kept = args.out.read_text().partition(READING)[1:] if args.out.exists() else ("", "")
-        args.out.write_text("\n".join(lines) + "\n" + ("\n" + "".join(kept) if kept[0] else ""))
+        args.out.write_text("\n".join(lines) + "\n")
         print(f"written: {args.out}")

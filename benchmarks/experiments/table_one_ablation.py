@@ -15,7 +15,11 @@ re-runs the cells it affects on the same client splits and seeds:
   instead of the paper's fresh Adam every round (server momentum was recommended with the
   paper's clients before it was measured with kept client state).
 
-``--variants`` runs some of them (default: all).
+``--variants`` runs some of them (default: all), ``--settings`` some of their cells (the
+centralized, Full or Half ones). The run writes the record ``--record`` (default
+``tableone-ablation``, in ``benchmarks/records/data``): every (variant, cell) row's test
+scores per seed, compared with the protocol's centralized SPDnet seed by seed (the first row
+when it is not among them), for the docs to compute their figures from.
 
 The protocol's own cells are read from the main experiment's cache (``--main-out``) and
 fitted there when missing, so the two commands share their records.
@@ -23,7 +27,7 @@ fitted there when missing, so the two commands share their records.
     python -m benchmarks.experiments table-one-ablation --seeds 3 --jobs 2
     python -m benchmarks.experiments table-one-ablation --seeds 10 --jobs 2 --variants protocol \
         "protocol + server momentum" "kept client Adam" "server momentum, kept client Adam" \
-        --main-out results/ablation-8/protocol --out results/ablation-8
+        --main-out results/ablation-8/protocol --out results/ablation-8 --record tableone-ablation-client-state
 """
 
 import dataclasses
@@ -39,8 +43,10 @@ from .._machine import machine_line
 from .console import console_and_log
 from .table_one_cells import Cell
 from .table_one_protocols import PROFILES, load_offline_physionet
-from .table_one_report import fmt
-from .table_one_runner import run_table
+from . import report
+from ..records.store import write_record
+from .table_one_report import SEED_METRICS, fmt, seed_scores
+from .table_one_runner import record_path, run_table
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +80,10 @@ def add_arguments(parser):
     parser.add_argument("--jobs", type=int, default=1)
     parser.add_argument("--variants", nargs="+", choices=list(VARIANTS), default=list(VARIANTS), metavar="NAME",
                         help="the variants to run (default: all): " + "; ".join(VARIANTS))
+    parser.add_argument("--settings", nargs="+", choices=SETTINGS, default=list(SETTINGS),
+                        help="the cells to run of each variant, by setting (default: all)")
     parser.add_argument("--out", type=Path, default=Path("results/ablation"))
+    parser.add_argument("--record", default="tableone-ablation", help="the record written (benchmarks/records/data)")
     parser.add_argument("--main-out", type=Path, default=Path("results/experiment-full/PhysionetMI"),
                         help="cache of the main experiment's protocol cells (shared)")
 
@@ -92,12 +101,18 @@ def run(args):
         budget = dataclasses.replace(PROFILES["full"], rounds=args.rounds, eegnet_rounds=args.rounds,
                                      seeds=args.seeds, eegnet_seeds=args.eegnet_seeds)
         start = time.perf_counter()
-        rows = []
+        rows, cached = [], []
         for name in args.variants:
-            cells, params = VARIANTS[name]
+            cells, params = variant_cells(name, args.settings)
+            if not cells:
+                continue
             out = args.main_out if params is None else args.out / folder(name)
+            before = {p: p.stat().st_mtime_ns for p in out.glob("*.json")}
             results = run_table(protocol, data, budget, out, cells, jobs=args.jobs, params=params,
                                 log_file=log_file)
+            # A run read from the cache left its file untouched (a refitted one rewrote it).
+            cached += [r for cell in cells for r in results.get(cell, ())
+                       if before.get(path := record_path(out, cell, r["seed"])) == path.stat().st_mtime_ns]
             rows += [(name, cell, results[cell]) for cell in cells]
 
         # Each model's protocol centralized score, the reference of the ratios.
@@ -112,10 +127,53 @@ def run(args):
             lines.append(f"| {name} | {cell.key} | {fmt(records)} | {len(records)} | {ratio} | {halvings} |")
         lines += ["", f"Command: `{command.strip()}` — {(time.perf_counter() - start) / 60:.1f} min; {machine_line()}; "
                       f"{args.rounds} rounds."]
+        path = write_ablation_record(args.record, rows, command.strip(), time.perf_counter() - start, cached,
+                                     facts={"seeds": args.seeds, "rounds": args.rounds,
+                                            "subjects": list(protocol.subjects or ()),
+                                            "clients": len(protocol.subjects or ()) // 2})
+        lines += ["", f"Record: {path}"]
         text = "\n".join(lines)
         log.info("\n" + text)
+        args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "report.md").write_text(text + "\n")
     return 0
+
+
+#: The settings a variant's cells are chosen by (``--settings``).
+SETTINGS = ("centralized", "full", "half")
+
+
+def variant_cells(name, settings=SETTINGS):
+    """``(cells, parameters)`` of the variant ``name``, its cells limited to ``settings``
+    (a server-momentum cell counts as its participation's setting)."""
+    cells, params = VARIANTS[name]
+    return tuple(c for c in cells if c.setting.split("+")[0] in settings), params
+
+
+def row_key(name, cell):
+    """``"kept-client-adam/full/spdnet-projavg"``: a record's row of ``cell`` in the variant ``name``."""
+    return f"{report.row_key(name)}/{cell.key}"
+
+
+def write_ablation_record(name, rows, command, elapsed, cached, facts):
+    """Write the record ``name`` of the ablation's ``rows`` (``[(variant, cell, run records)]``),
+    paired by seed with the protocol's centralized SPDnet (the first row when it did not run).
+
+    ``cached``: the run records read from a cache. The record's time is the run's wall time
+    plus their fit time (:func:`.report.record_seconds`)."""
+    keys = {row_key(variant, cell): (variant, cell, runs) for variant, cell, runs in rows}
+    reference = row_key("protocol", CENTRALIZED_SPDNET)
+    runs = [r for _, _, rs in keys.values() for r in rs]
+    return write_record(
+        name, title="What moves Table I (PhysionetMI): ablation of the protocol, per seed", command=command,
+        rows={key: {"label": f"{variant}: {cell.label}", "scores": seed_scores(rs)}
+              for key, (variant, cell, rs) in keys.items()},
+        metrics=SEED_METRICS, reference=reference if reference in keys else next(iter(keys)), paired_by="seed",
+        wall_seconds=report.record_seconds(elapsed, [r["fit_seconds"] for r in cached]),
+        facts={**facts, "runs": len(runs), "runs_cached_at_start": len(cached),
+               "variants": list(dict.fromkeys(v for v, _, _ in rows)),
+               "fit_minutes": round(sum(r["fit_seconds"] for r in runs) / 60, 1),
+               "cpu_minutes": round(sum(r.get("cpu_seconds", 0.0) for r in runs) / 60, 1)})
 
 
 def params_free(name):

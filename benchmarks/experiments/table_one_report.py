@@ -231,12 +231,19 @@ def record_name(profile, dataset):
     return f"tableone-{profile}-{dataset.lower()}"
 
 
+#: The metrics of a record of Table I runs, per seed.
+SEED_METRICS = {"macro_f1": "test macro-F1 (%)", "accuracy": "test accuracy (%)"}
+
+
+def seed_scores(runs):
+    """``{metric: {seed: score in %}}`` of a cell's run records: a record row's scores."""
+    return {"macro_f1": {r["seed"]: 100 * r["f1"] for r in runs},
+            "accuracy": {r["seed"]: 100 * r["accuracy"] for r in runs}}
+
+
 def write_table_one_record(profile, protocol, results, budget, command, wall_seconds, cached_at_start):
     """Write the record of ``protocol``'s cells (``{cell: [run records]}``); returns its path."""
-    rows = {cell.key: {"label": cell.label,
-                       "scores": {"macro_f1": {r["seed"]: 100 * r["f1"] for r in runs},
-                                  "accuracy": {r["seed"]: 100 * r["accuracy"] for r in runs}}}
-            for cell, runs in results.items()}
+    rows = {cell.key: {"label": cell.label, "scores": seed_scores(runs)} for cell, runs in results.items()}
     runs = [r for rs in results.values() for r in rs]
     n_params = {cell.key: rs[0]["n_params"] for cell, rs in results.items() if rs[0]["n_params"]}
     facts = {"profile": profile, "dataset": protocol.name, "subjects": list(protocol.subjects or ()),
@@ -247,5 +254,4 @@ def write_table_one_record(profile, protocol, results, budget, command, wall_sec
     return write_record(record_name(profile, protocol.name),
                         title=f"Table I protocol and recommended configuration, {protocol.name}, {profile} profile",
                         command=command, rows=rows, reference=TS_LR.key, paired_by="seed",
-                        metrics={"macro_f1": "test macro-F1 (%)", "accuracy": "test accuracy (%)"},
-                        wall_seconds=wall_seconds, facts=facts)
+                        metrics=SEED_METRICS, wall_seconds=wall_seconds, facts=facts)
