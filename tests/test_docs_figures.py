@@ -18,7 +18,6 @@ NOT_YET_GENERATED = (
     "docs/benchmarks/federation-scale.md",
     "docs/benchmarks/moabb.md",
     "docs/benchmarks/privacy.md",
-    "docs/design-decisions.md",
     "docs/guide/privacy.md",
 )
 PAGES = [p.relative_to(ROOT).as_posix() for p in page_paths()]
