@@ -406,6 +406,8 @@ def plot(results, path, title):
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in MODELS:
         f1 = [f1_values(results, model, e) for e in epsilons]
+        if not any(len(v) for v in f1):
+            continue  # a model not fitted has no line (nor legend entry)
         mean = [v.mean() if len(v) else np.nan for v in f1]
         std = [v.std() if len(v) else np.nan for v in f1]
         ax.errorbar(positions, mean, yerr=std, marker="o", capsize=3, label=LABELS[model])
