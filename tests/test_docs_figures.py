@@ -17,11 +17,9 @@ from benchmarks.records.render import ROOT, page_paths, stale_pages
 NOT_YET_GENERATED = (
     "docs/benchmarks/federation-scale.md",
     "docs/benchmarks/moabb.md",
-    "docs/benchmarks/privacy.md",
     "docs/benchmarks/speed.md",
     "docs/benchmarks/unseen-subjects.md",
     "docs/design-decisions.md",
-    "docs/guide/privacy.md",
     "docs/guide/robust-aggregation.md",
 )
 PAGES = [p.relative_to(ROOT).as_posix() for p in page_paths()]
