@@ -17,8 +17,6 @@ from benchmarks.records.render import ROOT, page_paths, stale_pages
 NOT_YET_GENERATED = (
     "docs/benchmarks/federation-scale.md",
     "docs/benchmarks/moabb.md",
-    "docs/benchmarks/privacy.md",
-    "docs/guide/privacy.md",
 )
 PAGES = [p.relative_to(ROOT).as_posix() for p in page_paths()]
 CONVERTED = [p for p in PAGES if p not in NOT_YET_GENERATED]

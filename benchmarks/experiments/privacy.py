@@ -41,6 +41,15 @@ Public pre-training, then DP fine-tuning at the sites: the ``privacy-pretrain`` 
 Every (ε, model, seed) result is stored as JSON under ``--out`` with its setup; a re-run
 skips what is done with the same setup and refits the rest, so the full profile can be
 extended seed by seed.
+
+Record (``benchmarks/records``): every run but the smoke profile's, ``--report-only``
+included, writes ``privacy-<profile>`` (another site size, montage or round count in the
+name: :func:`record_name`) from the results in ``--out``, replacing the last one. Rows: test
+macro-F1 (%) per seed of every fitted (model, ε) cell, uniform guessing on the same test sets,
+and the non-private centralized TS+LR on the same trials, the reference: the one row every
+seed and every model shares, the non-private ceiling of Table I (a model's own ε = ∞ row is
+compared with its DP rows pair by pair). Facts: the setup, the budget check, the seed-0 plan
+(sample rate, σ per site) and one DP step's signal against its noise.
 """
 
 import json
@@ -56,6 +65,7 @@ from sklearn.metrics import f1_score
 
 from .._machine import load_average
 from .._machine import machine_line as machine
+from ..records import store
 from .data import offline_root
 from .report import resolve_profile, write_report
 from .table_one_cells import SERVER_MOMENTUM, Cell
@@ -64,6 +74,7 @@ from .table_one_protocols import PROFILES as TABLE_ONE_PROFILES
 from .table_one_runner import client_split, fit_cell, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, sample_covariance
+from skfedspd.federated import make_clients
 from skfedspd.privacy import DPSGD, clip_and_sum, per_sample_gradients
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
@@ -235,7 +246,7 @@ def targets(results):
         if len(private) and len(plain):
             ratio = private.mean() / plain.mean()
             lines.append(f"- {LABELS[model]}, ε = 8 vs ε = ∞: {private.mean():.1f} / {plain.mean():.1f} = "
-                         f"**{100 * ratio:.0f} %** (target ≥ 80 %: {'met' if ratio >= 0.8 else 'MISSED'})")
+                         f"**{100 * ratio:.0f} %** (target ≥ 80 %: {'reached' if ratio >= 0.8 else 'NOT REACHED'})")
         if len(private) and len(eeg):
             margin = private.mean() - eeg.mean()
             high = 100 * np.mean([r["chance_f1"][1] for r in results[(model, "8")]])
@@ -243,7 +254,7 @@ def targets(results):
                 f"; but {LABELS[model]} is not above chance at ε = 8 (95th percentile of uniform guessing "
                 f"{high:.1f}): a margin between two models at chance level, not a utility result")
             lines.append(f"- {LABELS[model]} − DP-FedEEGNet at ε = 8: {private.mean():.1f} − {eeg.mean():.1f} = "
-                         f"**{margin:+.1f} points** (target ≥ +5: {'met' if margin >= 5 else 'MISSED'}{caveat})")
+                         f"**{margin:+.1f} points** (target ≥ +5: {'reached' if margin >= 5 else 'NOT REACHED'}{caveat})")
         low = results.get((model, "1"), [])
         if low:
             f1 = 100 * np.mean([r["f1"] for r in low])
@@ -255,35 +266,133 @@ def targets(results):
     return lines
 
 
-def diagnosis(protocol, data, results, subjects_per_site=2):
-    """One line per model: a DP step's signal and noise at ε = 8 (:func:`gradient_signal_to_noise`)."""
-    lines = []
+def signal_to_noise(protocol, data, results, subjects_per_site=2):
+    """``{model: gradient_signal_to_noise(...)}`` at ε = 8 (seed 0's noise multiplier and
+    sample rate of site 0), for the models with an ε = 8 run."""
+    diagnoses = {}
     for model in ("spdnet-projavg", "eegnet"):
         runs = results.get((model, "8"))
         if runs:
             seed0 = min(runs, key=lambda r: r["seed"])
-            g = gradient_signal_to_noise(protocol, data, model, seed0["noise_multipliers"][0], seed0["sample_rates"][0],
-                                         subjects_per_site)
-            lines.append(f"- {LABELS[model]}, one DP step at ε = 8 (site 0, after 1 round): d = {g['d']} coordinates, "
-                         f"median per-sample gradient norm {g['median_norm']:.2f} ({100 * g['clipped']:.0f} % clipped "
-                         f"at C = {CLIP_NORM:g}); mean clipped gradient {g['signal']:.3f} vs noise "
-                         f"σC√d/(qn) = {g['noise']:.2f}: signal / noise = **{g['signal'] / g['noise']:.3f}** per step")
+            diagnoses[model] = gradient_signal_to_noise(protocol, data, model, seed0["noise_multipliers"][0],
+                                                        seed0["sample_rates"][0], subjects_per_site)
+    return diagnoses
+
+
+def diagnosis(diagnoses):
+    """One line per model of :func:`signal_to_noise`: a DP step's signal and noise at ε = 8."""
+    lines = [f"- {LABELS[model]}, one DP step at ε = 8 (site 0, after 1 round): d = {g['d']} coordinates, "
+             f"median per-sample gradient norm {g['median_norm']:.2f} ({100 * g['clipped']:.0f} % clipped "
+             f"at C = {CLIP_NORM:g}); mean clipped gradient {g['signal']:.3f} vs noise "
+             f"σC√d/(qn) = {g['noise']:.2f}: signal / noise = **{g['signal'] / g['noise']:.3f}** per step"
+             for model, g in diagnoses.items()]
     return ["Signal against noise:", *lines] if lines else []
+
+
+def gaussian_dp_mu(epsilon, delta=DELTA):
+    """The μ of μ-Gaussian DP whose (ε, δ) curve passes through (``epsilon``, ``delta``)
+    (Dong, Roth & Su 2022, Corollary 2.13): the signal-to-noise a μ-GDP mechanism allows."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    def delta_of(mu):
+        return norm.cdf(-epsilon / mu + mu / 2) - math.exp(epsilon) * norm.cdf(-epsilon / mu - mu / 2)
+
+    return brentq(lambda mu: delta_of(mu) - delta, 1e-3, 100.0)
+
+
+def budget_facts(results):
+    """``(ok, DP runs, (site, run) pairs, largest spent / requested, accountant)`` over the DP
+    runs, by the accountant's own computation; None without a DP run."""
+    private = [r for rs in results.values() for r in rs if r["target_epsilon"] is not None]
+    if not private:
+        return None
+    worst = max(max(r["epsilon_spent"]) / r["target_epsilon"] for r in private)
+    ok = all(max(r["epsilon_spent"]) <= r["target_epsilon"] for r in private)
+    return ok, len(private), sum(len(r["epsilon_spent"]) for r in private), worst, private[0]["accountant"]
 
 
 def budget_check(results):
     """Every site's ε spent ≤ the requested ε, by the accountant's own computation."""
-    private = [r for rs in results.values() for r in rs if r["target_epsilon"] is not None]
-    if not private:
+    facts = budget_facts(results)
+    if facts is None:
         return "no DP run yet"
-    worst = max(max(r["epsilon_spent"]) / r["target_epsilon"] for r in private)
-    ok = all(max(r["epsilon_spent"]) <= r["target_epsilon"] for r in private)
-    sites = sum(len(r["epsilon_spent"]) for r in private)
-    accountant = private[0]["accountant"]
+    ok, runs, sites, worst, accountant = facts
     verdict = "every site's ε spent ≤ the requested ε" if ok else "A SITE SPENT MORE THAN THE REQUESTED ε"
     return (f"Budget: {verdict}: {sites} (site, run) pairs over "
-            f"{len(private)} DP runs, largest spent / requested = {worst:.4f} ({accountant['cls']} "
+            f"{runs} DP runs, largest spent / requested = {worst:.4f} ({accountant['cls']} "
             f"{accountant['version']}, δ = {DELTA:g})")
+
+
+def record_name(profile, subjects_per_site=2, channels="all", rounds=None):
+    """``privacy-full``; another site size, montage or round count than the profile's is in the name."""
+    return (f"privacy-{profile}" + (f"-sites-of-{subjects_per_site}" if subjects_per_site != 2 else "")
+            + (f"-{channels}" if channels != "all" else "") + (f"-rounds-{rounds}" if rounds is not None else ""))
+
+
+def row_label(model, epsilon):
+    if math.isinf(epsilon):
+        return LABELS[model].replace("DP-", "") + ", no DP (ε = ∞)"
+    return f"{LABELS[model]}, ε = {eps_label(epsilon)}"
+
+
+def span(values, digits):
+    """``"0.55"`` or ``"0.55–0.71"``: the range of ``values``."""
+    low, high = f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return low if low == high else f"{low}–{high}"
+
+
+def write_record(name, results, reference, diagnoses, command, facts, site_trials, folder=None):
+    """The tracked record of a run: test macro-F1 (%) per seed of every fitted (model, ε)
+    cell, of uniform guessing on the same test sets, and of the non-private centralized
+    TS+LR (``reference``: its macro-F1 per seed, the record's reference row); the budget
+    check, the seed-0 plan of the DP runs (sample rate, σ per site) and the signal-to-noise
+    of one DP step (``diagnoses``: :func:`signal_to_noise`) as facts; ``site_trials``: the
+    sites' training trials at seed 0, in the order of ``privacy_["sites"]``. Returns its path."""
+    rows = {"tslr": {"label": "TS+LR, centralized, no DP", "scores": {"macro_f1": {
+        s: 100 * f for s, f in enumerate(reference)}}}}
+    chance, high = {}, []
+    for model in MODELS:
+        for epsilon in epsilons_present(results):
+            runs = results.get((model, eps_key(epsilon)), [])
+            if runs:
+                rows[f"{model}/{eps_key(epsilon)}"] = {"label": row_label(model, epsilon), "scores": {
+                    "macro_f1": {r["seed"]: 100 * r["f1"] for r in runs}}}
+            for r in runs:
+                chance[r["seed"]] = 100 * r["chance_f1"][0]
+                high.append((r["seed"], 100 * r["chance_f1"][1]))
+    rows["chance"] = {"label": "uniform guessing (mean over draws)", "scores": {"macro_f1": dict(sorted(chance.items()))}}
+    runs = [r for rs in results.values() for r in rs]
+    facts = dict(facts, seeds=max(len(rs) for rs in results.values()), dp_runs=0,
+                 site_train_trials=span(site_trials, 0),
+                 fit_minutes=round(sum(r["fit_seconds"] for r in runs) / 60, 1),
+                 chance_p95=f"{np.mean(list(dict(high).values())):.1f}")
+    budget = budget_facts(results)
+    if budget is not None:
+        ok, facts["dp_runs"], facts["site_runs"], worst, accountant = budget
+        facts.update(budget_within_target=ok, largest_spent_ratio=f"{worst:.4f}",
+                     accountant=f"{accountant['cls']} {accountant['version']}")
+    for (model, key), rs in results.items():
+        seed0 = min(rs, key=lambda r: r["seed"])
+        if model == "spdnet-projavg" and seed0["noise_multipliers"]:
+            rates = seed0["sample_rates"]
+            facts["sample_rate"] = span(rates, 3)
+            facts["steps_per_round"] = span([LOCAL_EPOCHS * math.ceil(1 / q) for q in rates], 0)
+            facts[f"sigma_{key}"] = span(seed0["noise_multipliers"], 1)
+            # the noise's standard deviation per coordinate of a step's mean gradient, relative to C
+            facts[f"noise_per_coordinate_{key}"] = span([s / (q * n) for s, q, n in
+                                                         zip(seed0["noise_multipliers"], rates, site_trials)], 2)
+            facts[f"gdp_mu_{key}"] = f"{gaussian_dp_mu(float(key)):.2f}"
+    for model, g in diagnoses.items():
+        prefix = "spdnet" if model.startswith("spdnet") else model
+        facts.update({f"{prefix}_private_coordinates": g["d"], f"{prefix}_gradient_norm": f"{g['median_norm']:.1f}",
+                      f"{prefix}_clipped_percent": f"{100 * g['clipped']:.0f}",
+                      f"{prefix}_clipped_mean_norm": f"{g['signal']:.2f}", f"{prefix}_step_noise": f"{g['noise']:.1f}",
+                      f"{prefix}_signal_to_noise": f"{g['signal'] / g['noise']:.3f}"})
+    title = f"Privacy-utility trade-off: DP-FedSPDnet and DP-FedEEGNet, {facts.get('sites')} sites"
+    return store.write_record(name, title=title, command=command, rows=rows, metrics={"macro_f1": "test macro-F1 (%)"},
+                              reference="tslr", paired_by="seed", wall_seconds=facts["fit_minutes"] * 60,
+                              facts=facts, folder=store.RECORDS if folder is None else folder)
 
 
 def plot(results, path, title):
@@ -297,6 +406,8 @@ def plot(results, path, title):
     fig, ax = plt.subplots(figsize=(6, 4))
     for model in MODELS:
         f1 = [f1_values(results, model, e) for e in epsilons]
+        if not any(len(v) for v in f1):
+            continue  # a model not fitted has no line (nor legend entry)
         mean = [v.mean() if len(v) else np.nan for v in f1]
         std = [v.std() if len(v) else np.nan for v in f1]
         ax.errorbar(positions, mean, yerr=std, marker="o", capsize=3, label=LABELS[model])
@@ -411,13 +522,22 @@ def run(args, argv=None):
     plot(results, figure, title)
     sigmas = {f"ε={k}": [round(v, 2) for v in rs[0]["noise_multipliers"]] for (m, k), rs in results.items()
               if rs[0]["noise_multipliers"] and m == "spdnet-projavg"}
+    diagnoses = signal_to_noise(protocol, data, results, k)
     report = [f"### Privacy-utility, {profile} profile", "", table(results), "",
               f"Test macro-F1 (%), mean ± std over n seeds; {title}; {n_train} training trials in all (seed 0); "
               f"setup {setup(budget['rounds'], k, channels)}. Noise multipliers per site (ProjAvg, seed 0): {sigmas}.", "",
               f"Non-private centralized TS+LR on the same trials (seeds 0–{n_seeds - 1}): "
               f"{100 * reference.mean():.1f} ± {100 * reference.std():.1f}.", "",
-              "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(protocol, data, results, k), "",
+              "Targets:", *targets(results), "", budget_check(results), "", *diagnosis(diagnoses), "",
               f"Figure: `{figure}`" + (f" (copied to `{args.docs / figure.name}`)" if args.docs else ""), "",
               f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min fitting {len(todo)} runs, 1 process, "
               f"1 torch thread each; {machine()}; {load_average()} at the end."]
+    if profile != "smoke" and results:  # the smoke profile tests the plumbing, not the science
+        train = client_split(y, subjects, 0)[0]
+        site_trials = [len(idx) for idx in make_clients(subjects[train], k)[0]]
+        facts = dict(setup(budget["rounds"], k, channels), profile=profile, subjects=len(np.unique(subjects)),
+                     sites=n_clients, subjects_per_site=k, channels=X_raw.shape[1], trials=len(y), train_trials=n_train)
+        path = write_record(record_name(profile, k, channels, args.rounds), results, reference, diagnoses, command,
+                            facts, site_trials)
+        report.append(f"Record: `{path}`")
     write_report(report, out, figure, args.docs)
