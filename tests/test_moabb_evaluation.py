@@ -126,7 +126,10 @@ def test_a_run_writes_one_record_per_evaluation_paired_with_ts_lr(tmp_path, reco
 
     table = pd.concat([scores({"TS+LR": [0.6, 0.7, 0.8], "SPDnet": [0.7, 0.7, 0.9]}),
                        scores({"TS+LR": [0.5, 0.6, 0.7], "SPDnet": [0.6, 0.5, 0.7]}, evaluation="CrossSubject")])
-    paths = me.write_records([run_folder(tmp_path / "run", table, command="python -m benchmarks.experiments moabb")])
+    table["dataset"] = "PhysionetMotorImagery"
+    paths = me.write_records([run_folder(tmp_path / "run", table, command="python -m benchmarks.experiments moabb")],
+                             figures=tmp_path / "figures")
+    assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [f"{p.stem}.png" for p in sorted(paths)]
     assert sorted(p.stem for p in paths) == ["moabb-crosssubject-loso3", "moabb-withinsession-3"]
     within = store.read_record("moabb-withinsession-3", records)
     assert within["reference"] == "ts-lr" and within["paired_by"] == "subject"

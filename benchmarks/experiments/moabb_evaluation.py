@@ -244,12 +244,31 @@ def subject_frame(scores, task):
     return frame.sort_values("pipeline", key=lambda names: names.map(order), kind="stable", ignore_index=True)
 
 
-def write_records(folders, prefix="moabb", command=None):
+def score_figure(scores, title, path):
+    """MOABB's score plot (``moabb.analysis.plotting.score_plot``) of ``scores`` in balanced
+    accuracy: one point per subject (or test fold) and pipeline, saved as ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from moabb.analysis.plotting import score_plot
+
+    fig, _ = score_plot(scores.assign(score=scores["score_balanced_accuracy"]),
+                        pipelines=list(dict.fromkeys(scores["pipeline"])))
+    fig.suptitle(title + " (balanced accuracy)")
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def write_records(folders, prefix="moabb", command=None, figures=None):
     """The records of the runs in ``folders`` (one per task and evaluation; runs on disjoint
     subject sets combined): every pipeline's per-subject scores, paired with TS+LR's. The
     command of one run is the record's; several runs are combined by ``command`` (default:
-    this process's), their commands kept as the fact ``run_commands``. Returns the paths
-    (under :data:`~benchmarks.records.store.RECORDS`)."""
+    this process's), their commands kept as the fact ``run_commands``. ``figures``: a folder
+    for each record's MOABB score plot, ``NAME.png`` (:func:`score_figure`). Returns the
+    paths (under :data:`~benchmarks.records.store.RECORDS`)."""
     folders = [Path(f) for f in folders]
     runs = [read_run(f) for f in folders]
     scores = combine(folders)
@@ -280,6 +299,9 @@ def write_records(folders, prefix="moabb", command=None):
             name, title, frame, reference, sum(r["wall_seconds"] for r in used), facts, metrics=metrics,
             command=used[0]["command"] if len(used) == 1 else command, paired_by=paired_by,
             measured_on=used[-1].get("machine")))
+        if figures is not None:
+            title = f"PhysionetMI {task}, MOABB {evaluation}, {facts['split']}"
+            score_figure(part, title, Path(figures) / f"{name}.png")
     return paths
 
 
@@ -344,6 +366,8 @@ def add_arguments(parser):
                         help="records PREFIX-withinsession-N, PREFIX-crosssubject-losoN, "
                              "PREFIX-crosssubject-groupkfoldK-N (default prefix: moabb); --combine writes the "
                              "combined ones")
+    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="save each record's MOABB score plot as DIR/NAME.png (e.g. docs/benchmarks/figures)")
     parser.add_argument("--no-record", action="store_true",
                         help="write no record (a run that is one part of a --combine)")
 
@@ -360,7 +384,7 @@ def evaluate(args, command):
     if args.combine:
         status = report_combined(args.combine, out, command)
         if not args.no_record:
-            for path in write_records(args.combine, args.record, records_report.command_line()):
+            for path in write_records(args.combine, args.record, records_report.command_line(), args.figures):
                 print(f"record: {path}")
         return status
 
@@ -429,6 +453,6 @@ def evaluate(args, command):
     write_run(out, records_report.command_line(), elapsed, cpu,
               args.cross_folds or (None if args.quick else 5), subjects)
     if not args.no_record:
-        for path in write_records([out], args.record):
+        for path in write_records([out], args.record, figures=args.figures):
             print(f"record: {path}")
     return 0
