@@ -126,7 +126,6 @@ def test_a_run_writes_one_record_per_evaluation_paired_with_ts_lr(tmp_path, reco
 
     table = pd.concat([scores({"TS+LR": [0.6, 0.7, 0.8], "SPDnet": [0.7, 0.7, 0.9]}),
                        scores({"TS+LR": [0.5, 0.6, 0.7], "SPDnet": [0.6, 0.5, 0.7]}, evaluation="CrossSubject")])
-    table["dataset"] = "PhysionetMotorImagery"
     paths = me.write_records([run_folder(tmp_path / "run", table, command="python -m benchmarks.experiments moabb")],
                              figures=tmp_path / "figures")
     assert sorted(p.name for p in (tmp_path / "figures").iterdir()) == [f"{p.stem}.png" for p in sorted(paths)]

@@ -69,6 +69,7 @@ import numpy as np
 import torch
 
 from .._machine import cpu_name, machine_facts
+from ..records.store import read_record
 from . import report as records_report
 from .data import offline_root, physionet_moabb
 
@@ -233,6 +234,12 @@ def split_words(evaluation, cross_folds, group_sizes):
     return f"GroupKFold({cross_folds}) over subjects{within}, each test fold scored as one"
 
 
+#: The rows of a record in the order of :func:`~.pipelines.moabb_pipelines` (MOABB's
+#: results come in the order its parallel tasks end).
+PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "Recenter+TS+LR", "SPDnet", "FedSPDnet", "SPDnet + domain BN",
+                  "FedSPDnet + domain BN", "EEGNet"]
+
+
 def subject_frame(scores, task):
     """One row per (pipeline, subject) of one evaluation: every metric of ``task`` in %
     (MOABB's sessions averaged)."""
@@ -240,22 +247,31 @@ def subject_frame(scores, task):
 
     columns = {m: per_subject(scores, m).droplevel("evaluation") for m in METRICS[task]}
     frame = pd.DataFrame(columns).reset_index()
-    order = {name: k for k, name in enumerate(dict.fromkeys(scores["pipeline"]))}  # MOABB's order, not A-Z
+    names = [n for n in PIPELINE_ORDER if n in set(scores["pipeline"])]
+    order = {name: k for k, name in enumerate(names + sorted(set(scores["pipeline"]) - set(names)))}
     return frame.sort_values("pipeline", key=lambda names: names.map(order), kind="stable", ignore_index=True)
 
 
-def score_figure(scores, title, path):
-    """MOABB's score plot (``moabb.analysis.plotting.score_plot``) of ``scores`` in balanced
-    accuracy: one point per subject (or test fold) and pipeline, saved as ``path``."""
+def score_figure(record, path, metric="balanced_accuracy"):
+    """A record's scores in ``metric``, one point per unit (subject or test fold) and row, the
+    mean as a bar, chance at 50; saved as ``path``."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from moabb.analysis.plotting import score_plot
 
-    fig, _ = score_plot(scores.assign(score=scores["score_balanced_accuracy"]),
-                        pipelines=list(dict.fromkeys(scores["pipeline"])))
-    fig.suptitle(title + " (balanced accuracy)")
+    rows = list(record["rows"].values())
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    jitter = np.random.default_rng(0)
+    for k, row in enumerate(rows):
+        values = np.array(list(row["scores"][metric].values()))
+        ax.scatter(values, k + jitter.uniform(-0.15, 0.15, len(values)), s=14, alpha=0.7, color=f"C{k % 10}")
+        ax.plot([values.mean()] * 2, [k - 0.3, k + 0.3], color="black", linewidth=2)
+    ax.axvline(50, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(rows)), [row["label"] for row in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{record['metrics'][metric]}, one point per {record['paired_by']}; bar: mean")
+    ax.set_title(record["title"], fontsize=9)
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100, bbox_inches="tight")
     plt.close(fig)
@@ -267,7 +283,8 @@ def write_records(folders, prefix="moabb", command=None, figures=None):
     subject sets combined): every pipeline's per-subject scores, paired with TS+LR's. The
     command of one run is the record's; several runs are combined by ``command`` (default:
     this process's), their commands kept as the fact ``run_commands``. ``figures``: a folder
-    for each record's MOABB score plot, ``NAME.png`` (:func:`score_figure`). Returns the
+    for each record's score plot, ``NAME.png``, drawn from the record (:func:`score_figure`).
+    Returns the
     paths (under :data:`~benchmarks.records.store.RECORDS`)."""
     folders = [Path(f) for f in folders]
     runs = [read_run(f) for f in folders]
@@ -300,8 +317,7 @@ def write_records(folders, prefix="moabb", command=None, figures=None):
             command=used[0]["command"] if len(used) == 1 else command, paired_by=paired_by,
             measured_on=used[-1].get("machine")))
         if figures is not None:
-            title = f"PhysionetMI {task}, MOABB {evaluation}, {facts['split']}"
-            score_figure(part, title, Path(figures) / f"{name}.png")
+            score_figure(read_record(name, paths[-1].parent), Path(figures) / f"{name}.png")
     return paths
 
 
@@ -367,7 +383,8 @@ def add_arguments(parser):
                              "PREFIX-crosssubject-groupkfoldK-N (default prefix: moabb); --combine writes the "
                              "combined ones")
     parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
-                        help="save each record's MOABB score plot as DIR/NAME.png (e.g. docs/benchmarks/figures)")
+                        help="save each record's score plot (drawn from the record) as DIR/NAME.png, "
+                             "e.g. docs/benchmarks/figures")
     parser.add_argument("--no-record", action="store_true",
                         help="write no record (a run that is one part of a --combine)")
 
