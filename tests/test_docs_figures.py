@@ -15,8 +15,6 @@ from benchmarks.records.render import ROOT, page_paths, stale_pages
 
 #: Pages whose figures are still typed by hand, without a record to compute them from.
 NOT_YET_GENERATED = (
-    "docs/benchmarks/federation-scale.md",
-    "docs/benchmarks/moabb.md",
     "docs/benchmarks/privacy.md",
     "docs/benchmarks/speed.md",
     "docs/benchmarks/unseen-subjects.md",
