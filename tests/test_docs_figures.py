@@ -2,8 +2,7 @@
 
 A page's figures are either marked blocks rendered from a record, which must match what the
 record gives today (``python -m benchmarks.records.render`` re-renders them), or figures of
-its prose that a record named on the page gives. The pages whose figures have no record yet
-are listed by name below: the gap stays visible, and a page leaves the list once converted.
+its prose that a record named on the page gives. Every page is checked.
 """
 
 import re
@@ -13,13 +12,7 @@ import pytest
 from benchmarks.records.quotes import unbacked_figures
 from benchmarks.records.render import ROOT, page_paths, stale_pages
 
-#: Pages whose figures are still typed by hand, without a record to compute them from.
-NOT_YET_GENERATED = (
-    "docs/benchmarks/federation-scale.md",
-    "docs/benchmarks/moabb.md",
-)
 PAGES = [p.relative_to(ROOT).as_posix() for p in page_paths()]
-CONVERTED = [p for p in PAGES if p not in NOT_YET_GENERATED]
 
 
 def test_every_block_is_what_its_record_gives():
@@ -27,16 +20,9 @@ def test_every_block_is_what_its_record_gives():
     assert stale == [], f"stale blocks in {stale}: run `python -m benchmarks.records.render`"
 
 
-@pytest.mark.parametrize("page", CONVERTED)
-def test_a_converted_page_quotes_only_figures_of_its_records(page):
+@pytest.mark.parametrize("page", PAGES)
+def test_a_page_quotes_only_figures_of_its_records(page):
     assert unbacked_figures((ROOT / page).read_text()) == []
-
-
-@pytest.mark.parametrize("page", NOT_YET_GENERATED)
-def test_a_page_not_yet_generated_still_has_typed_figures(page):
-    """A page converted (or deleted) leaves the list."""
-    assert page in PAGES
-    assert unbacked_figures((ROOT / page).read_text()) != []
 
 
 @pytest.mark.parametrize("page", PAGES)

@@ -39,7 +39,16 @@ with ``--quick``): MOABB's scores (``scores.csv``, one column per metric), ``rep
 scores over subjects per pipeline and evaluation, the paired target lines, the command, the
 machine and the time), MOABB's
 score plots (``moabb.analysis.plotting.score_plot``) as PNG, MOABB's results store
-(``hdf5_path``) and the MNE/MOABB log (``moabb.log``; library noise stays out of the console).
+(``hdf5_path``), the MNE/MOABB log (``moabb.log``; library noise stays out of the console) and
+``run.json`` (command, wall and CPU time, split, machine).
+
+Records (``benchmarks/records/data``, :func:`write_records`): one per task and evaluation, every
+pipeline's per-subject balanced accuracy and ROC-AUC paired with TS+LR's, named by the split
+(``moabb-withinsession-16``, ``moabb-crosssubject-loso16``, ``moabb-crosssubject-groupkfold4-16``;
+``--record`` sets the prefix). A run writes its own; ``--combine`` of runs on disjoint subject
+sets writes the combined one (``moabb-crosssubject-loso4x4``: leave one out within each of four
+runs of four subjects), and of one folder re-writes that run's record from its folder. Runs
+meant only as parts of a ``--combine`` take ``--no-record``.
 
     nice python -m benchmarks.experiments moabb --quick    # subjects 1-4, left/right, 5 pipelines
     nice python -m benchmarks.experiments moabb            # 40 subjects, + 4 classes, all pipelines
@@ -49,6 +58,7 @@ score plots (``moabb.analysis.plotting.score_plot``) as PNG, MOABB's results sto
 """
 
 import argparse
+import json
 import logging
 import sys
 import time
@@ -58,7 +68,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .._machine import cpu_name
+from .._machine import cpu_name, machine_facts
+from ..records.store import read_record
+from . import report as records_report
 from .data import offline_root, physionet_moabb
 
 FOUR_CLASS_SUBJECTS = [1, 4, 15, 42]  # all six imagery runs present offline
@@ -119,10 +131,22 @@ TARGETS = [
 ]
 
 
+def target_verdict(mean, se, margin):
+    """Whether a paired difference ``mean`` ± ``se`` reaches ``margin``: only beyond two
+    standard errors is it reached (or not); within them it is not resolved."""
+    if not se == se:  # one subject: no standard error
+        return "not resolved (one subject)"
+    if mean - 2 * se >= margin:
+        return "reached beyond two standard errors"
+    if mean + 2 * se < margin:
+        return "NOT reached, beyond two standard errors"
+    return "not resolved (within two standard errors)"
+
+
 def target_lines(scores, scorer="balanced_accuracy"):
     """One line per target of :data:`TARGETS` on the subjects both pipelines have, in
     ``scorer``: the two means, their paired difference ± its standard error over subjects,
-    and how many subjects the pipeline wins."""
+    how many subjects the pipeline wins, and :func:`target_verdict`."""
     means = per_subject(scores, scorer)
     lines = []
     for evaluation, name, reference, margin in TARGETS:
@@ -132,7 +156,7 @@ def target_lines(scores, scorer="balanced_accuracy"):
             continue
         diff = (a - b).dropna()
         se = diff.std(ddof=1) / np.sqrt(len(diff)) if len(diff) > 1 else float("nan")
-        verdict = "met" if diff.mean() >= margin else "MISSED"
+        verdict = target_verdict(diff.mean(), se, margin)
         goal = f"≥ {reference}" + (f" {margin:+g}" if margin else "")
         lines.append(f"- {evaluation}, {name} {goal}: {a[diff.index].mean():.1f} vs {b[diff.index].mean():.1f}, "
                      f"difference **{diff.mean():+.1f}** ± {se:.1f} (SE over {len(diff)} subjects; higher on "
@@ -141,15 +165,160 @@ def target_lines(scores, scorer="balanced_accuracy"):
 
 
 def combine(folders):
-    """The scores of earlier runs on disjoint subject sets, as one table."""
+    """The scores of earlier runs on disjoint subject sets, as one table (column ``run``: the
+    index of the run's folder in ``folders``)."""
     import pandas as pd
 
-    scores = pd.concat([pd.read_csv(Path(f) / "scores.csv") for f in folders], ignore_index=True)
+    scores = pd.concat([pd.read_csv(Path(f) / "scores.csv").assign(run=k) for k, f in enumerate(folders)],
+                       ignore_index=True)
     keys = ["task", "evaluation", "pipeline", "subject", "session"]
     repeated = scores.groupby(keys).size().pipe(lambda n: n[n > 1])  # MOABB stores one row per session
     if len(repeated):
         raise SystemExit(f"--combine needs disjoint subject sets; repeated: {list(repeated.index[:3])}")
     return scores
+
+
+#: What a run leaves beside its ``scores.csv`` for the records: its command, wall and CPU
+#: time, split and machine (:func:`write_run`).
+RUN_FILE = "run.json"
+#: The pipeline every other row of a record is compared with, subject by subject.
+RECORD_REFERENCE = "TS+LR"
+
+
+def write_run(out, command, wall_seconds, cpu_seconds, cross_folds, subjects, measured_on=None):
+    """``out/run.json``: how the scores of ``out`` were computed (``cross_folds``: K of
+    CrossSubject's GroupKFold, None for leave-one-subject-out; ``subjects``: ``{task: the
+    subjects evaluated}``, more than the scores name when a test fold of several subjects is
+    scored as one)."""
+    run = {"command": command, "wall_seconds": round(float(wall_seconds), 1),
+           "cpu_seconds": round(float(cpu_seconds), 1), "cross_folds": cross_folds,
+           "subjects": {task: [int(s) for s in subject_list] for task, subject_list in subjects.items()},
+           "machine": measured_on or machine_facts()}
+    (Path(out) / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
+    return run
+
+
+def read_run(folder):
+    path = Path(folder) / RUN_FILE
+    if not path.exists():
+        raise SystemExit(f"{path} is missing: the run of {folder} wrote no {RUN_FILE}, run it again")
+    return json.loads(path.read_text())
+
+
+def record_name(prefix, task, evaluation, cross_folds, group_sizes):
+    """``moabb-withinsession-16``, ``moabb-crosssubject-loso16``,
+    ``moabb-crosssubject-groupkfold4-16``; runs combined on groups of subjects evaluate
+    CrossSubject within each group: ``moabb-crosssubject-loso4x4`` (4 groups of 4);
+    ``-4class`` for the 4-class task."""
+    n = sum(group_sizes)
+    if evaluation == "WithinSession":
+        tag = f"withinsession-{n}"
+    else:
+        split = "loso" if cross_folds is None else f"groupkfold{cross_folds}-"
+        if len(group_sizes) == 1:
+            tag = f"crosssubject-{split}{n}"
+        elif len(set(group_sizes)) == 1:
+            tag = f"crosssubject-{split}{group_sizes[0]}x{len(group_sizes)}"
+        else:
+            tag = f"crosssubject-{split}" + "-".join(map(str, group_sizes))
+    return f"{prefix}-{tag}" + ("" if task == "left/right" else "-4class")
+
+
+def split_words(evaluation, cross_folds, group_sizes):
+    """The split of a record, in words."""
+    if evaluation == "WithinSession":
+        return "5-fold cross-validation per subject and session"
+    within = "" if len(group_sizes) == 1 else f" within each of {len(group_sizes)} runs' subjects"
+    if cross_folds is None:
+        return "leave one subject out" + within
+    return f"GroupKFold({cross_folds}) over subjects{within}, each test fold scored as one"
+
+
+#: The rows of a record in the order of :func:`~.pipelines.moabb_pipelines` (MOABB's
+#: results come in the order its parallel tasks end).
+PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "Recenter+TS+LR", "SPDnet", "FedSPDnet", "SPDnet + domain BN",
+                  "FedSPDnet + domain BN", "EEGNet"]
+
+
+def subject_frame(scores, task):
+    """One row per (pipeline, subject) of one evaluation: every metric of ``task`` in %
+    (MOABB's sessions averaged)."""
+    import pandas as pd
+
+    columns = {m: per_subject(scores, m).droplevel("evaluation") for m in METRICS[task]}
+    frame = pd.DataFrame(columns).reset_index()
+    names = [n for n in PIPELINE_ORDER if n in set(scores["pipeline"])]
+    order = {name: k for k, name in enumerate(names + sorted(set(scores["pipeline"]) - set(names)))}
+    return frame.sort_values("pipeline", key=lambda names: names.map(order), kind="stable", ignore_index=True)
+
+
+def score_figure(record, path, metric="balanced_accuracy"):
+    """A record's scores in ``metric``, one point per unit (subject or test fold) and row, the
+    mean as a bar, chance at 50; saved as ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = list(record["rows"].values())
+    fig, ax = plt.subplots(figsize=(7, 0.45 * len(rows) + 1.2))
+    jitter = np.random.default_rng(0)
+    for k, row in enumerate(rows):
+        values = np.array(list(row["scores"][metric].values()))
+        ax.scatter(values, k + jitter.uniform(-0.15, 0.15, len(values)), s=14, alpha=0.7, color=f"C{k % 10}")
+        ax.plot([values.mean()] * 2, [k - 0.3, k + 0.3], color="black", linewidth=2)
+    ax.axvline(50, color="grey", linestyle="--", linewidth=1)
+    ax.set_yticks(range(len(rows)), [row["label"] for row in rows])
+    ax.invert_yaxis()
+    ax.set_xlabel(f"{record['metrics'][metric]}, one point per {record['paired_by']}; bar: mean")
+    ax.set_title(record["title"], fontsize=9)
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100, bbox_inches="tight")
+    plt.close(fig)
+    return Path(path)
+
+
+def write_records(folders, prefix="moabb", command=None, figures=None):
+    """The records of the runs in ``folders`` (one per task and evaluation; runs on disjoint
+    subject sets combined): every pipeline's per-subject scores, paired with TS+LR's. The
+    command of one run is the record's; several runs are combined by ``command`` (default:
+    this process's), their commands kept as the fact ``run_commands``. ``figures``: a folder
+    for each record's score plot, ``NAME.png``, drawn from the record (:func:`score_figure`).
+    Returns the
+    paths (under :data:`~benchmarks.records.store.RECORDS`)."""
+    folders = [Path(f) for f in folders]
+    runs = [read_run(f) for f in folders]
+    scores = combine(folders)
+    paths = []
+    for (task, evaluation), part in scores.groupby(["task", "evaluation"], sort=False):
+        used = [runs[k] for k in sorted(part["run"].unique())]
+        subjects = [r["subjects"][task] for r in used]
+        group_sizes = [len(s) for s in subjects]
+        folds = {r["cross_folds"] for r in used}
+        if evaluation == "CrossSubject" and len(folds) > 1:
+            raise SystemExit(f"the runs split CrossSubject differently ({sorted(folds, key=str)}): not one record")
+        cross_folds = folds.pop() if evaluation == "CrossSubject" else None
+        name = record_name(prefix, task, evaluation, cross_folds, group_sizes)
+        frame = subject_frame(part, task)
+        facts = {"task": task, "evaluation": evaluation, "split": split_words(evaluation, cross_folds, group_sizes),
+                 "subjects": sorted(s for group in subjects for s in group), "runs": len(used),
+                 "cpu_minutes": round(sum(r["cpu_seconds"] for r in used) / 60, 1)}
+        paired_by = "subject"
+        if evaluation == "CrossSubject" and cross_folds is not None:
+            paired_by = "fold"
+            facts["unit"] = "a test fold of subjects scored as one, named by its first subject"
+        if len(used) > 1:
+            facts["run_commands"] = [r["command"] for r in used]
+        title = f"MOABB {evaluation}, PhysionetMI {task}, {len(facts['subjects'])} subjects, {facts['split']}"
+        reference = RECORD_REFERENCE if RECORD_REFERENCE in set(frame["pipeline"]) else frame["pipeline"].iloc[0]
+        metrics = {m: f"{label} (%)" for m, label in METRICS[task].items()}
+        paths.append(records_report.write_subject_record(
+            name, title, frame, reference, sum(r["wall_seconds"] for r in used), facts, metrics=metrics,
+            command=used[0]["command"] if len(used) == 1 else command, paired_by=paired_by,
+            measured_on=used[-1].get("machine")))
+        if figures is not None:
+            score_figure(read_record(name, paths[-1].parent), Path(figures) / f"{name}.png")
+    return paths
 
 
 def report_combined(folders, out, command):
@@ -209,6 +378,15 @@ def add_arguments(parser):
                         help="CrossSubject by GroupKFold(K) over the subjects (default: leave-one-subject-out with "
                              "--quick, K = 5 otherwise)")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--record", default="moabb", metavar="PREFIX",
+                        help="records PREFIX-withinsession-N, PREFIX-crosssubject-losoN, "
+                             "PREFIX-crosssubject-groupkfoldK-N (default prefix: moabb); --combine writes the "
+                             "combined ones")
+    parser.add_argument("--figures", type=Path, default=None, metavar="DIR",
+                        help="save each record's score plot (drawn from the record) as DIR/NAME.png, "
+                             "e.g. docs/benchmarks/figures")
+    parser.add_argument("--no-record", action="store_true",
+                        help="write no record (a run that is one part of a --combine)")
 
 
 def run(args):
@@ -221,7 +399,11 @@ def evaluate(args, command):
     out = args.out or Path("results/moabb-evaluation" + ("-quick" if args.quick else ""))
     out.mkdir(parents=True, exist_ok=True)
     if args.combine:
-        return report_combined(args.combine, out, command)
+        status = report_combined(args.combine, out, command)
+        if not args.no_record:
+            for path in write_records(args.combine, args.record, records_report.command_line(), args.figures):
+                print(f"record: {path}")
+        return status
 
     if offline_root(say=print) is None:  # MOABB reads the offline copy and never downloads
         return 1
@@ -243,8 +425,9 @@ def evaluate(args, command):
     pipes = moabb_pipelines(args.quick, args.groups_per_client)
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
-    all_scores = []
+    all_scores, subjects = [], {}
     for label, dataset, paradigm in datasets(args.quick, args.subjects):
+        subjects[label] = list(dataset.subject_list)
         runs = []
         cross_folds = args.cross_folds or (None if args.quick else 5)
         evaluations = {
@@ -284,4 +467,9 @@ def evaluate(args, command):
                "machine the wall time grows, the CPU time does not). MOABB scores: `scores.csv`; plots: `score_*.png`."]
     (out / "report.md").write_text("\n".join(report) + "\n")
     print(f"total time: {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU; report: {out / 'report.md'}")
+    write_run(out, records_report.command_line(), elapsed, cpu,
+              args.cross_folds or (None if args.quick else 5), subjects)
+    if not args.no_record:
+        for path in write_records([out], args.record, figures=args.figures):
+            print(f"record: {path}")
     return 0

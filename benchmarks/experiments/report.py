@@ -39,14 +39,22 @@ def row_key(pipeline):
     return re.sub(r"[^a-z0-9]+", "-", pipeline.lower()).strip("-")
 
 
-def write_subject_record(name, title, scores, reference, wall_seconds, facts):
+def write_subject_record(name, title, scores, reference, wall_seconds, facts, *, metrics=None, command=None,
+                         paired_by="subject", measured_on=None):
     """Write the record ``name`` of per-subject ``scores`` (:func:`subject_scores`), every
-    pipeline compared with ``reference`` subject by subject; returns its path."""
+    pipeline compared with ``reference`` subject by subject; returns its path.
+
+    ``metrics``: ``{column of scores: description}`` (default :data:`METRICS`); ``command``:
+    the command that computed the scores (default: this process's); ``paired_by``: what a
+    unit (the ``subject`` column) is; ``measured_on``: the machine (default: this one).
+    """
+    metrics = METRICS if metrics is None else metrics
     rows = {row_key(pipeline): {"label": pipeline,
-                                "scores": {m: dict(zip(part["subject"], part[m])) for m in METRICS}}
+                                "scores": {m: dict(zip(part["subject"], part[m])) for m in metrics}}
             for pipeline, part in scores.groupby("pipeline", sort=False)}
-    return write_record(name, title=title, command=command_line(), rows=rows, metrics=METRICS,
-                        reference=row_key(reference), paired_by="subject", wall_seconds=wall_seconds, facts=facts)
+    return write_record(name, title=title, command=command or command_line(), rows=rows, metrics=metrics,
+                        reference=row_key(reference), paired_by=paired_by, wall_seconds=wall_seconds, facts=facts,
+                        measured_on=measured_on)
 
 
 def record_seconds(elapsed, cached_fit_seconds):
