@@ -82,10 +82,15 @@ def test_blocks_are_rendered_from_their_record_and_stale_ones_found(tmp_path, mo
     assert render.render_text(page.read_text(), keep_markers=False) == "SPDnet: +1.0 ± 0.7 points.\n"
 
 
+def read_records_from(folder, monkeypatch):
+    """Pages read their records from ``folder``."""
+    monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, folder))
+    monkeypatch.setattr("benchmarks.records.quotes.read_record", lambda name: store.read_record(name, folder))
+
+
 def test_a_figure_no_record_gives_is_caught(tmp_path, monkeypatch):
     write(tmp_path)
-    monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, tmp_path))
-    monkeypatch.setattr("benchmarks.records.quotes.read_record", lambda name: store.read_record(name, tmp_path))
+    read_records_from(tmp_path, monkeypatch)
     block = "<!-- record:demo mean-sd net -->62.0 ± 1.8<!-- /record -->"
     assert unbacked_figures(f"SPDnet {block}, TS+LR 61.0; `lr=1e-3, 0.85`, torch 2.13.0.") == []
     assert unbacked_figures(f"SPDnet {block}, 93 % of TS+LR, +2.2 points.") == ["93 %", "+2.2"]
@@ -186,8 +191,7 @@ def test_speed_views_give_medians_ratios_and_targets(tmp_path):
 
 def test_speed_figures_are_given_and_others_caught(tmp_path, monkeypatch):
     write_speed(tmp_path)
-    monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, tmp_path))
-    monkeypatch.setattr("benchmarks.records.quotes.read_record", lambda name: store.read_record(name, tmp_path))
+    read_records_from(tmp_path, monkeypatch)
     block = "<!-- record:speed-demo median ours -->4.05<!-- /record -->"
     assert unbacked_figures(f"{block} ms; 1.99× faster, 0.503 of it; peak 0.456 GiB; 3.98 to 4.12.") == []
     assert unbacked_figures(f"{block} ms; 2.04× faster.") == ["2.04"]

@@ -8,11 +8,9 @@ named on the page gives (:func:`given_figures`), or the page quotes a number nob
 reproduce.
 """
 
-import functools
 import re
 
 from .render import BLOCK, VIEWS, read_record
-from .store import record_path
 
 FIGURE = re.compile(r"(?<![\w.])[+−-]?\d+(?:\.\d+(?![.\d])|\s?%)")
 NOT_PROSE = (
@@ -58,17 +56,9 @@ def given_figures(record):
     return {normalize(f) for text in texts for f in FIGURE.findall(text)}
 
 
-@functools.lru_cache(maxsize=None)
-def figures_of(name, stamp):
-    """:func:`given_figures` of the record ``name`` (``stamp``: its file's modification time,
-    so that a rewritten record is read again)."""
-    return frozenset(given_figures(read_record(name)))
-
-
 def unbacked_figures(text):
     """Figures ``text`` quotes that none of the records it names gives."""
     given = set()
     for name in record_names(text):
-        path = record_path(name)
-        given |= figures_of(name, path.stat().st_mtime_ns if path.exists() else None)
+        given |= given_figures(read_record(name))
     return [f for f in quoted_figures(text) if normalize(f) not in given]
