@@ -400,7 +400,7 @@ def costs(root_size, reps=50):
     training on ``root_size`` root trials, 2 local epochs)."""
     from threadpoolctl import threadpool_limits
 
-    from benchmarks.bench_aggregation import KINDS, fltrust_round, median_ms, reference_step_ms, round_of_clients
+    from benchmarks.bench_aggregation import KINDS, cpu_times_ms, fltrust_round, reference_step_ms, round_of_clients
     from skfedspd.aggregation import projavg
 
     reference = round_of_clients(9, 64, 18, 0, seed=1)[1][0]
@@ -411,9 +411,9 @@ def costs(root_size, reps=50):
     with threadpool_limits(1), torch_threads(1):
         previous, clients, weights = round_of_clients(8, 64, 18, 0)
         for name, rule in rules.items():
-            ms = median_ms(lambda rule=rule: rule(clients, weights, previous, KINDS), reps)
+            ms = np.median(cpu_times_ms(lambda rule=rule: rule(clients, weights, previous, KINDS), reps))
             out[f"aggregation_ms/{name}"] = f"{ms:.2f}"
-        out["reference_step_ms"] = f"{reference_step_ms(root_size, 2, 5):.0f}"
+        out["reference_step_ms"] = f"{np.median(reference_step_ms(root_size, 2, 5)):.0f}"
     return out
 
 
