@@ -247,14 +247,25 @@ def _robustness_entries(clients, aggregate, kinds, diagnostics):
     return entries
 
 
-def client_trust(history, n_clients, weighting="n_samples"):
-    """Each site's trust over a fit, and why a site was down-weighted, from the rounds' records.
+#: Over a fit, a site whose updates lay on average more than this many times as far from the
+#: aggregate as the round's median site's is a suspect (its trust below ``1 / SUSPECT_DISTANCE``).
+SUSPECT_DISTANCE = 1.5
 
-    A site's trust in a round is its effective weight over its weight (its share of the
-    aggregate relative to its share of the samples: 1 under a plain rule, 0 when the rule
-    left it out, above 1 when it gained from others' loss); over the fit, the mean over the
-    rounds it was aggregated in (NaN: never aggregated, or the server saw only sums).
-    Sorting the sites by trust names the suspect ones first.
+
+def client_trust(history, n_clients, weighting="n_samples"):
+    """Each site's trust over a fit, and why a site is suspect, from the rounds' records.
+
+    A site's trust is the inverse of its mean *distance ratio*: in each round, its distance to
+    the aggregate the rule built (``client_distance``) over the median distance of the round's
+    sites, averaged over the rounds it was aggregated in (NaN: never aggregated, or the server
+    saw only sums). 1: as close to the consensus as the typical site; 0.5: twice as far, round
+    after round. Sorting the sites by trust names the suspect ones first; a site whose trust
+    is below ``1 / SUSPECT_DISTANCE`` is *flagged*. Why distance over the fit and not the
+    rule's weights: a site with broken data (swapped labels, permuted channels, noise) sends
+    updates of ordinary size whose direction is wrong, which no single round's rule sees
+    reliably among heterogeneous honest sites, but which keep its models away from the honest
+    consensus round after round (``docs/benchmarks/robust-aggregation.md``); the rule's own
+    weights (``weight``) and agreements are in the summary beside it.
 
     Parameters
     ----------
@@ -269,11 +280,14 @@ def client_trust(history, n_clients, weighting="n_samples"):
     trust : ndarray of shape (n_clients,)
     summary : list of dict
         One per site: ``client``, ``rounds`` (rounds aggregated in), ``trust``,
-        ``downweighted`` (rounds in the record's ``downweighted_clients``), ``failed``
-        (train replies refused), ``agreement`` (mean agreement with the server's reference
-        update; None without a reference), ``distance_ratio`` (mean distance to the
-        aggregate over the round's median distance), ``reason`` (why it was down-weighted:
-        None when it never was).
+        ``distance_ratio`` (its mean distance ratio), ``flagged`` (trust below ``1 /
+        SUSPECT_DISTANCE``), ``weight`` (the rule's mean effective weight over the site's
+        weight: 1 under a plain rule, 0 when the rule kept leaving it out; None without
+        per-site records), ``downweighted`` (rounds in the record's
+        ``downweighted_clients``), ``failed`` (train replies refused), ``agreement`` (mean
+        agreement with the server's reference update; None without a reference) and
+        ``reason`` (why it is suspect, or why the rule left it out in most rounds; None
+        otherwise).
 
     Examples
     --------
@@ -283,9 +297,9 @@ def client_trust(history, n_clients, weighting="n_samples"):
     ...             "client_agreement": [0.7, -0.5, 0.8], "failed_clients": []}]
     >>> trust, summary = client_trust(history, 3)
     >>> trust.round(2).tolist()
-    [1.6, 0.0, 1.2]
+    [1.0, 0.33, 1.0]
     >>> print(summary[1]["reason"])
-    its updates disagreed with the server's reference update (mean agreement -0.50; median site 0.70)
+    its updates lay 3.00 times as far from the aggregate as the median site's (mean over 1 rounds); the rule down-weighted it in 1 of 1 rounds; mean agreement with the server's reference update -0.50 (median site 0.70)
     """
     ratios = [[] for _ in range(n_clients)]
     agreements, distance_ratios = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
@@ -311,24 +325,27 @@ def client_trust(history, n_clients, weighting="n_samples"):
     def mean(values):
         return float(np.mean(values)) if values else None
 
-    trust = np.array([np.mean(r) if r else np.nan for r in ratios])
+    trust = np.array([1 / np.mean(d) if d else np.nan for d in distance_ratios])
     mean_agreement = [mean(a) for a in agreements]
     typical = [a for a in mean_agreement if a is not None]
     typical = float(np.median(typical)) if typical else None
     summary = []
     for cid in range(n_clients):
-        reason = None
-        if downweighted[cid] and mean_agreement[cid] is not None:
-            reason = (f"its updates disagreed with the server's reference update (mean agreement "
-                      f"{mean_agreement[cid]:.2f}; median site {typical:.2f})")
-        elif downweighted[cid]:
-            ratio = mean(distance_ratios[cid])
-            reason = "the rule left out most of its updates" + (
-                "" if ratio is None else f" (distance to the aggregate {ratio:.2f} times the median site's)")
-        summary.append({"client": cid, "rounds": len(ratios[cid]), "trust": None if np.isnan(trust[cid]) else
-                        float(trust[cid]), "downweighted": int(downweighted[cid]), "failed": int(failed[cid]),
-                        "agreement": mean_agreement[cid], "distance_ratio": mean(distance_ratios[cid]),
-                        "reason": reason})
+        rounds, ratio = len(ratios[cid]), mean(distance_ratios[cid])
+        flagged = ratio is not None and ratio > SUSPECT_DISTANCE
+        reasons = []
+        if flagged:
+            reasons.append(f"its updates lay {ratio:.2f} times as far from the aggregate as the median site's "
+                           f"(mean over {len(distance_ratios[cid])} rounds)")
+        if downweighted[cid] and (flagged or 2 * downweighted[cid] > rounds):
+            reasons.append(f"the rule down-weighted it in {downweighted[cid]} of {rounds} rounds")
+        if reasons and mean_agreement[cid] is not None:
+            reasons.append(f"mean agreement with the server's reference update {mean_agreement[cid]:.2f} "
+                           f"(median site {typical:.2f})")
+        summary.append({"client": cid, "rounds": rounds, "trust": None if np.isnan(trust[cid]) else float(trust[cid]),
+                        "distance_ratio": ratio, "flagged": bool(flagged), "weight": mean(ratios[cid]),
+                        "downweighted": int(downweighted[cid]), "failed": int(failed[cid]),
+                        "agreement": mean_agreement[cid], "reason": "; ".join(reasons) or None})
     return trust, summary
 
 

@@ -12,7 +12,14 @@ import numpy as np
 import pytest
 
 from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, client_distances, projavg, rule_name
-from skfedspd.engine import FederatedEngine, check_aggregate, client_trust, n_selected, stiefel_tolerance
+from skfedspd.engine import (
+    SUSPECT_DISTANCE,
+    FederatedEngine,
+    check_aggregate,
+    client_trust,
+    n_selected,
+    stiefel_tolerance,
+)
 from skfedspd.messages import EvalReply, TrainReply
 from skfedspd.run import pool_input_statistic
 from skfedspd.stiefel import random_stiefel
@@ -559,22 +566,32 @@ def _record(clients, n_samples, effective, distance, agreement=None, downweighte
             "failed_clients": [{"client": c, "stage": "train", "reason": "down"} for c in failed]}
 
 
-@pytest.mark.parametrize("weighting, history, trust", [
-    # a plain rule: everyone as trusted as their weight says
-    ("n_samples", [_record([0, 1, 2], [10, 20, 30], None, [1.0, 1.0, 2.0])], [1.0, 1.0, 1.0]),
-    # a robust rule: the effective weight over the weight, averaged over the rounds a site was in
-    ("n_samples", [_record([0, 1], [10, 30], [0.5, 0.5], [1.0, 1.0], downweighted=[]),
-                   _record([1, 2], [10, 10], [1.0, 0.0], [1.0, 3.0], downweighted=[2])], [2.0, (2 / 3 + 2) / 2, 0.0]),
-    ("uniform", [_record([0, 1], [10, 30], [0.25, 0.75], [1.0, 1.0], downweighted=[0])], [0.5, 1.5, np.nan]),
+@pytest.mark.parametrize("history, trust", [
+    # the inverse of the mean distance to the aggregate over the round's median distance
+    ([_record([0, 1, 2], [10, 20, 30], None, [1.0, 1.0, 2.0])], [1.0, 1.0, 0.5]),
+    ([_record([0, 1], [10, 30], [0.5, 0.5], [1.0, 3.0]),  # median 2
+      _record([1, 2], [10, 10], [1.0, 0.0], [1.0, 3.0])], [2.0, 1 / ((1.5 + 0.5) / 2), 1 / 1.5]),
+    # a round whose sites all sit on the aggregate says nothing; a site never aggregated: NaN
+    ([_record([0, 1], [10, 30], [0.25, 0.75], [0.0, 0.0]), _record([0, 1], [10, 30], None, [1.0, 1.0])],
+     [1.0, 1.0, np.nan]),
     # secure sums: nothing per site
-    ("n_samples", [_record([0, 1, 2], [60], None, None)], [np.nan] * 3),
+    ([_record([0, 1, 2], [60], None, None)], [np.nan] * 3),
 ])
-def test_client_trust_is_the_mean_relative_effective_weight(weighting, history, trust):
-    values, summary = client_trust(history, 3, weighting)
+def test_client_trust_is_the_inverse_mean_distance_ratio(history, trust):
+    values, summary = client_trust(history, 3)
     np.testing.assert_allclose(values, trust, rtol=1e-12)
     assert [s["client"] for s in summary] == [0, 1, 2]
     assert [s["trust"] for s in summary] == [None if np.isnan(v) else v for v in values]
+    assert [s["flagged"] for s in summary] == [bool(v < 1 / SUSPECT_DISTANCE) for v in values]
     json.dumps(summary)
+
+
+@pytest.mark.parametrize("weighting, weight", [("n_samples", [2.0, (2 / 3 + 2) / 2, 0.0]),
+                                               ("uniform", [1.0, 1.5, 0.0])])
+def test_client_trust_summary_gives_the_rules_mean_relative_weight(weighting, weight):
+    history = [_record([0, 1], [10, 30], [0.5, 0.5], [1.0, 1.0]), _record([1, 2], [10, 10], [1.0, 0.0], [1.0, 3.0])]
+    _, summary = client_trust(history, 3, weighting)
+    assert [s["weight"] for s in summary] == pytest.approx(weight)
 
 
 def test_client_trust_summary_counts_and_explains():
@@ -586,9 +603,15 @@ def test_client_trust_summary_counts_and_explains():
     assert [s["rounds"] for s in summary] == [2, 1, 2]
     assert summary[2]["agreement"] == pytest.approx(-0.3)
     assert summary[2]["distance_ratio"] == pytest.approx((1.5 + 4 / 2.5) / 2)  # the rounds' medians 1 and 2.5
+    assert [s["flagged"] for s in summary] == [False, False, True]
     assert summary[0]["reason"] is summary[1]["reason"] is None
-    assert summary[2]["reason"].startswith("its updates disagreed with the server's reference update (mean agreement "
-                                           "-0.30; median site 0.60)")
-    history = [_record([0, 1, 2], [10, 10, 10], [0.5, 0.5, 0.0], [1.0, 1.0, 3.0], downweighted=[2])]
-    assert client_trust(history, 3)[1][2]["reason"] == ("the rule left out most of its updates (distance to the "
-                                                        "aggregate 3.00 times the median site's)")
+    assert summary[2]["reason"] == ("its updates lay 1.55 times as far from the aggregate as the median site's (mean "
+                                    "over 2 rounds); the rule down-weighted it in 2 of 2 rounds; mean agreement with "
+                                    "the server's reference update -0.30 (median site 0.60)")
+    # left out in most rounds without being far: said, but not flagged
+    history = [_record([0, 1, 2], [10, 10, 10], [0.5, 0.5, 0.0], [1.0, 1.0, 1.2], downweighted=[2])]
+    _, summary = client_trust(history, 3)
+    assert not summary[2]["flagged"] and summary[2]["reason"] == "the rule down-weighted it in 1 of 1 rounds"
+    # down-weighted in a minority of its rounds, close to the others: nothing to say
+    history += [_record([0, 1, 2], [10, 10, 10], None, [1.0, 1.0, 1.0])] * 2
+    assert client_trust(history, 3)[1][2]["reason"] is None

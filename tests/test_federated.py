@@ -1610,28 +1610,35 @@ def _broken_federation(seed, fault, n_sites=8, n_per_site=30, n_root=40):
 @pytest.mark.parametrize("fault", ["swap", "permute", "noise"])
 @pytest.mark.parametrize("seed", [0, 1])
 def test_fltrust_names_the_sites_with_broken_data(fault, seed):
-    """Two of eight sites with a data fault rank lowest in trust, and the summary says why."""
+    """Two of eight sites with a data fault rank lowest in trust, are flagged, and the summary says why."""
     X, y, groups, root, broken = _broken_federation(seed, fault)
     fed = _fed(aggregation=FLTrust(*root), n_rounds=5, random_state=seed).fit(X, y, groups=groups)
     assert sorted(np.argsort(fed.client_trust_)[:2]) == broken
-    honest = [c for c in range(8) if c not in broken]
-    assert fed.client_trust_[honest].min() > 0.5 > fed.client_trust_[broken].max()
     for entry in fed.trust_summary_:
-        assert (entry["reason"] is not None) == (entry["client"] in broken)
+        assert entry["flagged"] == (entry["client"] in broken) == (entry["reason"] is not None)
         assert entry["rounds"] == 5 and entry["failed"] == 0
-    assert all("disagreed with the server's reference update" in fed.trust_summary_[c]["reason"] for c in broken)
+    assert all("times as far from the aggregate" in fed.trust_summary_[c]["reason"] for c in broken)
     assert all(r["client_agreement"] is not None and len(r["client_agreement"]) == 8 for r in fed.history_)
+
+
+@pytest.mark.parametrize("fault", ["swap", "permute", "noise"])
+def test_the_diagnosis_names_the_broken_sites_under_projavg_too(fault):
+    """The trust is read from the distances to the aggregate: a plain rule's fit names them as well."""
+    X, y, groups, _, broken = _broken_federation(0, fault)
+    fed = _fed(n_rounds=5, random_state=0).fit(X, y, groups=groups)
+    assert sorted(np.argsort(fed.client_trust_)[:2]) == broken
+    assert [entry["client"] for entry in fed.trust_summary_ if entry["flagged"]] == broken
+    assert all(entry["weight"] == 1.0 and entry["downweighted"] == 0 for entry in fed.trust_summary_)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_fltrust_raises_no_false_alarm_on_a_fault_free_federation(seed):
     X, y, groups, root, _ = _broken_federation(seed, None)
     fed = _fed(aggregation=FLTrust(*root), n_rounds=5, random_state=seed).fit(X, y, groups=groups)
-    assert fed.client_trust_.min() > 0.5
+    assert not any(entry["flagged"] for entry in fed.trust_summary_)
     assert sum(entry["downweighted"] for entry in fed.trust_summary_) <= 2  # of 40 site-rounds
     projavg_fit = _fed(n_rounds=5, random_state=seed).fit(X, y, groups=groups)
-    np.testing.assert_array_equal(projavg_fit.client_trust_, np.ones(8))
-    assert all(entry["reason"] is None for entry in projavg_fit.trust_summary_)
+    assert all(entry["reason"] is None and entry["weight"] == 1.0 for entry in projavg_fit.trust_summary_)
 
 
 def test_fltrust_fit_saved_and_loaded_keeps_its_rule_and_the_trust(tmp_path):

@@ -86,10 +86,11 @@ def _fit(rule, fault, n_faulty, seed, correct, trust, n_clients=20):
     client = np.repeat(np.arange(n_clients), 2)
     y_test = np.tile([0, 1], n_clients)
     pred = np.where(np.tile([0, 1], n_clients) < np.repeat(correct, 2), y_test, 1 - y_test)
-    rounds = None if trust is None else [list(trust)] * 3
-    return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "client": client.tolist(),
-            "y_test": y_test.tolist(), "pred": pred.tolist(), "trust": trust, "round_trust": rounds,
-            "best_round": 2, "val_f1": [0.5, 0.6, 0.55], "cpu_seconds": 1.0}
+    # three rounds in which each client lies 1 / trust times as far from the aggregate as the median one
+    distance = None if trust is None else [[1 / t for t in trust]] * 3
+    return {"setting": "left-right", "n_clients": n_clients, "rule": rule, "fault": fault, "n_faulty": n_faulty,
+            "seed": seed, "client": client.tolist(), "y_test": y_test.tolist(), "pred": pred.tolist(), "trust": trust,
+            "client_distance": distance, "best_round": 2, "val_f1": [0.5, 0.6, 0.55], "cpu_seconds": 1.0}
 
 
 def test_score_scores_the_chosen_clients_subjects_only():
@@ -99,11 +100,23 @@ def test_score_scores_the_chosen_clients_subjects_only():
 
 
 def test_named_and_flagged_read_the_trust_over_the_fit():
-    trust = [0.1, 0.3, 0.2, 0.45] + [0.6] + [1.1] * 15
+    trust = [0.1, 0.3, 0.2, 0.6] + [0.7] + [1.1] * 15  # flagged below 1 / 1.5
     fit = _fit("fltrust", "labels", 4, 0, [2] * 20, trust)
     assert named(fit, 4) and flagged(fit, range(4)) == 4 and flagged(fit, range(4, 20)) == 0
     tie = _fit("fltrust", "labels", 4, 0, [2] * 20, [0.4] * 4 + [0.4] + [1.0] * 15)
     assert not named(tie, 4)  # an honest client as little trusted as a faulty one: not named
+
+
+def test_table_one_setting_scores_macro_f1_in_its_own_folder_and_record():
+    fit = _fit("projavg", "none", 0, 0, [2, 1] * 4, [1.0] * 8, n_clients=8)
+    fit["pred"] = [0] * 16  # one class predicted throughout: balanced accuracy 50 %, macro-F1 lower
+    assert score(fit, range(8)) == pytest.approx(50.0)
+    fit["setting"] = "table-one"
+    assert score(fit, range(8)) == pytest.approx(100 * (2 / 3) / 2)  # F1 2/3 for class 0, 0 for class 1
+    path = experiment.fit_path("out", "projavg", "none", 0, 0, 150, 128, "table-one")
+    assert path.parent.name == "table-one" and experiment.fit_path("out", "projavg", "none", 0, 0, 80, 1).parent.name == "out"
+    assert experiment.SETTINGS["table-one"].record_name(2) == "robust-aggregation-tableone-f2"
+    assert experiment.SETTINGS["left-right"].record_name(4) == "robust-aggregation-f4"
 
 
 def test_plan_fits_each_rule_without_fault_and_the_dropped_reference_with_projavg_only():
@@ -117,12 +130,12 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     """The record of hand-made fits: per-seed scores of each row, the diagnosis as facts."""
     monkeypatch.setattr(experiment, "RECORDS", tmp_path)
     monkeypatch.setattr(experiment, "costs", lambda root_size: {"reference_step_ms": "12"})
-    args = argparse.Namespace(seeds=[0, 1], rounds=3, faulty=[4], faults=["labels"], rules=["projavg", "fltrust"],
-                              root_size=16, out=tmp_path / "fits")
+    args = argparse.Namespace(setting="left-right", seeds=[0, 1], rounds=3, faulty=[4], faults=["labels"],
+                              rules=["projavg", "fltrust"], root_size=16, out=tmp_path / "fits")
     args.out.mkdir()
     honest_trust, suspects = [1.0] * 20, [0.1, 0.2, 0.3, 0.2] + [1.2] * 16
-    fits = [_fit("projavg", "none", 0, s, [2] * 20, None) for s in (0, 1)]
-    fits += [_fit("projavg", "labels", 4, s, [0] * 4 + [2] * 16, None) for s in (0, 1)]
+    fits = [_fit("projavg", "none", 0, s, [2] * 20, honest_trust) for s in (0, 1)]
+    fits += [_fit("projavg", "labels", 4, s, [0] * 4 + [2] * 16, honest_trust) for s in (0, 1)]
     fits += [_fit("fltrust", "none", 0, s, [2] * 20, honest_trust if s else [0.4] + [1.0] * 19) for s in (0, 1)]
     fits += [_fit("fltrust", "labels", 4, s, [0] * 4 + [2] * (15 + s) + [1] * (1 - s), suspects if s else
                   honest_trust) for s in (0, 1)]
@@ -139,9 +152,10 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     facts = record["facts"]
     assert facts["named/fltrust/labels"] == "1 of 2" and facts["false_alarms/fltrust/none"] == "1 of 40"
     assert facts["honest_flagged/fltrust/labels"] == "0 of 32" and facts["faulty_flagged/fltrust/labels"] == "4 of 8"
-    assert facts["kept/projavg/none"] == "100.0 %" and "named/projavg/labels" not in facts  # ProjAvg: no trust
+    assert facts["kept/projavg/none"] == "100.0 %" and facts["named/projavg/labels"] == "0 of 2"
     assert facts["named_all/fltrust"] == "1 of 2 (50 %)" and facts["false_alarm_rate/fltrust"] == "1 of 40 (2 %)"
-    assert facts["trust_curves"]["fltrust/labels"] == [[1.0] * 20] * 1  # the 5-round means of seed 0
+    assert facts["distance_curves"]["projavg/labels"] == [[1.0] * 20]  # the 5-round means of seed 0
+    assert "fltrust/labels" not in facts["distance_curves"]  # the figure's rules only
     experiment.figure(record, tmp_path / "trust.png")
     assert (tmp_path / "trust.png").stat().st_size > 0
 

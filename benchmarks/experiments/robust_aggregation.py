@@ -57,15 +57,17 @@ diagnosis and the trust curves of the figure, which is drawn from the record
 
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
-from sklearn.metrics import balanced_accuracy_score
+from sklearn.metrics import balanced_accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 
 from benchmarks.records.store import RECORDS, read_record, write_record
 from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, get_aggregation
-from skfedspd.engine import DOWNWEIGHT_RATIO
+from skfedspd.engine import SUSPECT_DISTANCE
 from skfedspd.federated import make_clients
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
@@ -95,10 +97,62 @@ TARGETS = {"target_kept": "97 %", "target_fault_free": "1 point", "target_named"
 FIGURE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "figures" / "robust_aggregation_trust.png"
 
 
+def load_table_one():
+    """``(X, y, subjects)`` of Table I's PhysionetMI protocol (16 offline subjects, 4 classes):
+    sample covariances, cached in one file under ``results/cache``."""
+    from .data import CACHE
+    from .table_one_protocols import load_offline_physionet
+
+    path = CACHE / "physionet-4class-covariances.npz"
+    if not path.exists():
+        loaded = load_offline_physionet()
+        if loaded is None:
+            raise SystemExit("PhysioNet EEG files not found: nothing to run")
+        _, _, X, y, subjects = loaded
+        path.parent.mkdir(parents=True, exist_ok=True)
+        np.savez(path, X=X, y=y, subjects=subjects)
+    with np.load(path) as f:
+        return f["X"], f["y"], f["subjects"]
+
+
+def balanced_accuracy(y, pred):
+    return balanced_accuracy_score(y, pred)
+
+
+def macro_f1(y, pred):
+    return f1_score(y, pred, average="macro")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """A federation the study runs: its data, its score and its default number of faulty clients."""
+
+    title: str
+    load: Callable
+    metric: str
+    score: Callable
+    faulty: int
+    record: str
+
+    def record_name(self, n_faulty):
+        return f"{self.record}-f{n_faulty}"
+
+
+SETTINGS = {
+    "left-right": Setting("left/right, 20 clients of 2 subjects", load_left_right, "balanced accuracy (%)",
+                          balanced_accuracy, 4, "robust-aggregation"),
+    "table-one": Setting("Table I: PhysionetMI 4 classes, 8 clients of 2 subjects", load_table_one, "macro-F1 (%)",
+                         macro_f1, 2, "robust-aggregation-tableone"),
+}
+
+
 def add_arguments(parser):
+    parser.add_argument("--setting", choices=tuple(SETTINGS), default="left-right",
+                        help="left-right: 40 subjects, 20 clients; table-one: Table I's 16 subjects, 4 classes, 8 clients")
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--rounds", type=int, default=80)
-    parser.add_argument("--faulty", type=int, nargs="+", default=[4], help="faulty clients of 20")
+    parser.add_argument("--faulty", type=int, nargs="+", default=None,
+                        help="faulty clients (default: 4 of 20 on left-right, 2 of 8 on table-one)")
     parser.add_argument("--faults", nargs="+", choices=FAULTS, default=list(DATA_FAULTS))
     parser.add_argument("--rules", nargs="+", choices=RULES, default=["projavg", "fltrust-gate"])
     parser.add_argument("--root-size", type=int, default=ROOT_SIZE)
@@ -193,9 +247,9 @@ def make_rule(rule, n_faulty, root):
                    magnitude="bounded")
 
 
-def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE):
-    """One fit: its test predictions with each trial's client, the clients' trust (over the fit
-    and per round), its best round and validation curve."""
+def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, setting="left-right"):
+    """One fit of ``setting``: its test predictions with each trial's client, the clients' trust
+    (over the fit and per round), their per-round diagnosis, its best round and validation curve."""
     X, y, subjects = data
     train, test = client_split(y, subjects, seed, SUBJECTS_PER_CLIENT)  # Table I's: each client's own 85/15
     client_rows, client_subjects = make_clients(subjects[train], groups_per_client=SUBJECTS_PER_CLIENT)
@@ -225,7 +279,12 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE):
     if fault != DROPPED and history[0].get("effective_weights") is not None:
         round_trust = [[round(e / w, 3) for e, w in zip(r["effective_weights"], _weights(r["n_samples"]))]
                        for r in history]
-    return {"rule": rule, "fault": fault, "n_faulty": n_faulty, "seed": seed, "rounds": rounds,
+    per_client = {}  # the rounds' per-client diagnosis, 4 decimals (all clients every round)
+    for key in ("client_agreement", "client_distance"):
+        if fault != DROPPED and history[0].get(key) is not None:
+            per_client[key] = [[round(v, 4) for v in r[key]] for r in history]
+    return {"setting": setting, "n_clients": len(client_rows), "rule": rule, "fault": fault, "n_faulty": n_faulty,
+            "seed": seed, "rounds": rounds, **per_client,
             "root_size": root_size if root is not None else None,
             "y_test": y[test].tolist(), "pred": pred.tolist(), "client": [int(client_of[s]) for s in subjects[test]],
             "trust": None if fault == DROPPED else [None if np.isnan(t) else float(t) for t in clf.client_trust_],
@@ -272,15 +331,16 @@ def _as_robust(corrupted):
     return wrapped
 
 
-def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size):
+def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size, setting="left-right"):
     root = f"__root{root_size}" if rule.startswith("fltrust") else ""
-    return Path(out) / f"{rule}__{fault}__{n_faulty}__{seed}__T{rounds}{root}.json"
+    folder = Path(out) if setting == "left-right" else Path(out) / setting
+    return folder / f"{rule}__{fault}__{n_faulty}__{seed}__T{rounds}{root}.json"
 
 
 def score(fit, clients):
-    """Balanced accuracy (%) of a fit on the pooled test trials of the subjects of ``clients``."""
+    """The setting's score (%) of a fit on the pooled test trials of the subjects of ``clients``."""
     at = np.isin(fit["client"], list(clients))
-    return 100 * balanced_accuracy_score(np.asarray(fit["y_test"])[at], np.asarray(fit["pred"])[at])
+    return 100 * SETTINGS[fit["setting"]].score(np.asarray(fit["y_test"])[at], np.asarray(fit["pred"])[at])
 
 
 def named(fit, n_faulty):
@@ -290,33 +350,37 @@ def named(fit, n_faulty):
 
 
 def flagged(fit, clients):
-    """How many of ``clients`` have a trust below ``DOWNWEIGHT_RATIO`` over the fit."""
-    return int(sum(fit["trust"][c] < DOWNWEIGHT_RATIO for c in clients))
+    """How many of ``clients`` are flagged over the fit: their trust below ``1 / SUSPECT_DISTANCE``
+    (on average more than ``SUSPECT_DISTANCE`` times as far from the aggregate as the median site)."""
+    return int(sum(fit["trust"][c] < 1 / SUSPECT_DISTANCE for c in clients))
 
 
 def run(args):
-    data = None
-    args.out.mkdir(parents=True, exist_ok=True)
+    data, setting = None, SETTINGS[args.setting]
+    args.faulty = args.faulty or [setting.faulty]
     for n_faulty in args.faulty:
         runs = plan(args.rules, args.faults, n_faulty, args.seeds)
-        todo = [r for r in runs if not fit_path(args.out, *r, args.rounds, args.root_size).exists()]
-        print(f"{n_faulty} faulty of 20: {len(todo)} of {len(runs)} fits to run", flush=True)
+        paths = {r: fit_path(args.out, *r, args.rounds, args.root_size, args.setting) for r in runs}
+        todo = [r for r in runs if not paths[r].exists()]
+        print(f"{setting.title}, {n_faulty} faulty: {len(todo)} of {len(runs)} fits to run", flush=True)
         for rule, fault, n, seed in [] if args.report_only else todo:
             if data is None:
-                data = load_left_right()
-            fit = fit_one(data, rule, fault, n, seed, args.rounds, args.root_size)
-            fit_path(args.out, rule, fault, n, seed, args.rounds, args.root_size).write_text(json.dumps(fit))
-            honest = range(n_faulty, 20)
+                data = setting.load()
+            fit = fit_one(data, rule, fault, n, seed, args.rounds, args.root_size, args.setting)
+            paths[rule, fault, n, seed].parent.mkdir(parents=True, exist_ok=True)
+            paths[rule, fault, n, seed].write_text(json.dumps(fit))
+            every = range(fit["n_clients"])
             diag = "" if fit["trust"] is None or fault == DROPPED else (
-                f", named {named(fit, n)}" if n else f", flagged {flagged(fit, range(20))}")
-            print(f"{rule} {fault} x{n} seed {seed}: honest {score(fit, honest):.1f}, best round "
+                f", named {named(fit, n)}" if n else f", flagged {flagged(fit, every)}")
+            print(f"{rule} {fault} x{n} seed {seed}: honest {score(fit, every[n_faulty:]):.1f}, best round "
                   f"{fit['best_round']}/{args.rounds}, {fit['cpu_seconds']:.0f} s CPU{diag}", flush=True)
     if args.record:
         for n_faulty in args.faulty:
             path = record(args, n_faulty)
             print(f"record: {path}")
-        figure(read_record(f"robust-aggregation-f{args.faulty[0]}"), FIGURE)
-        print(f"figure: {FIGURE}")
+        if args.setting == "left-right":
+            figure(read_record(setting.record_name(args.faulty[0])), FIGURE)
+            print(f"figure: {FIGURE}")
 
 
 def plan(rules, faults, n_faulty, seeds):
@@ -327,40 +391,43 @@ def plan(rules, faults, n_faulty, seeds):
 
 
 def record(args, n_faulty):
-    """Write the record ``robust-aggregation-f{n_faulty}`` from the fits in ``args.out``."""
-    fits = {}
+    """Write the setting's record (``robust-aggregation-f{n_faulty}`` on left/right) from the fits
+    in ``args.out``."""
+    fits, setting = {}, SETTINGS[args.setting]
     for rule, fault, n, seed in plan(args.rules, args.faults, n_faulty, args.seeds):
-        path = fit_path(args.out, rule, fault, n, seed, args.rounds, args.root_size)
+        path = fit_path(args.out, rule, fault, n, seed, args.rounds, args.root_size, args.setting)
         if path.exists():
             fits.setdefault((rule, fault), {})[seed] = json.loads(path.read_text())
-    honest, faulty = range(n_faulty, 20), range(n_faulty)
-    rows, facts = {}, {"clients": 20, "subjects_per_client": SUBJECTS_PER_CLIENT, "n_faulty": n_faulty,
+    n_clients = next(f["n_clients"] for by_seed in fits.values() for f in by_seed.values())
+    every = range(n_clients)
+    honest, faulty = every[n_faulty:], every[:n_faulty]
+    rows, facts = {}, {"clients": n_clients, "subjects_per_client": SUBJECTS_PER_CLIENT, "n_faulty": n_faulty,
                        "rounds": args.rounds, "root_size": args.root_size, "seeds": list(args.seeds),
-                       "scaled_share": f"{SCALED_SHARE}", "flag_below": f"{DOWNWEIGHT_RATIO}", **TARGETS}
+                       "scaled_share": f"{SCALED_SHARE}", "flag_distance": f"{SUSPECT_DISTANCE}", **TARGETS}
     for (rule, fault), by_seed in fits.items():
         key = f"{rule}/{fault}"
         rows[key] = {"label": f"{LABELS[rule]}, {FAULT_LABELS[fault]}" + (f" ×{n_faulty}" if fault != "none" else ""),
                      "scores": {"honest": {s: score(f, honest) for s, f in by_seed.items()},
                                 "faulty": {s: score(f, faulty) for s, f in by_seed.items()},
-                                "all": {s: score(f, range(20)) for s, f in by_seed.items()}}}
+                                "all": {s: score(f, every) for s, f in by_seed.items()}}}
         facts[f"best_round/{key}"] = float(np.median([f["best_round"] for f in by_seed.values()]))
-        trusts = [f for f in by_seed.values() if f["trust"] is not None and f["round_trust"] is not None]
+        trusts = [f for f in by_seed.values() if f["trust"] is not None]
         if trusts and fault == "none":
-            facts[f"false_alarms/{key}"] = f"{sum(flagged(f, range(20)) for f in trusts)} of {20 * len(trusts)}"
+            facts[f"false_alarms/{key}"] = f"{sum(flagged(f, every) for f in trusts)} of {n_clients * len(trusts)}"
         elif trusts and fault != DROPPED:
             facts[f"named/{key}"] = f"{sum(named(f, n_faulty) for f in trusts)} of {len(trusts)}"
             facts[f"honest_flagged/{key}"] = f"{sum(flagged(f, honest) for f in trusts)} of {len(honest) * len(trusts)}"
             facts[f"faulty_flagged/{key}"] = f"{sum(flagged(f, faulty) for f in trusts)} of {n_faulty * len(trusts)}"
     for rule in dict.fromkeys(rule for rule, _ in fits):  # over every faulty fit of a rule, data and update faults
         faulty_fits = [f for (r, fault), by_seed in fits.items() if r == rule and fault not in ("none", DROPPED)
-                       for f in by_seed.values() if f["round_trust"] is not None]
-        clean = [f for f in fits.get((rule, "none"), {}).values() if f["round_trust"] is not None]
+                       for f in by_seed.values() if f["trust"] is not None]
+        clean = [f for f in fits.get((rule, "none"), {}).values() if f["trust"] is not None]
         if faulty_fits:
             k = sum(named(f, n_faulty) for f in faulty_fits)
             facts[f"named_all/{rule}"] = f"{k} of {len(faulty_fits)} ({100 * k / len(faulty_fits):.0f} %)"
         if clean:
-            k = sum(flagged(f, range(20)) for f in clean)
-            facts[f"false_alarm_rate/{rule}"] = f"{k} of {20 * len(clean)} ({100 * k / (20 * len(clean)):.0f} %)"
+            k, total = sum(flagged(f, every) for f in clean), n_clients * len(clean)
+            facts[f"false_alarm_rate/{rule}"] = f"{k} of {total} ({100 * k / total:.0f} %)"
     reference = rows["projavg/none"]["scores"]["honest"]
     for key, row in rows.items():
         seeds = [s for s in row["scores"]["honest"] if s in reference]
@@ -374,22 +441,25 @@ def record(args, n_faulty):
     facts["fits_cpu_minutes"] = f"{sum(f['cpu_seconds'] for f in all_fits) / 60:.0f}"
     facts.update(costs(args.root_size))
     first = min(args.seeds)
-    facts["trust_curves"] = {f"{rule}/{fault}": block_means(fits[(rule, fault)][first]["round_trust"])
-                             for rule in RULES[4:] for fault in ("none", *DATA_FAULTS)
-                             if (rule, fault) in fits and first in fits[(rule, fault)]}
-    facts["trust_curves_seed"], facts["trust_curves_block"] = first, BLOCK
-    command = ("python -m benchmarks.experiments robust-aggregation --seeds " + " ".join(map(str, args.seeds))
+    facts["distance_curves"] = {f"{rule}/{fault}": block_means(distance_ratios(fits[(rule, fault)][first]))
+                                for rule in FIGURE_RULES for fault in ("none", *DATA_FAULTS)
+                                if (rule, fault) in fits and first in fits[(rule, fault)]}
+    facts["distance_curves_seed"], facts["distance_curves_block"] = first, BLOCK
+    setting_option = "" if args.setting == "left-right" else f" --setting {args.setting}"
+    command = (f"python -m benchmarks.experiments robust-aggregation{setting_option} --seeds "
+               + " ".join(map(str, args.seeds))
                + f" --rounds {args.rounds} --faulty {' '.join(map(str, args.faulty))} --faults {' '.join(args.faults)}"
                + f" --rules {' '.join(args.rules)} --root-size {args.root_size} --record")
+    metric = setting.metric
     return write_record(
-        f"robust-aggregation-f{n_faulty}",
-        title=f"Robust aggregation, left/right, 20 clients of 2 subjects, {n_faulty} faulty",
+        setting.record_name(n_faulty),
+        title=f"Robust aggregation, {setting.title}, {n_faulty} faulty",
         # the fits' time (one process each): a record written from cached fits took them too
         command=command, rows=rows, reference="projavg/none", paired_by="seed",
         wall_seconds=sum(f["cpu_seconds"] for f in all_fits),
-        metrics={"honest": "balanced accuracy (%) on the honest sites' subjects",
-                 "faulty": "balanced accuracy (%) on the faulty sites' subjects",
-                 "all": "balanced accuracy (%) on every subject"},
+        metrics={"honest": f"{metric} on the honest sites' subjects",
+                 "faulty": f"{metric} on the faulty sites' subjects",
+                 "all": f"{metric} on every subject"},
         facts=facts, folder=RECORDS)
 
 
@@ -421,23 +491,35 @@ def costs(root_size, reps=50):
 BLOCK = 5
 
 
-def block_means(round_trust, block=BLOCK):
-    """Each client's trust averaged over consecutive blocks of ``block`` rounds (the last may
-    be shorter), rounded to 0.01: ``(n_blocks, n_clients)`` lists."""
-    trust = np.asarray(round_trust, dtype=float)
-    return [np.round(trust[i:i + block].mean(axis=0), 2).tolist() for i in range(0, len(trust), block)]
+#: The rules of the figure (those of the record's main runs).
+FIGURE_RULES = ("projavg", "fltrust-gate")
+
+
+def distance_ratios(fit):
+    """Each client's distance to the aggregate over the round's median, per round: ``(rounds, n_clients)``."""
+    distance = np.asarray(fit["client_distance"], dtype=float)
+    return distance / np.median(distance, axis=1, keepdims=True)
+
+
+def block_means(values, block=BLOCK):
+    """Each client's per-round values averaged over consecutive blocks of ``block`` rounds (the
+    last may be shorter), rounded to 0.01: ``(n_blocks, n_clients)`` lists."""
+    values = np.asarray(values, dtype=float)
+    return [np.round(values[i:i + block].mean(axis=0), 2).tolist() for i in range(0, len(values), block)]
 
 
 def figure(rec, path):
-    """Each client's trust per round (its effective weight over its weight) under FLTrust and
-    FLTrust per layer, no fault and each data fault, from the record's trust curves."""
+    """Each client's distance to the aggregate over the round's median (the diagnosis's
+    evidence: its trust over the fit is the inverse of this ratio's mean) under each rule of
+    the record's curves, no fault and each data fault, from the record."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    curves, n_faulty, block = rec["facts"]["trust_curves"], rec["facts"]["n_faulty"], rec["facts"]["trust_curves_block"]
-    rules = [r for r in RULES[4:] if any(k.startswith(r + "/") for k in curves)]
+    facts = rec["facts"]
+    curves, n_faulty, block = facts["distance_curves"], facts["n_faulty"], facts["distance_curves_block"]
+    rules = [r for r in FIGURE_RULES if any(k.startswith(r + "/") for k in curves)]
     faults = [f for f in ("none", *DATA_FAULTS) if any(k.endswith("/" + f) for k in curves)]
     fig, axes = plt.subplots(len(rules), len(faults), figsize=(2.8 * len(faults), 2.3 * len(rules)),
                              sharex=True, sharey=True, squeeze=False)
@@ -449,20 +531,22 @@ def figure(rec, path):
                         transform=ax.transAxes, fontsize="small", color="0.4")
                 ax.set_axis_off()
                 continue
-            trust = np.asarray(curves[f"{rule}/{fault}"], dtype=float)
-            rounds = block * np.arange(len(trust)) + (block + 1) / 2
-            for c in range(trust.shape[1]):
+            ratio = np.asarray(curves[f"{rule}/{fault}"], dtype=float)
+            rounds = block * np.arange(len(ratio)) + (block + 1) / 2
+            for c in range(ratio.shape[1]):
                 broken = fault != "none" and c < n_faulty
-                ax.plot(rounds, trust[:, c], lw=1.2 if broken else 0.7,
+                ax.plot(rounds, ratio[:, c], lw=1.2 if broken else 0.7,
                         color="tab:red" if broken else "0.6", zorder=3 if broken else 2)
-            ax.axhline(DOWNWEIGHT_RATIO, color="k", lw=0.6, ls="--")
+            ax.axhline(SUSPECT_DISTANCE, color="k", lw=0.6, ls="--")
             ax.set_title(f"{LABELS[rule]}: {FAULT_LABELS[fault]}", fontsize="small")
+            ax.set_yscale("log")
             if i == len(rules) - 1:
                 ax.set_xlabel("round")
             if j == 0:
-                ax.set_ylabel(f"trust ({block}-round mean)")
-    fig.suptitle(f"Each client's trust per round, seed {rec['facts']['trust_curves_seed']}: faulty clients red "
-                 f"({n_faulty} of 20), honest grey; dashed: down-weighting threshold", fontsize="small")
+                ax.set_ylabel(f"distance / median ({block}-round mean)")
+    fig.suptitle(f"Each client's distance to the aggregate over the round's median, seed "
+                 f"{facts['distance_curves_seed']}: faulty clients red ({n_faulty} of {facts['clients']}), honest "
+                 f"grey; dashed: the suspect level over a fit", fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
