@@ -831,8 +831,8 @@ class FLTrust(RobustAggregation):
 
     def agreement(self, client_params, reference, previous, kinds):
         """Each client's agreement with the reference update in the tangent space at
-        ``previous``: ``cos(g_i, g_0)`` (``agreement="model"``) or its smallest per-layer
-        cosine (``"layer"``); 0 for a client or a reference that did not move."""
+        ``previous``: ``cos(g_i, g_0)`` (``agreement_scope="model"``) or the mean of its
+        per-layer cosines (``"layer"``); 0 for a client or a reference that did not move."""
         updates, ref = self._tangent_vectors(client_params, reference, previous, kinds)
         return self._agreement(updates, ref, self._blocks(previous, kinds))
 
@@ -844,7 +844,7 @@ class FLTrust(RobustAggregation):
 
     def _blocks(self, previous, kinds):
         """The coordinate slices of the tangent vector that are compared and scaled apart: the
-        whole vector (``agreement="model"``), or one per layer (``"layer"``: the non-local
+        whole vector (``agreement_scope="model"``), or one per layer (``"layer"``: the non-local
         arrays grouped by module, the name up to its last dot: ``head.weight`` and ``head.bias``
         form ``head``)."""
         names = [name for name, kind in kinds.items() if kind != "local"]

@@ -377,18 +377,21 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         (each client's cosine with the server's reference update), None otherwise; all
         None under secure aggregation.
     client_trust_ : ndarray of shape (n_clients,)
-        Each site's trust over the fit: the mean, over the rounds it was aggregated in, of
-        its effective weight over its weight (1 under a plain rule; near 0: the rule kept
-        leaving it out; NaN: never aggregated, or secure aggregation).
-        ``np.argsort(client_trust_)`` names the suspect sites first
+        Each site's trust over the fit: the inverse of its mean distance to the rule's
+        aggregate relative to the round's median site (1: as close to the consensus as the
+        typical site; 0.5: twice as far, round after round; NaN: never aggregated, or
+        secure aggregation). ``np.argsort(client_trust_)`` names the suspect sites first;
+        below ``1 / skfedspd.engine.SUSPECT_DISTANCE`` a site is flagged
         (:func:`skfedspd.engine.client_trust`).
     trust_summary_ : list of dict
-        One per site: ``client``, ``rounds``, ``trust``, ``downweighted`` (rounds the rule
+        One per site: ``client``, ``rounds``, ``trust``, ``distance_ratio`` (its mean
+        distance to the aggregate over the round's median), ``flagged``, ``weight`` (the
+        rule's mean effective weight over the site's weight: 1 under a plain rule, near 0
+        when a robust rule kept leaving it out), ``downweighted`` (rounds the rule
         down-weighted it in), ``failed`` (train replies refused), ``agreement`` (mean
-        agreement with the server's reference update, FLTrust), ``distance_ratio`` (mean
-        distance to the aggregate over the round's median) and ``reason`` (why it was
-        down-weighted; None if never). Both are recomputed from ``history_``, so a saved
-        and loaded model has them.
+        agreement with the server's reference update, FLTrust) and ``reason`` (why it is
+        flagged, or why the rule left it out in most rounds; None otherwise). Both are
+        recomputed from ``history_``, so a saved and loaded model has them.
     best_round_ : int
     privacy_ : dict or None
         DP mode: the JSON-able report of :func:`skfedspd.privacy.plan_dp` (mechanism,

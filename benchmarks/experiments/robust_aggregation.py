@@ -1,13 +1,18 @@
 """Robust aggregation: can a few faulty sites damage the model for everyone else, and can the federation name them?
 
-The federation: left/right imagery of the 40 offline PhysioNet subjects (:mod:`.data`), 20
-clients of 2 subjects (sorted subject ids, two by two), each client's own stratified 85/15
-train/test split (seeded), ``FederatedSPDnetClassifier`` with the package defaults
-(:func:`.pipelines.fedspdnet`) and the rule under test; ``--rounds`` rounds. The first
-``--faulty`` clients (4 or 5 of 20) are faulty, in training only; the test trials are every
-client's true ones.
+Two federations (``--setting``), each of clients of 2 subjects (sorted subject ids, two by
+two) with each client's own stratified 85/15 train/test split (seeded):
 
-Scores. The score that matters is the balanced accuracy on the **honest sites' subjects**
+* ``left-right``: left/right imagery of the 40 offline PhysioNet subjects (:mod:`.data`), 20
+  clients, scored in balanced accuracy; 4 faulty by default (``--faulty 4 5``);
+* ``table-one``: Table I's PhysionetMI protocol, the 16 offline subjects with 4 classes, 8
+  clients, scored in macro-F1; 2 faulty by default.
+
+``FederatedSPDnetClassifier`` with the package defaults (:func:`.pipelines.fedspdnet`) and the
+rule under test; ``--rounds`` rounds, the best-validation round's model. The first
+``--faulty`` clients are faulty, in training only; the test trials are every client's true ones.
+
+Scores. The score that matters is the setting's score on the **honest sites' subjects**
 (their held-out trials, pooled), compared with the fault-free ProjAvg federation on the same
 subjects, paired over seeds (same splits and initial models); the **faulty sites' subjects**
 are scored apart (they lose their only training data when their site is set aside: no rule
@@ -32,25 +37,25 @@ update cut to the reference's length) and ``fltrust-gate`` (the same with
 ``trust="accept"``: an agreeing client keeps its weight). The root set: ``--root-size``
 trials drawn (stratified, per seed) from the clients' clean training trials, as in the
 FLTrust paper's evaluation (the server holds a small clean sample of the federation's
-population); with all 40 offline subjects in the federation no public subject is left for a
-root set of its own.
+population); with every offline subject of the task in the federation no public subject is
+left for a root set of its own.
 
-Diagnosis, from each fit's ``client_trust_`` (mean over rounds of a client's effective weight
-over its weight): a faulty fit *names* its faulty clients when they are the ``n_faulty`` least
-trusted; a client is *flagged* when its trust is below 0.5 (``DOWNWEIGHT_RATIO``, the
-engine's down-weighting threshold, ``trust_summary_``); a *false alarm* is a flagged honest
-client, counted over the clients of the fault-free fits.
+Diagnosis, from each fit's ``client_trust_`` (the inverse of a client's mean distance to the
+aggregate over the round's median, :func:`skfedspd.engine.client_trust`): a faulty fit
+*names* its faulty clients when they are the ``n_faulty`` least trusted; a client is
+*flagged* when its trust is below ``1 / SUSPECT_DISTANCE`` (``trust_summary_``); a *false
+alarm* is a flagged honest client, counted over the clients of the fault-free fits.
 
-Each fit is one JSON file under ``--out`` (a run resumes); the record
-``robust-aggregation-f{n}`` (one per number of faulty clients) holds per-seed scores, the
-diagnosis and the trust curves of the figure, which is drawn from the record
-(``docs/benchmarks/figures/robust_aggregation_trust.png``).
+Each fit is one JSON file under ``--out`` (``--out/table-one`` for Table I's setting; a run
+resumes), with each round's per-client distances and agreements; the record
+``robust-aggregation-f{n}`` (``robust-aggregation-tableone-f{n}``), one per number of faulty
+clients, holds per-seed scores, the diagnosis and the distance curves of the figure, which is
+drawn from the left/right record (``docs/benchmarks/figures/robust_aggregation_trust.png``).
 
     python -m benchmarks.experiments robust-aggregation --seeds 0 1 2 --rounds 80 --faulty 4 \\
-        --rules projavg fltrust-gate --faults labels channels noise
-    python -m benchmarks.experiments robust-aggregation --seeds 0 1 2 --rounds 80 --faulty 4 \\
-        --rules projavg fltrust-gate trimmedmean fltrust fltrust-layer \\
-        --faults labels channels noise reversed scaled dropped --report-only --record
+        --rules projavg fltrust-gate --faults labels channels noise reversed scaled dropped --record
+    python -m benchmarks.experiments robust-aggregation --setting table-one --seeds 0 1 2 --rounds 150 \\
+        --root-size 128 --rules projavg fltrust-gate --faults labels channels noise reversed scaled dropped --record
 
 (the page ``docs/benchmarks/robust-aggregation.md`` lists the runs of its record).
 """
