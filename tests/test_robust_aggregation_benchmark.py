@@ -13,17 +13,20 @@ from benchmarks.experiments import robust_aggregation as experiment
 from benchmarks.experiments.robust_aggregation import (
     MAX_UPDATE_NORM,
     ROOT_SIZE,
-    CorruptedUpdates,
     client_split,
+    corrupt_update,
     draw_root_set,
     flagged,
+    hostile_clients,
     inject_data_fault,
     named,
     plan,
     score,
 )
 from benchmarks.records.store import read_record
-from skfedspd.aggregation import FLTrust, projavg
+from skfedspd.aggregation import FLTrust
+from skfedspd.engine import FederatedEngine
+from skfedspd.messages import TrainReply
 from skfedspd.datasets import make_spd_classification
 from skfedspd.stiefel import lift, random_stiefel
 
@@ -37,7 +40,7 @@ def _params(seed):
 def test_reversed_update_points_the_other_way():
     previous = _params(0)
     client = _params(1)
-    out = CorruptedUpdates("projavg", "reversed", [0]).corrupt(client, previous, KINDS)
+    out = corrupt_update(client, previous, KINDS, "reversed")
     np.testing.assert_allclose(out["b"] - previous["b"], -(client["b"] - previous["b"]))
     step, reversed_step = lift(previous["W"], client["W"]), lift(previous["W"], out["W"])
     assert float(np.sum(step * reversed_step)) < 0  # the tangent step turned around
@@ -47,22 +50,30 @@ def test_reversed_update_points_the_other_way():
 
 def test_scaled_update_stays_inside_the_bound():
     previous, client = _params(0), _params(1)
-    out = CorruptedUpdates("projavg", "scaled", [0]).corrupt(client, previous, KINDS)
+    out = corrupt_update(client, previous, KINDS, "scaled")
     step = out["b"] - previous["b"]
     assert np.linalg.norm(step) == pytest.approx(0.99 * MAX_UPDATE_NORM * (1 + np.linalg.norm(previous["b"])))
     assert np.allclose(step / np.linalg.norm(step), (client["b"] - previous["b"]) / np.linalg.norm(client["b"]
                                                                                                   - previous["b"]))
 
 
-def test_only_the_chosen_clients_are_corrupted():
-    previous = _params(0)
-    clients = [_params(s) for s in (1, 2, 3)]
-    weights = np.full(3, 1 / 3)
-    honest = projavg(clients, weights, previous, KINDS)
-    np.testing.assert_allclose(CorruptedUpdates("projavg", "reversed", [])(clients, weights, previous, KINDS)["b"],
-                               honest["b"])
-    assert not np.allclose(CorruptedUpdates("projavg", "reversed", [2])(clients, weights, previous, KINDS)["b"],
-                           honest["b"])
+@pytest.mark.parametrize("fault", ["reversed", "scaled"])
+def test_hostile_clients_reach_the_engine_corrupted_and_only_within_the_block(fault):
+    """The server checks, aggregates and measures the corrupted reply of the chosen client only."""
+    kinds = {"W": "stiefel", "b": "euclidean"}
+    initial = {"W": random_stiefel(6, 3, rng=0), "b": np.zeros(3)}
+
+    def run(hostile):
+        engine = FederatedEngine(initial, kinds, n_train=[10, 10, 10], n_val=[2, 2, 2], seed=0, lr=0.01)
+        replies = [TrainReply({"W": random_stiefel(6, 3, rng=c + 1), "b": np.full(3, 0.1 * (c + 1))}, 0.5, 0, 10)
+                   for c in range(3)]
+        with hostile_clients(fault, hostile):
+            return engine.aggregate(0, [0, 1, 2], replies)
+
+    original = FederatedEngine.aggregate
+    honest, attacked = run([]), run([2])
+    assert attacked["client_distance"][2] > honest["client_distance"][2]
+    assert FederatedEngine.aggregate is original  # restored after the block
 
 
 @pytest.mark.parametrize("fault", ["labels", "channels", "noise"])
@@ -177,14 +188,13 @@ def test_root_set_is_a_seeded_stratified_draw():
     assert not np.array_equal(draw_root_set(X, y, seed=2)[0], root[0])
 
 
-def test_corrupted_updates_reach_a_rule_with_a_reference():
-    """FLTrust behind the corruption: the reversed site is the one the reference disowns."""
+def test_a_reversed_update_is_what_the_reference_disowns():
+    """FLTrust sees the corrupted update: the reversed site is the one the reference disowns."""
     previous = _params(0)
     clients = [{**_params(s), "b": previous["b"] + 0.1 * s} for s in (1, 2, 3)]
+    clients[2] = corrupt_update(clients[2], previous, KINDS, "reversed")
     reference = {**_params(4), "b": previous["b"] + 0.2}
-    rule = CorruptedUpdates(FLTrust(np.stack([np.eye(2)] * 2), [0, 1]), "reversed", [2])
-    assert rule.needs_reference and not CorruptedUpdates("projavg", "reversed", [2]).needs_reference
-    assert rule.X is rule.rule.X and rule.y is rule.rule.y  # the root set the run trains the reference on
+    rule = FLTrust(np.stack([np.eye(2)] * 2), [0, 1])
     agreement = rule.agreement(clients, reference, previous, KINDS)
     _, effective = rule.aggregate(clients, np.full(3, 1 / 3), previous, KINDS, reference=reference)
     assert agreement[2] < 0 < min(agreement[:2]) and effective[2] == 0 and effective[:2].sum() == pytest.approx(1)

@@ -62,7 +62,8 @@ drawn from the left/right record (``docs/benchmarks/figures/robust_aggregation_t
 
 import json
 import time
-from dataclasses import dataclass
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -71,9 +72,10 @@ from sklearn.metrics import balanced_accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 
 from benchmarks.records.store import RECORDS, read_record, write_record
-from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, get_aggregation
-from skfedspd.engine import SUSPECT_DISTANCE
+from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean
+from skfedspd.engine import SUSPECT_DISTANCE, FederatedEngine
 from skfedspd.federated import make_clients
+from skfedspd.messages import TrainReply
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
 
@@ -166,51 +168,45 @@ def add_arguments(parser):
     parser.add_argument("--record", action="store_true", help="write the records (and the figure) at the end")
 
 
-class CorruptedUpdates:
-    """An aggregation rule whose clients at ``positions`` (in the order the rule receives the
-    accepted replies: client-id order) send a corrupted update: ``"reversed"`` or ``"scaled"``
-    (see the module docstring). Deterministic; the wrapped ``rule`` sees the corrupted arrays."""
+def corrupt_update(params, previous, kinds, fault):
+    """A client's parameters with its update corrupted (``"reversed"`` or ``"scaled"``, see the
+    module docstring), from the broadcast ``previous``; its ``"local"`` arrays untouched."""
+    out = dict(params)
+    for name, kind in kinds.items():
+        if kind == "local":
+            continue
+        base = np.asarray(previous[name], dtype=np.float64)
+        value = np.asarray(params[name], dtype=np.float64)
+        step = lift(base, value) if kind == "stiefel" else value - base
+        if fault == "reversed":
+            step = -step
+        else:  # scaled: the longest step the bound admits (a Stiefel array cannot go that far)
+            bound = SCALED_SHARE * MAX_UPDATE_NORM * (1 + np.linalg.norm(base))
+            step = step * (bound / max(np.linalg.norm(step), 1e-12))
+        new = retract(base, step) if kind == "stiefel" else base + step
+        out[name] = new.astype(np.asarray(params[name]).dtype)
+    return out
 
-    def __init__(self, rule, fault, positions):
-        self.rule, self.fault, self.positions = rule, fault, tuple(positions)
-        #: A rule with the server's reference update (FLTrust) gets it through, on the corrupted
-        #: arrays; the run trains the reference on the rule's root set.
-        self.needs_reference = getattr(rule, "needs_reference", False)
-        if self.needs_reference:
-            self.X, self.y = rule.X, rule.y
 
-    def __call__(self, client_params, weights, previous, kinds):
-        return get_aggregation(self.rule)(self.corrupt_all(client_params, previous, kinds), weights, previous, kinds)
+@contextmanager
+def hostile_clients(fault, clients):
+    """Within the block, the train replies of ``clients`` reach the server with their update
+    corrupted (:func:`corrupt_update`): as a site that sends them would, so the engine checks,
+    aggregates and diagnoses the corrupted update (the same on every backend: the engine is shared)."""
+    original, clients = FederatedEngine.aggregate, set(clients)
 
-    def aggregate(self, client_params, weights, previous, kinds, reference=None):
-        corrupted = self.corrupt_all(client_params, previous, kinds)
-        if self.needs_reference:
-            return self.rule.aggregate(corrupted, weights, previous, kinds, reference=reference)
-        return self.rule.aggregate(corrupted, weights, previous, kinds)
+    def aggregate(engine, t, selected, replies):
+        previous = {n: v for n, v in engine.global_params.items() if engine.kinds[n] != "local"}
+        replies = [replace(reply, params=corrupt_update(reply.params, previous, engine.kinds, fault))
+                   if cid in clients and isinstance(reply, TrainReply) else reply
+                   for cid, reply in zip(selected, replies)]
+        return original(engine, t, selected, replies)
 
-    def agreement(self, client_params, reference, previous, kinds):
-        return self.rule.agreement(self.corrupt_all(client_params, previous, kinds), reference, previous, kinds)
-
-    def corrupt_all(self, client_params, previous, kinds):
-        return [self.corrupt(params, previous, kinds) if i in self.positions else params
-                for i, params in enumerate(client_params)]
-
-    def corrupt(self, params, previous, kinds):
-        out = dict(params)
-        for name, kind in kinds.items():
-            if kind == "local":
-                continue
-            base = np.asarray(previous[name], dtype=np.float64)
-            value = np.asarray(params[name], dtype=np.float64)
-            step = lift(base, value) if kind == "stiefel" else value - base
-            if self.fault == "reversed":
-                step = -step
-            else:  # scaled: the longest step the bound admits (a Stiefel array cannot go that far)
-                bound = SCALED_SHARE * MAX_UPDATE_NORM * (1 + np.linalg.norm(base))
-                step = step * (bound / max(np.linalg.norm(step), 1e-12))
-            new = retract(base, step) if kind == "stiefel" else base + step
-            out[name] = new.astype(np.asarray(params[name]).dtype)
-        return out
+    FederatedEngine.aggregate = aggregate
+    try:
+        yield
+    finally:
+        FederatedEngine.aggregate = original
 
 
 def inject_data_fault(fault, X, y, rows, rng):
@@ -265,17 +261,13 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
         rng = np.random.default_rng(seed)
         for site in range(n_faulty):
             X_train, y_train = inject_data_fault(fault, X_train, y_train, client_rows[site], rng)
-    elif fault in UPDATE_FAULTS:
-        aggregation = CorruptedUpdates(aggregation, fault, range(n_faulty))
-        if not isinstance(aggregation.rule, str):
-            aggregation = _as_robust(aggregation)
     keep = np.ones(len(train), dtype=bool)
     if fault == DROPPED:
         keep[np.concatenate([client_rows[site] for site in range(n_faulty)])] = False
     clf = fedspdnet(seed, groups_per_client=SUBJECTS_PER_CLIENT).set_params(
         aggregation=aggregation, n_rounds=rounds, max_update_norm=MAX_UPDATE_NORM)
     start = time.process_time()
-    with torch_threads(1):
+    with torch_threads(1), hostile_clients(fault, range(n_faulty) if fault in UPDATE_FAULTS else ()):
         clf.fit(X_train[keep], y_train[keep], groups=subjects[train][keep])
         pred = clf.predict(X[test])
     client_of = {subject: c for c, group in enumerate(client_subjects) for subject in group}
@@ -301,39 +293,6 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
 def _weights(n_samples):
     n = np.asarray(n_samples, dtype=float)
     return n / n.sum()
-
-
-def _as_robust(corrupted):
-    """The wrapper as a :class:`~skfedspd.aggregation.RobustAggregation` (so that the engine
-    records the wrapped rule's effective weights)."""
-    from skfedspd.aggregation import RobustAggregation
-
-    class Wrapped(RobustAggregation):
-        label = "corrupted " + getattr(corrupted.rule, "label", "rule")
-        needs_reference = corrupted.needs_reference
-
-        def __init__(self):
-            pass
-
-        def check_params(self):
-            corrupted.rule.check_params()
-
-        def check_n_clients(self, n_clients):
-            corrupted.rule.check_n_clients(n_clients)
-
-        def aggregate(self, *args, **kwargs):
-            return corrupted.aggregate(*args, **kwargs)
-
-        def agreement(self, *args):
-            return corrupted.agreement(*args)
-
-        def __repr__(self, N_CHAR_MAX=700):
-            return f"Corrupted({corrupted.fault}, {corrupted.rule!r})"
-
-    wrapped = Wrapped()
-    if corrupted.needs_reference:
-        wrapped.X, wrapped.y = corrupted.X, corrupted.y
-    return wrapped
 
 
 def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size, setting="left-right"):
