@@ -252,6 +252,22 @@ def _robustness_entries(clients, aggregate, kinds, diagnostics):
 SUSPECT_DISTANCE = 1.5
 
 
+def distance_ratios(distance):
+    """One round's distance ratio of each site (:func:`client_trust`): its distance to the
+    aggregate over the round's median distance; None when that median is 0 (the round says
+    nothing).
+
+    Examples
+    --------
+    >>> from skfedspd.engine import distance_ratios
+    >>> distance_ratios([1.0, 2.0, 6.0]).tolist()
+    [0.5, 1.0, 3.0]
+    """
+    distance = np.asarray(distance, dtype=float)
+    median = float(np.median(distance))
+    return distance / median if median > 0 else None
+
+
 def client_trust(history, n_clients, weighting="n_samples"):
     """Each site's trust over a fit, and why a site is suspect, from the rounds' records.
 
@@ -302,7 +318,7 @@ def client_trust(history, n_clients, weighting="n_samples"):
     its updates lay 3.00 times as far from the aggregate as the median site's (mean over 1 rounds); the rule down-weighted it in 1 of 1 rounds; mean agreement with the server's reference update -0.50 (median site 0.70)
     """
     ratios = [[] for _ in range(n_clients)]
-    agreements, distance_ratios = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
+    agreements, distances = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
     downweighted, failed = np.zeros(n_clients, dtype=int), np.zeros(n_clients, dtype=int)
     for record in history:
         for entry in record.get("failed_clients", []):
@@ -312,11 +328,11 @@ def client_trust(history, n_clients, weighting="n_samples"):
         clients = record["clients"]
         weights = client_weights(record["n_samples"], weighting)
         effective = record.get("effective_weights") or weights
-        median = float(np.median(record["client_distance"]))
+        distance = distance_ratios(record["client_distance"])
         for k, cid in enumerate(clients):
             ratios[cid].append(effective[k] / weights[k])
-            if median > 0:
-                distance_ratios[cid].append(record["client_distance"][k] / median)
+            if distance is not None:
+                distances[cid].append(distance[k])
             if record.get("client_agreement") is not None:
                 agreements[cid].append(record["client_agreement"][k])
         for cid in record.get("downweighted_clients") or []:
@@ -325,18 +341,18 @@ def client_trust(history, n_clients, weighting="n_samples"):
     def mean(values):
         return float(np.mean(values)) if values else None
 
-    trust = np.array([1 / np.mean(d) if d else np.nan for d in distance_ratios])
+    trust = np.array([1 / np.mean(d) if d else np.nan for d in distances])
     mean_agreement = [mean(a) for a in agreements]
     typical = [a for a in mean_agreement if a is not None]
     typical = float(np.median(typical)) if typical else None
     summary = []
     for cid in range(n_clients):
-        rounds, ratio = len(ratios[cid]), mean(distance_ratios[cid])
+        rounds, ratio = len(ratios[cid]), mean(distances[cid])
         flagged = ratio is not None and ratio > SUSPECT_DISTANCE
         reasons = []
         if flagged:
             reasons.append(f"its updates lay {ratio:.2f} times as far from the aggregate as the median site's "
-                           f"(mean over {len(distance_ratios[cid])} rounds)")
+                           f"(mean over {len(distances[cid])} rounds)")
         if downweighted[cid] and (flagged or 2 * downweighted[cid] > rounds):
             reasons.append(f"the rule down-weighted it in {downweighted[cid]} of {rounds} rounds")
         if reasons and mean_agreement[cid] is not None:

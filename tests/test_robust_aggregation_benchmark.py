@@ -97,10 +97,10 @@ def _fit(rule, fault, n_faulty, seed, correct, trust, n_clients=20):
     client = np.repeat(np.arange(n_clients), 2)
     y_test = np.tile([0, 1], n_clients)
     pred = np.where(np.tile([0, 1], n_clients) < np.repeat(correct, 2), y_test, 1 - y_test)
-    # three rounds in which each client lies 1 / trust times as far from the aggregate as the median one
+    # three rounds in which each client lies 1 / trust times as far from the aggregate as a trust-1 client
     distance = None if trust is None else [[1 / t for t in trust]] * 3
     return {"setting": "left-right", "n_clients": n_clients, "rule": rule, "fault": fault, "n_faulty": n_faulty,
-            "seed": seed, "client": client.tolist(), "y_test": y_test.tolist(), "pred": pred.tolist(), "trust": trust,
+            "seed": seed, "client": client.tolist(), "y_test": y_test.tolist(), "pred": pred.tolist(),
             "client_distance": distance, "best_round": 2, "val_f1": [0.5, 0.6, 0.55], "cpu_seconds": 1.0}
 
 
@@ -111,11 +111,17 @@ def test_score_scores_the_chosen_clients_subjects_only():
 
 
 def test_named_and_flagged_read_the_trust_over_the_fit():
-    trust = [0.1, 0.3, 0.2, 0.6] + [0.7] + [1.1] * 15  # flagged below 1 / 1.5
+    trust = [0.1, 0.3, 0.2, 0.6] + [0.7] + [1.0] * 15  # the median client's 1: flagged below 1 / 1.5
     fit = _fit("fltrust", "labels", 4, 0, [2] * 20, trust)
     assert named(fit, 4) and flagged(fit, range(4)) == 4 and flagged(fit, range(4, 20)) == 0
     tie = _fit("fltrust", "labels", 4, 0, [2] * 20, [0.4] * 4 + [0.4] + [1.0] * 15)
     assert not named(tie, 4)  # an honest client as little trusted as a faulty one: not named
+
+
+def test_fit_trust_is_the_engines_over_the_rounds_the_fit_keeps():
+    fit = _fit("fltrust-gate", "labels", 2, 0, [2] * 4, [0.5, 1.0, 1.0, 1.0], n_clients=4)
+    np.testing.assert_allclose(experiment.fit_trust(fit), [0.5, 1.0, 1.0, 1.0])
+    assert experiment.fit_trust(_fit("projavg", "dropped", 2, 0, [2] * 4, None, n_clients=4)) is None
 
 
 def test_table_one_setting_scores_macro_f1_in_its_own_folder_and_record():

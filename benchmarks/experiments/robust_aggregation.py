@@ -40,8 +40,9 @@ FLTrust paper's evaluation (the server holds a small clean sample of the federat
 population); with every offline subject of the task in the federation no public subject is
 left for a root set of its own.
 
-Diagnosis, from each fit's ``client_trust_`` (the inverse of a client's mean distance to the
-aggregate over the round's median, :func:`skfedspd.engine.client_trust`): a faulty fit
+Diagnosis, from each fit's trust (the fitted ``client_trust_``: the inverse of a client's mean
+distance to the aggregate over the round's median, :func:`skfedspd.engine.client_trust`,
+recomputed from the rounds' distances the fit keeps): a faulty fit
 *names* its faulty clients when they are the ``n_faulty`` least trusted; a client is
 *flagged* when its trust is below ``1 / SUSPECT_DISTANCE`` (``trust_summary_``); a *false
 alarm* is a flagged honest client, counted over the clients of the fault-free fits.
@@ -73,7 +74,7 @@ from sklearn.model_selection import train_test_split
 
 from benchmarks.records.store import RECORDS, read_record, write_record
 from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean
-from skfedspd.engine import SUSPECT_DISTANCE, FederatedEngine
+from skfedspd.engine import SUSPECT_DISTANCE, FederatedEngine, client_trust, distance_ratios
 from skfedspd.federated import make_clients
 from skfedspd.messages import TrainReply
 from skfedspd.stiefel import lift, retract
@@ -272,10 +273,6 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
         pred = clf.predict(X[test])
     client_of = {subject: c for c, group in enumerate(client_subjects) for subject in group}
     history = clf.history_
-    round_trust = None
-    if fault != DROPPED and history[0].get("effective_weights") is not None:
-        round_trust = [[round(e / w, 3) for e, w in zip(r["effective_weights"], _weights(r["n_samples"]))]
-                       for r in history]
     per_client = {}  # the rounds' per-client diagnosis, 4 decimals (all clients every round)
     for key in ("client_agreement", "client_distance"):
         if fault != DROPPED and history[0].get(key) is not None:
@@ -284,15 +281,9 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
             "seed": seed, "rounds": rounds, **per_client,
             "root_size": root_size if root is not None else None,
             "y_test": y[test].tolist(), "pred": pred.tolist(), "client": [int(client_of[s]) for s in subjects[test]],
-            "trust": None if fault == DROPPED else [None if np.isnan(t) else float(t) for t in clf.client_trust_],
-            "round_trust": round_trust, "best_round": int(clf.best_round_),
+            "best_round": int(clf.best_round_),
             "val_f1": [round(float(r["val_f1"]), 4) for r in history],
             "cpu_seconds": time.process_time() - start}
-
-
-def _weights(n_samples):
-    n = np.asarray(n_samples, dtype=float)
-    return n / n.sum()
 
 
 def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size, setting="left-right"):
@@ -307,16 +298,27 @@ def score(fit, clients):
     return 100 * SETTINGS[fit["setting"]].score(np.asarray(fit["y_test"])[at], np.asarray(fit["pred"])[at])
 
 
+def fit_trust(fit):
+    """Each client's trust over the fit, :func:`skfedspd.engine.client_trust` of the rounds'
+    distances the fit keeps (every client in every round); None without them."""
+    if fit.get("client_distance") is None:
+        return None
+    n = fit["n_clients"]
+    history = [{"clients": list(range(n)), "n_samples": [1] * n, "client_distance": distance}
+               for distance in fit["client_distance"]]
+    return client_trust(history, n)[0]
+
+
 def named(fit, n_faulty):
     """Whether the ``n_faulty`` faulty clients are the least trusted of the fit."""
-    trust = np.asarray(fit["trust"], dtype=float)
+    trust = fit_trust(fit)
     return bool(np.max(trust[:n_faulty]) < np.min(trust[n_faulty:]))
 
 
 def flagged(fit, clients):
-    """How many of ``clients`` are flagged over the fit: their trust below ``1 / SUSPECT_DISTANCE``
-    (on average more than ``SUSPECT_DISTANCE`` times as far from the aggregate as the median site)."""
-    return int(sum(fit["trust"][c] < 1 / SUSPECT_DISTANCE for c in clients))
+    """How many of ``clients`` are flagged over the fit: their trust below ``1 / SUSPECT_DISTANCE``."""
+    trust = fit_trust(fit)
+    return int(sum(trust[c] < 1 / SUSPECT_DISTANCE for c in clients))
 
 
 def run(args):
@@ -334,7 +336,7 @@ def run(args):
             paths[rule, fault, n, seed].parent.mkdir(parents=True, exist_ok=True)
             paths[rule, fault, n, seed].write_text(json.dumps(fit))
             every = range(fit["n_clients"])
-            diag = "" if fit["trust"] is None or fault == DROPPED else (
+            diag = "" if fit_trust(fit) is None else (
                 f", named {named(fit, n)}" if n else f", flagged {flagged(fit, every)}")
             print(f"{rule} {fault} x{n} seed {seed}: honest {score(fit, every[n_faulty:]):.1f}, best round "
                   f"{fit['best_round']}/{args.rounds}, {fit['cpu_seconds']:.0f} s CPU{diag}", flush=True)
@@ -375,7 +377,7 @@ def record(args, n_faulty):
                                 "faulty": {s: score(f, faulty) for s, f in by_seed.items()},
                                 "all": {s: score(f, every) for s, f in by_seed.items()}}}
         facts[f"best_round/{key}"] = float(np.median([f["best_round"] for f in by_seed.values()]))
-        trusts = [f for f in by_seed.values() if f["trust"] is not None]
+        trusts = [f for f in by_seed.values() if f.get("client_distance") is not None]
         if trusts and fault == "none":
             facts[f"false_alarms/{key}"] = f"{sum(flagged(f, every) for f in trusts)} of {n_clients * len(trusts)}"
         elif trusts and fault != DROPPED:
@@ -384,8 +386,8 @@ def record(args, n_faulty):
             facts[f"faulty_flagged/{key}"] = f"{sum(flagged(f, faulty) for f in trusts)} of {n_faulty * len(trusts)}"
     for rule in dict.fromkeys(rule for rule, _ in fits):  # over every faulty fit of a rule, data and update faults
         faulty_fits = [f for (r, fault), by_seed in fits.items() if r == rule and fault not in ("none", DROPPED)
-                       for f in by_seed.values() if f["trust"] is not None]
-        clean = [f for f in fits.get((rule, "none"), {}).values() if f["trust"] is not None]
+                       for f in by_seed.values() if f.get("client_distance") is not None]
+        clean = [f for f in fits.get((rule, "none"), {}).values() if f.get("client_distance") is not None]
         if faulty_fits:
             k = sum(named(f, n_faulty) for f in faulty_fits)
             facts[f"named_all/{rule}"] = f"{k} of {len(faulty_fits)} ({100 * k / len(faulty_fits):.0f} %)"
@@ -405,7 +407,7 @@ def record(args, n_faulty):
     facts["fits_cpu_minutes"] = f"{sum(f['cpu_seconds'] for f in all_fits) / 60:.0f}"
     facts.update(costs(args.root_size))
     first = min(args.seeds)
-    facts["distance_curves"] = {f"{rule}/{fault}": block_means(distance_ratios(fits[(rule, fault)][first]))
+    facts["distance_curves"] = {f"{rule}/{fault}": block_means(fit_distance_ratios(fits[(rule, fault)][first]))
                                 for rule in FIGURE_RULES for fault in ("none", *DATA_FAULTS)
                                 if (rule, fault) in fits and first in fits[(rule, fault)]}
     facts["distance_curves_seed"], facts["distance_curves_block"] = first, BLOCK
@@ -459,10 +461,9 @@ BLOCK = 5
 FIGURE_RULES = ("projavg", "fltrust-gate")
 
 
-def distance_ratios(fit):
-    """Each client's distance to the aggregate over the round's median, per round: ``(rounds, n_clients)``."""
-    distance = np.asarray(fit["client_distance"], dtype=float)
-    return distance / np.median(distance, axis=1, keepdims=True)
+def fit_distance_ratios(fit):
+    """Each client's distance ratio per round (:func:`skfedspd.engine.distance_ratios`), ``(rounds, n_clients)``."""
+    return np.array([distance_ratios(distance) for distance in fit["client_distance"]])
 
 
 def block_means(values, block=BLOCK):
