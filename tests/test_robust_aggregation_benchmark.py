@@ -101,7 +101,8 @@ def _fit(rule, fault, n_faulty, seed, correct, trust, n_clients=20):
     distance = None if trust is None else [[1 / t for t in trust]] * 3
     return {"setting": "left-right", "n_clients": n_clients, "rule": rule, "fault": fault, "n_faulty": n_faulty,
             "seed": seed, "client": client.tolist(), "y_test": y_test.tolist(), "pred": pred.tolist(),
-            "client_distance": distance, "best_round": 2, "val_f1": [0.5, 0.6, 0.55], "cpu_seconds": 1.0}
+            "client_distance": distance, "round_trust": None if trust is None or rule == "projavg" else [trust] * 3,
+            "best_round": 2, "val_f1": [0.5, 0.6, 0.55], "cpu_seconds": 1.0}
 
 
 def test_score_scores_the_chosen_clients_subjects_only():
@@ -171,6 +172,9 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     assert facts["honest_flagged/fltrust/labels"] == "0 of 32" and facts["faulty_flagged/fltrust/labels"] == "4 of 8"
     assert facts["kept/projavg/none"] == "100.0 %" and facts["named/projavg/labels"] == "0 of 2"
     assert facts["named_all/fltrust"] == "1 of 2 (50 %)" and facts["false_alarm_rate/fltrust"] == "1 of 40 (2 %)"
+    # the replaced diagnosis, the mean effective weight, on the same fits (ProjAvg has none)
+    assert facts["named_all_by_weight/fltrust"] == "1 of 2 (50 %)"
+    assert facts["false_alarm_rate_by_weight/fltrust"] == "1 of 40 (2 %)" and "named_all_by_weight/projavg" not in facts
     assert facts["distance_curves"]["projavg/labels"] == [[1.0] * 20]  # the 5-round means of seed 0
     assert "fltrust/labels" not in facts["distance_curves"]  # the figure's rules only
     experiment.figure(record, tmp_path / "trust.png")

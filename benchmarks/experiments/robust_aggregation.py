@@ -74,7 +74,7 @@ from sklearn.model_selection import train_test_split
 
 from benchmarks.records.store import RECORDS, read_record, write_record
 from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean
-from skfedspd.engine import SUSPECT_DISTANCE, FederatedEngine, client_trust, distance_ratios
+from skfedspd.engine import DOWNWEIGHT_RATIO, SUSPECT_DISTANCE, FederatedEngine, client_trust, distance_ratios
 from skfedspd.federated import make_clients
 from skfedspd.messages import TrainReply
 from skfedspd.stiefel import lift, retract
@@ -273,6 +273,10 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
         pred = clf.predict(X[test])
     client_of = {subject: c for c, group in enumerate(client_subjects) for subject in group}
     history = clf.history_
+    round_trust = None  # each round's effective weight over weight (a robust rule's)
+    if fault != DROPPED and history[0].get("effective_weights") is not None:
+        round_trust = [[round(e / w, 3) for e, w in zip(r["effective_weights"], _weights(r["n_samples"]))]
+                       for r in history]
     per_client = {}  # the rounds' per-client diagnosis, 4 decimals (all clients every round)
     for key in ("client_agreement", "client_distance"):
         if fault != DROPPED and history[0].get(key) is not None:
@@ -281,9 +285,14 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
             "seed": seed, "rounds": rounds, **per_client,
             "root_size": root_size if root is not None else None,
             "y_test": y[test].tolist(), "pred": pred.tolist(), "client": [int(client_of[s]) for s in subjects[test]],
-            "best_round": int(clf.best_round_),
+            "round_trust": round_trust, "best_round": int(clf.best_round_),
             "val_f1": [round(float(r["val_f1"]), 4) for r in history],
             "cpu_seconds": time.process_time() - start}
+
+
+def _weights(n_samples):
+    n = np.asarray(n_samples, dtype=float)
+    return n / n.sum()
 
 
 def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size, setting="left-right"):
@@ -309,16 +318,24 @@ def fit_trust(fit):
     return client_trust(history, n)[0]
 
 
-def named(fit, n_faulty):
-    """Whether the ``n_faulty`` faulty clients are the least trusted of the fit."""
-    trust = fit_trust(fit)
+def weight_trust(fit):
+    """The diagnosis this study replaced, for comparison: each client's mean effective weight over
+    its weight (a robust rule's fits only; None otherwise)."""
+    return None if fit.get("round_trust") is None else np.mean(fit["round_trust"], axis=0)
+
+
+def named(fit, n_faulty, trust=None):
+    """Whether the ``n_faulty`` faulty clients are the least trusted of the fit (by ``trust``,
+    default :func:`fit_trust`)."""
+    trust = fit_trust(fit) if trust is None else trust
     return bool(np.max(trust[:n_faulty]) < np.min(trust[n_faulty:]))
 
 
-def flagged(fit, clients):
-    """How many of ``clients`` are flagged over the fit: their trust below ``1 / SUSPECT_DISTANCE``."""
-    trust = fit_trust(fit)
-    return int(sum(trust[c] < 1 / SUSPECT_DISTANCE for c in clients))
+def flagged(fit, clients, trust=None, below=1 / SUSPECT_DISTANCE):
+    """How many of ``clients`` are flagged over the fit: their trust (default :func:`fit_trust`)
+    below ``below``."""
+    trust = fit_trust(fit) if trust is None else trust
+    return int(sum(trust[c] < below for c in clients))
 
 
 def run(args):
@@ -394,6 +411,15 @@ def record(args, n_faulty):
         if clean:
             k, total = sum(flagged(f, every) for f in clean), n_clients * len(clean)
             facts[f"false_alarm_rate/{rule}"] = f"{k} of {total} ({100 * k / total:.0f} %)"
+        # the replaced diagnosis (mean effective weight, flagged below DOWNWEIGHT_RATIO) on the same fits
+        by_weight = [f for f in faulty_fits if weight_trust(f) is not None]
+        clean = [f for f in clean if weight_trust(f) is not None]
+        if by_weight and clean:
+            k = sum(named(f, n_faulty, weight_trust(f)) for f in by_weight)
+            facts[f"named_all_by_weight/{rule}"] = f"{k} of {len(by_weight)} ({100 * k / len(by_weight):.0f} %)"
+            k = sum(flagged(f, every, weight_trust(f), DOWNWEIGHT_RATIO) for f in clean)
+            total = n_clients * len(clean)
+            facts[f"false_alarm_rate_by_weight/{rule}"] = f"{k} of {total} ({100 * k / total:.0f} %)"
     reference = rows["projavg/none"]["scores"]["honest"]
     for key, row in rows.items():
         seeds = [s for s in row["scores"]["honest"] if s in reference]
@@ -504,11 +530,10 @@ def figure(rec, path):
                         color="tab:red" if broken else "0.6", zorder=3 if broken else 2)
             ax.axhline(SUSPECT_DISTANCE, color="k", lw=0.6, ls="--")
             ax.set_title(f"{LABELS[rule]}: {FAULT_LABELS[fault]}", fontsize="small")
-            ax.set_yscale("log")
             if i == len(rules) - 1:
                 ax.set_xlabel("round")
             if j == 0:
-                ax.set_ylabel(f"distance / median ({block}-round mean)")
+                ax.set_ylabel(f"distance ratio ({block}-round mean)", fontsize="small")
     fig.suptitle(f"Each client's distance to the aggregate over the round's median, seed "
                  f"{facts['distance_curves_seed']}: faulty clients red ({n_faulty} of {facts['clients']}), honest "
                  f"grey; dashed: the suspect level over a fit", fontsize="small")
