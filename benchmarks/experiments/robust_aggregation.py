@@ -386,7 +386,7 @@ def record(args, n_faulty):
     honest, faulty = every[n_faulty:], every[:n_faulty]
     rows, facts = {}, {"clients": n_clients, "subjects_per_client": SUBJECTS_PER_CLIENT, "n_faulty": n_faulty,
                        "rounds": args.rounds, "root_size": args.root_size, "seeds": list(args.seeds),
-                       "scaled_share": f"{SCALED_SHARE}", "flag_distance": f"{SUSPECT_DISTANCE}", **TARGETS}
+                       "scaled_share": f"{SCALED_SHARE}", "flag_distance": f"{SUSPECT_DISTANCE}", "flag_below_by_weight": f"{DOWNWEIGHT_RATIO}", **TARGETS}
     for (rule, fault), by_seed in fits.items():
         key = f"{rule}/{fault}"
         rows[key] = {"label": f"{LABELS[rule]}, {FAULT_LABELS[fault]}" + (f" ×{n_faulty}" if fault != "none" else ""),
