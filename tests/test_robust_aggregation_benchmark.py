@@ -125,6 +125,15 @@ def test_fit_trust_is_the_engines_over_the_rounds_the_fit_keeps():
     assert experiment.fit_trust(_fit("projavg", "dropped", 2, 0, [2] * 4, None, n_clients=4)) is None
 
 
+def test_ts_lr_reference_is_scored_on_the_same_test_trials_as_the_federation():
+    X, y = make_spd_classification(n_matrices=80, n_channels=4, n_classes=2, seed=0)
+    data = (X, y, np.repeat(np.arange(4), 20))
+    fit = experiment.fit_one(data, "ts-lr", "none", 0, 0, rounds=3)
+    assert fit["n_clients"] == 2 and "client_distance" not in fit and "best_round" not in fit
+    assert len(fit["pred"]) == len(fit["y_test"]) == len(fit["client"]) and set(fit["client"]) == {0, 1}
+    assert 0 <= score(fit, range(2)) <= 100
+
+
 def test_table_one_setting_scores_macro_f1_in_its_own_folder_and_record():
     fit = _fit("projavg", "none", 0, 0, [2, 1] * 4, [1.0] * 8, n_clients=8)
     fit["pred"] = [0] * 16  # one class predicted throughout: balanced accuracy 50 %, macro-F1 lower
@@ -142,6 +151,9 @@ def test_plan_fits_each_rule_without_fault_and_the_dropped_reference_with_projav
     assert ("projavg", "none", 0, 0) in runs and ("fltrust", "labels", 4, 1) in runs
     assert ("projavg", "dropped", 4, 0) in runs and ("fltrust", "dropped", 4, 0) not in runs
     assert len(runs) == 2 * (2 + 2 + 1)
+    with_reference = plan(["projavg", "ts-lr"], ["labels", "dropped"], 4, [0])
+    assert ("ts-lr", "none", 0, 0) in with_reference and not any(r == "ts-lr" and f != "none"
+                                                                 for r, f, _, _ in with_reference)
 
 
 def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monkeypatch):

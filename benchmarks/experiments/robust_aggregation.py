@@ -34,7 +34,8 @@ Rules: ``projavg`` (no defence), ``trimmedmean`` (``TrimmedMean(trim=0.25)``), `
 update stretched to the reference's length), ``fltrust-layer`` (``FLTrust(X, y,
 agreement_scope="layer", magnitude="bounded")``: the mean of the per-layer cosines, each
 update cut to the reference's length) and ``fltrust-gate`` (the same with
-``trust="accept"``: an agreeing client keeps its weight). The root set: ``--root-size``
+``trust="accept"``: an agreeing client keeps its weight); and ``ts-lr``, the centralized reference
+on the same splits (pyRiemann's TS+LR on the clients' training trials pooled, without fault). The root set: ``--root-size``
 trials drawn (stratified, per seed) from the clients' clean training trials, as in the
 FLTrust paper's evaluation (the server holds a small clean sample of the federation's
 population); with every offline subject of the task in the federation no public subject is
@@ -65,6 +66,7 @@ import json
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Callable
 
@@ -73,7 +75,7 @@ from sklearn.metrics import balanced_accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 
 from benchmarks.records.store import RECORDS, read_record, write_record
-from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean
+from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, client_weights
 from skfedspd.engine import DOWNWEIGHT_RATIO, SUSPECT_DISTANCE, FederatedEngine, client_trust, distance_ratios
 from skfedspd.federated import make_clients
 from skfedspd.messages import TrainReply
@@ -81,7 +83,7 @@ from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads
 
 from .data import load_left_right
-from .pipelines import fedspdnet
+from .pipelines import fedspdnet, ts_lr
 from .table_one_runner import client_split
 
 SUBJECTS_PER_CLIENT, ROOT_SIZE = 2, 256
@@ -89,10 +91,10 @@ DATA_FAULTS = ("labels", "channels", "noise")
 UPDATE_FAULTS = ("reversed", "scaled")
 DROPPED = "dropped"
 FAULTS = DATA_FAULTS + UPDATE_FAULTS + (DROPPED,)
-RULES = ("projavg", "trimmedmean", "geomedian", "krum", "fltrust", "fltrust-layer", "fltrust-gate")
+RULES = ("projavg", "trimmedmean", "geomedian", "krum", "fltrust", "fltrust-layer", "fltrust-gate", "ts-lr")
 LABELS = {"projavg": "ProjAvg", "trimmedmean": "trimmed mean", "geomedian": "geometric median",
           "krum": "multi-Krum", "fltrust": "FLTrust", "fltrust-layer": "FLTrust per layer",
-          "fltrust-gate": "FLTrust gate"}
+          "fltrust-gate": "FLTrust gate", "ts-lr": "TS+LR (training trials pooled)"}
 FAULT_LABELS = {"none": "no fault", "labels": "labels swapped", "channels": "channels permuted",
                 "noise": "noise data", "reversed": "reversed update", "scaled": "scaled update",
                 DROPPED: "faulty sites dropped"}
@@ -123,14 +125,6 @@ def load_table_one():
         return f["X"], f["y"], f["subjects"]
 
 
-def balanced_accuracy(y, pred):
-    return balanced_accuracy_score(y, pred)
-
-
-def macro_f1(y, pred):
-    return f1_score(y, pred, average="macro")
-
-
 @dataclass(frozen=True)
 class Setting:
     """A federation the study runs: its data, its score and its default number of faulty clients."""
@@ -148,9 +142,9 @@ class Setting:
 
 SETTINGS = {
     "left-right": Setting("left/right, 20 clients of 2 subjects", load_left_right, "balanced accuracy (%)",
-                          balanced_accuracy, 4, "robust-aggregation"),
+                          balanced_accuracy_score, 4, "robust-aggregation"),
     "table-one": Setting("Table I: PhysionetMI 4 classes, 8 clients of 2 subjects", load_table_one, "macro-F1 (%)",
-                         macro_f1, 2, "robust-aggregation-tableone"),
+                         partial(f1_score, average="macro"), 2, "robust-aggregation-tableone"),
 }
 
 
@@ -255,7 +249,14 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
     X, y, subjects = data
     train, test = client_split(y, subjects, seed, SUBJECTS_PER_CLIENT)  # Table I's: each client's own 85/15
     client_rows, client_subjects = make_clients(subjects[train], groups_per_client=SUBJECTS_PER_CLIENT)
+    client_of = {subject: c for c, group in enumerate(client_subjects) for subject in group}
+    scored = {"setting": setting, "n_clients": len(client_rows), "rule": rule, "fault": fault, "n_faulty": n_faulty,
+              "seed": seed, "y_test": y[test].tolist(), "client": [int(client_of[s]) for s in subjects[test]]}
     X_train, y_train = X[train], y[train]
+    if rule == "ts-lr":  # the centralized reference on the same splits: the clients' training trials pooled
+        start = time.process_time()
+        pred = ts_lr(seed).fit(X_train, y_train).predict(X[test])
+        return {**scored, "pred": pred.tolist(), "cpu_seconds": time.process_time() - start}
     root = draw_root_set(X_train, y_train, seed, root_size) if rule.startswith("fltrust") else None
     aggregation = make_rule(rule, n_faulty, root)
     if fault in DATA_FAULTS:
@@ -271,28 +272,19 @@ def fit_one(data, rule, fault, n_faulty, seed, rounds, root_size=ROOT_SIZE, sett
     with torch_threads(1), hostile_clients(fault, range(n_faulty) if fault in UPDATE_FAULTS else ()):
         clf.fit(X_train[keep], y_train[keep], groups=subjects[train][keep])
         pred = clf.predict(X[test])
-    client_of = {subject: c for c, group in enumerate(client_subjects) for subject in group}
     history = clf.history_
     round_trust = None  # each round's effective weight over weight (a robust rule's)
     if fault != DROPPED and history[0].get("effective_weights") is not None:
-        round_trust = [[round(e / w, 3) for e, w in zip(r["effective_weights"], _weights(r["n_samples"]))]
+        round_trust = [[round(e / w, 3) for e, w in zip(r["effective_weights"], client_weights(r["n_samples"]))]
                        for r in history]
     per_client = {}  # the rounds' per-client diagnosis, 4 decimals (all clients every round)
     for key in ("client_agreement", "client_distance"):
         if fault != DROPPED and history[0].get(key) is not None:
             per_client[key] = [[round(v, 4) for v in r[key]] for r in history]
-    return {"setting": setting, "n_clients": len(client_rows), "rule": rule, "fault": fault, "n_faulty": n_faulty,
-            "seed": seed, "rounds": rounds, **per_client,
-            "root_size": root_size if root is not None else None,
-            "y_test": y[test].tolist(), "pred": pred.tolist(), "client": [int(client_of[s]) for s in subjects[test]],
-            "round_trust": round_trust, "best_round": int(clf.best_round_),
+    return {**scored, "rounds": rounds, **per_client, "root_size": root_size if root is not None else None,
+            "pred": pred.tolist(), "round_trust": round_trust, "best_round": int(clf.best_round_),
             "val_f1": [round(float(r["val_f1"]), 4) for r in history],
             "cpu_seconds": time.process_time() - start}
-
-
-def _weights(n_samples):
-    n = np.asarray(n_samples, dtype=float)
-    return n / n.sum()
 
 
 def fit_path(out, rule, fault, n_faulty, seed, rounds, root_size, setting="left-right"):
@@ -355,8 +347,9 @@ def run(args):
             every = range(fit["n_clients"])
             diag = "" if fit_trust(fit) is None else (
                 f", named {named(fit, n)}" if n else f", flagged {flagged(fit, every)}")
-            print(f"{rule} {fault} x{n} seed {seed}: honest {score(fit, every[n_faulty:]):.1f}, best round "
-                  f"{fit['best_round']}/{args.rounds}, {fit['cpu_seconds']:.0f} s CPU{diag}", flush=True)
+            rounds = f", best round {fit['best_round']}/{args.rounds}" if "best_round" in fit else ""
+            print(f"{rule} {fault} x{n} seed {seed}: honest {score(fit, every[n_faulty:]):.1f}{rounds}, "
+                  f"{fit['cpu_seconds']:.0f} s CPU{diag}", flush=True)
     if args.record:
         for n_faulty in args.faulty:
             path = record(args, n_faulty)
@@ -368,9 +361,10 @@ def run(args):
 
 def plan(rules, faults, n_faulty, seeds):
     """``(rule, fault, n_faulty, seed)`` of every fit: each rule without fault and under each
-    fault; ``dropped`` with ProjAvg only."""
+    fault; ``dropped`` with ProjAvg only; ``ts-lr`` (the centralized reference) without fault only."""
     return [(rule, fault, 0 if fault == "none" else n_faulty, seed) for seed in seeds
-            for fault in ["none", *faults] for rule in rules if fault != DROPPED or rule == "projavg"]
+            for fault in ["none", *faults] for rule in rules
+            if (fault != DROPPED or rule == "projavg") and (fault == "none" or rule != "ts-lr")]
 
 
 def record(args, n_faulty):
@@ -393,7 +387,8 @@ def record(args, n_faulty):
                      "scores": {"honest": {s: score(f, honest) for s, f in by_seed.items()},
                                 "faulty": {s: score(f, faulty) for s, f in by_seed.items()},
                                 "all": {s: score(f, every) for s, f in by_seed.items()}}}
-        facts[f"best_round/{key}"] = float(np.median([f["best_round"] for f in by_seed.values()]))
+        if rule != "ts-lr":  # a centralized pipeline has no rounds
+            facts[f"best_round/{key}"] = float(np.median([f["best_round"] for f in by_seed.values()]))
         trusts = [f for f in by_seed.values() if f.get("client_distance") is not None]
         if trusts and fault == "none":
             facts[f"false_alarms/{key}"] = f"{sum(flagged(f, every) for f in trusts)} of {n_clients * len(trusts)}"
