@@ -1,5 +1,6 @@
 """skfedspd: SPDnet on SPD (EEG covariance) matrices, centralized or federated, for scikit-learn."""
 
+from .classical import FederatedTangentSpaceLR
 from .classifier import SPDnetClassifier
 from .eegnet import EEGNetClassifier
 from .federated import FederatedSPDnetClassifier
@@ -11,6 +12,7 @@ __all__ = [
     "SPDnetClassifier",
     "EEGNetClassifier",
     "FederatedSPDnetClassifier",
+    "FederatedTangentSpaceLR",
     "Recenter",
     "save_estimator",
     "load_estimator",

@@ -22,6 +22,7 @@ MODULES = [
     "skfedspd",
     "skfedspd.aggregation",
     "skfedspd.base",
+    "skfedspd.classical",
     "skfedspd.classifier",
     "skfedspd.client",
     "skfedspd.datasets",

@@ -160,7 +160,7 @@ LAYERS = [
     {"flower.server", "flower.client"},
     {"flower.simulation_fit"},
     {"federated"},
-    {"flower.deploy", "flower.app"},
+    {"flower.deploy", "flower.app", "classical"},
     {"flower.loopback"},
     {"", "flower"},  # the packages' __init__
     {"flower.__main__"},

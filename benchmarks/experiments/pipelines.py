@@ -16,7 +16,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.metadata_routing import get_routing_for_object
 
-from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier
+from skfedspd import FederatedSPDnetClassifier, FederatedTangentSpaceLR, Recenter, SPDnetClassifier
 
 
 def ts_lr(seed):
@@ -44,6 +44,8 @@ def fedspdnet(seed, groups_per_client=2, **params):
 PIPELINES = {
     "TS+LR": ts_lr,
     "Recenter+TS+LR": recenter_ts_lr,
+    # the federated classical baseline: sites of 2 subjects, as the FedSPDnet rows
+    "FedRecenter+TS+LR": lambda seed: FederatedTangentSpaceLR(groups_per_client=2),
     "SPDnet": spdnet,
     "SPDnet+dBN": lambda seed: spdnet(seed, batchnorm="domain"),
     "FedSPDnet": fedspdnet,
