@@ -61,6 +61,7 @@ from .functional import expm_sym, logeig, reeig
 from .nn import BiMap, DomainBatch, DomainSPDBatchNorm, SPDBatchNorm
 from .stiefel import tangent_project
 from .training import Settings, seeded_torch
+from .validation import check_count, is_count
 
 __all__ = [
     "DPSGD",
@@ -495,8 +496,7 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     """
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
-    if not (isinstance(n_epochs, numbers.Integral) and n_epochs >= 0):
-        raise ValueError(f"n_epochs must be a non-negative integer, got {n_epochs!r}")
+    check_count(n_epochs, "n_epochs", 0)
     n_steps = n_epochs * steps_per_epoch(sample_rate)
     _check_positive("clip_norm", clip_norm)
     _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
@@ -730,8 +730,7 @@ def _check_accounting_args(delta, sample_rate, steps):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if not (isinstance(steps, numbers.Integral) and steps >= 0):
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    check_count(steps, "steps", 0)
 
 
 def _release_event(domain):
@@ -750,8 +749,7 @@ def _event(noise_multiplier, sample_rate, steps, domain=None):
 def _check_domain(domain):
     if domain is None:
         return
-    if not (isinstance(domain.get("layers"), numbers.Integral) and domain["layers"] >= 1):
-        raise ValueError(f"domain['layers'] must be a positive integer, got {domain.get('layers')!r}")
+    check_count(domain.get("layers"), "domain['layers']", 1)
     _check_positive("domain['noise_multiplier']", domain.get("noise_multiplier"))
 
 
@@ -826,8 +824,7 @@ def group_epsilon(noise_multiplier, delta, steps, group_size, *, accountant="rdp
     True
     """
     _check_positive("noise_multiplier", noise_multiplier)
-    if not (isinstance(group_size, numbers.Integral) and group_size >= 1):
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    check_count(group_size, "group_size", 1)
     _check_accounting_args(delta, 1.0, steps)
     _check_domain(domain)
     dpa = _dp_accounting()
@@ -1016,12 +1013,11 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     >>> all(site["epsilon"] <= 1.0 for site in plan["sites"])
     True
     """
-    sizes = [int(n) for n in n_train_per_site]
-    if not sizes or any(n < 1 or n != m for n, m in zip(sizes, n_train_per_site)):
+    if not len(n_train_per_site) or not all(is_count(n, 1) for n in n_train_per_site):
         raise ValueError(f"n_train_per_site must be positive integers, got {list(n_train_per_site)!r}")
+    sizes = [int(n) for n in n_train_per_site]
     for name, value in (("batch_size", batch_size), ("local_epochs", local_epochs), ("n_rounds", n_rounds)):
-        if not (isinstance(value, numbers.Integral) and value >= 1):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_count(value, name, 1)
     if delta is None:
         delta = default_delta(sizes)
     if not delta < 1 / min(sizes):
@@ -1077,6 +1073,11 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     )
 
 
+#: The largest ε a :class:`DPSGD` takes: 1e4 is already no protection, and from about 1e6 on
+#: dp-accounting finds no noise multiplier to calibrate (its bracketing search fails).
+MAX_EPSILON = 1e4
+
+
 class DPSGD(Settings):
     """Sample-level differential privacy of a federated fit: DP-SGD at every site
     (``FederatedSPDnetClassifier(privacy=DPSGD(epsilon=8.0))``, ``docs/guide/privacy.md``).
@@ -1091,7 +1092,8 @@ class DPSGD(Settings):
     Parameters
     ----------
     epsilon : float
-        ε of the guarantee, > 0.
+        ε of the guarantee, in ``(0, MAX_EPSILON]`` (:data:`MAX_EPSILON`: beyond it the
+        guarantee means nothing and the accountant cannot calibrate the noise).
     delta : float or None, default=None
         δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
         site's training size). A δ not below ``1 / n_min`` is refused.
@@ -1121,7 +1123,7 @@ class DPSGD(Settings):
     """
 
     _parameter_constraints = {
-        "epsilon": [Interval(Real, 0, None, closed="neither")],
+        "epsilon": [Interval(Real, 0, MAX_EPSILON, closed="right")],
         "delta": [None, Interval(Real, 0, 1, closed="neither")],
         "clip_norm": [Interval(Real, 0, None, closed="neither")],
         "domain_share": [Interval(Real, 0, 1, closed="neither")],
