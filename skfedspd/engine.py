@@ -37,7 +37,7 @@ from .messages import EvalReply, TrainReply
 from .server_optimizer import is_identity_step, server_step
 from .stiefel import orthonormality_error
 from .training import PlateauSchedule, derive_seed
-from .validation import is_count
+from .validation import is_count, is_positive
 
 __all__ = [
     "FederatedEngine",
@@ -109,7 +109,7 @@ def is_positive_weight(value):
     >>> is_positive_weight(12), is_positive_weight(0.5), is_positive_weight(0), is_positive_weight(True)
     (True, True, False, False)
     """
-    return _is_real(value) and bool(np.isfinite(value)) and value > 0
+    return is_positive(value)
 
 
 def within_declared_weight(weight, declared):
