@@ -730,7 +730,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             The (pooled) :meth:`input_statistic`; only used by ``scaling="auto"``.
         """
         if self.scaling == "auto":
-            self.scale_ = float(np.exp(-log_mean_trace))
+            with np.errstate(over="ignore"):  # an infinite scale (subnormal input) is refused by to_tensor
+                self.scale_ = float(np.exp(-log_mean_trace))
         elif isinstance(self.scaling, Real):
             self.scale_ = float(self.scaling)
         else:  # "trace" (per matrix, in to_tensor) or None

@@ -131,6 +131,12 @@ KEEP_WITH_SERVER_MOMENTUM_WARNING = (
     "docs/design-decisions.md, 'Server momentum'); use client_optimizer_state='reset' with server momentum")
 
 
+#: ``fit``'s (and :func:`skfedspd.flower.fit_federated`'s) warning for ``n_jobs`` on Flower.
+N_JOBS_ON_FLOWER_WARNING = (
+    "n_jobs={} is ignored on Flower (each site trains in its own ClientApp; the in-process simulation "
+    "runs them one after another): n_jobs applies to backend='local' only")
+
+
 #: The flat parameters grouped into objects: old name → (parameter, its field). Accepted
 #: (``__init__``, ``set_params``, saved specs) with a ``FutureWarning`` until 0.4.
 RENAMED = {
@@ -290,7 +296,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
         in-process Flower simulation (one virtual SuperNode per client, the ``flower``
         extra); the same ``random_state`` gives a bit-identical model on both backends
-        (``n_jobs`` and ``checkpoint_path`` are local-only). Real multi-site deployments
+        (``n_jobs`` and ``checkpoint_path`` are local-only: ``n_jobs`` other than None or 1
+        is ignored with a ``UserWarning``, ``checkpoint_path`` refused). Real multi-site deployments
         use :func:`skfedspd.flower.fit_federated` (``docs/guide/deployment.md``).
     secure_aggregation : bool, default=False
         Flower only (``backend="flower"`` or :func:`~skfedspd.flower.fit_federated`):
@@ -644,15 +651,19 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"checkpoint_path={os.fspath(self.checkpoint_path)!r} is a directory; give the path of "
                              "a file to write (e.g. inside it: 'checkpoint.safetensors')")
 
-    def warn_about_settings(self):
-        """Warn about parameter pairs measured to train badly; ``fit`` and
+    def warn_about_settings(self, *, on_flower=None):
+        """Warn about parameter pairs measured to train badly, or ignored; ``fit`` and
         :func:`skfedspd.flower.fit_federated` call it before training.
 
         Server momentum with clients that keep their Adam state
         (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``); a local
         estimator with ``trainable="head"`` on a new model without ``init``
-        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`).
+        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`); ``n_jobs`` on Flower
+        (``on_flower``; None: ``backend == "flower"``), where it is ignored
+        (:data:`N_JOBS_ON_FLOWER_WARNING`): warned, not refused, since the model is the same.
         """
+        if (self.backend == "flower" if on_flower is None else on_flower) and self.n_jobs not in (None, 1):
+            warnings.warn(N_JOBS_ON_FLOWER_WARNING.format(self.n_jobs), UserWarning, stacklevel=3)
         momentum = 0.0 if self.server_optimizer is None else self.server_optimizer.momentum
         if momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
