@@ -23,7 +23,7 @@ from skfedspd.privacy import DPSGD, MAX_EPSILON, epsilon_spent, group_epsilon, p
 from skfedspd.training import EpochSchedule, RoundSchedule
 from skfedspd.validation import Count, Sequence, check_count, check_positive, is_count
 
-from test_hostile_input import _assert_unchanged, _state
+from test_hostile_input import _assert_unchanged, _copy, _state
 
 BOOLS = [True, False, np.True_]
 
@@ -44,12 +44,6 @@ def data():
 def fitted(data):
     X, y, _ = data
     return SPDnetClassifier(hidden_dims=(2,), max_epochs=1, random_state=0).fit(X, y)
-
-
-def _copy(est):
-    import copy
-
-    return copy.deepcopy(est)
 
 
 # ------------------------------------------------------------------ the shared predicates
