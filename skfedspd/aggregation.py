@@ -52,13 +52,14 @@ the tangent norm ``‖L_W(W_i)‖`` to first order); ``docs/guide/robust-aggrega
 """
 
 import hashlib
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils._param_validation import Interval, StrOptions
 
 from .stiefel import lift, polar, retract, stiefel_exp, stiefel_log, tangent_project
+from .validation import Count
 
 __all__ = [
     "client_weights",
@@ -481,7 +482,7 @@ class GeometricMedian(RobustAggregation):
     label = "the geometric median"
     _parameter_constraints = {
         "tol": [Interval(Real, 0, None, closed="neither")],
-        "max_iter": [Interval(Integral, 1, None, closed="left")],
+        "max_iter": [Count(1)],
         "eps": [Interval(Real, 0, None, closed="neither")],
     }
 
@@ -624,8 +625,8 @@ class Krum(RobustAggregation):
 
     label = "Krum"
     _parameter_constraints = {
-        "n_faulty": [Interval(Integral, 0, None, closed="left")],
-        "n_selected": [None, Interval(Integral, 1, None, closed="left")],
+        "n_faulty": [Count(0)],
+        "n_selected": [None, Count(1)],
     }
 
     def __init__(self, n_faulty=1, n_selected=None):

@@ -9,7 +9,7 @@ import copy
 import functools
 import warnings
 from contextlib import contextmanager
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -35,6 +35,7 @@ from .training import (
     train_epochs,
     warn_skipped,
 )
+from .validation import Count, is_count
 
 __all__ = ["TorchClassifierBase", "check_groups", "check_label_values", "check_sample_weight", "resolve_groups",
            "training_weights", "uses_validation"]
@@ -316,6 +317,36 @@ def accepts_renamed(renamed, merges):
         return accepting
 
     return decorate
+
+
+def check_nested_params(est, params, resolve=None):
+    """``params`` (of ``set_params``), refused with a ValueError before anything is set when a
+    nested name ``name__field`` reaches a value with no parameters (None, a rule's name): the
+    error names the parameter and the object to pass instead, e.g. ``schedule is None: pass
+    schedule=EpochSchedule(patience=5)``. ``resolve[name](value)`` gives the object such a
+    value stands for (a rule's name, a default estimator), whose class the error suggests.
+
+    Examples
+    --------
+    >>> from skfedspd import SPDnetClassifier
+    >>> from skfedspd.base import check_nested_params
+    >>> check_nested_params(SPDnetClassifier(), {"schedule__patience": 5})
+    Traceback (most recent call last):
+    ...
+    ValueError: schedule__patience: schedule is None, which has no parameters; pass schedule=EpochSchedule(patience=5)
+    """
+    for key, value in params.items():
+        name, nested, field = key.partition("__")
+        target = params.get(name, getattr(est, name, None))
+        if not nested or hasattr(target, "set_params") or name not in est.get_params(deep=False):
+            continue  # sklearn's set_params reports unknown names itself
+        stands_for = (resolve or {}).get(name, lambda v: None)(target)
+        classes = ([type(stands_for)] if hasattr(stands_for, "set_params") else
+                   [c for c in est._parameter_constraints.get(name, []) if isinstance(c, type)])
+        instead = (f"pass {name}={classes[0].__name__}({field}={value!r})" if classes else
+                   f"pass as {name} an object that has the parameter {field!r}")
+        raise ValueError(f"{key}: {name} is {target!r}, which has no parameters; {instead}")
+    return params
 
 
 def fold_renamed(est, params, renamed, merges):
@@ -797,8 +828,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     # ------------------------------------------------------------------ parameters
     _parameter_constraints: dict = {
         "lr": [Interval(Real, 0, np.inf, closed="neither")],
-        "batch_size": [Interval(Integral, 1, None, closed="left")],
-        "max_epochs": [Interval(Integral, 1, None, closed="left")],
+        "batch_size": [Count(1)],
+        "max_epochs": [Count(1)],
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
         "early_stopping": [StrOptions({"auto"}), "boolean"],
         "validation_metric": [StrOptions({"loss", "f1"})],
@@ -819,7 +850,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        return super().set_params(**fold_renamed(self, params, EPOCH_RENAMED, EPOCH_MERGES))
+        params = fold_renamed(self, params, EPOCH_RENAMED, EPOCH_MERGES)
+        return super().set_params(**check_nested_params(self, params))
 
     @property
     def torch_dtype_(self):
@@ -1199,10 +1231,6 @@ def _labels_from_json(saved):
 _MAX_LABEL_WIDTH = 1024
 
 
-def _is_int(value, minimum=0):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
-
-
 def _is_finite_positive(value):
     return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value)) and value > 0
 
@@ -1212,7 +1240,7 @@ def _check_history(value):
 
 
 def _check_epochs(value):
-    return isinstance(value, list) and all(_is_int(epoch) for epoch in value)
+    return isinstance(value, list) and all(is_count(epoch) for epoch in value)
 
 
 def _check_input_range(value):
@@ -1224,16 +1252,16 @@ def _check_input_range(value):
 
 #: How a saved fitted attribute is checked: ``(test, what it must be, required)``.
 ATTRIBUTE_CHECKS = {
-    "n_features_in_": (lambda v: _is_int(v, 1), "an int >= 1", True),
+    "n_features_in_": (lambda v: is_count(v, 1), "an int >= 1", True),
     "history_": (_check_history, "a list of records (objects)", False),
-    "best_epoch_": (lambda v: _is_int(v, 0), "an int >= 0", False),
+    "best_epoch_": (lambda v: is_count(v, 0), "an int >= 0", False),
     "averaged_epochs_": (_check_epochs, "a list of ints >= 0", False),
-    "n_iter_": (lambda v: _is_int(v, 0), "an int >= 0", False),
+    "n_iter_": (lambda v: is_count(v, 0), "an int >= 0", False),
     "validation_used_": (lambda v: isinstance(v, bool), "true or false", False),
     "scale_": (_is_finite_positive, "a finite number > 0", True),
     "input_range_": (_check_input_range, 'an object {"log_scale": [low, high], "log_condition": [low, high]} of '
                      "finite numbers, low <= high", False),
-    "n_times_": (lambda v: _is_int(v, 1), "an int >= 1", True),
+    "n_times_": (lambda v: is_count(v, 1), "an int >= 1", True),
 }
 
 

@@ -1,7 +1,7 @@
 """``SPDnetClassifier``: scikit-learn estimator around :class:`skfedspd.nn.SPDNet`."""
 
 import warnings
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -15,6 +15,7 @@ from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_ren
 from .nn import SPDNet, domain_codes
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
 from .training import predict_logits
+from .validation import Count, Sequence, is_count
 
 __all__ = ["SPDnetClassifier", "check_spd_batch", "spectral_summary", "input_range", "check_input_range",
            "INPUT_RANGE_MARGIN", "auto_hidden_dim", "NO_PRIOR_WARNING", "HEAD_ON_RANDOM_WARNING"]
@@ -638,16 +639,16 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
-        "hidden_dims": [StrOptions({"auto"}), Interval(Integral, 1, None, closed="left"), "array-like"],
+        "hidden_dims": [StrOptions({"auto"}), Count(1), Sequence()],
         "eps": [Interval(Real, 0, np.inf, closed="neither")],
         "scaling": [StrOptions({"auto", "trace"}), Interval(Real, 0, np.inf, closed="neither"), None],
-        "recenter_every": [Interval(Integral, 1, None, closed="left")],
+        "recenter_every": [Count(1)],
         "checkpoint": [StrOptions({"auto", "best", "average"})],
         "batchnorm": [StrOptions({"spd", "domain"}), None],
         "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
         "domain_memory": [Interval(Real, 2, None, closed="left"), None],
         "domain_include_self": ["boolean"],
-        "max_domains": [Interval(Integral, 1, None, closed="left"), None],
+        "max_domains": [Count(1), None],
         "trainable": [StrOptions({"all", "head"})],
     }
 
@@ -663,8 +664,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         dims = self.hidden_dims
         if isinstance(dims, str):  # "auto" (the only string _parameter_constraints accepts)
             return (auto_hidden_dim(n_channels),)
-        dims = (dims,) if isinstance(dims, Integral) else tuple(dims)
-        if not dims or any(isinstance(d, (bool, np.bool_)) or not isinstance(d, Integral) or d < 1 for d in dims):
+        dims = (dims,) if is_count(dims, None) else tuple(dims) if Sequence().is_satisfied_by(dims) else ()
+        if not dims or not all(is_count(d, 1) for d in dims):
             raise ValueError(f"hidden_dims must be positive integers (an int or a tuple of ints), "
                              f"got {self.hidden_dims!r}")
         return dims
@@ -729,7 +730,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             The (pooled) :meth:`input_statistic`; only used by ``scaling="auto"``.
         """
         if self.scaling == "auto":
-            self.scale_ = float(np.exp(-log_mean_trace))
+            with np.errstate(over="ignore"):  # an infinite scale (subnormal input) is refused by to_tensor
+                self.scale_ = float(np.exp(-log_mean_trace))
         elif isinstance(self.scaling, Real):
             self.scale_ = float(self.scaling)
         else:  # "trace" (per matrix, in to_tensor) or None
@@ -796,10 +798,18 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         """Refuse matrices whose largest entry, once scaled, leaves the range in which
         ``dtype`` computes eigenvalues without overflow or underflow (the square roots of its
         largest and smallest normal numbers, as LAPACK's safe range): e.g. a 1e308 trial
-        with ``scaling=10``, which would overflow to infinity."""
+        with ``scaling=10``, which would overflow to infinity. Matrices too small for float64
+        itself (largest entry subnormal, below its smallest normal number) are refused as such
+        first: no scale could be derived from them."""
+        log_max = np.log10(np.abs(X).max(axis=(1, 2)))
+        tiny = np.finfo(X.dtype).tiny
+        if (log_max < np.log10(tiny)).any():
+            i = int(np.argmax(log_max < np.log10(tiny)))
+            raise ValueError(f"X matrix {i} is too small: its largest entry is 1e{log_max[i]:.0f} (its scale), "
+                             f"subnormal in {X.dtype} (below its smallest normal number {tiny:.3g}), where "
+                             "precision is lost and no scaling can be derived; rescale the input (e.g. to µV²)")
         info = np.finfo(np.dtype(self.dtype))
         low, high = np.log10(np.sqrt(info.tiny)), np.log10(np.sqrt(info.max))
-        log_max = np.log10(np.abs(X).max(axis=(1, 2)))
         if self.scaling == "trace":  # entries within [1, n] of trace / n, unless the trace overflows
             with np.errstate(over="ignore"):
                 finite = np.isfinite(np.trace(X, axis1=1, axis2=2))

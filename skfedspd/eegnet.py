@@ -81,7 +81,7 @@ relative power (the input is already z-scored per trial).
 """
 
 from collections import OrderedDict
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -91,6 +91,7 @@ from torch import nn
 
 from .base import EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed
 from .nn import FederatedModule
+from .validation import Count
 
 __all__ = ["EEGNet", "EEGNetClassifier"]
 
@@ -542,7 +543,7 @@ class EEGNetClassifier(TorchClassifierBase):
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
         "fs": [Interval(Real, 0, np.inf, closed="neither")],
-        **{name: [Interval(Integral, 1, None, closed="left")] for name in ("F1", "D", "F2", "p1", "p2")},
+        **{name: [Count(1)] for name in ("F1", "D", "F2", "p1", "p2")},
         "dropout": [Interval(Real, 0, 1, closed="left")],
         "standardize": [StrOptions(set(_STANDARDIZE_AXES))],
         "norm": [StrOptions({"batch", "group"})],

@@ -37,6 +37,7 @@ from .messages import EvalReply, TrainReply
 from .server_optimizer import is_identity_step, server_step
 from .stiefel import orthonormality_error
 from .training import PlateauSchedule, derive_seed
+from .validation import is_count, is_positive
 
 __all__ = [
     "FederatedEngine",
@@ -108,7 +109,7 @@ def is_positive_weight(value):
     >>> is_positive_weight(12), is_positive_weight(0.5), is_positive_weight(0), is_positive_weight(True)
     (True, True, False, False)
     """
-    return _is_real(value) and bool(np.isfinite(value)) and value > 0
+    return is_positive(value)
 
 
 def within_declared_weight(weight, declared):
@@ -147,10 +148,6 @@ def _as_number(weight):
     """A client weight for the history: an int when it is one (sums of integer weights)."""
     weight = float(weight)
     return int(weight) if weight.is_integer() else weight
-
-
-def _is_count(value):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def _check_arrays(arrays, template, *, what):
@@ -600,7 +597,7 @@ class FederatedEngine:
         """Why client ``cid``'s train reply is unacceptable, or None (see module docstring)."""
         if not isinstance(reply, TrainReply):
             return f"not a train reply ({type(reply).__name__})"
-        if not _is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_train[cid]:
+        if not is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_train[cid]:
             return (f"num-examples {reply.n_examples!r} is not an int between 1 and the {self.n_train[cid]} "
                     "training samples declared at set-up")
         if reply.weight is not None and not is_positive_weight(reply.weight):
@@ -612,7 +609,7 @@ class FederatedEngine:
                     "weights at set-up")
         if declared is not None and not within_declared_weight(reply.weight, declared):
             return f"client weight {reply.weight!r} exceeds the {declared!r} declared at set-up"
-        if not _is_count(reply.n_skipped) or reply.n_skipped < 0:
+        if not is_count(reply.n_skipped) or reply.n_skipped < 0:
             return f"skipped-batches {reply.n_skipped!r} is not an int >= 0"
         loss = reply.loss
         if self.privacy is not None:  # DP: the loss is not released
@@ -636,7 +633,7 @@ class FederatedEngine:
         """Why client ``cid``'s validation reply is unacceptable, or None."""
         if not isinstance(reply, EvalReply):
             return f"not a validation reply ({type(reply).__name__})"
-        if not _is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_val[cid]:
+        if not is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_val[cid]:
             return (f"num-examples {reply.n_examples!r} is not an int between 1 and the {self.n_val[cid]} "
                     "validation samples declared at set-up")
         if not _is_real(reply.loss) or not (np.isfinite(reply.loss) and reply.loss >= 0):

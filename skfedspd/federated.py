@@ -11,7 +11,7 @@ are assigned only when the transport succeeds: a fit that raises leaves it as it
 import copy
 import os
 import warnings
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import sklearn
@@ -22,8 +22,8 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS, get_aggregation
-from .base import (accepts_renamed, check_groups, check_label_values, fold_renamed, merge_into, resolve_groups,
-                   training_weights)
+from .base import (accepts_renamed, check_groups, check_label_values, check_nested_params, fold_renamed, merge_into,
+                   resolve_groups, training_weights)
 from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
 from .engine import client_trust, n_selected
@@ -35,6 +35,7 @@ from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
 from .training import RoundSchedule, derive_seed
+from .validation import Count, Sequence, check_count
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "make_clients", "partition_indices"]
 
@@ -59,6 +60,7 @@ def make_clients(groups, groups_per_client=1):
     >>> [idx.tolist() for idx in indices], client_groups
     ([[1, 2, 3, 5], [0, 4]], [(1, 2), (3,)])
     """
+    check_count(groups_per_client, "groups_per_client", 1)
     check_label_values(groups, "groups")
     groups = np.asarray(groups)
     if groups.ndim != 1:
@@ -127,6 +129,12 @@ BACKENDS = {"local": fit_local, "flower": _fit_on_flower}
 KEEP_WITH_SERVER_MOMENTUM_WARNING = (
     "server_momentum > 0 with client_optimizer_state='keep' trains badly (measured in "
     "docs/design-decisions.md, 'Server momentum'); use client_optimizer_state='reset' with server momentum")
+
+
+#: ``fit``'s (and :func:`skfedspd.flower.fit_federated`'s) warning for ``n_jobs`` on Flower.
+N_JOBS_ON_FLOWER_WARNING = (
+    "n_jobs={} is ignored on Flower (each site trains in its own ClientApp; the in-process simulation "
+    "runs them one after another): n_jobs applies to backend='local' only")
 
 
 #: The flat parameters grouped into objects: old name → (parameter, its field). Accepted
@@ -288,7 +296,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
         in-process Flower simulation (one virtual SuperNode per client, the ``flower``
         extra); the same ``random_state`` gives a bit-identical model on both backends
-        (``n_jobs`` and ``checkpoint_path`` are local-only). Real multi-site deployments
+        (``n_jobs`` and ``checkpoint_path`` are local-only: ``n_jobs`` other than None or 1
+        is ignored with a ``UserWarning``, ``checkpoint_path`` refused). Real multi-site deployments
         use :func:`skfedspd.flower.fit_federated` (``docs/guide/deployment.md``).
     secure_aggregation : bool, default=False
         Flower only (``backend="flower"`` or :func:`~skfedspd.flower.fit_federated`):
@@ -461,13 +470,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     _parameter_constraints = {
         "estimator": [HasMethods(PROTOCOL), None],
         "aggregation": [StrOptions(set(AGGREGATIONS)), callable],
-        "n_rounds": [Interval(Integral, 1, None, closed="left")],
-        "local_epochs": [Interval(Integral, 1, None, closed="left")],
-        "clients_per_round": [None, Interval(Integral, 1, None, closed="left"),
+        "n_rounds": [Count(1)],
+        "local_epochs": [Count(1)],
+        "clients_per_round": [None, Count(1),
                               Interval(RealNotInt, 0, 1, closed="right")],
         "schedule": [None, RoundSchedule],
-        "groups_per_client": [Interval(Integral, 1, None, closed="left")],
-        "n_clients": [Interval(Integral, 1, None, closed="left")],
+        "groups_per_client": [Count(1)],
+        "n_clients": [Count(1)],
         "partition": [None, StrOptions(set(PARTITIONS))],
         "alpha": [Interval(Real, 0, None, closed="neither")],
         "weighting": [StrOptions({"n_samples", "uniform"})],
@@ -476,7 +485,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "server_optimizer": [None, ServerMomentum],
         "client_optimizer_state": [StrOptions({"keep", "reset"})],
         "domains": [StrOptions({"client", "group"})],
-        "n_jobs": [None, Integral],
+        "n_jobs": [None, Count(None)],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "on_client_error": [StrOptions({"raise", "skip"})],
@@ -485,7 +494,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "backend": [StrOptions(set(BACKENDS))],
         "secure_aggregation": ["boolean"],
         "privacy": [None, DPSGD],
-        "classes": [None, "array-like"],
+        "classes": [None, Sequence()],
         "init": [None, HasMethods(["get_params", "predict"])],
     }
 
@@ -556,7 +565,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        return super().set_params(**fold_renamed(self, params, RENAMED, _MERGES))
+        params = fold_renamed(self, params, RENAMED, _MERGES)
+        return super().set_params(**check_nested_params(self, params, {
+            "aggregation": lambda rule: AGGREGATIONS.get(rule) if isinstance(rule, str) else None,
+            "estimator": lambda est: SPDnetClassifier() if est is None else None}))
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
@@ -632,25 +644,26 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                 settings.check_params()
 
     def _validate_params(self):
-        """``_parameter_constraints``, and what they cannot say: ``groups_per_client`` is
-        not a bool (True would silently mean 1), ``checkpoint_path`` is not a directory."""
+        """``_parameter_constraints`` (its counts refuse bools: :class:`~skfedspd.validation.Count`),
+        and what they cannot say: ``checkpoint_path`` is not a directory."""
         super()._validate_params()
-        if isinstance(self.groups_per_client, (bool, np.bool_)):
-            raise ValueError(f"groups_per_client must be an int >= 1 (groups merged per client), got "
-                             f"{self.groups_per_client!r}")
         if self.checkpoint_path is not None and os.path.isdir(self.checkpoint_path):
             raise ValueError(f"checkpoint_path={os.fspath(self.checkpoint_path)!r} is a directory; give the path of "
                              "a file to write (e.g. inside it: 'checkpoint.safetensors')")
 
-    def warn_about_settings(self):
-        """Warn about parameter pairs measured to train badly; ``fit`` and
+    def warn_about_settings(self, *, on_flower=None):
+        """Warn about parameter pairs measured to train badly, or ignored; ``fit`` and
         :func:`skfedspd.flower.fit_federated` call it before training.
 
         Server momentum with clients that keep their Adam state
         (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``); a local
         estimator with ``trainable="head"`` on a new model without ``init``
-        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`).
+        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`); ``n_jobs`` on Flower
+        (``on_flower``; None: ``backend == "flower"``), where it is ignored
+        (:data:`N_JOBS_ON_FLOWER_WARNING`): warned, not refused, since the model is the same.
         """
+        if (self.backend == "flower" if on_flower is None else on_flower) and self.n_jobs not in (None, 1):
+            warnings.warn(N_JOBS_ON_FLOWER_WARNING.format(self.n_jobs), UserWarning, stacklevel=3)
         momentum = 0.0 if self.server_optimizer is None else self.server_optimizer.momentum
         if momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)

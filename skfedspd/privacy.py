@@ -61,6 +61,7 @@ from .functional import expm_sym, logeig, reeig
 from .nn import BiMap, DomainBatch, DomainSPDBatchNorm, SPDBatchNorm
 from .stiefel import tangent_project
 from .training import Settings, seeded_torch
+from .validation import check_count, check_positive, is_count
 
 __all__ = [
     "DPSGD",
@@ -322,7 +323,7 @@ def clip_and_sum(grads, clip_norm):
     >>> summed["w"], summed["b"], norms
     (tensor([0.9000, 0.0000]), tensor([1.2000]), tensor([5.0000, 0.5000]))
     """
-    _check_positive("clip_norm", clip_norm)
+    check_positive(clip_norm, "clip_norm")
     flat = [g.flatten(1) for g in grads.values()]
     norms = torch.cat(flat, dim=1).norm(dim=1) if flat else torch.zeros(0)
     finite = torch.isfinite(norms)
@@ -418,18 +419,12 @@ def _make_optimizer(optimizer, module, lr):
         if lr is not None:
             raise ValueError("pass lr=None with an optimizer instance (it has its own learning rate)")
         return optimizer
-    _check_positive("lr", lr)
+    check_positive(lr, "lr")
     if optimizer == "sgd":
         return torch.optim.SGD(module.parameters(), lr=lr)
     if optimizer == "adam":
         return torch.optim.Adam(module.parameters(), lr=lr)
     raise ValueError(f"optimizer must be 'sgd', 'adam' or a torch.optim.Optimizer, got {optimizer!r}")
-
-
-def _check_positive(name, value, allow_zero=False):
-    ok = isinstance(value, numbers.Real) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
-    if not ok:
-        raise ValueError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} number, got {value!r}")
 
 
 def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_multiplier, lr, generator,
@@ -495,11 +490,10 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     """
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
-    if not (isinstance(n_epochs, numbers.Integral) and n_epochs >= 0):
-        raise ValueError(f"n_epochs must be a non-negative integer, got {n_epochs!r}")
+    check_count(n_epochs, "n_epochs", 0)
     n_steps = n_epochs * steps_per_epoch(sample_rate)
-    _check_positive("clip_norm", clip_norm)
-    _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    check_positive(clip_norm, "clip_norm")
+    check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
     if not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     if generator.device.type != "cpu":
@@ -559,7 +553,7 @@ def domain_mean_sensitivity(clip):
     >>> round(domain_mean_sensitivity(2.0), 4)  # 2 · √1.25
     2.2361
     """
-    _check_positive("clip", clip)
+    check_positive(clip, "clip")
     return float(clip) * math.sqrt(1.0 + DOMAIN_COUNT_WEIGHT**2)
 
 
@@ -600,7 +594,7 @@ def clipped_domain_sums(D, codes, n_domains, clip):
     >>> round(float(torch.linalg.matrix_norm(sums[0])), 4), counts.tolist()  # 1 + 0.71
     (1.7071, [2.0])
     """
-    _check_positive("clip", clip)
+    check_positive(clip, "clip")
     D = D * torch.clamp(clip / torch.linalg.matrix_norm(D), max=1.0)[:, None, None]
     sums = torch.zeros((n_domains, *D.shape[1:]), dtype=D.dtype, device=D.device).index_add_(0, codes, D)
     return sums, torch.bincount(codes, minlength=n_domains).to(D.dtype)
@@ -667,8 +661,8 @@ def release_domain_means(module, X, *, references, clip, noise_multiplier, gener
         raise TypeError(f"X must be a DomainBatch (the trials and their domain codes), got {type(X).__name__}")
     if len(references) != len(module.batchnorms):
         raise ValueError(f"one reference per batch-norm layer ({len(module.batchnorms)}) is needed, got {len(references)}")
-    _check_positive("clip", clip)
-    _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    check_positive(clip, "clip")
+    check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
     codes = X.domains.to(X.X.device)
     n_domains = int(codes.max()) + 1 if len(codes) else 0
     std = noise_multiplier * domain_mean_sensitivity(clip)
@@ -730,8 +724,7 @@ def _check_accounting_args(delta, sample_rate, steps):
         raise ValueError(f"delta must be in (0, 1), got {delta!r}")
     if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    if not (isinstance(steps, numbers.Integral) and steps >= 0):
-        raise ValueError(f"steps must be a non-negative integer, got {steps!r}")
+    check_count(steps, "steps", 0)
 
 
 def _release_event(domain):
@@ -750,9 +743,8 @@ def _event(noise_multiplier, sample_rate, steps, domain=None):
 def _check_domain(domain):
     if domain is None:
         return
-    if not (isinstance(domain.get("layers"), numbers.Integral) and domain["layers"] >= 1):
-        raise ValueError(f"domain['layers'] must be a positive integer, got {domain.get('layers')!r}")
-    _check_positive("domain['noise_multiplier']", domain.get("noise_multiplier"))
+    check_count(domain.get("layers"), "domain['layers']", 1)
+    check_positive(domain.get("noise_multiplier"), "domain['noise_multiplier']")
 
 
 def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rdp", domain=None):
@@ -788,7 +780,7 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
     (0.0, inf)
     """
     _check_accounting_args(delta, sample_rate, steps)
-    _check_positive("noise_multiplier", noise_multiplier, allow_zero=True)
+    check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
     _check_domain(domain)
     if steps > 0 and noise_multiplier == 0:
         return math.inf
@@ -825,9 +817,8 @@ def group_epsilon(noise_multiplier, delta, steps, group_size, *, accountant="rdp
     >>> group_epsilon(sigma, 1e-5, steps=150, group_size=36) > 10_000
     True
     """
-    _check_positive("noise_multiplier", noise_multiplier)
-    if not (isinstance(group_size, numbers.Integral) and group_size >= 1):
-        raise ValueError(f"group_size must be a positive integer, got {group_size!r}")
+    check_positive(noise_multiplier, "noise_multiplier")
+    check_count(group_size, "group_size", 1)
     _check_accounting_args(delta, 1.0, steps)
     _check_domain(domain)
     dpa = _dp_accounting()
@@ -1016,12 +1007,11 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     >>> all(site["epsilon"] <= 1.0 for site in plan["sites"])
     True
     """
-    sizes = [int(n) for n in n_train_per_site]
-    if not sizes or any(n < 1 or n != m for n, m in zip(sizes, n_train_per_site)):
+    if not len(n_train_per_site) or not all(is_count(n, 1) for n in n_train_per_site):
         raise ValueError(f"n_train_per_site must be positive integers, got {list(n_train_per_site)!r}")
+    sizes = [int(n) for n in n_train_per_site]
     for name, value in (("batch_size", batch_size), ("local_epochs", local_epochs), ("n_rounds", n_rounds)):
-        if not (isinstance(value, numbers.Integral) and value >= 1):
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        check_count(value, name, 1)
     if delta is None:
         delta = default_delta(sizes)
     if not delta < 1 / min(sizes):
@@ -1077,6 +1067,11 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     )
 
 
+#: The largest ε a :class:`DPSGD` takes: 1e4 is already no protection, and from about 1e6 on
+#: dp-accounting finds no noise multiplier to calibrate (its bracketing search fails).
+MAX_EPSILON = 1e4
+
+
 class DPSGD(Settings):
     """Sample-level differential privacy of a federated fit: DP-SGD at every site
     (``FederatedSPDnetClassifier(privacy=DPSGD(epsilon=8.0))``, ``docs/guide/privacy.md``).
@@ -1091,7 +1086,8 @@ class DPSGD(Settings):
     Parameters
     ----------
     epsilon : float
-        ε of the guarantee, > 0.
+        ε of the guarantee, in ``(0, MAX_EPSILON]`` (:data:`MAX_EPSILON`: beyond it the
+        guarantee means nothing and the accountant cannot calibrate the noise).
     delta : float or None, default=None
         δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
         site's training size). A δ not below ``1 / n_min`` is refused.
@@ -1121,7 +1117,7 @@ class DPSGD(Settings):
     """
 
     _parameter_constraints = {
-        "epsilon": [Interval(Real, 0, None, closed="neither")],
+        "epsilon": [Interval(Real, 0, MAX_EPSILON, closed="right")],
         "delta": [None, Interval(Real, 0, 1, closed="neither")],
         "clip_norm": [Interval(Real, 0, None, closed="neither")],
         "domain_share": [Interval(Real, 0, 1, closed="neither")],

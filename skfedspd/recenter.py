@@ -1,7 +1,7 @@
 """``Recenter``: unsupervised re-centring of SPD matrices to the identity (Zanini et al., 2018)."""
 
 import warnings
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
@@ -14,6 +14,7 @@ from .base import check_groups, resolve_groups
 from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_input_range, check_spd_batch, input_range
 from .functional import karcher_mean, sqrtm_invsqrtm
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, log_euclidean_sum
+from .validation import Count
 
 __all__ = ["Recenter", "recenter_groups"]
 
@@ -217,7 +218,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
                                     "domain_memory": [Interval(Real, 2, None, closed="left"), None],
                                     "domain_include_self": ["boolean"],
-                                    "max_domains": [Interval(Integral, 1, None, closed="left"), None]}
+                                    "max_domains": [Count(1), None]}
 
     def __init__(self, domain_prior_weight=1.0, domain_memory=None, domain_include_self=False, max_domains=None):
         self.domain_prior_weight = domain_prior_weight

@@ -34,6 +34,7 @@ from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
 from .server_optimizer import ServerMomentum
 from .training import RoundSchedule, draw_seed
+from .validation import is_count
 
 __all__ = [
     "FederatedRun",
@@ -237,10 +238,6 @@ def held_out_fraction(fed, est, n_samples, n_classes):
 
 
 # ---------------------------------------------------------------------- set-up
-def _count(value, minimum):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
-
-
 def _label_kind(label):
     """"str", "bool" or "number" (a finite int or float); None for anything else."""
     if isinstance(label, (str, bool)):
@@ -270,14 +267,14 @@ def check_setup_replies(replies, *, with_labels=True):
     shapes, empty = set(), []
     for cid, reply in enumerate(replies):
         shape = tuple(reply.shape) if isinstance(reply.shape, (list, tuple)) else ()
-        if not shape or not all(_count(s, 1) for s in shape):
+        if not shape or not all(is_count(s, 1) for s in shape):
             raise ValueError(f"client {cid} declared an invalid sample shape {reply.shape!r}")
         labels = reply.labels
         kinds = {_label_kind(label) for label in labels} if isinstance(labels, list) else {None}
         if with_labels and (not labels or None in kinds or len(set(labels)) != len(labels)):
             raise ValueError(f"client {cid} declared invalid labels {labels!r} (a non-empty list of "
                              "distinct strings, booleans or finite numbers)")
-        if not _count(reply.n_train, 1) or not _count(reply.n_val, 0):
+        if not is_count(reply.n_train, 1) or not is_count(reply.n_val, 0):
             raise ValueError(f"client {cid} declared invalid sample counts (num-examples {reply.n_train!r}, "
                              f"n-val {reply.n_val!r})")
         if isinstance(reply.weight, numbers.Real) and not isinstance(reply.weight, bool) and reply.weight == 0:

@@ -9,13 +9,15 @@ stepped once per epoch (centralized) or once per round (federated).
 import copy
 import warnings
 from contextlib import contextmanager
-from numbers import Integral, Real
+from numbers import Real
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_random_state
+
+from .validation import Count
 
 __all__ = ["train_epochs", "minibatches", "evaluate", "macro_f1", "PlateauSchedule", "Settings", "EpochSchedule", "RoundSchedule",
            "seeded_torch", "derive_seed", "draw_seed", "torch_threads", "optimizer_arrays", "load_optimizer_arrays"]
@@ -555,8 +557,8 @@ class EpochSchedule(_ScheduleSettings):
     """
 
     _parameter_constraints = {
-        "patience": [Interval(Integral, 0, None, closed="left"), None],
-        "lr_patience": [Interval(Integral, 0, None, closed="left")],
+        "patience": [Count(0), None],
+        "lr_patience": [Count(0)],
         "lr_factor": [Interval(Real, 0, 1, closed="neither")],
     }
 
@@ -596,8 +598,8 @@ class RoundSchedule(_ScheduleSettings):
     """
 
     _parameter_constraints = {
-        "patience": [Interval(Integral, 1, None, closed="left"), None],
-        "lr_patience": [Interval(Integral, 0, None, closed="left")],
+        "patience": [Count(1), None],
+        "lr_patience": [Count(0)],
         "lr_factor": [Interval(Real, 0, 1, closed="right")],
     }
 

@@ -42,6 +42,7 @@ MODULES = [
     "skfedspd.spec",
     "skfedspd.stiefel",
     "skfedspd.training",
+    "skfedspd.validation",
     "skfedspd.flower",
     "skfedspd.flower.app",
     "skfedspd.flower.client",

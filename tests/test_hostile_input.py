@@ -364,7 +364,7 @@ def test_groups_of_the_wrong_length_are_refused_whatever_the_model(data, batchno
 @pytest.mark.parametrize("value", [True, np.bool_(True)])
 def test_groups_per_client_true_is_refused(data, value):
     X, y, groups = data
-    with pytest.raises(ValueError, match=r"groups_per_client.* (got True|Got np.True_)"):
+    with pytest.raises(ValueError, match=r"groups_per_client.* [Gg]ot (True|np.True_)"):
         FederatedSPDnetClassifier(n_rounds=1, groups_per_client=value).fit(X, y, groups=groups)
 
 

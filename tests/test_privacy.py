@@ -654,5 +654,5 @@ def test_group_epsilon_bounds_one_sample_and_grows_with_the_group():
     assert bounds == sorted(bounds) and bounds[-1] > 100 * one
     domain = {"noise_multiplier": 2.0, "layers": 1}
     assert privacy.group_epsilon(sigma, 1e-5, steps, 10, domain=domain) > bounds[2]
-    with pytest.raises(ValueError, match="group_size must be a positive integer"):
+    with pytest.raises(ValueError, match="group_size must be an int >= 1"):
         privacy.group_epsilon(sigma, 1e-5, steps, 0)

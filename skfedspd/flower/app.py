@@ -35,6 +35,7 @@ from flwr.supercore import log
 from .. import spec as _spec
 from ..federated import FederatedSPDnetClassifier
 from ..persistence import save_estimator
+from ..validation import check_count, check_positive
 from .client import load_site_from_node_config, make_client_app
 from .server import serve
 
@@ -53,8 +54,9 @@ def _main(grid, context):
     output = str(config["output"])
     if not output:
         raise ValueError("run config 'output' (where to write the fitted model) is empty")
-    result = serve(fed, grid, n_sites=int(config["n-sites"]), timeout=float(config["round-timeout"]),
-                   connect_timeout=float(config["connect-timeout"]))
+    result = serve(fed, grid, n_sites=check_count(config["n-sites"], "run config 'n-sites'", 1),
+                   timeout=check_positive(config["round-timeout"], "run config 'round-timeout'"),
+                   connect_timeout=check_positive(config["connect-timeout"], "run config 'connect-timeout'"))
     fed._set_result(result)  # the ServerApp makes its estimator the fitted model
     save_estimator(fed, output)
     best = fed.history_[fed.best_round_]

@@ -53,6 +53,7 @@ returns them to that client only (under secure aggregation: see above).
 import importlib
 import json
 import threading
+import zipfile
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
@@ -61,6 +62,7 @@ from flwr.clientapp import ClientApp
 from .. import spec as _spec
 from ..base import check_sample_weight
 from ..client import Site
+from ..validation import check_count
 from . import secure
 from .records import LOCAL_STATE_KEY, from_array_record, to_array_record
 
@@ -92,9 +94,10 @@ def _site_file_arrays(path, n_samples, sample_weight, groups):
 def load_site_from_node_config(context):
     """A site's ``(client_id, X, y, sample_weight, groups)`` from its SuperNode's ``--node-config``.
 
-    Keys: ``client-id`` (int, 0..N-1, unique in the federation), ``data-path`` (a ``.npz``
-    with arrays ``X`` and ``y`` and optionally ``sample_weight`` and ``groups``, read with
-    ``allow_pickle=False``), and optionally ``data-loader`` (``"module:function"``, called
+    Keys: ``client-id`` (an int 0..N-1 written as an integer, unique in the federation: a
+    string, a bool or ``1.7`` is refused), ``data-path`` (a ``.npz`` with arrays ``X`` and
+    ``y`` and optionally ``sample_weight`` and ``groups``, read with ``allow_pickle=False``;
+    any other file is a ValueError naming it, "not a valid .npz site file"), and optionally ``data-loader`` (``"module:function"``, called
     as ``function(data_path) -> (X, y)``, ``(X, y, sample_weight)`` or ``(X, y,
     sample_weight, groups)``, for any other format). ``sample_weight`` (None when absent)
     must be a 1-D array of one finite weight ≥ 0 per sample, not all 0; ``groups`` (None
@@ -145,6 +148,10 @@ def load_site_from_node_config(context):
     if "client-id" not in config or "data-path" not in config:
         raise ValueError("the SuperNode needs --node-config 'client-id=<int> data-path=\"<file>\"' "
                          f"(got keys {sorted(config)})")
+    try:
+        client_id = check_count(config["client-id"], "client-id", 0)
+    except ValueError as error:  # a string or 1.7 is never read as a client
+        raise ValueError(f"the SuperNode's --node-config: {error} (written as an integer: client-id=0)") from None
     path = str(config["data-path"])
     loader = config.get("data-loader")
     if loader:
@@ -156,11 +163,34 @@ def load_site_from_node_config(context):
                             f"{len(data) if isinstance(data, tuple) else '?'}")
         X, y, sample_weight, groups = (*data, None, None)[:4]
     else:
-        with np.load(path, allow_pickle=False) as data:
-            X, y = data["X"], data["y"]
-            sample_weight, groups = (data[key] if key in data.files else None for key in ("sample_weight", "groups"))
+        X, y, sample_weight, groups = _load_site_file(path)
     X = np.asarray(X)
-    return (int(config["client-id"]), X, np.asarray(y), *_site_file_arrays(path, len(X), sample_weight, groups))
+    return (client_id, X, np.asarray(y), *_site_file_arrays(path, len(X), sample_weight, groups))
+
+
+def _load_site_file(path):
+    """``(X, y, sample_weight, groups)`` of a site's ``.npz`` file, read with
+    ``allow_pickle=False`` (None for the optional arrays it lacks); anything that is no such
+    file (another format, random bytes, object arrays, no ``X`` or ``y``) is a ValueError
+    naming the file."""
+    try:
+        data = np.load(path, allow_pickle=False)
+        if not isinstance(data, np.lib.npyio.NpzFile):
+            raise ValueError("it holds one array (a .npy file), not named arrays")
+        with data:
+            missing = [key for key in ("X", "y") if key not in data.files]
+            if missing:
+                raise ValueError(f"it has no {' and no '.join(missing)} array (it has {sorted(data.files)})")
+            return (data["X"], data["y"], *(data[key] if key in data.files else None
+                                            for key in ("sample_weight", "groups")))
+    except (FileNotFoundError, IsADirectoryError, PermissionError):
+        raise
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as error:
+        # numpy's own message may advise allow_pickle=True: never the advice for a site file
+        reason = ("it is no archive of plain arrays (numpy could only read it as a pickle, which a site file "
+                  "never is)" if "pickle" in str(error) else str(error))
+        raise ValueError(f"site data file {path} is not a valid .npz site file (arrays X and y, optionally "
+                         f"sample_weight and groups, numeric or string, saved by numpy.savez): {reason}") from None
 
 
 def make_client_app(load_site=load_site_from_node_config, estimator_factory=None):

@@ -22,6 +22,7 @@ from sklearn.base import clone
 from .. import spec as _spec
 from ..federated import FederatedSPDnetClassifier
 from ..persistence import load_estimator
+from ..validation import check_count, check_positive
 from .progress import RoundProgress
 
 __all__ = ["write_app", "fit_federated", "flower_env"]
@@ -118,6 +119,44 @@ def _default_log_path(output):
     return Path(path)
 
 
+def _check_arguments(estimator, superlink, n_sites, output, *, insecure, root_certificates, round_timeout,
+                     connect_timeout, timeout, overwrite, log_path, quiet, secure_aggregation):
+    """:func:`fit_federated`'s arguments, every one checked before anything is written or
+    started (a ValueError or TypeError naming the argument); returns the estimator to run
+    (its parameters checked, ``secure_aggregation`` applied), ``n_sites`` as an int and the
+    absolute ``output``."""
+    if not isinstance(estimator, FederatedSPDnetClassifier):
+        raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
+    host, _, port = superlink.rpartition(":") if isinstance(superlink, str) else ("", "", "")
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise ValueError(f"superlink must be the SuperLink's address 'host:port' (port 1..65535), got {superlink!r}")
+    n_sites = check_count(n_sites, "n_sites", 1)
+    if not isinstance(output, (str, os.PathLike)) or not os.fspath(output):
+        raise ValueError(f"output must be a file path (where the server writes the model), got {output!r}")
+    for name, value in (("insecure", insecure), ("overwrite", overwrite), ("quiet", quiet)):
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False, got {value!r}")
+    if secure_aggregation is not None and not isinstance(secure_aggregation, bool):
+        raise TypeError(f"secure_aggregation must be None, True or False, got {secure_aggregation!r}")
+    if insecure and root_certificates:
+        raise ValueError("pass either insecure=True or root_certificates, not both")
+    if root_certificates is not None and not Path(root_certificates).is_file():
+        raise FileNotFoundError(f"root_certificates={root_certificates!r} is not a file (the CA certificate, PEM)")
+    check_positive(round_timeout, "round_timeout")
+    check_positive(connect_timeout, "connect_timeout")
+    if timeout is not None:
+        check_positive(timeout, "timeout")
+    if log_path is not None and (not isinstance(log_path, (str, os.PathLike)) or os.path.isdir(log_path)):
+        raise ValueError(f"log_path must be None or the path of a file to write, got {log_path!r}")
+    if secure_aggregation is not None:
+        estimator = clone(estimator).set_params(secure_aggregation=secure_aggregation)
+    estimator.check_params()
+    output = Path(output).absolute()
+    if output.exists() and not overwrite:
+        raise FileExistsError(f"{output} exists (overwrite=True replaces it)")
+    return estimator, n_sites, output
+
+
 def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root_certificates=None,
                   round_timeout=3600.0, connect_timeout=600.0, timeout=None, overwrite=False,
                   log_path=None, quiet=False, secure_aggregation=None):
@@ -126,8 +165,9 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     Parameters
     ----------
     estimator : FederatedSPDnetClassifier
-        The configuration (its ``backend`` is ignored); JSON values only: an int
-        ``random_state``, an aggregation rule by name.
+        The configuration (its ``backend`` is ignored, and its ``n_jobs`` with a
+        ``UserWarning`` when not None or 1); JSON values only: an int ``random_state``, an
+        aggregation rule by name.
     superlink : str
         The SuperLink's address ``host:port`` (its ``--host``/``--port``).
     n_sites : int
@@ -163,6 +203,15 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     FederatedSPDnetClassifier
         Fitted, as written by the server (``history_``, ``global_estimator_``...).
 
+    Raises
+    ------
+    ValueError, TypeError, FileNotFoundError, FileExistsError
+        An argument (or a parameter of ``estimator``) is invalid, naming it: every one is
+        checked before anything is written or ``flwr run`` is started.
+    RuntimeError, TimeoutError
+        The run failed or took longer than ``timeout`` (``flwr run``'s pipe is closed and
+        its process waited for on every path).
+
     Examples
     --------
     Each site saves its data for its SuperNode (``--node-config 'client-id=<i>
@@ -192,22 +241,17 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     (3, 50)
     >>> folder.cleanup()
     """
-    if not isinstance(estimator, FederatedSPDnetClassifier):
-        raise TypeError(f"estimator must be a FederatedSPDnetClassifier, got {type(estimator).__name__}")
-    if insecure and root_certificates:
-        raise ValueError("pass either insecure=True or root_certificates, not both")
-    estimator.warn_about_settings()
-    if secure_aggregation is not None:
-        estimator = clone(estimator).set_params(secure_aggregation=bool(secure_aggregation))
-    output = Path(output).absolute()
+    estimator, n_sites, output = _check_arguments(
+        estimator, superlink, n_sites, output, insecure=insecure, root_certificates=root_certificates,
+        round_timeout=round_timeout, connect_timeout=connect_timeout, timeout=timeout, overwrite=overwrite,
+        log_path=log_path, quiet=quiet, secure_aggregation=secure_aggregation)
+    estimator.warn_about_settings(on_flower=True)
+    run_config = {"estimator": _spec.dumps(_spec.estimator_to_spec(estimator)), "output": str(output),
+                  "n-sites": n_sites, "round-timeout": float(round_timeout),
+                  "connect-timeout": float(connect_timeout)}
     if output.exists():
-        if not overwrite:
-            raise FileExistsError(f"{output} exists (overwrite=True replaces it)")
         output.unlink()
     log_path = Path(log_path) if log_path is not None else _default_log_path(output)
-    run_config = {"estimator": _spec.dumps(_spec.estimator_to_spec(estimator)), "output": str(output),
-                  "n-sites": int(n_sites), "round-timeout": float(round_timeout),
-                  "connect-timeout": float(connect_timeout)}
     with tempfile.TemporaryDirectory(prefix="skfedspd-flwr-") as tmp:
         tmp = Path(tmp)
         app = write_app(tmp / "app")
@@ -223,35 +267,36 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         overrides = tmp / "run-config.toml"
         overrides.write_text(tomli_w.dumps(run_config))
         command = [_flwr_executable(), "run", str(app), CONNECTION, "--run-config", str(overrides), "--stream"]
-        proc = subprocess.Popen(command, env=flower_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, cwd=tmp)
         tail = []
-        progress = RoundProgress(estimator.n_rounds, disable=quiet)
         expired = threading.Event()
+        # the log file first (a bad log_path starts nothing); leaving the Popen block closes its
+        # pipe and waits for the process, on every path
+        with open(log_path, "w") as log_file, subprocess.Popen(
+                command, env=flower_env(home), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                cwd=tmp) as proc:
 
-        def expire():
-            expired.set()
-            proc.kill()
+            def expire():
+                expired.set()
+                proc.kill()
 
-        watchdog = threading.Timer(timeout, expire) if timeout is not None else None
-        try:
-            if watchdog:
-                watchdog.start()
-            with open(log_path, "w") as log_file:
+            progress = RoundProgress(estimator.n_rounds, disable=quiet)
+            watchdog = threading.Timer(timeout, expire) if timeout is not None else None
+            try:
+                if watchdog:
+                    watchdog.start()
                 for line in proc.stdout:
                     line = _ANSI.sub("", line)
                     log_file.write(line)
                     tail = (tail + [line])[-40:]
                     progress.feed(line)
-            proc.wait()
-        except BaseException:
-            proc.kill()
-            proc.wait()
-            raise
-        finally:
-            progress.close()
-            if watchdog:
-                watchdog.cancel()
+                proc.wait()
+            except BaseException:
+                proc.kill()
+                raise
+            finally:
+                progress.close()
+                if watchdog:
+                    watchdog.cancel()
     if expired.is_set():
         raise TimeoutError(f"the Flower run took more than timeout={timeout} s (log: {log_path})")
     if proc.returncode != 0 or not output.exists():

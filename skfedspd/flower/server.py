@@ -10,7 +10,6 @@ malformed), so that the same ``random_state`` gives the same model bit for bit o
 ``backend="local"``, in the in-process Flower simulation and in a real deployment.
 """
 
-import numbers
 import secrets
 import time
 
@@ -21,6 +20,7 @@ from flwr.supercore import log
 from .. import spec as _spec
 from ..messages import SetupReply
 from ..run import FederatedRun
+from ..validation import is_count
 from .records import from_array_record, to_array_record
 from .secure import SecureSPDnetStrategy
 from .strategy import ROUND_LOG, SPDnetStrategy
@@ -76,10 +76,6 @@ def _query(grid, node_ids, action, configs, key, timeout, arrays=None):
     return {node: message.content[key] for node, message in replies.items()}
 
 
-def _count(value, minimum):
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= minimum
-
-
 def _setup_reply(info, node):
     """A site's set-up reply (a Flower ConfigRecord) as a :class:`~skfedspd.messages.SetupReply`
     (checked by :func:`skfedspd.run.check_setup_replies`); a ValueError names the node when
@@ -98,7 +94,7 @@ def _by_client_id(replies, nodes):
     client_node = {}
     for node, reply in replies.items():
         cid = reply.client_id
-        if not _count(cid, 0):
+        if not is_count(cid, 0):
             raise ValueError(f"node {node} declared an invalid client id {cid!r}")
         if cid in client_node:
             raise ValueError(f"client id {cid} is configured on two nodes ({client_node[cid]}, {node})")
@@ -148,7 +144,7 @@ def _read_prior_reply(reply, shapes, cid):
     problem = None
     if set(reply) != {*names, "count"}:
         problem = f"arrays {sorted(reply)}, expected {[*names, 'count']}"
-    elif np.shape(count) != () or not _count(count.item(), 1):
+    elif np.shape(count) != () or not is_count(count.item(), 1):
         problem = f"count {count!r} (an integer >= 1)"
     else:
         for name, shape in zip(names, shapes):
