@@ -897,7 +897,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         if self.batchnorm != "domain" or groups is None:
             return None
         codes = domain_codes(groups, n_samples)
-        check_domain_sizes(codes, "domain batch norm")
+        check_domain_sizes(np.asarray(groups), "domain batch norm")
         return codes
 
     # ------------------------------------------------------------------ domains (batchnorm="domain")
