@@ -37,8 +37,8 @@ from .training import (
 )
 from .validation import Count, is_count
 
-__all__ = ["TorchClassifierBase", "check_groups", "check_label_values", "check_sample_weight", "resolve_groups",
-           "training_weights", "uses_validation"]
+__all__ = ["TorchClassifierBase", "check_class_weight", "check_domain_sizes", "check_groups", "check_label_values",
+           "check_sample_weight", "resolve_groups", "training_weights", "uses_validation"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
@@ -70,15 +70,19 @@ def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
     return fraction > 0 and n_val >= max(MIN_VALIDATION_SAMPLES, 2 * n_classes)
 
 
-def check_sample_weight(sample_weight, n_samples, *, scalar=True):
+def check_sample_weight(sample_weight, n_samples, *, scalar=True, name="sample_weight"):
     """``sample_weight`` as a float64 array of ``n_samples`` non-negative finite weights with
     a positive sum (a scalar: the same weight for every sample, unless ``scalar=False``), or
-    None.
+    None. The sum must be a finite normal float64 number: a sum that overflows (weights of
+    1e308) or is subnormal (weights of 1e-320) makes every minibatch's weighted loss
+    ``Σ w_i l_i / Σ w_i`` NaN, so nothing would train. Only the weights' ratios matter:
+    rescale them.
 
     Raises
     ------
     ValueError
-        Naming ``sample_weight`` and what is wrong.
+        Naming ``name`` (``sample_weight``; ``class_weight`` or both for the weights they
+        give) and what is wrong.
 
     Examples
     --------
@@ -99,19 +103,52 @@ def check_sample_weight(sample_weight, n_samples, *, scalar=True):
     try:
         w = np.asarray(sample_weight, dtype=np.float64)
     except (TypeError, ValueError) as error:
-        raise ValueError(f"sample_weight must be numbers: {error}") from None
+        raise ValueError(f"{name} must be numbers: {error}") from None
     if w.ndim == 0 and scalar:
         w = np.full(n_samples, float(w))
     if w.shape != (n_samples,):
-        raise ValueError(f"sample_weight must be a 1-D array of {n_samples} weights (one per sample), "
+        raise ValueError(f"{name} must be a 1-D array of {n_samples} weights (one per sample), "
                          f"got shape {w.shape}")
     if not np.isfinite(w).all():
-        raise ValueError(f"sample_weight contains NaN or infinity (first at sample {int(np.argmin(np.isfinite(w)))})")
+        raise ValueError(f"{name} contains NaN or infinity (first at sample {int(np.argmin(np.isfinite(w)))})")
     if (w < 0).any():
-        raise ValueError(f"sample_weight contains negative weights (first at sample {int(np.argmax(w < 0))})")
-    if not w.sum() > 0:
-        raise ValueError("sample_weight sums to 0: there is nothing to learn from")
+        raise ValueError(f"{name} contains negative weights (first at sample {int(np.argmax(w < 0))})")
+    with np.errstate(over="ignore"):
+        total = w.sum()
+    if not total > 0:
+        raise ValueError(f"{name} sums to 0: there is nothing to learn from")
+    if not np.isfinite(total) or total < np.finfo(np.float64).tiny:
+        raise ValueError(f"{name} sums to {total:.3g}, {'beyond' if total > 1 else 'below'} the normal float64 "
+                         f"range: the weighted loss would be NaN and nothing would train; only the weights' ratios "
+                         "matter, rescale them (e.g. divide by their mean)")
     return w
+
+
+def check_class_weight(class_weight):
+    """Validate a dict ``class_weight`` (label → weight): real, finite, non-negative
+    weights (``"balanced"`` and None pass through). The one check of its values, where it
+    enters a fit.
+
+    Raises
+    ------
+    ValueError
+        Naming ``class_weight`` and the class whose weight is wrong.
+
+    Examples
+    --------
+    >>> from skfedspd.base import check_class_weight
+    >>> check_class_weight({0: -1.0, 1: 1.0})
+    Traceback (most recent call last):
+    ...
+    ValueError: class_weight of class 0 must be a finite number >= 0, got -1.0
+    """
+    if not isinstance(class_weight, dict):
+        return class_weight
+    for label, weight in class_weight.items():
+        if (isinstance(weight, (bool, np.bool_)) or not isinstance(weight, (Real, np.number))
+                or not np.isfinite(weight) or weight < 0):
+            raise ValueError(f"class_weight of class {label!r} must be a finite number >= 0, got {weight!r}")
+    return class_weight
 
 
 def training_weights(class_weight, y, sample_weight, *, all_data=True):
@@ -133,13 +170,16 @@ def training_weights(class_weight, y, sample_weight, *, all_data=True):
     True
     """
     w = check_sample_weight(sample_weight, len(y))
+    name = "sample_weight"
     if class_weight is not None:
-        per_class = compute_sample_weight(class_weight, y)
-        w = check_sample_weight(per_class if w is None else per_class * w, len(y))
+        per_class = compute_sample_weight(check_class_weight(class_weight), y)
+        name = "class_weight" if w is None else "class_weight × sample_weight"
+        with np.errstate(over="ignore"):
+            w = check_sample_weight(per_class if w is None else per_class * w, len(y), name=name)
     if all_data and w is not None:
         kept = np.unique(np.asarray(y)[w > 0])
         if len(kept) < 2:
-            raise ValueError(f"sample_weight leaves a positive weight to one class only ({kept.tolist()}): "
+            raise ValueError(f"{name} leaves a positive weight to one class only ({kept.tolist()}): "
                              "at least two classes are needed")
     return w
 
@@ -243,6 +283,44 @@ def check_groups(groups, n_samples):
     if len(array) != n_samples:
         raise ValueError(f"groups has {len(array)} entries but X has {n_samples} samples")
     return array
+
+
+def check_domain_sizes(groups, what):
+    """Refuse (ValueError) domains that all hold a single trial, warn (UserWarning) when
+    some do. ``groups``: the validated domain labels of a fit; ``what``: the step, for the
+    message.
+
+    A domain is re-centred by its own mean (domain batch norm, :class:`~skfedspd.Recenter`),
+    and the mean of one trial is that trial: it maps to the identity (to the batch norm's
+    bias), and everything it held is lost. When every domain is one trial nothing at all
+    reaches the layers after it (a BiMap before a domain batch norm never gets a gradient,
+    a re-centred set is all identities): the fit is refused, as it could only return its
+    starting point. When only some are, the others still train and the call goes on, with a
+    warning naming them.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.base import check_domain_sizes
+    >>> check_domain_sizes(np.array([0, 0, 1, 1]), "Recenter")  # nothing to say
+    >>> check_domain_sizes(np.arange(3), "Recenter")
+    Traceback (most recent call last):
+    ...
+    ValueError: groups gives each of the 3 domains a single trial: Recenter re-centres a domain by its own mean, \
+which maps a single trial to the identity, so nothing of the data would remain; group the trials by subject or \
+session (or pass groups=None: one domain)
+    """
+    labels, counts = np.unique(groups, return_counts=True)
+    single = labels[counts == 1]
+    if len(single) == len(labels):
+        raise ValueError(f"groups gives each of the {len(labels)} domains a single trial: {what} re-centres a domain "
+                         "by its own mean, which maps a single trial to the identity, so nothing of the data would "
+                         "remain; group the trials by subject or session (or pass groups=None: one domain)")
+    if len(single):
+        shown = ", ".join(repr(label) for label in single[:5].tolist()) + (" ..." if len(single) > 5 else "")
+        warnings.warn(f"{len(single)} of the {len(labels)} domains of groups hold a single trial ({shown}): {what} "
+                      "re-centres a domain by its own mean, which maps such a trial to the identity, so they "
+                      "contribute nothing", UserWarning, stacklevel=3)
 
 
 def resolve_groups(groups, subjects):
@@ -911,8 +989,13 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                checkpoints=None):
         """The one training loop (``fit``: ``max_epochs`` with the schedule; ``partial_fit``:
         one epoch at ``lr``). Appends one record per epoch to ``history_``, and each epoch's
-        parameters to ``checkpoints`` when it is a list."""
+        parameters to ``checkpoints`` when it is a list.
+
+        Raises RuntimeError when no minibatch of any epoch trained (every one had a
+        non-finite loss or gradient): the call would return its starting model as if
+        trained; ``fit`` and ``partial_fit`` then leave the estimator as it was."""
         epochs = _progress(range(n_epochs), self.verbose, type(self).__name__)
+        n_skipped, trained = 0, False
         for _ in epochs:
             lr = self.lr if schedule is None else schedule.lr
             for group in self._optimizer.param_groups:
@@ -921,6 +1004,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 loss, skipped = train_epochs(self.module_, self._optimizer, X_train, y_train, n_epochs=1,
                                              batch_size=self.batch_size, generator=generator, sample_weight=w_train)
             warn_skipped(skipped, f"epoch {len(self.history_)}")
+            n_skipped, trained = n_skipped + skipped, trained or not np.isnan(loss)
             val_loss, val_f1, val_loss_se = evaluate(self.module_, X_val, y_val, w_val, return_se=True)
             self.history_.append({"epoch": len(self.history_), "train_loss": loss, "val_loss": val_loss,
                                   "val_loss_se": val_loss_se, "val_f1": val_f1, "lr": lr, "skipped_batches": skipped})
@@ -932,6 +1016,10 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 schedule.step(val_f1, val_loss, self.module_.state_dict())
                 if schedule.should_stop:
                     break
+        if not trained:
+            raise RuntimeError(f"no minibatch trained: all {n_skipped} had a non-finite loss or gradient, so the "
+                               "model would be returned untrained; the estimator is left as it was. Check the input "
+                               "scaling and the weights (sample_weight, class_weight), or lower lr")
         self.n_iter_ = len(self.history_)
 
     def _checkpoint_rule(self, domains):

@@ -10,14 +10,16 @@ from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import _num_samples, check_is_fitted
 
-from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed, check_fitted_attributes,
-                   check_groups, decision_from_logits, proba_from_logits, resolve_groups)
+from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed, check_domain_sizes,
+                   check_fitted_attributes, check_groups, decision_from_logits, proba_from_logits, resolve_groups)
 from .nn import SPDNet, domain_codes
-from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, drop_domain_requests, log_euclidean_sum
+from .online import (DomainStatistics, DomainStatisticsMixin, check_prior_statistics, domain_labels,
+                     drop_domain_requests, log_euclidean_sum)
 from .training import predict_logits
 from .validation import Count, Sequence, is_count
 
 __all__ = ["SPDnetClassifier", "check_spd_batch", "spectral_summary", "input_range", "check_input_range",
+           "check_training_spread", "TRAINING_SCALE_SPREAD",
            "INPUT_RANGE_MARGIN", "auto_hidden_dim", "NO_PRIOR_WARNING", "HEAD_ON_RANDOM_WARNING"]
 
 #: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
@@ -231,6 +233,50 @@ def input_range(summary, previous=None):
         result = {name: [min(low, previous[name][0]), max(high, previous[name][1])]
                   for name, (low, high) in result.items()}
     return result
+
+
+#: The widest spread of scales (:func:`spectral_summary`'s ``log_scale``, in decades) that
+#: the training matrices of one ``fit`` or ``partial_fit`` call may have, unless
+#: ``scaling="trace"`` (:func:`check_training_spread`): twice the prediction margin
+#: (:data:`INPUT_RANGE_MARGIN`). PhysioNet motor imagery spans 1.5 decades over 6 subjects
+#: (within a subject, 0.2-0.4); data in two units (V² and µV²: 12 decades) do not pass.
+TRAINING_SCALE_SPREAD = 2 * INPUT_RANGE_MARGIN["log_scale"]
+
+
+def check_training_spread(summary, *, scale_invariant=False, what="X"):
+    """Refuse training matrices whose scales spread over more than
+    :data:`TRAINING_SCALE_SPREAD` decades (nothing is checked when ``scale_invariant``:
+    ``scaling="trace"`` divides each matrix by its trace).
+
+    Refused rather than warned about, for the reason prediction refuses a matrix beyond the
+    training range by more than :data:`INPUT_RANGE_MARGIN` (:func:`check_input_range`): one
+    scale (``scale_``) serves every matrix, so at such a spread no scale keeps all of them
+    within the margin of it, and ReEig clamps every eigenvalue of the smallest ones (their
+    trials train nothing) while the largest dominate: the data are in several units, or
+    some trials are faulty. Rescale them, or use ``scaling="trace"``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.classifier import check_training_spread, spectral_summary
+    >>> check_training_spread(spectral_summary(np.stack([np.eye(2), 1e5 * np.eye(2)])))
+    >>> check_training_spread(spectral_summary(np.stack([np.eye(2), 1e12 * np.eye(2)])))
+    Traceback (most recent call last):
+    ...
+    ValueError: X matrices 0 and 1 differ in scale (log10 of the geometric mean of their eigenvalues) by 12 \
+decades, more than the 6 accepted in one fit (TRAINING_SCALE_SPREAD): the data mix units (e.g. V² and µV²) or \
+hold faulty trials, and one scale cannot serve them all; rescale them, or use scaling='trace'
+    """
+    if scale_invariant:
+        return
+    scales = np.asarray(summary)[:, 0]
+    low, high = int(np.argmin(scales)), int(np.argmax(scales))
+    if scales[high] - scales[low] > TRAINING_SCALE_SPREAD:
+        raise ValueError(f"{what} matrices {min(low, high)} and {max(low, high)} differ in scale (log10 of the "
+                         f"geometric mean of their eigenvalues) by {scales[high] - scales[low]:.3g} decades, more "
+                         f"than the {TRAINING_SCALE_SPREAD:g} accepted in one fit (TRAINING_SCALE_SPREAD): the data "
+                         "mix units (e.g. V² and µV²) or hold faulty trials, and one scale cannot serve them all; "
+                         "rescale them, or use scaling='trace'")
 
 
 def check_input_range(summary, fitted_range, *, scale_invariant=False, what="X"):
@@ -608,9 +654,11 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
         with self._atomic():
             previous = getattr(self, "input_range_", None) if warm else None
+            summary = spectral_summary(X)
+            check_training_spread(summary, scale_invariant=self.scaling == "trace")
             self._fit(X, y, domains, sample_weight=sample_weight)
             # the training range grows with every fit that continues this model
-            self.input_range_ = input_range(spectral_summary(X), previous)
+            self.input_range_ = input_range(summary, previous)
             # New weights: the statistics of the old ones (domains, prior) no longer apply.
             self.domain_statistics_ = None
             if self.batchnorm == "domain":
@@ -632,8 +680,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         if first and self.trainable == "head":
             warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
         previous = None if first else getattr(self, "input_range_", None)
+        summary = spectral_summary(X)
+        check_training_spread(summary, scale_invariant=self.scaling == "trace")
         super().partial_fit(X, y, classes=classes, sample_weight=sample_weight)
-        self.input_range_ = input_range(spectral_summary(X), previous)  # grows with every batch
+        self.input_range_ = input_range(summary, previous)  # grows with every batch
         self.domain_statistics_ = None
         return self
 
@@ -856,7 +906,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         without groups (one domain). See :meth:`TorchClassifierBase.fit_domains`."""
         if self.batchnorm != "domain" or groups is None:
             return None
-        return domain_codes(groups, n_samples)
+        codes = domain_codes(groups, n_samples)
+        check_domain_sizes(np.asarray(groups), "domain batch norm")
+        return codes
 
     # ------------------------------------------------------------------ domains (batchnorm="domain")
     def _get_metadata_request(self):
@@ -1030,6 +1082,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         batch-norm layer (the statistics of :meth:`domain_prior_statistics`, possibly
         summed over sites). Stored domains keep their statistics.
 
+        Raises
+        ------
+        ValueError
+            Naming ``log_sums[i]`` or ``count`` (:func:`~skfedspd.online.check_prior_statistics`):
+            one finite symmetric matrix per batch-norm layer, a whole count >= 1, a
+            log-mean within :data:`~skfedspd.online.PRIOR_LOG_BOUND`. The model is then
+            unchanged.
+
         Returns
         -------
         self
@@ -1037,10 +1097,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         check_is_fitted(self)
         self._check_domain_support("set_domain_prior")
         stats = self._domain_statistics()
-        sizes = [(n, n) for n in stats.sizes]
-        if [np.shape(S) for S in log_sums] != sizes or not count > 0:
-            raise ValueError(f"the prior needs one log-sum per batch-norm layer of shapes {sizes} and a positive "
-                             f"count, got shapes {[np.shape(S) for S in log_sums]} and count {count}")
+        log_sums, count = check_prior_statistics(log_sums, count, stats.sizes)
         stats.set_prior(log_sums, count)
         self.domain_statistics_ = stats
         return self

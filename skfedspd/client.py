@@ -153,7 +153,10 @@ class Site:
             if unknown:
                 raise ValueError(f"this site holds labels {unknown} that are not in the agreed classes "
                                  f"{setup['classes']}")
-        w = site_training_weights(est, y, sample_weight)
+        try:
+            w = site_training_weights(est, y, sample_weight)
+        except ValueError as error:  # e.g. a site whose weights are all zero: say which site
+            raise ValueError(f"client {int(client_id)}: {error}") from None
         if w is not None and setup.get("private"):
             raise ValueError(DP_SAMPLE_WEIGHT_ERROR)
         # The split sees the labels only through their order and counts: the site's own label

@@ -35,7 +35,7 @@ import numpy as np
 from .aggregation import RobustAggregation, client_distances, client_weights, get_aggregation, rule_name
 from .messages import EvalReply, TrainReply
 from .server_optimizer import is_identity_step, server_step
-from .stiefel import orthonormality_error
+from .stiefel import orthonormality_error, orthonormality_problem, stiefel_tolerance
 from .training import PlateauSchedule, derive_seed
 from .validation import is_count, is_positive
 
@@ -52,7 +52,6 @@ __all__ = [
 
 STATE_VERSION = 1
 _SCHEDULE_CONFIG = ("patience", "lr_patience", "lr_factor", "min_lr")
-_STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
 # A client's weight is summed at set-up (numpy) and after training (torch): the order of
 # the summands may differ, not more.
 _WEIGHT_RTOL = 1e-9
@@ -80,19 +79,6 @@ def n_selected(clients_per_round, n_clients):
     if isinstance(m, numbers.Real) and 0 < m <= 1:
         return max(1, int(np.floor(m * n_clients)))
     raise ValueError(f"clients_per_round must be None, an int or a float in (0, 1], got {m!r}")
-
-
-def stiefel_tolerance(dtype, n_columns):
-    """Largest accepted ``‖WᵀW − I‖_F`` for a Stiefel array of this dtype and width.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.engine import stiefel_tolerance
-    >>> float(stiefel_tolerance(np.float64, 4)), float(stiefel_tolerance(np.float32, 4))
-    (2e-06, 0.002)
-    """
-    return _STIEFEL_TOL.get(np.dtype(dtype), 1e-3) * np.sqrt(n_columns)
 
 
 def _is_real(value):
@@ -179,17 +165,30 @@ def _check_arrays(arrays, template, *, what):
 def _check_stiefel(arrays, kinds, what):
     for name, kind in kinds.items():
         if kind == "stiefel":
-            W = arrays[name]
-            error, tol = orthonormality_error(W), stiefel_tolerance(W.dtype, W.shape[-1])
-            if not error <= tol:
-                return f"{what}[{name!r}] is not orthonormal: ‖WᵀW − I‖ = {error:.3g} > {tol:.3g}"
+            problem = orthonormality_problem(arrays[name])
+            if problem:
+                return f"{what}[{name!r}] {problem}"
     return None
 
 
-def check_aggregate(name, output, template, kinds):
-    """Raise ValueError (naming the rule) if an aggregation rule's output is not a valid
-    global model: the non-local names exactly, their shapes, finite floating arrays,
-    orthonormal Stiefel arrays.
+#: An aggregate's Euclidean array may be at most this many times ``1 + ‖broadcast‖ +
+#: max_i ‖client_i‖`` in norm (:func:`check_aggregate`). Every built-in rule returns a
+#: weighted mean, a coordinate-wise median or trimmed mean, or FLTrust's broadcast plus
+#: rescaled updates: at most about ``‖broadcast‖ + max_i ‖client_i‖``, ten times below.
+AGGREGATE_NORM_FACTOR = 10.0
+
+
+def _copies(arrays):
+    """A copy of each array of a dict (what a rule receives: it cannot change the engine's)."""
+    return {n: np.array(v, copy=True) for n, v in arrays.items()}
+
+
+def check_aggregate(name, output, template, kinds, *, previous=None, client_params=None):
+    """Raise ValueError (naming the rule and the array) if an aggregation rule's output is
+    not a valid global model: the non-local names exactly, their shapes, finite floating
+    arrays, orthonormal Stiefel arrays; with ``previous`` (the broadcast) and
+    ``client_params`` (what the rule aggregated), Euclidean arrays of norm at most
+    :data:`AGGREGATE_NORM_FACTOR` ``· (1 + ‖previous‖ + max_i ‖client_i‖)``.
 
     Examples
     --------
@@ -205,6 +204,16 @@ def check_aggregate(name, output, template, kinds):
     expected = {n: (template[n][0], None) for n, kind in kinds.items() if kind != "local"}
     reason = _check_arrays(output, expected, what="its arrays") or _check_stiefel(
         output, {n: k for n, k in kinds.items() if n in expected}, "its arrays")
+    if reason is None and previous is not None:
+        for n, kind in kinds.items():
+            if kind == "euclidean":
+                largest = max((np.linalg.norm(p[n]) for p in client_params or ()), default=0.0)
+                bound = AGGREGATE_NORM_FACTOR * (1 + np.linalg.norm(previous[n]) + largest)
+                norm = np.linalg.norm(np.asarray(output[n], dtype=np.float64))
+                if not norm <= bound:
+                    reason = (f"its arrays[{n!r}] has norm {norm:.3g} > {AGGREGATE_NORM_FACTOR:g}·(1 + ‖broadcast‖ "
+                              f"+ largest client's) = {bound:.3g}")
+                    break
     if reason:
         raise ValueError(f"aggregation rule {name!r} returned an invalid global model: {reason}")
 
@@ -617,16 +626,20 @@ class FederatedEngine:
                 return f"train-loss {reply.loss!r} is released in DP mode (NaN expected: it is outside the budget)"
         elif not (_is_real(loss) and ((np.isfinite(loss) and loss >= 0) or (np.isnan(loss) and reply.n_skipped > 0))):
             return f"train-loss {reply.loss!r} is not a finite number >= 0 (NaN only if batches were skipped)"
-        reason = _check_arrays(reply.params, self.template, what="arrays") or _check_stiefel(
-            reply.params, self.kinds, "arrays")
-        if reason or self.max_update_norm is None:
-            return reason
+        return (_check_arrays(reply.params, self.template, what="arrays")
+                or _check_stiefel(reply.params, self.kinds, "arrays") or self._update_problem(reply.params, "arrays"))
+
+    def _update_problem(self, params, what):
+        """Why ``params`` moved farther than ``max_update_norm·(1 + ‖broadcast‖)`` from the
+        broadcast in some non-local array, or None (or None when that bound is off)."""
+        if self.max_update_norm is None:
+            return None
         for name, kind in self.kinds.items():
             if kind != "local":
                 g = self.global_params[name]
-                step, bound = np.linalg.norm(reply.params[name] - g), self.max_update_norm * (1 + np.linalg.norm(g))
+                step, bound = np.linalg.norm(params[name] - g), self.max_update_norm * (1 + np.linalg.norm(g))
                 if not step <= bound:
-                    return f"arrays[{name!r}] moved by {step:.3g} > max_update_norm·(1 + ‖broadcast‖) = {bound:.3g}"
+                    return f"{what}[{name!r}] moved by {step:.3g} > max_update_norm·(1 + ‖broadcast‖) = {bound:.3g}"
         return None
 
     def check_eval_reply(self, cid, reply):
@@ -676,22 +689,26 @@ class FederatedEngine:
         weights = client_weights(n_samples, self.weighting)
         client_params = [r.params for _, r in accepted]
         previous, agreement = self._previous(), None
+
+        def inputs():  # copies: a rule that writes into what it receives changes nothing of the engine's
+            return [_copies(p) for p in client_params], np.array(weights, copy=True), _copies(previous), dict(self.kinds)
+
         if getattr(self.rule, "needs_reference", False):
             reference = self.reference(t)
-            new_global, effective_weights = self.rule.aggregate(client_params, weights, previous, self.kinds,
-                                                                reference=reference)
-            agreement = self.rule.agreement(client_params, reference, previous, self.kinds)
+            new_global, effective_weights = self.rule.aggregate(*inputs(), reference=_copies(reference))
+            clients, _, prev, kinds = inputs()
+            agreement = self.rule.agreement(clients, _copies(reference), prev, kinds)
         elif isinstance(self.rule, RobustAggregation):
-            new_global, effective_weights = self.rule.aggregate(client_params, weights, previous, self.kinds)
+            new_global, effective_weights = self.rule.aggregate(*inputs())
         else:
-            new_global, effective_weights = self.rule(client_params, weights, previous, self.kinds), None
+            new_global, effective_weights = self.rule(*inputs()), None
         local_names = [n for n, kind in self.kinds.items() if kind == "local"]
         local_states = {cid: {n: reply.params[n] for n in local_names} for cid, reply in accepted} if local_names else {}
         losses = np.array([r.loss for _, r in accepted], dtype=np.float64)
         train_loss = float(np.average(losses, weights=weights)) if np.isfinite(losses).all() else float("nan")
         record = self._commit(t, new_global, [cid for cid, _ in accepted], n_samples, failed, train_loss,
                               int(sum(r.n_skipped for _, r in accepted)), local_states,
-                              diagnostics=(client_params, weights, effective_weights, agreement))
+                              diagnostics=(client_params, weights, effective_weights, agreement), aggregated=client_params)
         self.client_optimizer_states.update({cid: r.optimizer_state for cid, r in accepted
                                              if r.optimizer_state is not None})
         return record
@@ -748,11 +765,15 @@ class FederatedEngine:
         if reason:
             raise RuntimeError(f"round {t}: the secure sum of clients {clients} is invalid: {reason}")
         mean = {n: np.asarray(v, dtype=np.float64) / weight for n, v in summed.items()}
+        # each client's update is at most max_update_norm·(1 + ‖θ‖): so is their weighted mean
+        reason = self._update_problem(mean, "the summed arrays' mean")
+        if reason:
+            raise RuntimeError(f"round {t}: the secure sum of clients {clients} is invalid: {reason}")
         new_global = SUM_RULES[self.rule_name](mean, self._previous(), self.kinds)
         train_loss = float("nan") if np.rint(n_nan_loss) > 0 else max(0.0, float(loss / weight))
         n_samples = [n_total if total_weight is None else _as_number(total_weight)]
         return self._commit(t, new_global, clients, n_samples, failed, train_loss, int(np.rint(n_skipped)),
-                            pooled_local=pooled_local)
+                            pooled_local=pooled_local, aggregated=[mean])
 
     def reference(self, t):
         """The server's own update of round ``t`` (the parameters :attr:`reference_update`
@@ -772,19 +793,28 @@ class FederatedEngine:
         return {n: v for n, v in self.global_params.items() if self.kinds[n] != "local"}
 
     def _commit(self, t, new_global, clients, n_samples, failed, train_loss, skipped, local_states=None,
-                pooled_local=None, diagnostics=None):
+                pooled_local=None, diagnostics=None, aggregated=()):
         """Check the rule's output; only then make it the global model (with the clients'
         new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record.
         ``diagnostics``: ``(client_params, weights, effective_weights or None, agreement or
-        None)`` of the accepted clients, for the record's robustness entries (None: only sums were seen)."""
-        check_aggregate(self.rule_name, new_global, self.template, self.kinds)
+        None)`` of the accepted clients, for the record's robustness entries (None: only sums were seen);
+        ``aggregated``: what the rule aggregated (the clients' arrays, or their mean), which
+        bounds the size of its output (:func:`check_aggregate`). A refused output raises,
+        whatever the failure policy: it cannot be traced to a client."""
         previous = self._previous()
+        check_aggregate(self.rule_name, new_global, self.template, self.kinds, previous=previous,
+                        client_params=aggregated)
         new_global = {n: new_global[n] for n in previous}
         robustness = _robustness_entries(clients, new_global, self.kinds, diagnostics)
         momentum = self.server_momentum_buffer
         if not is_identity_step(self.server_lr, self.server_momentum):
             new_global, momentum = server_step(new_global, previous, momentum, self.kinds, lr=self.server_lr,
                                                beta=self.server_momentum)
+            reason = _check_arrays(new_global, {n: (self.template[n][0], None) for n in previous},
+                                   what="the server step's arrays")
+            if reason:
+                raise ValueError(f"round {t}: server_lr={self.server_lr!r}, server_momentum={self.server_momentum!r} "
+                                 f"gave an invalid global model: {reason}")
         self.local_states.update(local_states or {})
         for name, kind in self.kinds.items():
             if kind == "local":

@@ -26,7 +26,7 @@ from .functional import (
     sqrtm_invsqrtm,
     vech,
 )
-from .stiefel import polar, polar_newton_schulz, random_stiefel, tangent_project
+from .stiefel import orthonormality_problem, polar, polar_newton_schulz, random_stiefel, tangent_project
 
 __all__ = [
     "BiMap",
@@ -716,19 +716,37 @@ class FederatedModule(nn.Module):
         )
 
     def set_parameters(self, arrays):
-        """Load named arrays (a subset of :meth:`parameter_kinds` is allowed)."""
+        """Load named arrays (a subset of :meth:`parameter_kinds` is allowed).
+
+        Every array is checked before any is loaded, so a refused call changes nothing:
+        a known name, the parameter's shape, real finite values, and for a ``"stiefel"``
+        array orthonormal columns within :func:`~skfedspd.stiefel.stiefel_tolerance` of the
+        module's dtype (a non-orthonormal array would otherwise be silently replaced by its
+        polar factor). ``KeyError`` for an unknown name, ``ValueError`` naming the array
+        otherwise.
+        """
         kinds = self.parameter_kinds()
         unknown = set(arrays) - set(kinds)
         if unknown:
             raise KeyError(f"unknown parameter names: {sorted(unknown)}")
         state = self._loadable_state()
+        checked = {}
+        for name, value in arrays.items():
+            value = np.asarray(value)
+            if value.shape != tuple(state[name].shape):
+                raise ValueError(f"parameter {name!r} has shape {value.shape}, expected {tuple(state[name].shape)}")
+            if value.dtype.kind not in "fiu" or not np.isfinite(value).all():
+                raise ValueError(f"parameter {name!r} must be a finite real array, got dtype {value.dtype}"
+                                 + (f" with {int((~np.isfinite(value)).sum())} non-finite values"
+                                    if value.dtype.kind == "f" else ""))
+            if kinds[name] == "stiefel":
+                dtype = np.float32 if state[name].dtype == torch.float32 else np.float64
+                problem = orthonormality_problem(value.astype(np.float64, copy=False), dtype)
+                if problem:
+                    raise ValueError(f"parameter {name!r} {problem}")
+            checked[name] = value
         with torch.no_grad():
-            for name, value in arrays.items():
-                value = np.asarray(value)
-                if value.shape != tuple(state[name].shape):
-                    raise ValueError(
-                        f"parameter {name!r} has shape {value.shape}, expected {tuple(state[name].shape)}"
-                    )
+            for name, value in checked.items():
                 self._load_array(name, torch.as_tensor(value), state)
 
     def _exported_state(self):

@@ -42,6 +42,8 @@ from sklearn.utils.validation import check_is_fitted
 from .functional import expm_sym, logeig
 
 __all__ = [
+    "PRIOR_LOG_BOUND",
+    "check_prior_statistics",
     "RunningMean",
     "DomainStatistics",
     "DomainUpdate",
@@ -259,6 +261,77 @@ def log_euclidean_sum(Z):
     tensor([2., 2.], dtype=torch.float64)
     """
     return logeig(Z).sum(0)
+
+
+#: The largest accepted ``|eigenvalue|`` of a domain prior's log-mean ``log_sums[i] / count``
+#: (:func:`check_prior_statistics`): the prior's eigenvalues lie in ``[e^-50, e^50]``. The
+#: batch-norm inputs of a model on scaled EEG stay far inside: on PhysioNet motor imagery
+#: (6 subjects, 2 classes, 64 channels, ``hidden_dims`` 8 or 18) each subject's log-mean
+#: has a spectral norm of 3.1-5.9. ``e^50`` and its inverse square root are far from
+#: overflowing even in float32, whose ``exp`` overflows beyond 88.
+PRIOR_LOG_BOUND = 50.0
+
+
+def check_prior_statistics(log_sums, count, sizes, *, bound=PRIOR_LOG_BOUND):
+    """The additive statistics of a domain prior (``(log_sums, count)`` of
+    :meth:`~skfedspd.SPDnetClassifier.domain_prior_statistics`, a site's reply or their
+    sum), validated: one real finite symmetric ``log_sums[i]`` of shape ``(sizes[i],
+    sizes[i])`` per layer (symmetric to ``1e-5`` of its largest entry: float32 sums), a
+    ``count`` that is a finite integer-valued number >= 1 (not a boolean), and a log-mean
+    ``log_sums[i] / count`` whose eigenvalues are at most ``bound`` in absolute value
+    (:data:`PRIOR_LOG_BOUND`: beyond it the prior, ``exp`` of it, is not the mean of any
+    scaled data and overflows or loses every digit). Costs one ``d×d`` eigendecomposition
+    per layer: it runs where the statistics enter, never per trial.
+
+    Returns
+    -------
+    log_sums : list of ndarray of float64
+    count : int
+
+    Raises
+    ------
+    ValueError
+        Naming ``log_sums[i]`` or ``count`` and what was expected.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.online import check_prior_statistics
+    >>> sums, count = check_prior_statistics([np.eye(2)], 3, [2])
+    >>> count
+    3
+    >>> check_prior_statistics([1e6 * np.eye(2)], 1, [2])
+    Traceback (most recent call last):
+    ...
+    ValueError: log_sums[0] / count has an eigenvalue of absolute value 1e+06 > 50 (PRIOR_LOG_BOUND): \
+the prior exp(log_sums[0] / count) would have eigenvalues beyond e^±50, which no scaled data give
+    """
+    if isinstance(count, np.ndarray) and count.shape == ():
+        count = count.item()
+    if (isinstance(count, (bool, np.bool_)) or not isinstance(count, (int, float, np.integer, np.floating))
+            or not np.isfinite(count) or count < 1 or count != int(count)):
+        raise ValueError(f"count must be a finite whole number >= 1 (the trials the sums are over), got {count!r}")
+    if isinstance(log_sums, (str, bytes, dict)) or not hasattr(log_sums, "__len__") or len(log_sums) != len(sizes):
+        raise ValueError(f"log_sums must hold one matrix per batch-norm layer ({len(sizes)}), got "
+                         f"{type(log_sums).__name__} of length {len(log_sums) if hasattr(log_sums, '__len__') else '?'}")
+    count, checked = int(count), []
+    for i, (S, n) in enumerate(zip(log_sums, sizes)):
+        S = np.asarray(S)
+        if S.dtype.kind not in "fiu" or S.shape != (n, n):
+            raise ValueError(f"log_sums[{i}] must be a real ({n}, {n}) matrix, got dtype {S.dtype} shape {S.shape}")
+        S = S.astype(np.float64)
+        if not np.isfinite(S).all():
+            raise ValueError(f"log_sums[{i}] has {int((~np.isfinite(S)).sum())} non-finite values")
+        asym = float(np.abs(S - S.T).max())
+        if asym > 1e-5 * max(float(np.abs(S).max()), np.finfo(np.float64).tiny):
+            raise ValueError(f"log_sums[{i}] is not symmetric: max |S - Sᵀ| = {asym:.3g}")
+        largest = float(np.abs(np.linalg.eigvalsh(S / count)).max())
+        if not largest <= bound:
+            raise ValueError(f"log_sums[{i}] / count has an eigenvalue of absolute value {largest:.3g} > {bound:g} "
+                             f"(PRIOR_LOG_BOUND): the prior exp(log_sums[{i}] / count) would have eigenvalues beyond "
+                             f"e^±{bound:g}, which no scaled data give")
+        checked.append(S)
+    return checked, count
 
 
 class DomainStatistics:

@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from .base import check_groups, resolve_groups
+from .base import check_domain_sizes, check_groups, resolve_groups
 from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_input_range, check_spd_batch, input_range
 from .functional import karcher_mean, sqrtm_invsqrtm
 from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, log_euclidean_sum
@@ -226,11 +226,14 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         self.domain_include_self = domain_include_self
         self.max_domains = max_domains
 
-    def _fit(self, X, groups):
+    def _fit(self, X, groups, *, transforming=False):
         """Validated ``X``; sets ``n_features_in_``, ``input_range_`` and the prior,
-        forgets stored domains."""
+        forgets stored domains. ``transforming`` (``fit_transform``): the groups are
+        re-centred, :func:`~skfedspd.base.check_domain_sizes` first."""
         X, summary = check_spd_batch(X, return_summary=True)
         _group_labels(groups, len(X))
+        if transforming and groups is not None:
+            check_domain_sizes(np.asarray(groups), "Recenter")
         with torch.no_grad():
             log_sum = log_euclidean_sum(torch.as_tensor(X))
         stats = DomainStatistics([X.shape[1]], torch.float64)
@@ -269,9 +272,11 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     @_fit_context(prefer_skip_nested_validation=True)
     def fit_transform(self, X, y=None, groups=None, subjects=None):
         """``fit(X, y, groups)``, then each training group re-centred by its own Riemannian
-        mean (``subjects``: alias of ``groups``, as in :meth:`fit`)."""
+        mean (``subjects``: alias of ``groups``, as in :meth:`fit`). A group of one trial
+        would be the identity: refused when every group is one trial, warned about when
+        some are (:func:`~skfedspd.base.check_domain_sizes`)."""
         groups = resolve_groups(groups, subjects)
-        return recenter_groups(self._fit(X, groups), groups)
+        return recenter_groups(self._fit(X, groups, transforming=True), groups)
 
     def _update(self, X, domain, groups, *, keep):
         """Validate, add the trials of ``X`` to their domains in order; return ``(X, update)``

@@ -23,6 +23,8 @@ __all__ = [
     "lift",
     "random_stiefel",
     "orthonormality_error",
+    "orthonormality_problem",
+    "stiefel_tolerance",
     "stiefel_exp",
     "stiefel_log",
 ]
@@ -254,6 +256,44 @@ def orthonormality_error(W):
         eye = torch.eye(k, dtype=W.dtype, device=W.device)
         return float(torch.linalg.matrix_norm(_t(W) @ W - eye).max())
     return float(np.max(np.linalg.norm(_t(W) @ W - np.eye(k), axis=(-2, -1))))
+
+
+_STIEFEL_TOL = {np.dtype(np.float64): 1e-6, np.dtype(np.float32): 1e-3}
+
+
+def stiefel_tolerance(dtype, n_columns):
+    """Largest accepted ``‖WᵀW − I‖_F`` for a Stiefel array of this dtype and width
+    (``1e-6·√k`` in float64, ``1e-3·√k`` in float32).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.stiefel import stiefel_tolerance
+    >>> float(stiefel_tolerance(np.float64, 4)), float(stiefel_tolerance(np.float32, 4))
+    (2e-06, 0.002)
+    """
+    return _STIEFEL_TOL.get(np.dtype(dtype), 1e-3) * np.sqrt(n_columns)
+
+
+def orthonormality_problem(W, dtype=None):
+    """Why ``W`` is not an orthonormal frame within :func:`stiefel_tolerance` of ``dtype``
+    (default: ``W``'s), or None: the one orthonormality check of an array that enters a
+    model (a site's reply, an aggregate, ``set_parameters``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.stiefel import orthonormality_problem
+    >>> orthonormality_problem(np.eye(3)[:, :2]) is None
+    True
+    >>> orthonormality_problem(np.ones((3, 2)))
+    'is not orthonormal: ‖WᵀW − I‖ = 5.1 > 1.41e-06'
+    """
+    error = orthonormality_error(W)
+    tol = stiefel_tolerance(W.dtype if dtype is None else dtype, W.shape[-1])
+    if not error <= tol:
+        return f"is not orthonormal: ‖WᵀW − I‖ = {error:.3g} > {tol:.3g}"
+    return None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from flwr.supercore import log
 
 from .. import spec as _spec
 from ..messages import SetupReply
+from ..online import check_prior_statistics
 from ..run import FederatedRun
 from ..validation import is_count
 from .records import from_array_record, to_array_record
@@ -136,25 +137,22 @@ def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, tim
 
 
 def _read_prior_reply(reply, shapes, cid):
-    """``(log-sums, count)`` of one site's prior reply, checked: a finite symmetric
-    ``log-sum.i`` of each batch-norm layer's shape and an integer ``count`` >= 1, nothing
-    else; a ValueError naming the client otherwise."""
+    """``(log-sums, count)`` of one site's prior reply, checked: the arrays ``log-sum.i``
+    (one per batch-norm layer) and ``count``, nothing else, valid statistics of a prior
+    (:func:`~skfedspd.online.check_prior_statistics`: finite, symmetric, a whole count >= 1,
+    a log-mean within :data:`~skfedspd.online.PRIOR_LOG_BOUND`); a ValueError naming the
+    client and the field otherwise."""
     names = [f"log-sum.{i}" for i in range(len(shapes))]
-    count = reply.get("count")
-    problem = None
     if set(reply) != {*names, "count"}:
-        problem = f"arrays {sorted(reply)}, expected {[*names, 'count']}"
-    elif np.shape(count) != () or not is_count(count.item(), 1):
-        problem = f"count {count!r} (an integer >= 1)"
-    else:
-        for name, shape in zip(names, shapes):
-            S = reply[name]
-            if S.shape != shape or not np.all(np.isfinite(S)) or not np.allclose(S, S.T):
-                problem = f"{name} of shape {S.shape}, expected a finite symmetric {shape}"
-                break
-    if problem is not None:
-        raise ValueError(f"client {cid} sent a malformed domain prior reply: {problem}")
-    return [reply[name] for name in names], int(count)
+        raise ValueError(f"client {cid} sent a malformed domain prior reply: arrays {sorted(reply)}, expected "
+                         f"{[*names, 'count']}")
+    count = reply["count"]
+    if np.shape(count) != () or not is_count(count.item(), 1):
+        raise ValueError(f"client {cid} sent a malformed domain prior reply: count {count!r} (an integer >= 1)")
+    try:
+        return check_prior_statistics([reply[name] for name in names], count, [n for n, _ in shapes])
+    except ValueError as error:
+        raise ValueError(f"client {cid} sent a malformed domain prior reply: {error}") from None
 
 
 def serve(fed, grid, *, n_sites, run=None, estimator_factory=None, timeout=3600.0, connect_timeout=600.0,
