@@ -148,6 +148,7 @@ def test_core_does_not_import_flower_and_flower_uses_the_engine():
 #: only modules of lower layers, lazy imports included. The Flower modules sit where their
 #: imports put them: the transport below the estimator, the deployment tools above it.
 LAYERS = [
+    {"validation"},
     {"functional", "stiefel", "messages", "spec", "training", "datasets",
      "flower.records", "flower.progress", "flower.runtime", "flower.simulation"},
     {"nn", "aggregation", "server_optimizer", "online", "persistence"},
