@@ -18,7 +18,8 @@ from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_random_state
 
 __all__ = ["train_epochs", "minibatches", "evaluate", "macro_f1", "PlateauSchedule", "Settings", "EpochSchedule", "RoundSchedule",
-           "seeded_torch", "derive_seed", "draw_seed", "torch_threads", "optimizer_arrays", "load_optimizer_arrays"]
+           "seeded_torch", "derive_seed", "draw_seed", "torch_threads", "optimizer_arrays", "load_optimizer_arrays",
+           "check_optimizer_settings"]
 
 
 def derive_seed(*entropy):
@@ -286,9 +287,66 @@ def load_optimizer_arrays(optimizer, arrays, param_groups=None, prefix=""):
                              f"{tuple(params[int(index)].shape)}")
         if value.dtype.kind != "f" or not np.isfinite(value).all():
             raise ValueError(f"optimizer state {key!r} is not a finite floating array")
+        if name in ("step", "exp_avg_sq") and (value < 0).any():  # a square root of it divides each step
+            raise ValueError(f"optimizer state {key!r} has negative values; a step count and a mean of squared "
+                             "gradients are >= 0")
         state.setdefault(int(index), {})[name] = torch.from_numpy(np.array(value, copy=True))
     groups = optimizer.state_dict()["param_groups"] if param_groups is None else param_groups
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _is_finite_real(value):
+    return isinstance(value, Real) and not isinstance(value, (bool, np.bool_)) and bool(np.isfinite(value))
+
+
+#: The settings of a saved Adam parameter group (:func:`check_optimizer_settings`): name →
+#: (test, what it must be). The estimators train with Adam's defaults at the learning rate they
+#: set every epoch; the flags of the variants they never use must be off (``maximize`` would
+#: turn training into gradient ascent).
+ADAM_SETTINGS = {
+    "lr": (lambda v: _is_finite_real(v) and v > 0, "a finite number > 0"),
+    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+              and all(_is_finite_real(b) and 0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    "eps": (lambda v: _is_finite_real(v) and v > 0, "a finite number > 0"),
+    "weight_decay": (lambda v: _is_finite_real(v) and v >= 0, "a finite number >= 0"),
+    **{flag: (lambda v: v is False, "false")
+       for flag in ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")},
+    **{flag: (lambda v: v is None or v is False, "null or false") for flag in ("foreach", "fused")},
+}
+
+
+def check_optimizer_settings(param_groups, fresh_groups):
+    """Validate saved Adam ``param_groups`` against those of a fresh optimizer of the same
+    parameters (``fresh_groups``): the same groups, parameters and setting names, and each
+    setting of :data:`ADAM_SETTINGS` valid (any other, of a later torch, equal to the fresh one).
+
+    Raises
+    ------
+    ValueError
+        Naming the group and the setting.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.training import check_optimizer_settings
+    >>> fresh = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))]).state_dict()["param_groups"]
+    >>> check_optimizer_settings([dict(fresh[0], betas=[0.9, 0.99])], fresh)
+    >>> check_optimizer_settings([dict(fresh[0], maximize=True)], fresh)
+    Traceback (most recent call last):
+    ...
+    ValueError: optimizer setting 'maximize' of parameter group 0 must be false, got True
+    """
+    if not isinstance(param_groups, list) or len(param_groups) != len(fresh_groups):
+        raise ValueError("the optimizer state does not match the module's parameters")
+    for i, (group, fresh) in enumerate(zip(param_groups, fresh_groups)):
+        if not isinstance(group, dict) or set(group) != set(fresh) or group["params"] != fresh["params"]:
+            raise ValueError("the optimizer state does not match the module's parameters")
+        for name, value in group.items():
+            if name == "params":
+                continue
+            test, what = ADAM_SETTINGS.get(name, (lambda v, f=fresh[name]: v == f, repr(fresh[name])))
+            if not test(value):
+                raise ValueError(f"optimizer setting {name!r} of parameter group {i} must be {what}, got {value!r}")
 
 
 def cross_entropy(logits, y, sample_weight=None):
