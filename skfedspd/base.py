@@ -24,6 +24,7 @@ from .aggregation import projavg
 from .nn import DomainBatch
 from .training import (
     EpochSchedule,
+    check_optimizer_array,
     check_optimizer_settings,
     derive_seed,
     draw_seed,
@@ -854,9 +855,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 if not name.startswith("rng.") and not (value.dtype.kind in "biuf" and np.isfinite(value).all()):
                     raise ValueError(f"array {name!r} is not finite numbers")
             optimizer = meta.get("optimizer")
-            if optimizer is not None and (not isinstance(optimizer, list)
-                                          or not all(isinstance(group, dict) for group in optimizer)):
-                raise ValueError(f"the optimizer state must be a list of parameter groups, got {optimizer!r}")
+            if optimizer is not None:
+                check_optimizer_settings(optimizer)  # the values; the names against the network's, once built
+            for name, value in arrays.items():
+                if name.startswith("optimizer."):
+                    check_optimizer_array(name, value)
             for name, value in attributes.items():
                 setattr(self, name, value)
             module_arrays = {k[7:]: v for k, v in arrays.items() if k.startswith("module.")}
@@ -1057,8 +1060,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         with self._atomic():
             warm = self.warm_start and self.__sklearn_is_fitted__()
             if warm:  # check_inputs(reset=True) runs check_params otherwise
-                self.check_params()
                 self.check_fitted_params()
+                self.check_params()
             X = self.check_inputs(X, reset=not warm)
             y = _check_labels(y, len(X))
             if not warm:
@@ -1130,6 +1133,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"classes={np.unique(classes).tolist()} differs from the classes of the "
                                  f"previous calls, {self.classes_.tolist()}")
             if not first:
+                self.check_fitted_params()
                 self.check_params()
             X = self.check_inputs(X, reset=first)
             if first:
