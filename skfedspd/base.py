@@ -1060,8 +1060,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         with self._atomic():
             warm = self.warm_start and self.__sklearn_is_fitted__()
             if warm:  # check_inputs(reset=True) runs check_params otherwise
+                self.check_params()  # an invalid value: its own error first, then a valid but changed one
                 self.check_fitted_params()
-                self.check_params()
             X = self.check_inputs(X, reset=not warm)
             y = _check_labels(y, len(X))
             if not warm:
@@ -1133,7 +1133,6 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"classes={np.unique(classes).tolist()} differs from the classes of the "
                                  f"previous calls, {self.classes_.tolist()}")
             if not first:
-                self.check_fitted_params()
                 self.check_params()
             X = self.check_inputs(X, reset=first)
             if first:

@@ -303,11 +303,8 @@ def save_estimator(estimator, path):
     meta["estimator"]["params"].update(dict.fromkeys(getattr(estimator, "_local_paths", ())))
     arrays = {}
     try:
-        fitted = estimator.__sklearn_is_fitted__()
-        if fitted and hasattr(estimator, "check_fitted_params"):
-            estimator.check_fitted_params()  # first: "set it back" says more than a parameter's own error
         estimator.check_params()
-        if fitted:
+        if estimator.__sklearn_is_fitted__():
             arrays, meta["state"] = estimator.fitted_state()
             meta["fitted"] = True
             # what load_estimator does, on what would be written (JSON and back, as in the file)
