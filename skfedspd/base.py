@@ -24,6 +24,8 @@ from .aggregation import projavg
 from .nn import DomainBatch
 from .training import (
     EpochSchedule,
+    check_optimizer_array,
+    check_optimizer_settings,
     derive_seed,
     draw_seed,
     evaluate,
@@ -37,10 +39,69 @@ from .training import (
 )
 from .validation import Count, is_count
 
-__all__ = ["TorchClassifierBase", "check_class_weight", "check_domain_sizes", "check_groups", "check_label_values",
-           "check_sample_weight", "resolve_groups", "training_weights", "uses_validation"]
+__all__ = ["TorchClassifierBase", "check_class_weight", "check_device", "check_domain_sizes", "check_fields",
+           "check_groups", "check_label_values", "check_sample_weight", "resolve_groups", "training_weights",
+           "uses_validation", "MAX_STATE_MAGNITUDE"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+#: The largest magnitude a saved network value may have. Trained weights are of order 1 to 100
+#: (Adam moves each by about ``lr`` per step); 1e6 leaves room for any of them while keeping the
+#: logits of any input in the working range finite (a head of 1e308 predicts NaN).
+MAX_STATE_MAGNITUDE = 1e6
+
+
+def check_device(device, name="device"):
+    """Refuse a torch ``device`` that cannot hold a model on this machine: not a device name,
+    a CUDA (or MPS) device this machine does not have, or a device of another type
+    (``"meta"`` holds no values).
+
+    Raises
+    ------
+    ValueError
+        Naming ``name``, the value and what this machine offers.
+
+    Examples
+    --------
+    >>> from skfedspd.base import check_device
+    >>> check_device("cpu")
+    >>> check_device("meta")
+    Traceback (most recent call last):
+    ...
+    ValueError: device='meta' cannot hold a model: use 'cpu', 'cuda[:index]' (when this machine has one) or 'mps'
+    """
+    try:
+        parsed = torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as error:
+        raise ValueError(f"{name}={device!r} is not a torch device ({error})") from None
+    if parsed.type == "cpu":
+        return
+    if parsed.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (parsed.index or 0) >= count:
+            raise ValueError(f"{name}={device!r} is not available: this machine has {count} CUDA device(s); "
+                             "use 'cpu' or an available device")
+        return
+    if parsed.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ValueError(f"{name}={device!r} is not available on this machine; use 'cpu'")
+        return
+    raise ValueError(f"{name}={device!r} cannot hold a model: use 'cpu', 'cuda[:index]' (when this machine has one) "
+                     "or 'mps'")
+
+
+def _comparable(value):
+    """A parameter's value in a form that ``==`` compares safely (tuples for sequences,
+    device names for devices)."""
+    if isinstance(value, torch.device):
+        return str(value)
+    if isinstance(value, np.ndarray):
+        value = value.tolist()
+    if isinstance(value, (list, tuple)):
+        return tuple(_comparable(v) for v in value)
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
 
 #: Smallest validation part that ``fit`` holds out (see :func:`uses_validation`).
 MIN_VALIDATION_SAMPLES = 50
@@ -567,6 +628,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         if reset:
             self.check_params()
+        else:
+            self.check_fitted_params()
         return self._check_array(X, reset)
 
     def check_params(self):
@@ -578,6 +641,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             A ``ValueError`` naming the parameter, its value and what is allowed.
         """
         self._validate_params()
+        check_device(self.device)
         if getattr(self, "schedule", None) is not None:  # a settings object checks its own parameters
             self.schedule.check_params()
 
@@ -688,8 +752,35 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         with seeded_torch(derive_seed(seed, 0)):
             self.module_ = self._build_module(derive_seed(seed, 1)).to(self.device)
+        self.fitted_params_ = {name: copy.deepcopy(getattr(self, name)) for name in self._fitted_params}
         self.history_ = []
         self._optimizer = None  # a new module starts a new training session
+
+    #: The parameters a fitted model's meaning depends on (its network, its input transform):
+    #: recorded in ``fitted_params_`` when the network is built, and compared with the current
+    #: ones by :meth:`check_fitted_params`.
+    _fitted_params = ("dtype", "device")
+
+    def check_fitted_params(self):
+        """Refuse to use a fitted model whose meaning parameters (``fitted_params_``: those its
+        network and input transform were built with) were changed by ``set_params`` since.
+
+        ``set_params`` stays permissive, as scikit-learn requires (``clone`` and grid searches
+        set parameters on unfitted estimators, and a changed value applies at the next
+        ``fit``); prediction, adaptation, ``partial_fit``, a warm-started ``fit`` and saving
+        call this first, so such a change is never silently applied or silently ignored.
+
+        Raises
+        ------
+        ValueError
+            Naming the parameter, its value and the fitted one: refit, or set it back.
+        """
+        for name, fitted in getattr(self, "fitted_params_", {}).items():
+            current = getattr(self, name, None)
+            if _comparable(current) != _comparable(fitted):
+                raise ValueError(f"{name}={current!r} is not the {name}={fitted!r} this model was fitted with (its "
+                                 f"network and input transform are built for it): refit with fit(), or set it back "
+                                 f"with set_params({name}={fitted!r})")
 
     def get_parameters(self):
         """The module's exported state as named numpy copies.
@@ -829,6 +920,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         restore_fitted_state, skfedspd.save_estimator
         """
         check_is_fitted(self)
+        self.check_fitted_params()
         arrays = {f"module.{k}": v.detach().cpu().numpy() for k, v in self.module_.state_dict().items()}
         meta = {"classes": _labels_to_json(self.classes_),
                 "attributes": {name: getattr(self, name) for name in self._fitted_attributes() if hasattr(self, name)},
@@ -873,9 +965,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 if not name.startswith("rng.") and not (value.dtype.kind in "biuf" and np.isfinite(value).all()):
                     raise ValueError(f"array {name!r} is not finite numbers")
             optimizer = meta.get("optimizer")
-            if optimizer is not None and (not isinstance(optimizer, list)
-                                          or not all(isinstance(group, dict) for group in optimizer)):
-                raise ValueError(f"the optimizer state must be a list of parameter groups, got {optimizer!r}")
+            if optimizer is not None:
+                check_optimizer_settings(optimizer)  # the values; the names against the network's, once built
+            for name, value in arrays.items():
+                if name.startswith("optimizer."):
+                    check_optimizer_array(name, value)
             for name, value in attributes.items():
                 setattr(self, name, value)
             module_arrays = {k[7:]: v for k, v in arrays.items() if k.startswith("module.")}
@@ -883,12 +977,19 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             if shapes is not None:  # checked before the module is allocated
                 _check_module_arrays(module_arrays, shapes, f"from n_features_in_={self.n_features_in_} and "
                                                             f"{len(self.classes_)} classes")
+            self._check_module_values(module_arrays)
             self.init_module(0)
             for name, value in attributes.items():  # init_module reset the history
                 setattr(self, name, value)
             _load_module_state(self.module_, module_arrays)
             if optimizer is not None:
                 self._restore_session(arrays, optimizer)
+
+    def _check_module_values(self, arrays):
+        """Validate the values of a saved module state (names and shapes already checked):
+        finite, of magnitude at most :data:`MAX_STATE_MAGNITUDE`, running variances >= 0.
+        Subclasses add what their network's arrays must be (SPDnet: orthonormal BiMaps)."""
+        _check_module_values(arrays)
 
     def _module_state_shapes(self):
         """Name → shape of the module's state for the current parameters and fitted
@@ -958,12 +1059,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def _restore_session(self, arrays, param_groups):
         self._start_session(0)
-        fresh = self._optimizer.state_dict()
-        expected_keys = set(fresh["param_groups"][0])
-        if (len(param_groups) != len(fresh["param_groups"])
-                or any(set(g) != expected_keys or g["params"] != f["params"]
-                       for g, f in zip(param_groups, fresh["param_groups"]))):
-            raise ValueError("the optimizer state does not match the module's parameters")
+        check_optimizer_settings(param_groups, self._optimizer.state_dict()["param_groups"])
         load_optimizer_arrays(self._optimizer, arrays, param_groups=param_groups, prefix="optimizer.")
         rng = {}
         for name in ("torch", "shuffle"):
@@ -1085,7 +1181,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         with self._atomic():
             warm = self.warm_start and self.__sklearn_is_fitted__()
             if warm:  # check_inputs(reset=True) runs check_params otherwise
-                self.check_params()
+                self.check_params()  # an invalid value: its own error first, then a valid but changed one
+                self.check_fitted_params()
             X = self.check_inputs(X, reset=not warm)
             y = _check_labels(y, len(X))
             if not warm:
@@ -1353,8 +1450,56 @@ ATTRIBUTE_CHECKS = {
 }
 
 
+def check_fields(values, checks, what, allowed=None):
+    """Validate the JSON fields ``values`` of a saved state by a table ``checks`` (name →
+    ``(test, what it must be, required)``) before anything is built from them.
+
+    Parameters
+    ----------
+    values : dict
+    checks : dict
+    what : str
+        What one field is, for the messages (``"fitted attribute"``).
+    allowed : sequence of str or None
+        The names allowed (None: those of ``checks``); an allowed name without a check is not
+        tested.
+
+    Raises
+    ------
+    ValueError
+        Naming the field: unknown, missing (when required) or of the wrong type or range.
+
+    Examples
+    --------
+    >>> from skfedspd.base import check_fields
+    >>> checks = {"seed": (lambda v: isinstance(v, int), "an int", True)}
+    >>> check_fields({"seed": 3}, checks, "engine field")
+    >>> check_fields({"seed": "x"}, checks, "engine field")
+    Traceback (most recent call last):
+    ...
+    ValueError: the engine field seed must be an int, got 'x'
+    """
+    allowed = list(checks) if allowed is None else list(allowed)
+    if not isinstance(values, dict):
+        raise ValueError(f"the {what}s must be a JSON object, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {what}s {unknown}")
+    for name in allowed:
+        if name not in checks:  # e.g. a third-party estimator's own attribute
+            continue
+        test, must, required = checks[name]
+        if name not in values:
+            if required:
+                raise ValueError(f"the {what} {name} is missing")
+            continue
+        if not test(values[name]):
+            raise ValueError(f"the {what} {name} must be {must}, got {values[name]!r}")
+
+
 def check_fitted_attributes(attributes, allowed):
-    """Validate saved fitted attributes (JSON) before anything is built from them.
+    """Validate saved fitted attributes (JSON) before anything is built from them
+    (:func:`check_fields` with :data:`ATTRIBUTE_CHECKS`).
 
     Parameters
     ----------
@@ -1369,21 +1514,20 @@ def check_fitted_attributes(attributes, allowed):
         Naming the attribute: unknown, missing (those a model cannot be built without) or
         of the wrong type or range (:data:`ATTRIBUTE_CHECKS`).
     """
-    if not isinstance(attributes, dict):
-        raise ValueError(f"the fitted attributes must be a JSON object, got {type(attributes).__name__}")
-    unknown = sorted(set(attributes) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown fitted attributes {unknown}")
-    for name in allowed:
-        if name not in ATTRIBUTE_CHECKS:  # a third-party estimator's own attribute
-            continue
-        test, what, required = ATTRIBUTE_CHECKS[name]
-        if name not in attributes:
-            if required:
-                raise ValueError(f"the fitted attribute {name} is missing")
-            continue
-        if not test(attributes[name]):
-            raise ValueError(f"the fitted attribute {name} must be {what}, got {attributes[name]!r}")
+    check_fields(attributes, ATTRIBUTE_CHECKS, "fitted attribute", allowed)
+
+
+def _check_module_values(arrays):
+    """Require finite module values no larger than :data:`MAX_STATE_MAGNITUDE`, and batch-norm
+    running variances >= 0 (torch's ``running_var``)."""
+    for name, value in arrays.items():
+        if value.dtype.kind not in "biuf" or not np.isfinite(value).all():
+            raise ValueError(f"module array {name!r} is not finite numbers")
+        if value.dtype.kind == "f" and value.size and np.abs(value).max() > MAX_STATE_MAGNITUDE:
+            raise ValueError(f"module array {name!r} has values of magnitude {np.abs(value).max():.3g} > "
+                             f"{MAX_STATE_MAGNITUDE:g}: no trained network holds such values")
+        if name.endswith("running_var") and (value < 0).any():
+            raise ValueError(f"module array {name!r} has negative variances")
 
 
 def _check_module_arrays(arrays, shapes, source):

@@ -15,12 +15,18 @@ from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_ren
 from .nn import SPDNet, domain_codes
 from .online import (DomainStatistics, DomainStatisticsMixin, check_prior_statistics, domain_labels,
                      drop_domain_requests, log_euclidean_sum)
+from .stiefel import orthonormality_problem
 from .training import predict_logits
 from .validation import Count, Sequence, is_count
 
 __all__ = ["SPDnetClassifier", "check_spd_batch", "spectral_summary", "input_range", "check_input_range",
            "check_training_spread", "TRAINING_SCALE_SPREAD",
            "INPUT_RANGE_MARGIN", "auto_hidden_dim", "NO_PRIOR_WARNING", "HEAD_ON_RANDOM_WARNING"]
+
+#: The largest eigenvalue magnitude of a saved batch-norm ``sym(log_bias)``: the bias
+#: ``exp(sym(log_bias))`` rescales the matrices by at most ``e^20`` (5e8), beyond any trained
+#: model's and well inside float32's range.
+LOG_BIAS_BOUND = 20.0
 
 #: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
 #: which is a str or an int.
@@ -483,7 +489,13 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     those that prediction reads (``scaling``, ``domain_prior_weight``, ``domain_memory``,
     ``domain_include_self``, ``max_domains``) are validated again, by the same constraints,
     at every prediction or adaptation, so a ``set_params`` after ``fit`` gets the same
-    error naming the parameter. Prediction and adaptation refuse matrices that are not
+    error naming the parameter. ``set_params`` itself stays permissive (scikit-learn's
+    ``clone`` and grid searches rely on it), but the parameters a fitted model's network and
+    input transform were built with (``hidden_dims``, ``eps``, ``scaling``, ``batchnorm``,
+    ``recenter_every``, ``dtype``, ``device``: ``fitted_params_``) are compared with the current
+    ones before every prediction, adaptation, ``partial_fit``, warm-started ``fit`` and
+    :func:`~skfedspd.save_estimator`: a change is refused with a ValueError naming the
+    parameter ("refit, or set it back"), never applied or ignored in silence. Prediction and adaptation refuse matrices that are not
     positive definite at float64 precision (:func:`check_spd_batch`) or that lie far
     outside the training matrices' scale and condition number (``input_range_``,
     :func:`check_input_range`), before any domain statistic changes. A ``fit``,
@@ -506,6 +518,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         checked.
     scale_ : float or None
         Input scaling factor fitted with ``scaling="auto"`` (1.0 for a float/None scaling).
+    fitted_params_ : dict
+        The parameters the network and input transform were built with (name → value),
+        checked before the model is used (see above).
     module_ : SPDNet
         The trained torch module.
     history_ : list of dict
@@ -791,6 +806,32 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     def _fitted_attributes():
         return TorchClassifierBase._fitted_attributes() + ("scale_", "input_range_")
 
+    _fitted_params = TorchClassifierBase._fitted_params + ("hidden_dims", "eps", "scaling", "batchnorm",
+                                                           "recenter_every")
+
+    def _check_module_values(self, arrays):
+        """:meth:`TorchClassifierBase._check_module_values`, and the SPDnet's own: every
+        BiMap's ``W_ref`` orthonormal (within the tolerance of the federated server's checks,
+        :func:`~skfedspd.stiefel.orthonormality_problem`; refused, never replaced by another
+        orthonormal matrix), every batch-norm bias ``exp(sym(log_bias))`` with eigenvalues
+        within ``e^±LOG_BIAS_BOUND`` and every running mean SPD."""
+        super()._check_module_values(arrays)
+        for name, value in arrays.items():
+            if name.endswith(".W_ref"):
+                problem = orthonormality_problem(value)
+                if problem is not None:
+                    raise ValueError(f"module array {name!r} {problem}")
+            elif name.endswith(".log_bias"):
+                extent = float(np.abs(np.linalg.eigvalsh((value + value.T) / 2)).max())
+                if extent > LOG_BIAS_BOUND:
+                    raise ValueError(f"module array {name!r} makes a batch-norm bias with eigenvalues e^±{extent:.3g}, "
+                                     f"beyond e^±{LOG_BIAS_BOUND:g}")
+            elif name.endswith(".running_mean"):
+                try:
+                    check_spd_batch(value[None])
+                except ValueError:
+                    raise ValueError(f"module array {name!r} is not a symmetric positive definite matrix") from None
+
     def fitted_state(self):
         """:meth:`TorchClassifierBase.fitted_state`, plus the domain statistics (the prior
         and every stored domain: arrays ``"domain_statistics.<name>"``, their labels, weights
@@ -916,6 +957,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return requests if self.batchnorm == "domain" else drop_domain_requests(self, requests)
 
     def _check_domain_support(self, what):
+        self.check_fitted_params()  # first: batchnorm may have been changed since fit
         if self.batchnorm != "domain":
             raise ValueError(f"{what} needs a model fitted with batchnorm='domain' (this one has "
                              f"batchnorm={self.batchnorm!r}): domain statistics live in its domain batch norms")
@@ -949,6 +991,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     def _logits(self, X, domain=None):
         check_is_fitted(self)
+        self.check_fitted_params()
         if domain is not None and self.batchnorm != "domain":
             self._check_domain_support("domain=")
         X = self._check_prediction_input(X)

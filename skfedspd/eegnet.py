@@ -497,8 +497,12 @@ class EEGNetClassifier(TorchClassifierBase):
     Attributes
     ----------
     classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_,
-    validation_used_
-        As in :class:`~skfedspd.SPDnetClassifier`.
+    validation_used_, fitted_params_
+        As in :class:`~skfedspd.SPDnetClassifier`. As there, ``set_params`` stays permissive,
+        and a fitted model whose network or input parameters (``fs``, ``F1``, ``D``, ``F2``,
+        ``p1``, ``p2``, ``dropout``, ``standardize``, ``norm``, ``dtype``, ``device``) were
+        changed since ``fit`` is refused, naming the parameter, at prediction, ``partial_fit``,
+        a warm-started ``fit`` and saving: refit, or set it back.
 
     Examples
     --------
@@ -589,6 +593,9 @@ class EEGNetClassifier(TorchClassifierBase):
     @staticmethod
     def _fitted_attributes():
         return TorchClassifierBase._fitted_attributes() + ("n_times_",)
+
+    _fitted_params = TorchClassifierBase._fitted_params + ("fs", "F1", "D", "F2", "p1", "p2", "dropout", "standardize",
+                                                           "norm")
 
     def _build_module(self, seed):
         return EEGNet(self.n_features_in_, self.n_times_, len(self.classes_), self.fs, F1=self.F1, D=self.D,

@@ -22,8 +22,8 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS, get_aggregation
-from .base import (accepts_renamed, check_groups, check_label_values, check_nested_params, fold_renamed, merge_into,
-                   resolve_groups, training_weights)
+from .base import (accepts_renamed, check_fields, check_groups, check_label_values, check_nested_params, fold_renamed,
+                   merge_into, resolve_groups, training_weights)
 from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
 from .engine import client_trust, n_selected
@@ -171,6 +171,41 @@ def _local_estimator_has(name):
     return lambda fed: hasattr(type(fed._local_estimator()), name)
 
 
+def _is_count(value):
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _is_counts(value):
+    return isinstance(value, list) and len(value) > 0 and all(_is_count(v) for v in value)
+
+
+#: How the fields of a saved federated state are checked (:func:`~skfedspd.base.check_fields`).
+STATE_CHECKS = {
+    "estimator": (lambda v: isinstance(v, dict), "an object (the global model's fitted state)", True),
+    "engine": (lambda v: isinstance(v, dict), "an object (the engine's state)", True),
+    "client_source": (lambda v: isinstance(v, str), "a string", True),
+    "client_groups": (lambda v: isinstance(v, list) and all(g is None or isinstance(g, list) for g in v),
+                      "a list of lists of groups (or nulls)", True),
+    "local_estimator": (lambda v: isinstance(v, dict), "an estimator spec (an object)", False),
+}
+
+#: How the fields of a saved engine state are checked (the engine checks its arrays, version and kinds).
+ENGINE_STATE_CHECKS = {
+    "version": (lambda v: True, "", True),
+    "kinds": (lambda v: isinstance(v, dict), "an object", True),
+    "n_train": (_is_counts, "a non-empty list of ints >= 0", True),
+    "n_val": (_is_counts, "a non-empty list of ints >= 0", True),
+    "seed": (_is_count, "an int >= 0", True),
+    "input_statistic": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                and bool(np.isfinite(v))), "a finite number or null", True),
+    "schedule": (lambda v: isinstance(v, dict), "an object", True),
+    "history": (lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v),
+                "a list of records (objects)", True),
+    "has_best": (lambda v: isinstance(v, bool), "true or false", True),
+    "privacy": (lambda v: v is None or isinstance(v, dict), "an object or null", False),
+}
+
+
 class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     """Federated SPDnet (FedSPDnet) with ProjAvg / RLAvg aggregation.
 
@@ -291,7 +326,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         bit-identical to an uninterrupted fit; a checkpoint of another configuration is
         replaced (with a ``UserWarning``); a file there that is not a skfedspd checkpoint
         (truncated, corrupt, another format) stops the fit with a ValueError naming it, and
-        is left alone.
+        is left alone. A path of this machine: :func:`~skfedspd.save_estimator` writes it as
+        null and :func:`~skfedspd.load_estimator` refuses a file that sets it (a file never
+        chooses where a later fit writes); set it again after loading.
     backend : {"local", "flower"}, default="local"
         "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
         in-process Flower simulation (one virtual SuperNode per client, the ``flower``
@@ -466,6 +503,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     __metadata_request__predict_proba = {"domain": True}
     __metadata_request__decision_function = {"domain": True}
     _params_not_in_spec = ("init",)  # a fitted model: see init, and skfedspd.spec
+    _local_paths = ("checkpoint_path",)  # written as null by save_estimator, refused from a file
 
     _parameter_constraints = {
         "estimator": [HasMethods(PROTOCOL), None],
@@ -795,9 +833,17 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
-        """Inverse of :meth:`fitted_state`, on an unfitted estimator of the same parameters."""
+        """Inverse of :meth:`fitted_state`, on an unfitted estimator of the same parameters.
+        Every field is checked (:data:`STATE_CHECKS`, :data:`ENGINE_STATE_CHECKS`) before
+        anything is built; a ValueError names the first wrong one."""
         def part(prefix):
             return {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+
+        check_fields(meta, STATE_CHECKS, "federated state field")
+        check_fields(meta["engine"], ENGINE_STATE_CHECKS, "engine state field")
+        if len(meta["engine"]["n_train"]) != len(meta["engine"]["n_val"]):
+            raise ValueError("the engine state fields n_train and n_val must have one entry per client each, got "
+                             f"{len(meta['engine']['n_train'])} and {len(meta['engine']['n_val'])}")
 
         est = (estimator_from_spec(meta["local_estimator"]) if "local_estimator" in meta
                else local_estimator(self))

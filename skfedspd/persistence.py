@@ -12,10 +12,20 @@ inspected with any JSON tool.
 
 The header's ``__metadata__`` holds ``format`` (``"skfedspd"``), ``format_version``,
 ``kind`` (what the file holds: ``"estimator"``, ``"checkpoint"``...), ``fingerprint`` (the
-configuration it was written for, or empty) and ``meta`` (JSON). :func:`load_bundle` reads and
-checks all of them before it reads any array. Every error names the path and the problem.
+configuration it was written for, or empty), ``meta`` (JSON, nested at most
+:data:`skfedspd.spec.MAX_JSON_DEPTH` deep) and ``digest``, the SHA-256 of the kind, the
+fingerprint, the meta text and every array's name, dtype, shape and bytes (:func:`digest`).
+:func:`load_bundle` reads and checks the header before it reads any array, then checks the
+digest before it returns anything: a flipped bit anywhere in the arrays or the meta is refused,
+not loaded. (The digest detects corruption, not forgery: whoever can write a file can write
+its digest; what a file may hold is what :func:`load_estimator` validates.) Every error names
+the path and the problem.
+
+Format version 2 added the digest; files of version 1 (skfedspd 0.2) are refused with a
+message saying so.
 """
 
+import hashlib
 import json
 import os
 import tempfile
@@ -28,9 +38,36 @@ from . import spec
 
 __all__ = ["save_bundle", "load_bundle", "save_estimator", "load_estimator", "FORMAT_VERSION"]
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FORMAT = "skfedspd"
 _ESTIMATOR_KIND = "estimator"
+#: What each older format version lacks, for the message that refuses it.
+_OLD_VERSIONS = {"1": "it has no integrity digest of its arrays (skfedspd 0.2); fit and save the model again"}
+
+
+def digest(kind, fingerprint, meta_text, arrays):
+    """``"sha256:<hex>"`` of a bundle: its kind, fingerprint and meta text, then every array
+    (sorted by name) as its name, little-endian dtype, shape and bytes.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.persistence import digest
+    >>> a = digest("demo", "", "{}", {"W": np.eye(2)})
+    >>> a == digest("demo", "", "{}", {"W": np.eye(2).astype(">f8")})  # the bytes as stored
+    True
+    >>> a == digest("demo", "", "{}", {"W": 2 * np.eye(2)}), a == digest("demo", "", '{"x": 1}', {"W": np.eye(2)})
+    (False, False)
+    """
+    sha = hashlib.sha256()
+    for text in (kind, fingerprint, meta_text):
+        sha.update(len(text.encode()).to_bytes(8, "little") + text.encode())
+    for name in sorted(arrays):
+        value = np.asarray(arrays[name])
+        value = np.ascontiguousarray(value, dtype=value.dtype.newbyteorder("<"))
+        sha.update(json.dumps([name, value.dtype.str, list(value.shape)]).encode() + b"\0")
+        sha.update(value.tobytes())
+    return "sha256:" + sha.hexdigest()
 
 
 def _to_json(meta, path):
@@ -95,6 +132,7 @@ def save_bundle(path, arrays, meta, *, kind, fingerprint=None):
         tensors[str(name)] = value
     header = {"format": _FORMAT, "format_version": str(FORMAT_VERSION), "kind": str(kind),
               "fingerprint": "" if fingerprint is None else str(fingerprint), "meta": _to_json(meta, path)}
+    header["digest"] = digest(header["kind"], header["fingerprint"], header["meta"], tensors)
     data = _safetensors_bytes(tensors, metadata=header)
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
@@ -116,18 +154,32 @@ def _read_header(path, f, kind, fingerprint):
         raise ValueError(f"{path} is not a skfedspd file (a safetensors file without the skfedspd header)")
     version = header.get("format_version")
     if version != str(FORMAT_VERSION):
+        why = f" ({_OLD_VERSIONS[version]})" if version in _OLD_VERSIONS else ""
         raise ValueError(f"{path} was written in skfedspd file format version {version!r}; this version of "
-                         f"skfedspd reads version {FORMAT_VERSION!r}")
+                         f"skfedspd reads version {FORMAT_VERSION!r}{why}")
     if header.get("kind") != kind:
         raise ValueError(f"{path} holds a {header.get('kind')!r}, not a {kind!r}")
     saved = header.get("fingerprint") or None
     if fingerprint is not None and saved != fingerprint:
         raise ValueError(f"{path} was written for another configuration (fingerprint {saved!r}, expected "
                          f"{fingerprint!r})")
+    saved_digest = header.get("digest")
+    if not isinstance(saved_digest, str) or not saved_digest.startswith("sha256:"):
+        raise ValueError(f"{path} has no integrity digest ('digest' of its header is {saved_digest!r}): it was "
+                         "not written by skfedspd's save_bundle, or its header was edited")
     try:
-        return json.loads(header.get("meta", ""))
-    except json.JSONDecodeError as error:
-        raise ValueError(f"{path} is corrupted: its metadata is not JSON ({error})") from None
+        return spec.parse_json(header.get("meta", ""), "its metadata")
+    except ValueError as error:
+        raise ValueError(f"{path} is corrupted: {error}") from None
+
+
+def _check_digest(path, f, arrays):
+    header = f.metadata()
+    expected = digest(header["kind"], header["fingerprint"], header.get("meta", ""), arrays)
+    if header["digest"] != expected:
+        raise ValueError(f"{path} is corrupted: its arrays or metadata do not match its integrity digest (saved "
+                         f"{header['digest']!r}, computed {expected!r}); it was damaged or edited after it was "
+                         "written")
 
 
 def load_bundle(path, *, kind, fingerprint=None):
@@ -154,9 +206,12 @@ def load_bundle(path, *, kind, fingerprint=None):
         If ``path`` is a directory.
     ValueError
         Naming ``path`` and the problem: empty, truncated or corrupted, not a skfedspd file,
-        another format version, another kind, another configuration (fingerprint). The
-        format version, kind and fingerprint are checked before any array is read; nothing in
-        the file is ever executed or unpickled.
+        another format version, another kind, another configuration (fingerprint), no
+        integrity digest, metadata nested deeper than :data:`skfedspd.spec.MAX_JSON_DEPTH`,
+        arrays or metadata that do not match the digest. The format version, kind,
+        fingerprint and the presence of the digest are checked before any array is read, the
+        digest itself before anything is returned; nothing in the file is ever executed or
+        unpickled.
 
     Examples
     --------
@@ -186,6 +241,7 @@ def load_bundle(path, *, kind, fingerprint=None):
         with safe_open(path, framework="numpy") as f:
             meta = _read_header(path, f, kind, fingerprint)
             arrays = {name: np.array(f.get_tensor(name)) for name in f.keys()}
+            _check_digest(path, f, arrays)
     except SafetensorError as error:
         message = str(error)
         if "incomplete metadata" in message or "invalid header length" in message:
@@ -200,12 +256,26 @@ def save_estimator(estimator, path):
 
     The parameters are written as the JSON spec of :mod:`skfedspd.spec` (only this package's
     estimators; a callable ``aggregation`` or a ``RandomState`` cannot be saved), the fitted
-    state as ``estimator.fitted_state()``.
+    state as ``estimator.fitted_state()``. A parameter that names a path on this machine
+    (``FederatedSPDnetClassifier(checkpoint_path=...)``) is written as None: a file never
+    chooses where a later fit writes.
+
+    Only what :func:`load_estimator` would load again is written: the parameters are
+    validated as ``fit`` validates them, a fitted model whose meaning parameters were changed
+    by ``set_params`` since it was fitted (``scaling``, ``batchnorm``, ``hidden_dims``,
+    ``dtype``, ``device``...: see the estimator's ``fitted_params_``) is refused, and the state
+    is checked by rebuilding the estimator from what would be written, as
+    :func:`load_estimator` does. Nothing is written then.
 
     Parameters
     ----------
     estimator : SPDnetClassifier, EEGNetClassifier or FederatedSPDnetClassifier
     path : str or path-like
+
+    Raises
+    ------
+    ValueError
+        Naming ``path``, the parameter or the field that :func:`load_estimator` would refuse.
 
     Examples
     --------
@@ -222,14 +292,47 @@ def save_estimator(estimator, path):
     >>> loaded = load_estimator(path)
     >>> bool(np.array_equal(loaded.predict_proba(X), clf.predict_proba(X)))
     True
+    >>> save_estimator(clf.set_params(scaling="trace"), path)  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    ValueError: cannot save ...model.safetensors: scaling='trace' is not the scaling='auto' this model was fitted with...
     >>> folder.cleanup()
     """
+    path = os.fspath(path)
     meta = {"estimator": spec.estimator_to_spec(estimator), "fitted": False}
+    meta["estimator"]["params"].update(dict.fromkeys(getattr(estimator, "_local_paths", ())))
     arrays = {}
-    if estimator.__sklearn_is_fitted__():
-        arrays, meta["state"] = estimator.fitted_state()
-        meta["fitted"] = True
+    try:
+        estimator.check_params()
+        if estimator.__sklearn_is_fitted__():
+            arrays, meta["state"] = estimator.fitted_state()
+            meta["fitted"] = True
+            # what load_estimator does, on what would be written (JSON and back, as in the file)
+            _restore(json.loads(_to_json(meta, path)), {k: np.array(v, copy=True) for k, v in arrays.items()})
+    except (KeyError, TypeError, ValueError, OverflowError) as error:
+        raise ValueError(f"cannot save {path}: {error}") from None
     save_bundle(path, arrays, meta, kind=_ESTIMATOR_KIND)
+
+
+def _restore(meta, arrays):
+    """The estimator of a file's ``meta`` and ``arrays``, everything validated before it is built."""
+    if not isinstance(meta, dict) or not isinstance(meta.get("estimator"), dict):
+        raise ValueError("the metadata has no estimator spec (an object under 'estimator')")
+    if not isinstance(meta.get("fitted"), bool):
+        raise ValueError(f"'fitted' must be true or false, got {meta.get('fitted')!r}")
+    if meta["fitted"] and not isinstance(meta.get("state"), dict):
+        raise ValueError(f"'state' of a fitted estimator must be an object, got {meta.get('state')!r}")
+    estimator = spec.estimator_from_spec(meta["estimator"])
+    for name in getattr(estimator, "_local_paths", ()):
+        if getattr(estimator, name) is not None:
+            raise ValueError(f"{name}={getattr(estimator, name)!r}: a file never chooses a path this process "
+                             f"writes to (save_estimator writes {name} as null); set it after loading")
+    estimator.check_params()  # the parameters, before anything is built from them
+    if meta["fitted"]:
+        estimator.restore_fitted_state(arrays, meta["state"])
+    elif arrays:
+        raise ValueError(f"an unfitted estimator with arrays {sorted(arrays)}")
+    return estimator
 
 
 def load_estimator(path):
@@ -249,11 +352,17 @@ def load_estimator(path):
     FileNotFoundError, IsADirectoryError, ValueError
         As :func:`load_bundle`, and when the saved state is invalid (message naming the
         path and the field). The whole header is validated before anything is built: the
-        parameters (as ``fit`` validates them), the fitted attributes (types, finiteness,
-        ranges), the labels (unique, of one type, a dtype the values justify), the domain
-        statistics (unique labels, finite weights >= 0, counts >= 0, SPD means), and the
-        network's shapes against ``n_features_in_``, ``hidden_dims`` and the classes, so a
-        header cannot make it allocate more than its file's arrays hold.
+        parameters (as ``fit`` validates them: ``device`` one this machine has, ``dtype``
+        one of the list), no path (``checkpoint_path`` must be null: refused, not dropped,
+        since ``save_estimator`` never writes one), the fitted attributes (types,
+        finiteness, ranges), the labels (unique, of one type, a dtype the values justify),
+        the domain statistics (unique labels, finite weights >= 0, counts >= 0, SPD means),
+        the optimizer's settings (Adam's, from a closed list: ``lr`` finite > 0, ``betas`` in
+        [0, 1), ``eps`` finite > 0, ``weight_decay`` finite >= 0, the flags ``amsgrad``,
+        ``maximize``... false), the network's shapes against ``n_features_in_``,
+        ``hidden_dims`` and the classes, so a header cannot make it allocate more than its
+        file's arrays hold, and its values (finite, bounded, orthonormal BiMaps: refused, never
+        replaced).
 
     Examples
     --------
@@ -274,18 +383,6 @@ def load_estimator(path):
     path = os.fspath(path)
     arrays, meta = load_bundle(path, kind=_ESTIMATOR_KIND)
     try:
-        if not isinstance(meta, dict) or not isinstance(meta.get("estimator"), dict):
-            raise ValueError("the metadata has no estimator spec (an object under 'estimator')")
-        if not isinstance(meta.get("fitted"), bool):
-            raise ValueError(f"'fitted' must be true or false, got {meta.get('fitted')!r}")
-        if meta["fitted"] and not isinstance(meta.get("state"), dict):
-            raise ValueError(f"'state' of a fitted estimator must be an object, got {meta.get('state')!r}")
-        estimator = spec.estimator_from_spec(meta["estimator"])
-        estimator.check_params()  # the parameters, before anything is built from them
-        if meta["fitted"]:
-            estimator.restore_fitted_state(arrays, meta["state"])
-        elif arrays:
-            raise ValueError(f"an unfitted estimator with arrays {sorted(arrays)}")
+        return _restore(meta, arrays)
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ValueError(f"{path} holds an invalid estimator state: {error}") from None
-    return estimator

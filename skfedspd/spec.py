@@ -16,11 +16,19 @@ no estimator module (no import cycle with the modules that use it).
 
 import importlib
 import json
+import re
 
 import numpy as np
 from sklearn.base import BaseEstimator
 
-__all__ = ["estimator_to_spec", "estimator_from_spec", "dumps", "loads"]
+__all__ = ["estimator_to_spec", "estimator_from_spec", "dumps", "loads", "parse_json", "MAX_JSON_DEPTH"]
+
+#: The deepest nesting of arrays and objects a JSON text read by this package may have. The
+#: deepest it writes is about 12 (a federated estimator's spec with an FLTrust root set inside a
+#: saved file); a header nested 100 000 deep would exhaust Python's recursion instead.
+MAX_JSON_DEPTH = 64
+
+_JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 _ALLOWED = {
@@ -150,8 +158,42 @@ def dumps(obj):
     return json.dumps(obj, sort_keys=True, allow_nan=True)
 
 
+def parse_json(text, what="the JSON text"):
+    """``json.loads(text)``, after checking that ``text`` nests no deeper than
+    :data:`MAX_JSON_DEPTH` (counted without parsing, strings skipped).
+
+    Raises
+    ------
+    ValueError
+        Naming ``what``: not JSON, or nested too deep.
+
+    Examples
+    --------
+    >>> from skfedspd.spec import parse_json
+    >>> parse_json('{"a": [1, "]]"]}')
+    {'a': [1, ']]']}
+    >>> parse_json("[" * 100_000 + "]" * 100_000, "the header")
+    Traceback (most recent call last):
+    ...
+    ValueError: the header nests arrays and objects 100000 deep; at most 64 are allowed
+    """
+    if not isinstance(text, str):
+        raise ValueError(f"{what} is a {type(text).__name__}, not JSON text")
+    skeleton = np.frombuffer(_JSON_STRING.sub("", text).encode(), dtype=np.uint8)
+    steps = (np.isin(skeleton, (ord("["), ord("{"))).astype(np.int64)
+             - np.isin(skeleton, (ord("]"), ord("}"))).astype(np.int64))
+    depth = int(np.cumsum(steps).max()) if len(steps) else 0
+    if depth > MAX_JSON_DEPTH:
+        raise ValueError(f"{what} nests arrays and objects {depth} deep; at most {MAX_JSON_DEPTH} are allowed")
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{what} is not JSON ({error})") from None
+
+
 def loads(text):
-    """Inverse of :func:`dumps`.
+    """Inverse of :func:`dumps` (:func:`parse_json`: a ValueError for text that is not JSON or
+    nests too deep).
 
     Examples
     --------
@@ -161,4 +203,4 @@ def loads(text):
     >>> estimator_from_spec(loads(text)).lr
     0.05
     """
-    return json.loads(text)
+    return parse_json(text, "the estimator spec")

@@ -20,7 +20,8 @@ from sklearn.utils.validation import check_random_state
 from .validation import Count
 
 __all__ = ["train_epochs", "minibatches", "evaluate", "macro_f1", "PlateauSchedule", "Settings", "EpochSchedule", "RoundSchedule",
-           "seeded_torch", "derive_seed", "draw_seed", "torch_threads", "optimizer_arrays", "load_optimizer_arrays"]
+           "seeded_torch", "derive_seed", "draw_seed", "torch_threads", "optimizer_arrays", "load_optimizer_arrays",
+           "check_optimizer_settings", "check_optimizer_array"]
 
 
 def derive_seed(*entropy):
@@ -243,6 +244,28 @@ def optimizer_arrays(optimizer):
             for index, tensors in optimizer.state_dict()["state"].items() for name, value in tensors.items()}
 
 
+def check_optimizer_array(key, value):
+    """Refuse an Adam state array ``key`` (``"...<index>.<name>"``) that is not finite floats, or
+    a negative step count or mean of squared gradients (a square root of it divides each step).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skfedspd.training import check_optimizer_array
+    >>> check_optimizer_array("0.exp_avg_sq", np.ones(2))
+    >>> check_optimizer_array("0.exp_avg_sq", -np.ones(2))
+    Traceback (most recent call last):
+    ...
+    ValueError: optimizer state '0.exp_avg_sq' has negative values; a step count and a mean of squared gradients are >= 0
+    """
+    value = np.asarray(value)
+    if value.dtype.kind != "f" or not np.isfinite(value).all():
+        raise ValueError(f"optimizer state {key!r} is not a finite floating array")
+    if key.rsplit(".", 1)[-1] in ("step", "exp_avg_sq") and (value < 0).any():
+        raise ValueError(f"optimizer state {key!r} has negative values; a step count and a mean of squared gradients "
+                         "are >= 0")
+
+
 def load_optimizer_arrays(optimizer, arrays, param_groups=None, prefix=""):
     """Load :func:`optimizer_arrays` into ``optimizer`` (the inverse). Its hyper-parameters
     (learning rate...) stay its own unless ``param_groups`` (a state dict's) are given.
@@ -286,11 +309,76 @@ def load_optimizer_arrays(optimizer, arrays, param_groups=None, prefix=""):
         if name != "step" and value.shape != tuple(params[int(index)].shape):
             raise ValueError(f"optimizer state {key!r} has shape {value.shape}, expected "
                              f"{tuple(params[int(index)].shape)}")
-        if value.dtype.kind != "f" or not np.isfinite(value).all():
-            raise ValueError(f"optimizer state {key!r} is not a finite floating array")
+        check_optimizer_array(key, value)
         state.setdefault(int(index), {})[name] = torch.from_numpy(np.array(value, copy=True))
     groups = optimizer.state_dict()["param_groups"] if param_groups is None else param_groups
     optimizer.load_state_dict({"state": state, "param_groups": groups})
+
+
+def _is_finite_real(value):
+    return isinstance(value, Real) and not isinstance(value, (bool, np.bool_)) and bool(np.isfinite(value))
+
+
+#: The settings of a saved Adam parameter group (:func:`check_optimizer_settings`): name →
+#: (test, what it must be). The estimators train with Adam's defaults at the learning rate they
+#: set every epoch; the flags of the variants they never use must be off (``maximize`` would
+#: turn training into gradient ascent).
+ADAM_SETTINGS = {
+    "lr": (lambda v: _is_finite_real(v) and v > 0, "a finite number > 0"),
+    "betas": (lambda v: isinstance(v, (list, tuple)) and len(v) == 2
+              and all(_is_finite_real(b) and 0 <= b < 1 for b in v), "two numbers in [0, 1)"),
+    "eps": (lambda v: _is_finite_real(v) and v > 0, "a finite number > 0"),
+    "weight_decay": (lambda v: _is_finite_real(v) and v >= 0, "a finite number >= 0"),
+    **{flag: (lambda v: v is False, "false")
+       for flag in ("amsgrad", "maximize", "capturable", "differentiable", "decoupled_weight_decay")},
+    **{flag: (lambda v: v is None or v is False, "null or false") for flag in ("foreach", "fused")},
+}
+
+
+def check_optimizer_settings(param_groups, fresh_groups=None):
+    """Validate saved Adam ``param_groups``: a list of objects whose settings of
+    :data:`ADAM_SETTINGS` are valid; with ``fresh_groups`` (those of a fresh optimizer of the
+    same parameters) also the same groups, parameters and setting names, any setting not in
+    :data:`ADAM_SETTINGS` (of a later torch) equal to the fresh one. A saved model's settings
+    are checked without ``fresh_groups`` before its network is built, then with them.
+
+    Raises
+    ------
+    ValueError
+        Naming the group and the setting.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from skfedspd.training import check_optimizer_settings
+    >>> fresh = torch.optim.Adam([torch.nn.Parameter(torch.zeros(2))]).state_dict()["param_groups"]
+    >>> check_optimizer_settings([dict(fresh[0], betas=[0.9, 0.99])], fresh)
+    >>> check_optimizer_settings([dict(fresh[0], maximize=True)])
+    Traceback (most recent call last):
+    ...
+    ValueError: optimizer setting 'maximize' of parameter group 0 must be false, got True
+    """
+    if not isinstance(param_groups, list) or not all(isinstance(group, dict) for group in param_groups):
+        raise ValueError(f"the optimizer state must be a list of parameter groups, got {param_groups!r}")
+    names = set(torch.optim.Adam([torch.nn.Parameter(torch.zeros(1))]).param_groups[0])
+    for group in param_groups:
+        if set(group) != names:
+            raise ValueError(f"the optimizer state does not match Adam's settings: unexpected "
+                             f"{sorted(set(group) - names)}, missing {sorted(names - set(group))}")
+    if fresh_groups is not None and (
+            len(param_groups) != len(fresh_groups)
+            or any(set(g) != set(f) or g["params"] != f["params"] for g, f in zip(param_groups, fresh_groups))):
+        raise ValueError("the optimizer state does not match the module's parameters")
+    for i, group in enumerate(param_groups):
+        for name, value in group.items():
+            if name in ADAM_SETTINGS:
+                test, what = ADAM_SETTINGS[name]
+            elif fresh_groups is not None and name != "params":
+                test, what = (lambda v, f=fresh_groups[i][name]: v == f), repr(fresh_groups[i][name])
+            else:
+                continue
+            if not test(value):
+                raise ValueError(f"optimizer setting {name!r} of parameter group {i} must be {what}, got {value!r}")
 
 
 def cross_entropy(logits, y, sample_weight=None):
