@@ -1447,6 +1447,7 @@ ATTRIBUTE_CHECKS = {
     "input_range_": (_check_input_range, 'an object {"log_scale": [low, high], "log_condition": [low, high]} of '
                      "finite numbers, low <= high", False),
     "n_times_": (lambda v: is_count(v, 1), "an int >= 1", True),
+    "batchnorm_": (lambda v: v in (None, "spd", "domain"), 'null, "spd" or "domain"', False),
 }
 
 

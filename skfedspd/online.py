@@ -166,7 +166,7 @@ def geodesic_running_mean(X, mean, weight):
     >>> from skfedspd.online import geodesic_running_mean
     >>> X = torch.diag_embed(torch.tensor([[1.0, 8.0], [8.0, 1.0], [1.0, 1.0]], dtype=torch.float64))
     >>> M, w = geodesic_running_mean(X, torch.eye(2, dtype=torch.float64), weight=0.0)
-    >>> M.diagonal(), w  # (8·1·1)^{1/3}
+    >>> M.diagonal().round(decimals=12), w  # (8·1·1)^{1/3}, to rounding
     (tensor([2., 2.], dtype=torch.float64), 3.0)
     """
     state = RunningMean(mean, weight)
@@ -236,7 +236,7 @@ def drop_domain_requests(estimator, requests):
     Examples
     --------
     >>> from skfedspd import SPDnetClassifier
-    >>> SPDnetClassifier().get_metadata_routing().predict.requests  # batchnorm=None: none
+    >>> SPDnetClassifier().get_metadata_routing().predict.requests  # not an explicit batchnorm="domain"
     {'domain': False}
     >>> SPDnetClassifier(batchnorm="domain").get_metadata_routing().predict.requests
     {'domain': True}

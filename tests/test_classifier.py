@@ -1578,3 +1578,57 @@ def test_fit_domains_and_module_input(batchnorm, groups, expected):
     torch.testing.assert_close(batch.X if expected else batch, clf.to_tensor(X[rows]))
     if expected:
         assert isinstance(batch, DomainBatch) and batch.domains.tolist() == [1, 0, 0]  # c, b, b: coded within the rows
+
+
+# ---------------------------------------------------------------------------- batchnorm="auto"
+@pytest.mark.parametrize("with_groups, expected", [(True, "domain"), (False, None)])
+def test_auto_batchnorm_is_domain_batch_norm_exactly_when_fit_gets_groups(spd_domains, with_groups, expected):
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20, n_channels=4)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=2, random_state=0)
+    clf.fit(X, y, **({"groups": groups} if with_groups else {}))
+    explicit = SPDnetClassifier(hidden_dims=(3,), max_epochs=2, random_state=0, batchnorm=expected)
+    explicit.fit(X, y, **({"groups": groups} if with_groups else {}))
+    assert clf.batchnorm_ == expected and clf.module_.batchnorm == expected
+    # the same network as the explicit setting, bit for bit
+    np.testing.assert_array_equal(clf.predict_proba(X), explicit.predict_proba(X))
+
+
+def test_auto_batchnorm_of_a_first_partial_fit_is_none(spd_domains):
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20, n_channels=4)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=2, random_state=0).fit(X, y, groups=groups)
+    assert clf.batchnorm_ == "domain"
+    clf.set_params(warm_start=True).fit(X, y)  # a warm start keeps the network it has
+    assert clf.batchnorm_ == "domain"
+    fresh = SPDnetClassifier(hidden_dims=(3,), random_state=0).partial_fit(X, y, classes=np.unique(y))
+    assert fresh.module_.batchnorm is None
+
+
+def test_auto_batchnorm_routes_groups_at_fit_but_no_domain_at_predict():
+    routing = SPDnetClassifier().get_metadata_routing()
+    assert routing.fit.requests["groups"] is True and routing.fit.requests["subjects"] is True
+    assert routing.predict.requests["domain"] is False
+
+
+def test_auto_batchnorm_survives_save_and_load(spd_domains, tmp_path):
+    from skfedspd import load_estimator, save_estimator
+
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20, n_channels=4)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=2, random_state=0).fit(X, y, groups=groups)
+    clf.predict(X[:5], domain="new")
+    save_estimator(clf, tmp_path / "m.safetensors")
+    loaded = load_estimator(tmp_path / "m.safetensors")
+    assert loaded.batchnorm == "auto" and loaded.batchnorm_ == "domain" and loaded.domains_ == {"new": 5}
+    np.testing.assert_array_equal(loaded.predict_proba(X), clf.predict_proba(X))
+
+
+@pytest.mark.parametrize("param, saved", [("spd", "domain"), (None, "domain"), ("auto", "spd"), ("domain", None)])
+def test_a_saved_batchnorm_that_the_parameter_cannot_build_is_refused(spd_domains, param, saved):
+    X, y, groups = spd_domains(n_groups=3, n_per_group=20, n_channels=4)
+    clf = SPDnetClassifier(hidden_dims=(3,), max_epochs=1, random_state=0, batchnorm=saved).fit(X, y, groups=groups)
+    arrays, meta = clf.fitted_state()
+    meta = copy.deepcopy(meta)
+    meta["attributes"]["batchnorm_"] = saved
+    target = SPDnetClassifier(hidden_dims=(3,), max_epochs=1, random_state=0, batchnorm=param)
+    with pytest.raises(ValueError, match="batchnorm_"):
+        target.restore_fitted_state(arrays, meta)
+    assert not hasattr(target, "module_") and not hasattr(target, "batchnorm_")

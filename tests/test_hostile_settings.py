@@ -130,11 +130,12 @@ def test_a_bool_count_refused_by_a_federated_fit(data, name):
 @pytest.mark.parametrize("dims", [{2: "x"}, {2}, frozenset({2}), "2", True, (True,), (2, 1.0), (), (0,), {}])
 def test_hidden_dims_refuse_mappings_sets_and_bools(fitted, data, dims):
     X, y, _ = data
-    est = _copy(fitted).set_params(hidden_dims=dims)
+    est = _copy(fitted)
     before = _state(est)
+    est.set_params(hidden_dims=dims)
     with pytest.raises(ValueError, match="hidden_dims"):
         est.fit(X, y)
-    _assert_unchanged(before, est)
+    _assert_unchanged(before, est.set_params(hidden_dims=fitted.hidden_dims))
 
 
 @pytest.mark.parametrize("classes", [{0: 1, 1: 2}, {0, 1}, "01"])
