@@ -13,7 +13,6 @@ peer of FedSPDnet, a federated pipeline as good as pooling allows.
 from numbers import Integral, Real
 
 import numpy as np
-from pyriemann.utils.tangentspace import upper
 from scipy.optimize import minimize
 from scipy.special import logsumexp
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
@@ -41,6 +40,11 @@ def tangent_features(X, groups=None):
     (10, 10)
     """
     import torch
+
+    try:  # imported here: pyRiemann's import sets matplotlib up
+        from pyriemann.geometry.tangentspace import upper
+    except ImportError:  # pyRiemann < 0.12
+        from pyriemann.utils.tangentspace import upper
 
     Y = recenter_groups(np.asarray(X, dtype=np.float64), groups)
     with torch.no_grad():

@@ -151,6 +151,7 @@ def _check_arguments(estimator, superlink, n_sites, output, *, insecure, root_ce
     if secure_aggregation is not None:
         estimator = clone(estimator).set_params(secure_aggregation=secure_aggregation)
     estimator.check_params()
+    estimator.warn_about_settings(on_flower=True)  # before a refusal below: the settings are the user's to fix too
     output = Path(output).absolute()
     if output.exists() and not overwrite:
         raise FileExistsError(f"{output} exists (overwrite=True replaces it)")
@@ -245,7 +246,6 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         estimator, superlink, n_sites, output, insecure=insecure, root_certificates=root_certificates,
         round_timeout=round_timeout, connect_timeout=connect_timeout, timeout=timeout, overwrite=overwrite,
         log_path=log_path, quiet=quiet, secure_aggregation=secure_aggregation)
-    estimator.warn_about_settings(on_flower=True)
     run_config = {"estimator": _spec.dumps(_spec.estimator_to_spec(estimator)), "output": str(output),
                   "n-sites": n_sites, "round-timeout": float(round_timeout),
                   "connect-timeout": float(connect_timeout)}
