@@ -14,11 +14,14 @@ SERVER_MOMENTUM = {"lr": 1.0, "momentum": 0.9}  # ServerMomentum's
 #: paper's: ``SPDnetClassifier()`` as shipped, and with ``batchnorm="domain"`` (each subject a
 #: domain); federated, the latter with ``SERVER_MOMENTUM`` and fresh client Adam (the pairing
 #: the ``server_optimizer`` docstring recommends).
-MODELS = ("ts-lr", "mdm", "spdnet", "eegnet", "spdnet-default", "spdnet-domain")
+#: "fed-ts-lr": the federated classical baseline (``FederatedTangentSpaceLR``: re-centred TS+LR whose
+#: logistic regression is fitted across the clients), the honest peer of FedSPDnet.
+MODELS = ("ts-lr", "mdm", "spdnet", "eegnet", "spdnet-default", "spdnet-domain", "fed-ts-lr")
 RECOMMENDED_MODELS = ("spdnet-default", "spdnet-domain")
 AGGREGATIONS = ("projavg", "rlavg")
 NAMES = {"ts-lr": "TS+LR", "mdm": "MDM", "spdnet": "SPDnet", "eegnet": "EEGNet",
-         "spdnet-default": "SPDnet, package defaults", "spdnet-domain": "SPDnet + domain BN, package defaults"}
+         "spdnet-default": "SPDnet, package defaults", "spdnet-domain": "SPDnet + domain BN, package defaults",
+         "fed-ts-lr": "FedRecenter+TS+LR (federated classical baseline)"}
 
 
 @dataclass(frozen=True)
@@ -50,9 +53,13 @@ class Cell:
                              f"{tuple(PARTICIPATION)}")
         if self.model not in MODELS:
             raise ValueError(f"unknown model {self.model!r}; expected one of {MODELS}")
-        if self.federated and self.model not in ("spdnet", "eegnet", "spdnet-domain"):
+        if self.federated and self.model not in ("spdnet", "eegnet", "spdnet-domain", "fed-ts-lr"):
             raise ValueError(f"{self.model!r} is centralized only")
-        if self.federated != (self.aggregation is not None):
+        if self.model == "fed-ts-lr":
+            if self.setting != "full" or self.aggregation is not None:
+                raise ValueError("the federated classical baseline is ('full', 'fed-ts-lr'): every client, its "
+                                 "logistic regression fitted on the sum of their losses (no aggregation rule)")
+        elif self.federated != (self.aggregation is not None):
             raise ValueError(f"{self}: an aggregation rule goes with a federated setting, and only there")
         if self.aggregation is not None and self.aggregation not in AGGREGATIONS:
             raise ValueError(f"unknown aggregation {self.aggregation!r}; expected one of {AGGREGATIONS}")
@@ -94,9 +101,10 @@ class Cell:
 
     @property
     def domains(self):
-        """Each subject a domain of ``batchnorm="domain"``: fitted with the subjects as
-        ``groups``, and each test subject predicted in its own call (its own mean)."""
-        return self.model == "spdnet-domain"
+        """Each subject a domain of ``batchnorm="domain"`` (or re-centred by its own mean, the
+        federated classical baseline): fitted with the subjects as ``groups``, and each test
+        subject predicted in its own call (its own mean)."""
+        return self.model in ("spdnet-domain", "fed-ts-lr")
 
     @property
     def key(self):
@@ -107,7 +115,7 @@ class Cell:
     @property
     def label(self):
         """Human name, e.g. ``FedSPDnet ProjAvg (half)`` or ``TS+LR``."""
-        if not self.federated:
+        if not self.federated or self.model == "fed-ts-lr":
             return NAMES[self.model] + (" (centr.)" if self.network and not self.recommended else "")
         setting = self.setting.replace("+sm", " + server momentum")
         if self.recommended:
@@ -128,6 +136,7 @@ CELLS = (
     Cell("centralized", "spdnet-default"),
     Cell("centralized", "spdnet-domain"),
     Cell("full+sm", "spdnet-domain", "projavg"),
+    Cell("full", "fed-ts-lr"),
 )
 
 

@@ -76,8 +76,8 @@ class Budget:
     def seeds_for(self, cell):
         if cell.model == "eegnet":
             return self.eegnet_seeds
-        if not cell.federated and self.centralized_seeds is not None:
-            return self.centralized_seeds
+        if (not cell.federated or not cell.network) and self.centralized_seeds is not None:
+            return self.centralized_seeds  # the cheap cells, the federated classical baseline among them
         if cell.federated and cell.recommended and self.recommended_seeds is not None:
             return self.recommended_seeds
         return self.seeds
@@ -242,13 +242,19 @@ def recommended_federated(participation, rounds, seed, server, verbose=False):
 
 
 def riemann_reference(name):
-    """pyRiemann's references: ``"ts-lr"`` (tangent space + logistic regression) or ``"mdm"``."""
+    """pyRiemann's references: ``"ts-lr"`` (tangent space + logistic regression) or ``"mdm"``;
+    ``"fed-ts-lr"``, the federated classical baseline on the paper's clients of 2 subjects."""
     from pyriemann.classification import MDM
     from pyriemann.tangentspace import TangentSpace
+
+    from skfedspd import FederatedTangentSpaceLR
+
+    if name == "fed-ts-lr":
+        return FederatedTangentSpaceLR(groups_per_client=2)
 
     if name == "ts-lr":
         return make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=2000))
     if name == "mdm":
         return MDM(metric="riemann")
-    raise ValueError(f"unknown pyRiemann reference {name!r}; expected 'ts-lr' or 'mdm'")
+    raise ValueError(f"unknown classical reference {name!r}; expected 'ts-lr', 'mdm' or 'fed-ts-lr'")
 

@@ -10,6 +10,7 @@ from .table_one_cells import CELLS, SERVER_MOMENTUM, Cell
 from .table_one_protocols import LOCAL_EPOCHS
 
 TS_LR = Cell("centralized", "ts-lr")
+FED_TS_LR = Cell("full", "fed-ts-lr")
 MDM = Cell("centralized", "mdm")
 SPDNET = Cell("centralized", "spdnet")
 EEGNET = Cell("centralized", "eegnet")
@@ -192,6 +193,8 @@ def headline(name, results, seeds):
         line += (f" Recommended configuration: SPDnetClassifier() {v(RECOMMENDED['spdnet'])}, with domain BN "
                  f"{v(RECOMMENDED['domain'])}, FedSPDnet + domain BN + server momentum "
                  f"{v(RECOMMENDED['federated'])}.")
+    if FED_TS_LR in results:
+        line += f" Federated classical baseline: FedRecenter+TS+LR {v(FED_TS_LR)}."
     n = len(results.get(TS_LR, ()))
     return line + f" TS+LR {mean_f1(results, TS_LR):.1f} ({n} seed{'s' if n != 1 else ''})."
 
