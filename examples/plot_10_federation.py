@@ -110,7 +110,7 @@ for i, s in enumerate(HELD_OUT):
 # The paired difference
 # ---------------------
 # Subject by subject, the federation minus the reference; its mean ± standard error. A
-# difference within two standard errors of zero is read as level, not as a win.
+# difference within the t critical value times its standard error of zero is read as level, not as a win.
 difference = scores["FedSPDnet + domain BN"] - scores["Recenter + TS+LR"]
 se = difference.std(ddof=1) / np.sqrt(len(difference))
 reading = "level" if abs(difference.mean()) <= 2 * se else ("higher" if difference.mean() > 0 else "lower")

@@ -85,7 +85,8 @@ def wilcoxon_text(p):
 
 
 def reading(record, row, metric=None):
-    """``level``, ``higher`` or ``lower`` than the reference (beyond two standard errors)."""
+    """``level``, ``higher`` or ``lower`` than the reference (beyond the t critical value times the
+    standard error, :func:`~.paired.t_critical`)."""
     d = versus_reference(record, row, metric)
     return f"one {record['paired_by']}, not resolved" if d.reading == "one unit" else d.reading
 
@@ -143,8 +144,8 @@ def paired_table(record, metric=None):
         lines.append(f"| {cell(row['label'])} | {mean_sd(record, key, metric)} | {units(record, key, metric)} | "
                      f"{difference(record, key, metric)} | {d.higher} of {d.n} | {p_value(d.p)} | "
                      f"{reading(record, key, metric)} |")
-    lines += ["", f"Paired by {unit} over the {unit}s both rows have; \"level\": the difference is within two "
-                  f"standard errors of zero."]
+    lines += ["", f"Paired by {unit} over the {unit}s both rows have; \"level\": the difference is within the "
+                  f"two-sided 95 % t critical value times its standard error of zero."]
     return "\n".join(lines)
 
 
