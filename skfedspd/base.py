@@ -37,7 +37,7 @@ from .training import (
     train_epochs,
     warn_skipped,
 )
-from .validation import Count, is_count
+from .validation import Count, is_count, is_positive
 
 __all__ = ["TorchClassifierBase", "check_class_weight", "check_device", "check_domain_sizes", "check_fields",
            "check_groups", "check_label_values", "check_sample_weight", "resolve_groups", "training_weights",
@@ -1416,10 +1416,6 @@ def _labels_from_json(saved):
 _MAX_LABEL_WIDTH = 1024
 
 
-def _is_finite_positive(value):
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and bool(np.isfinite(value)) and value > 0
-
-
 def _check_history(value):
     return isinstance(value, list) and all(isinstance(record, dict) for record in value)
 
@@ -1443,7 +1439,7 @@ ATTRIBUTE_CHECKS = {
     "averaged_epochs_": (_check_epochs, "a list of ints >= 0", False),
     "n_iter_": (lambda v: is_count(v, 0), "an int >= 0", False),
     "validation_used_": (lambda v: isinstance(v, bool), "true or false", False),
-    "scale_": (_is_finite_positive, "a finite number > 0", True),
+    "scale_": (is_positive, "a finite number > 0", True),
     "input_range_": (_check_input_range, 'an object {"log_scale": [low, high], "log_condition": [low, high]} of '
                      "finite numbers, low <= high", False),
     "n_times_": (lambda v: is_count(v, 1), "an int >= 1", True),
@@ -1519,11 +1515,9 @@ def check_fitted_attributes(attributes, allowed):
 
 
 def _check_module_values(arrays):
-    """Require finite module values no larger than :data:`MAX_STATE_MAGNITUDE`, and batch-norm
-    running variances >= 0 (torch's ``running_var``)."""
+    """Require module values (finite numbers: checked by the caller with every array) no larger
+    than :data:`MAX_STATE_MAGNITUDE`, and batch-norm running variances >= 0 (torch's ``running_var``)."""
     for name, value in arrays.items():
-        if value.dtype.kind not in "biuf" or not np.isfinite(value).all():
-            raise ValueError(f"module array {name!r} is not finite numbers")
         if value.dtype.kind == "f" and value.size and np.abs(value).max() > MAX_STATE_MAGNITUDE:
             raise ValueError(f"module array {name!r} has values of magnitude {np.abs(value).max():.3g} > "
                              f"{MAX_STATE_MAGNITUDE:g}: no trained network holds such values")

@@ -442,8 +442,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         or ``subjects``, e.g. routed by a Pipeline or MOABB's ``CrossSubjectEvaluation``),
         None otherwise (``batchnorm_`` records which; a federated site's network and a
         first :meth:`partial_fit` have no groups: None). Given the subjects, domain batch
-        norm is the better model: +5.2 ± 2.1 macro-F1 over None on the main job (8 seeds,
-        7 higher; ``docs/design-decisions.md``). Only an explicit ``"domain"`` requests
+        norm is the better model on the main job (``docs/design-decisions.md``, from its
+        record). Only an explicit ``"domain"`` requests
         ``domain`` at prediction from metadata routing.
         ``"spd"``: Riemannian batch norm (Brooks et al., 2019), batch means in training, the
         running mean at prediction. ``"domain"``: domain-specific statistics (SPDDSMBN,

@@ -35,7 +35,7 @@ from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
 from .training import RoundSchedule, derive_seed
-from .validation import Count, Sequence, check_count
+from .validation import Count, Sequence, check_count, is_count
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "make_clients", "partition_indices"]
 
@@ -171,12 +171,8 @@ def _local_estimator_has(name):
     return lambda fed: hasattr(type(fed._local_estimator()), name)
 
 
-def _is_count(value):
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
 def _is_counts(value):
-    return isinstance(value, list) and len(value) > 0 and all(_is_count(v) for v in value)
+    return isinstance(value, list) and len(value) > 0 and all(is_count(v) for v in value)
 
 
 #: How the fields of a saved federated state are checked (:func:`~skfedspd.base.check_fields`).
@@ -195,7 +191,7 @@ ENGINE_STATE_CHECKS = {
     "kinds": (lambda v: isinstance(v, dict), "an object", True),
     "n_train": (_is_counts, "a non-empty list of ints >= 0", True),
     "n_val": (_is_counts, "a non-empty list of ints >= 0", True),
-    "seed": (_is_count, "an int >= 0", True),
+    "seed": (is_count, "an int >= 0", True),
     "input_statistic": (lambda v: v is None or (isinstance(v, (int, float)) and not isinstance(v, bool)
                                                 and bool(np.isfinite(v))), "a finite number or null", True),
     "schedule": (lambda v: isinstance(v, dict), "an object", True),
