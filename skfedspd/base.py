@@ -6,17 +6,14 @@ once, on top of :mod:`skfedspd.training`.
 """
 
 import copy
-import functools
 import warnings
 from contextlib import contextmanager
 from numbers import Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
-from sklearn.model_selection import train_test_split
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions
-from sklearn.utils.class_weight import compute_sample_weight
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
@@ -37,57 +34,15 @@ from .training import (
     train_epochs,
     warn_skipped,
 )
-from .validation import Count, is_count, is_positive
+from .persistence import (check_fitted_attributes, check_module_arrays, check_module_values, labels_from_json,
+                          labels_to_json, load_module_state)
+from .renamed import EPOCH_MERGES, EPOCH_RENAMED, fold_renamed
+from .validation import (Count, check_device, check_label_values, check_labels, check_nested_params,
+                         stratified_split, training_weights, uses_validation)
 
-__all__ = ["TorchClassifierBase", "check_class_weight", "check_device", "check_domain_sizes", "check_fields",
-           "check_groups", "check_label_values", "check_sample_weight", "resolve_groups", "training_weights",
-           "uses_validation", "MAX_STATE_MAGNITUDE"]
+__all__ = ["TorchClassifierBase"]
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-
-#: The largest magnitude a saved network value may have. Trained weights are of order 1 to 100
-#: (Adam moves each by about ``lr`` per step); 1e6 leaves room for any of them while keeping the
-#: logits of any input in the working range finite (a head of 1e308 predicts NaN).
-MAX_STATE_MAGNITUDE = 1e6
-
-
-def check_device(device, name="device"):
-    """Refuse a torch ``device`` that cannot hold a model on this machine: not a device name,
-    a CUDA (or MPS) device this machine does not have, or a device of another type
-    (``"meta"`` holds no values).
-
-    Raises
-    ------
-    ValueError
-        Naming ``name``, the value and what this machine offers.
-
-    Examples
-    --------
-    >>> from skfedspd.base import check_device
-    >>> check_device("cpu")
-    >>> check_device("meta")
-    Traceback (most recent call last):
-    ...
-    ValueError: device='meta' cannot hold a model: use 'cpu', 'cuda[:index]' (when this machine has one) or 'mps'
-    """
-    try:
-        parsed = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as error:
-        raise ValueError(f"{name}={device!r} is not a torch device ({error})") from None
-    if parsed.type == "cpu":
-        return
-    if parsed.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if (parsed.index or 0) >= count:
-            raise ValueError(f"{name}={device!r} is not available: this machine has {count} CUDA device(s); "
-                             "use 'cpu' or an available device")
-        return
-    if parsed.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ValueError(f"{name}={device!r} is not available on this machine; use 'cpu'")
-        return
-    raise ValueError(f"{name}={device!r} cannot hold a model: use 'cpu', 'cuda[:index]' (when this machine has one) "
-                     "or 'mps'")
 
 
 def _comparable(value):
@@ -103,307 +58,6 @@ def _comparable(value):
         return value.item()
     return value
 
-#: Smallest validation part that ``fit`` holds out (see :func:`uses_validation`).
-MIN_VALIDATION_SAMPLES = 50
-
-
-def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
-    """Whether ``fit`` holds out a validation part: ``round(fraction · n) ≥ max(50, 2 · n_classes)``
-    under ``early_stopping="auto"``; with ``True`` / ``False``, whenever ``fraction > 0`` / never.
-
-    A smaller part judges early stopping, the learning-rate schedule and restore-best on
-    noise: on 36 and 144 training trials (split of 4 and 14) the 10 % split restored a
-    near-untrained epoch and scored at chance, while training the fixed budget with the last
-    weights scored above tangent space + logistic regression (``docs/design-decisions.md``).
-    50 samples bound the standard error of a validation accuracy by 0.07.
-
-    Examples
-    --------
-    >>> from skfedspd.base import uses_validation
-    >>> uses_validation(144, 4, 0.1), uses_validation(500, 4, 0.1), uses_validation(500, 4, 0.0)
-    (False, True, False)
-    >>> uses_validation(144, 4, 0.1, early_stopping=True), uses_validation(500, 4, 0.1, early_stopping=False)
-    (True, False)
-    """
-    if early_stopping != "auto":
-        return fraction > 0 and bool(early_stopping)
-    n_val = int(round(fraction * n_samples))
-    return fraction > 0 and n_val >= max(MIN_VALIDATION_SAMPLES, 2 * n_classes)
-
-
-def check_sample_weight(sample_weight, n_samples, *, scalar=True, name="sample_weight"):
-    """``sample_weight`` as a float64 array of ``n_samples`` non-negative finite weights with
-    a positive sum (a scalar: the same weight for every sample, unless ``scalar=False``), or
-    None. The sum must be a finite normal float64 number: a sum that overflows (weights of
-    1e308) or is subnormal (weights of 1e-320) makes every minibatch's weighted loss
-    ``Σ w_i l_i / Σ w_i`` NaN, so nothing would train. Only the weights' ratios matter:
-    rescale them.
-
-    Raises
-    ------
-    ValueError
-        Naming ``name`` (``sample_weight``; ``class_weight`` or both for the weights they
-        give) and what is wrong.
-
-    Examples
-    --------
-    >>> from skfedspd.base import check_sample_weight
-    >>> check_sample_weight(2, 3)
-    array([2., 2., 2.])
-    >>> check_sample_weight([1, -1, 0], 3)
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_weight contains negative weights (first at sample 1)
-    >>> check_sample_weight(2, 3, scalar=False)  # e.g. a site's data file: one weight per sample
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_weight must be a 1-D array of 3 weights (one per sample), got shape ()
-    """
-    if sample_weight is None:
-        return None
-    try:
-        w = np.asarray(sample_weight, dtype=np.float64)
-    except (TypeError, ValueError) as error:
-        raise ValueError(f"{name} must be numbers: {error}") from None
-    if w.ndim == 0 and scalar:
-        w = np.full(n_samples, float(w))
-    if w.shape != (n_samples,):
-        raise ValueError(f"{name} must be a 1-D array of {n_samples} weights (one per sample), "
-                         f"got shape {w.shape}")
-    if not np.isfinite(w).all():
-        raise ValueError(f"{name} contains NaN or infinity (first at sample {int(np.argmin(np.isfinite(w)))})")
-    if (w < 0).any():
-        raise ValueError(f"{name} contains negative weights (first at sample {int(np.argmax(w < 0))})")
-    with np.errstate(over="ignore"):
-        total = w.sum()
-    if not total > 0:
-        raise ValueError(f"{name} sums to 0: there is nothing to learn from")
-    if not np.isfinite(total) or total < np.finfo(np.float64).tiny:
-        raise ValueError(f"{name} sums to {total:.3g}, {'beyond' if total > 1 else 'below'} the normal float64 "
-                         f"range: the weighted loss would be NaN and nothing would train; only the weights' ratios "
-                         "matter, rescale them (e.g. divide by their mean)")
-    return w
-
-
-def check_class_weight(class_weight):
-    """Validate a dict ``class_weight`` (label → weight): real, finite, non-negative
-    weights (``"balanced"`` and None pass through). The one check of its values, where it
-    enters a fit.
-
-    Raises
-    ------
-    ValueError
-        Naming ``class_weight`` and the class whose weight is wrong.
-
-    Examples
-    --------
-    >>> from skfedspd.base import check_class_weight
-    >>> check_class_weight({0: -1.0, 1: 1.0})
-    Traceback (most recent call last):
-    ...
-    ValueError: class_weight of class 0 must be a finite number >= 0, got -1.0
-    """
-    if not isinstance(class_weight, dict):
-        return class_weight
-    for label, weight in class_weight.items():
-        if (isinstance(weight, (bool, np.bool_)) or not isinstance(weight, (Real, np.number))
-                or not np.isfinite(weight) or weight < 0):
-            raise ValueError(f"class_weight of class {label!r} must be a finite number >= 0, got {weight!r}")
-    return class_weight
-
-
-def training_weights(class_weight, y, sample_weight, *, all_data=True):
-    """Per-sample training weights: ``sample_weight`` (validated) times the weight of each
-    sample's class under ``class_weight`` (None, ``"balanced"`` or a dict label → weight, as
-    in scikit-learn); None when both are None (unweighted). ``all_data`` (a ``fit``, not a
-    ``partial_fit`` batch): at least two classes must keep a positive weight.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.base import training_weights
-    >>> y = np.array(["a", "a", "a", "b"])
-    >>> training_weights("balanced", y, None)
-    array([0.66666667, 0.66666667, 0.66666667, 2.        ])
-    >>> training_weights({"a": 1.0, "b": 3.0}, y, [1, 1, 0, 1])
-    array([1., 1., 0., 3.])
-    >>> training_weights(None, y, None) is None
-    True
-    """
-    w = check_sample_weight(sample_weight, len(y))
-    name = "sample_weight"
-    if class_weight is not None:
-        per_class = compute_sample_weight(check_class_weight(class_weight), y)
-        name = "class_weight" if w is None else "class_weight × sample_weight"
-        with np.errstate(over="ignore"):
-            w = check_sample_weight(per_class if w is None else per_class * w, len(y), name=name)
-    if all_data and w is not None:
-        kept = np.unique(np.asarray(y)[w > 0])
-        if len(kept) < 2:
-            raise ValueError(f"{name} leaves a positive weight to one class only ({kept.tolist()}): "
-                             "at least two classes are needed")
-    return w
-
-
-def _kind(value):
-    """``"str"``, ``"number"`` or the type name of one label."""
-    if isinstance(value, (str, np.str_, bytes)):
-        return "str"
-    if isinstance(value, (bool, np.bool_)):
-        return "bool"
-    if isinstance(value, (int, float, np.number)):
-        return "number"
-    return type(value).__name__
-
-
-def check_label_values(values, name):
-    """Refuse label arrays (``y``, ``groups``) holding NaN, None or a mix of types
-    (strings with numbers, say): sorting them fails or, worse, makes a NaN a label of its
-    own (a federated client of NaN-labelled samples). A list is inspected as given, before
-    numpy would turn ``["a", 1]`` into strings.
-
-    Parameters
-    ----------
-    values : array-like
-    name : str
-        What the values are (``"y"``, ``"groups"``), for the error message.
-
-    Raises
-    ------
-    ValueError
-        Naming ``name``, what is wrong and where (the first positions and values).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.base import check_label_values
-    >>> check_label_values([1, 2, 2], "groups")
-    >>> check_label_values([1.0, np.nan, np.nan], "groups")
-    Traceback (most recent call last):
-    ...
-    ValueError: groups contains NaN at samples [1, 2]: every sample needs a label
-    >>> check_label_values(["s1", 2, None], "groups")
-    Traceback (most recent call last):
-    ...
-    ValueError: groups contains None at samples [2]: every sample needs a label
-    >>> check_label_values(["s1", 2], "y")
-    Traceback (most recent call last):
-    ...
-    ValueError: y mixes label types: str (first 's1' at sample 0) and number (first 2 at sample 1); use one type
-    """
-    array = np.asarray(values) if hasattr(values, "dtype") else np.asarray(values, dtype=object)
-    flat = array.reshape(-1)
-    if flat.dtype.kind == "f":
-        missing = np.flatnonzero(np.isnan(flat))
-        what = "NaN"
-    elif flat.dtype.kind == "O":
-        items = flat.tolist()
-        is_none = np.array([v is None for v in items], dtype=bool)
-        is_nan = np.array([isinstance(v, (float, np.floating)) and v != v for v in items], dtype=bool)
-        what = "None" if is_none.any() else "NaN"
-        missing = np.flatnonzero(is_none if is_none.any() else is_nan)
-        if not len(missing):
-            first = {}
-            for i, v in enumerate(items):
-                first.setdefault(_kind(v), i)
-            if len(first) > 1:
-                kinds = " and ".join(f"{kind} (first {items[i]!r} at sample {i})" for kind, i in first.items())
-                raise ValueError(f"{name} mixes label types: {kinds}; use one type")
-    else:
-        return
-    if len(missing):
-        raise ValueError(f"{name} contains {what} at samples {missing[:10].tolist()}"
-                         f"{' (and more)' if len(missing) > 10 else ''}: every sample needs a label")
-
-
-def check_groups(groups, n_samples):
-    """``groups`` (a domain or client label per sample) as a 1-D array of ``n_samples``
-    labels of one type, without NaN or None (:func:`check_label_values`); None passes.
-
-    Raises
-    ------
-    ValueError
-        Naming ``groups`` and what is wrong.
-
-    Examples
-    --------
-    >>> from skfedspd.base import check_groups
-    >>> check_groups(["s1", "s2"], 2)
-    array(['s1', 's2'], dtype='<U2')
-    >>> check_groups([1, 1, 2], 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: groups has 3 entries but X has 2 samples
-    """
-    if groups is None:
-        return None
-    check_label_values(groups, "groups")
-    array = np.asarray(groups)
-    if array.ndim != 1:
-        raise ValueError(f"groups must be a 1-D array with one label per sample, got shape {array.shape}")
-    if len(array) != n_samples:
-        raise ValueError(f"groups has {len(array)} entries but X has {n_samples} samples")
-    return array
-
-
-def check_domain_sizes(groups, what):
-    """Refuse (ValueError) domains that all hold a single trial, warn (UserWarning) when
-    some do. ``groups``: the validated domain labels of a fit; ``what``: the step, for the
-    message.
-
-    A domain is re-centred by its own mean (domain batch norm, :class:`~skfedspd.Recenter`),
-    and the mean of one trial is that trial: it maps to the identity (to the batch norm's
-    bias), and everything it held is lost. When every domain is one trial nothing at all
-    reaches the layers after it (a BiMap before a domain batch norm never gets a gradient,
-    a re-centred set is all identities): the fit is refused, as it could only return its
-    starting point. When only some are, the others still train and the call goes on, with a
-    warning naming them.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.base import check_domain_sizes
-    >>> check_domain_sizes(np.array([0, 0, 1, 1]), "Recenter")  # nothing to say
-    >>> check_domain_sizes(np.arange(3), "Recenter")
-    Traceback (most recent call last):
-    ...
-    ValueError: groups gives each of the 3 domains a single trial: Recenter re-centres a domain by its own mean, \
-which maps a single trial to the identity, so nothing of the data would remain; group the trials by subject or \
-session (or pass groups=None: one domain)
-    """
-    labels, counts = np.unique(groups, return_counts=True)
-    single = labels[counts == 1]
-    if len(single) == len(labels):
-        raise ValueError(f"groups gives each of the {len(labels)} domains a single trial: {what} re-centres a domain "
-                         "by its own mean, which maps a single trial to the identity, so nothing of the data would "
-                         "remain; group the trials by subject or session (or pass groups=None: one domain)")
-    if len(single):
-        shown = ", ".join(repr(label) for label in single[:5].tolist()) + (" ..." if len(single) > 5 else "")
-        warnings.warn(f"{len(single)} of the {len(labels)} domains of groups hold a single trial ({shown}): {what} "
-                      "re-centres a domain by its own mean, which maps such a trial to the identity, so they "
-                      "contribute nothing", UserWarning, stacklevel=3)
-
-
-def resolve_groups(groups, subjects):
-    """``groups``, or its alias ``subjects`` (MOABB's ``CrossSubjectEvaluation`` routes the
-    training subjects to ``fit`` under that key). Both given: they must be equal.
-
-    Examples
-    --------
-    >>> from skfedspd.base import resolve_groups
-    >>> resolve_groups(None, [1, 1, 2])
-    [1, 1, 2]
-    >>> resolve_groups([1, 2], [2, 1])
-    Traceback (most recent call last):
-    ...
-    ValueError: groups and subjects (its alias) differ: pass one of them
-    """
-    if groups is None:
-        return subjects
-    if subjects is not None and not np.array_equal(np.asarray(groups), np.asarray(subjects)):
-        raise ValueError("groups and subjects (its alias) differ: pass one of them")
-    return groups
-
 
 def _progress(iterable, enabled, desc):
     if not enabled:
@@ -411,147 +65,6 @@ def _progress(iterable, enabled, desc):
     from tqdm.auto import tqdm
 
     return tqdm(iterable, desc=desc, leave=False)
-
-
-
-def merge_into(default):
-    """A merge for :func:`fold_renamed`: the old fields set on a copy of the estimator's
-    object, or of ``default`` when it has none.
-
-    Examples
-    --------
-    >>> from skfedspd.base import merge_into
-    >>> from skfedspd.training import EpochSchedule
-    >>> merge_into(EpochSchedule())(None, {"patience": 5})
-    EpochSchedule(patience=5)
-    """
-    return lambda current, fields: clone(current if current is not None else default).set_params(**fields)
-
-
-def accepts_renamed(renamed, merges):
-    """Decorate an estimator's ``__init__`` so that the old flat names of ``renamed`` are
-    accepted for one version, with a ``FutureWarning``, folded into their objects
-    (:func:`fold_renamed`). The signature (what ``get_params``, scikit-learn's checks and the
-    docs see) is the ``__init__``'s own; any other unexpected name is Python's TypeError.
-
-    Examples
-    --------
-    >>> import warnings
-    >>> from skfedspd import SPDnetClassifier
-    >>> with warnings.catch_warnings(record=True):
-    ...     warnings.simplefilter("always")
-    ...     SPDnetClassifier(patience=5).schedule
-    EpochSchedule(patience=5)
-    >>> "patience" in SPDnetClassifier().get_params()
-    False
-    """
-    def decorate(init):
-        @functools.wraps(init)
-        def accepting(self, *args, **kwargs):
-            old = {name: kwargs.pop(name) for name in list(kwargs) if name in renamed}
-            init(self, *args, **kwargs)
-            for name, value in fold_renamed(self, old, renamed, merges).items():
-                setattr(self, name, value)
-
-        return accepting
-
-    return decorate
-
-
-def check_nested_params(est, params, resolve=None):
-    """``params`` (of ``set_params``), refused with a ValueError before anything is set when a
-    nested name ``name__field`` reaches a value with no parameters (None, a rule's name): the
-    error names the parameter and the object to pass instead, e.g. ``schedule is None: pass
-    schedule=EpochSchedule(patience=5)``. ``resolve[name](value)`` gives the object such a
-    value stands for (a rule's name, a default estimator), whose class the error suggests.
-
-    Examples
-    --------
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.base import check_nested_params
-    >>> check_nested_params(SPDnetClassifier(), {"schedule__patience": 5})
-    Traceback (most recent call last):
-    ...
-    ValueError: schedule__patience: schedule is None, which has no parameters; pass schedule=EpochSchedule(patience=5)
-    """
-    for key, value in params.items():
-        name, nested, field = key.partition("__")
-        target = params.get(name, getattr(est, name, None))
-        if not nested or hasattr(target, "set_params") or name not in est.get_params(deep=False):
-            continue  # sklearn's set_params reports unknown names itself
-        stands_for = (resolve or {}).get(name, lambda v: None)(target)
-        classes = ([type(stands_for)] if hasattr(stands_for, "set_params") else
-                   [c for c in est._parameter_constraints.get(name, []) if isinstance(c, type)])
-        instead = (f"pass {name}={classes[0].__name__}({field}={value!r})" if classes else
-                   f"pass as {name} an object that has the parameter {field!r}")
-        raise ValueError(f"{key}: {name} is {target!r}, which has no parameters; {instead}")
-    return params
-
-
-def fold_renamed(est, params, renamed, merges):
-    """``params`` with the old flat names of ``renamed`` (old name → (parameter, field))
-    folded into the parameter objects they now belong to, with a ``FutureWarning`` that
-    names them; ``merges[parameter](current object or None, {field: value})`` gives the new
-    object. Any other name passes through.
-
-    Examples
-    --------
-    >>> import warnings
-    >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.base import fold_renamed, merge_into
-    >>> from skfedspd.training import EpochSchedule
-    >>> with warnings.catch_warnings(record=True):
-    ...     warnings.simplefilter("always")
-    ...     fold_renamed(SPDnetClassifier(), {"lr": 0.1, "patience": 5}, {"patience": ("schedule", "patience")},
-    ...                  {"schedule": merge_into(EpochSchedule())})
-    {'lr': 0.1, 'schedule': EpochSchedule(patience=5)}
-    """
-    old = {name: value for name, value in params.items() if name in renamed}
-    if not old:
-        return params
-    params = {name: value for name, value in params.items() if name not in renamed}
-    news = []
-    for group in dict.fromkeys(renamed[name][0] for name in old):
-        fields = {renamed[name][1]: value for name, value in old.items() if renamed[name][0] == group}
-        params[group] = merges[group](params.get(group, getattr(est, group, None)), fields)
-        news.append(f"{group}=None" if params[group] is None else
-                    f"{group}={type(params[group]).__name__}({', '.join(f'{f}=...' for f in fields)})")
-    warnings.warn(f"{sorted(old)} are deprecated and will be removed in 0.4: use {', '.join(news)}", FutureWarning,
-                  stacklevel=3)
-    return params
-    news = ", ".join(f"{renamed[name][0]}=...({renamed[name][1]}=...)" for name in old)
-    warnings.warn(f"{sorted(old)} are deprecated and will be removed in 0.4: use {news}", FutureWarning, stacklevel=4)
-    params = {name: value for name, value in params.items() if name not in renamed}
-    for group in dict.fromkeys(renamed[name][0] for name in old):
-        fields = {renamed[name][1]: value for name, value in old.items() if renamed[name][0] == group}
-        params[group] = merges[group](params.get(group, getattr(est, group, None)), fields)
-    return params
-
-def stratified_split(y, fraction, seed):
-    """Indices ``(train, validation)``, stratified when every class allows it.
-
-    The validation part gets ``round(fraction * n)`` samples (at least one per class when
-    stratified). Too few samples for a validation part at all → it is empty.
-    """
-    n = len(y)
-    idx = np.arange(n)
-    n_val = int(round(fraction * n))
-    if fraction <= 0 or n_val < 1 or n - n_val < 1:
-        return idx, idx[:0]
-    _, counts = np.unique(y, return_counts=True)
-    stratify = y if counts.min() >= 2 and n_val >= len(counts) and n - n_val >= len(counts) else None
-    train, val = train_test_split(idx, test_size=n_val, stratify=stratify, random_state=seed % (2**32))
-    return np.sort(train), np.sort(val)
-
-
-def _check_labels(y, n_samples):
-    """``y`` as a 1-D array of classification targets, of length ``n_samples`` if given."""
-    check_label_values(y, "y")
-    y = column_or_1d(np.asarray(y), warn=True)
-    if n_samples is not None and len(y) != n_samples:
-        raise ValueError(f"X has {n_samples} samples but y has {len(y)} labels")
-    check_classification_targets(y)
-    return y
 
 
 def _as_tensor(a):
@@ -563,12 +76,6 @@ def _as_tensor(a):
     if not isinstance(a, np.ndarray):
         return a
     return torch.from_numpy(a) if a.flags.writeable else torch.tensor(a)
-
-
-#: The epoch schedule's flat parameters of before: old name → (parameter, its field).
-#: Accepted (``__init__``, ``set_params``, saved specs) with a ``FutureWarning`` until 0.4.
-EPOCH_RENAMED = {name: ("schedule", name) for name in ("patience", "lr_patience", "lr_factor")}
-EPOCH_MERGES = {"schedule": merge_into(EpochSchedule())}
 
 
 class TorchClassifierBase(ClassifierMixin, BaseEstimator):
@@ -688,7 +195,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         ValueError
             On a length mismatch, non-classification targets or labels not in ``classes_``.
         """
-        y = _check_labels(y, n_samples)
+        y = check_labels(y, n_samples)
         unseen = np.setdiff1d(np.unique(y), self.classes_)
         if len(unseen):
             raise ValueError(f"y contains labels not in classes: {unseen.tolist()}")
@@ -922,7 +429,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         check_is_fitted(self)
         self.check_fitted_params()
         arrays = {f"module.{k}": v.detach().cpu().numpy() for k, v in self.module_.state_dict().items()}
-        meta = {"classes": _labels_to_json(self.classes_),
+        meta = {"classes": labels_to_json(self.classes_),
                 "attributes": {name: getattr(self, name) for name in self._fitted_attributes() if hasattr(self, name)},
                 "optimizer": None}
         if getattr(self, "_optimizer", None) is not None:
@@ -956,7 +463,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 raise ValueError(f"the fitted state must be a JSON object, got {type(meta).__name__}")
             attributes = meta.get("attributes")
             check_fitted_attributes(attributes, self._fitted_attributes())
-            self.classes_ = _labels_from_json(meta.get("classes"))
+            self.classes_ = labels_from_json(meta.get("classes"))
             prefixes = ("module.", "optimizer.", "rng.")
             stray = sorted(k for k in arrays if not k.startswith(prefixes))
             if stray:
@@ -975,21 +482,21 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             module_arrays = {k[7:]: v for k, v in arrays.items() if k.startswith("module.")}
             shapes = self._module_state_shapes()
             if shapes is not None:  # checked before the module is allocated
-                _check_module_arrays(module_arrays, shapes, f"from n_features_in_={self.n_features_in_} and "
+                check_module_arrays(module_arrays, shapes, f"from n_features_in_={self.n_features_in_} and "
                                                             f"{len(self.classes_)} classes")
             self._check_module_values(module_arrays)
             self.init_module(0)
             for name, value in attributes.items():  # init_module reset the history
                 setattr(self, name, value)
-            _load_module_state(self.module_, module_arrays)
+            load_module_state(self.module_, module_arrays)
             if optimizer is not None:
                 self._restore_session(arrays, optimizer)
 
     def _check_module_values(self, arrays):
         """Validate the values of a saved module state (names and shapes already checked):
-        finite, of magnitude at most :data:`MAX_STATE_MAGNITUDE`, running variances >= 0.
+        finite, of magnitude at most :data:`~skfedspd.persistence.MAX_STATE_MAGNITUDE`, running variances >= 0.
         Subclasses add what their network's arrays must be (SPDnet: orthonormal BiMaps)."""
-        _check_module_values(arrays)
+        check_module_values(arrays)
 
     def _module_state_shapes(self):
         """Name → shape of the module's state for the current parameters and fitted
@@ -1023,7 +530,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def set_params(self, **params):
         """Set the parameters (scikit-learn's), the old flat names of
-        :data:`EPOCH_RENAMED` included, with a ``FutureWarning``.
+        :data:`~skfedspd.renamed.EPOCH_RENAMED` included, with a ``FutureWarning``.
 
         Returns
         -------
@@ -1152,7 +659,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
         A fresh Adam optimizer runs up to ``max_epochs`` epochs. When the validation part
         ``round(validation_fraction · n)`` holds at least ``max(50, 2 · n_classes)`` samples
-        (:func:`uses_validation`), that stratified part is held out and its loss drives the
+        (:func:`~skfedspd.validation.uses_validation`), that stratified part is held out and its loss drives the
         learning-rate schedule and early stopping (``lr_patience``, ``patience``, in epochs)
         and the best epoch's weights are kept. Otherwise every sample trains for
         ``max_epochs`` at the constant ``lr`` and the last weights are kept
@@ -1184,7 +691,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 self.check_params()  # an invalid value: its own error first, then a valid but changed one
                 self.check_fitted_params()
             X = self.check_inputs(X, reset=not warm)
-            y = _check_labels(y, len(X))
+            y = check_labels(y, len(X))
             if not warm:
                 self.set_classes(y)
             codes = self.encode_labels(y)
@@ -1374,176 +881,3 @@ def proba_from_logits(logits):
     return proba / proba.sum(axis=1, keepdims=True)
 
 
-def _labels_to_json(classes):
-    """``classes_`` as JSON: its dtype and values (numbers, booleans or strings)."""
-    if classes.dtype.kind == "O" and not all(isinstance(c, (str, int, float, bool)) for c in classes.tolist()):
-        raise TypeError(f"classes of types {sorted({type(c).__name__ for c in classes})} cannot be saved; "
-                        "use numbers or strings as labels")
-    dtype = "object" if classes.dtype.kind == "O" else classes.dtype.str
-    return {"dtype": dtype, "values": classes.tolist()}
-
-
-def _labels_from_json(saved):
-    """``classes_`` from :func:`_labels_to_json`'s output, validated before anything is
-    allocated: a supported dtype whose item size the values justify, a list of numbers or
-    strings of one type, without NaN, unique and sorted (as ``np.unique`` gives them)."""
-    if not isinstance(saved, dict) or set(saved) != {"dtype", "values"}:
-        raise ValueError(f"classes must be an object with 'dtype' and 'values', got {saved!r}")
-    values = saved["values"]
-    if not isinstance(values, list) or not all(isinstance(v, (str, int, float, bool)) for v in values):
-        raise ValueError("classes: the saved labels are not a list of numbers or strings")
-    try:
-        dtype = np.dtype(saved["dtype"])
-    except TypeError:
-        raise ValueError(f"classes: {saved['dtype']!r} is not a dtype") from None
-    if dtype.kind not in "biufUO":
-        raise ValueError(f"classes: labels of dtype {saved['dtype']!r} are not supported")
-    longest = max((len(v) for v in values if isinstance(v, str)), default=0)
-    if dtype.kind == "U" and dtype.itemsize // 4 > max(longest, _MAX_LABEL_WIDTH):
-        raise ValueError(f"classes: dtype {saved['dtype']!r} holds {dtype.itemsize // 4} characters per label, but the "
-                         f"longest label has {longest}")
-    check_label_values(values, "classes")
-    classes = np.empty(len(values), dtype=dtype) if dtype.kind == "O" else np.array(values, dtype=dtype)
-    if dtype.kind == "O":
-        classes[:] = values
-    if len(classes) < 2 or len(np.unique(classes)) != len(classes) or not np.array_equal(np.unique(classes), classes):
-        raise ValueError(f"classes must be at least two unique labels in sorted order, got {values!r}")
-    return classes
-
-
-#: Characters per label a saved ``classes_`` dtype may reserve beyond its longest label
-#: (labels from a fixed-width string array keep its width).
-_MAX_LABEL_WIDTH = 1024
-
-
-def _check_history(value):
-    return isinstance(value, list) and all(isinstance(record, dict) for record in value)
-
-
-def _check_epochs(value):
-    return isinstance(value, list) and all(is_count(epoch) for epoch in value)
-
-
-def _check_input_range(value):
-    return (isinstance(value, dict) and set(value) == {"log_scale", "log_condition"}
-            and all(isinstance(pair, list) and len(pair) == 2
-                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in pair)
-                    and pair[0] <= pair[1] for pair in value.values()))
-
-
-#: How a saved fitted attribute is checked: ``(test, what it must be, required)``.
-ATTRIBUTE_CHECKS = {
-    "n_features_in_": (lambda v: is_count(v, 1), "an int >= 1", True),
-    "history_": (_check_history, "a list of records (objects)", False),
-    "best_epoch_": (lambda v: is_count(v, 0), "an int >= 0", False),
-    "averaged_epochs_": (_check_epochs, "a list of ints >= 0", False),
-    "n_iter_": (lambda v: is_count(v, 0), "an int >= 0", False),
-    "validation_used_": (lambda v: isinstance(v, bool), "true or false", False),
-    "scale_": (is_positive, "a finite number > 0", True),
-    "input_range_": (_check_input_range, 'an object {"log_scale": [low, high], "log_condition": [low, high]} of '
-                     "finite numbers, low <= high", False),
-    "n_times_": (lambda v: is_count(v, 1), "an int >= 1", True),
-    "batchnorm_": (lambda v: v in (None, "spd", "domain"), 'null, "spd" or "domain"', False),
-}
-
-
-def check_fields(values, checks, what, allowed=None):
-    """Validate the JSON fields ``values`` of a saved state by a table ``checks`` (name →
-    ``(test, what it must be, required)``) before anything is built from them.
-
-    Parameters
-    ----------
-    values : dict
-    checks : dict
-    what : str
-        What one field is, for the messages (``"fitted attribute"``).
-    allowed : sequence of str or None
-        The names allowed (None: those of ``checks``); an allowed name without a check is not
-        tested.
-
-    Raises
-    ------
-    ValueError
-        Naming the field: unknown, missing (when required) or of the wrong type or range.
-
-    Examples
-    --------
-    >>> from skfedspd.base import check_fields
-    >>> checks = {"seed": (lambda v: isinstance(v, int), "an int", True)}
-    >>> check_fields({"seed": 3}, checks, "engine field")
-    >>> check_fields({"seed": "x"}, checks, "engine field")
-    Traceback (most recent call last):
-    ...
-    ValueError: the engine field seed must be an int, got 'x'
-    """
-    allowed = list(checks) if allowed is None else list(allowed)
-    if not isinstance(values, dict):
-        raise ValueError(f"the {what}s must be a JSON object, got {type(values).__name__}")
-    unknown = sorted(set(values) - set(allowed))
-    if unknown:
-        raise ValueError(f"unknown {what}s {unknown}")
-    for name in allowed:
-        if name not in checks:  # e.g. a third-party estimator's own attribute
-            continue
-        test, must, required = checks[name]
-        if name not in values:
-            if required:
-                raise ValueError(f"the {what} {name} is missing")
-            continue
-        if not test(values[name]):
-            raise ValueError(f"the {what} {name} must be {must}, got {values[name]!r}")
-
-
-def check_fitted_attributes(attributes, allowed):
-    """Validate saved fitted attributes (JSON) before anything is built from them
-    (:func:`check_fields` with :data:`ATTRIBUTE_CHECKS`).
-
-    Parameters
-    ----------
-    attributes : dict
-        Name → value, as :meth:`TorchClassifierBase.fitted_state` writes them.
-    allowed : sequence of str
-        The estimator's ``_fitted_attributes()``.
-
-    Raises
-    ------
-    ValueError
-        Naming the attribute: unknown, missing (those a model cannot be built without) or
-        of the wrong type or range (:data:`ATTRIBUTE_CHECKS`).
-    """
-    check_fields(attributes, ATTRIBUTE_CHECKS, "fitted attribute", allowed)
-
-
-def _check_module_values(arrays):
-    """Require module values (finite numbers: checked by the caller with every array) no larger
-    than :data:`MAX_STATE_MAGNITUDE`, and batch-norm running variances >= 0 (torch's ``running_var``)."""
-    for name, value in arrays.items():
-        if value.dtype.kind == "f" and value.size and np.abs(value).max() > MAX_STATE_MAGNITUDE:
-            raise ValueError(f"module array {name!r} has values of magnitude {np.abs(value).max():.3g} > "
-                             f"{MAX_STATE_MAGNITUDE:g}: no trained network holds such values")
-        if name.endswith("running_var") and (value < 0).any():
-            raise ValueError(f"module array {name!r} has negative variances")
-
-
-def _check_module_arrays(arrays, shapes, source):
-    """Require the names and shapes ``shapes`` (name → shape, ``source`` says where they
-    come from) of the numpy ``arrays`` of a module state."""
-    if set(arrays) != set(shapes):
-        missing, extra = sorted(set(shapes) - set(arrays)), sorted(set(arrays) - set(shapes))
-        raise ValueError(f"the module state does not match the parameters: missing {missing}, unexpected {extra}")
-    for name, value in arrays.items():
-        if value.shape != tuple(shapes[name]):
-            raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected shape "
-                             f"{tuple(shapes[name])} ({source})")
-
-
-def _load_module_state(module, arrays):
-    """``module.load_state_dict`` from numpy arrays, requiring the same names, shapes and dtypes."""
-    expected = module.state_dict()
-    _check_module_arrays(arrays, {name: tuple(t.shape) for name, t in expected.items()}, "the module's")
-    for name, value in arrays.items():
-        target = expected[name]
-        if torch.from_numpy(value).dtype != target.dtype:
-            raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected "
-                             f"{target.dtype} {tuple(target.shape)}")
-    module.load_state_dict({name: torch.from_numpy(value) for name, value in arrays.items()}, strict=True)

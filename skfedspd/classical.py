@@ -19,10 +19,9 @@ from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from .base import check_groups, resolve_groups
-from .classifier import check_spd_batch
 from .functional import logeig
 from .recenter import recenter_groups
+from .validation import check_groups, check_spd_batch, resolve_groups
 
 __all__ = ["FederatedTangentSpaceLR", "site_objective", "tangent_features"]
 

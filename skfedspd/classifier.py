@@ -5,39 +5,28 @@ from numbers import Real
 
 import numpy as np
 import torch
-from scipy.linalg.lapack import dpocon
 from sklearn.base import _fit_context
 from sklearn.utils._param_validation import Interval, StrOptions, validate_parameter_constraints
 from sklearn.utils.validation import _num_samples, check_is_fitted
 
-from .base import (EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed, check_domain_sizes,
-                   check_fitted_attributes, check_groups, decision_from_logits, proba_from_logits, resolve_groups)
+from .base import TorchClassifierBase, decision_from_logits, proba_from_logits
+from .persistence import check_fitted_attributes
+from .renamed import EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
 from .nn import SPDNet, domain_codes
-from .online import (DomainStatistics, DomainStatisticsMixin, check_prior_statistics, domain_labels,
-                     drop_domain_requests, log_euclidean_sum)
+from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainStatistics, DomainStatisticsMixin, check_prior_statistics,
+                     domain_labels, drop_domain_requests, log_euclidean_sum)
 from .stiefel import orthonormality_problem
 from .training import predict_logits
-from .validation import Count, Sequence, is_count
+from .validation import (Count, Sequence, check_domain_sizes, check_groups, check_input_range, check_spd_batch,
+                         check_training_spread, input_range, is_count, resolve_groups, spectral_summary)
 
-__all__ = ["SPDnetClassifier", "check_spd_batch", "spectral_summary", "input_range", "check_input_range",
-           "check_training_spread", "TRAINING_SCALE_SPREAD",
-           "INPUT_RANGE_MARGIN", "auto_hidden_dim", "NO_PRIOR_WARNING", "HEAD_ON_RANDOM_WARNING"]
+__all__ = ["SPDnetClassifier", "auto_hidden_dim", "HEAD_ON_RANDOM_WARNING"]
 
 #: The largest eigenvalue magnitude of a saved batch-norm ``sym(log_bias)``: the bias
 #: ``exp(sym(log_bias))`` rescales the matrices by at most ``e^20`` (5e8), beyond any trained
 #: model's and well inside float32's range.
 LOG_BIAS_BOUND = 20.0
 
-#: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
-#: which is a str or an int.
-THIS_CALL = ("this call",)
-
-NO_PRIOR_WARNING = (
-    "this model has no domain prior (domain_prior_ is None: saved before it existed, trained by partial_fit, or "
-    "deployed without it), so the first trial of a new domain is re-centred by itself alone and its output is the "
-    "same whatever the trial. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
-    "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
-)
 
 HEAD_ON_RANDOM_WARNING = (
     "trainable='head' on a new model trains only the linear head on the frozen random BiMaps it starts from (random "
@@ -83,275 +72,6 @@ def auto_hidden_dim(n_channels):
     return int(min(n_channels, max(8, round(0.28 * n_channels))))
 
 
-def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
-    """Validate a batch of SPD matrices; return it as a float64 array.
-
-    Raises ``ValueError`` naming the problem and the index of the first bad matrix: not 3-D,
-    not square, wrong size (``n_channels``), not finite, not symmetric (relative tolerance
-    ``sym_rtol`` of the matrix's largest entry), not positive definite **at float64
-    precision**: its Cholesky factorization must succeed and LAPACK's estimate of its
-    reciprocal condition number (``dpocon``, 1-norm) must exceed ``n · eps`` (``eps`` =
-    2.2e-16). A matrix with an eigenvalue of 0, of -1e-16 or of 1e-20 relative to its
-    largest (rank-deficient, or rounded to singular) is refused although its factorization
-    may succeed: everything computed from it (its logarithm, a running mean, a re-centring)
-    would be rounding noise. Each matrix is checked divided by its largest entry, so
-    matrices of any finite scale are checked without overflow. The cost is a Cholesky
-    factorization and an ``O(n²)`` estimate per matrix.
-
-    Parameters
-    ----------
-    X : array-like of shape (n_matrices, n, n)
-    n_channels : int or None
-        The size the matrices must have (None: any).
-    sym_rtol : float
-    return_summary : bool, default=False
-        Also return :func:`spectral_summary`'s statistics of each matrix (computed from the
-        same factorization).
-
-    Returns
-    -------
-    X : ndarray of float64 of shape (n_matrices, n, n)
-    summary : ndarray of shape (n_matrices, 2)
-        Only with ``return_summary``: see :func:`spectral_summary`.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.classifier import check_spd_batch
-    >>> check_spd_batch([np.eye(2), 2 * np.eye(2)]).dtype
-    dtype('float64')
-    >>> check_spd_batch([np.eye(2), np.diag([1.0, -1.0])])
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrix 1 is not positive definite
-    >>> check_spd_batch([np.eye(2), np.diag([1.0, 1e-20])])
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrix 1 is not numerically positive definite: its condition number is about 1e+20, beyond \
-1 / (2 · eps(float64)) = 2.3e+15 (a rank-deficient or singular matrix)
-    """
-    X = np.asarray(X)
-    if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
-        raise ValueError(f"X must be a real numeric array, got dtype {X.dtype}")
-    X = X.astype(np.float64, copy=False)
-    if X.ndim != 3:
-        raise ValueError(
-            f"X must be a 3-D array of SPD matrices (n_matrices, n_channels, n_channels), got shape {X.shape}"
-        )
-    if X.shape[1] != X.shape[2]:
-        raise ValueError(f"X must hold square matrices, got matrices of shape {X.shape[1:]}")
-    if X.shape[0] == 0:
-        raise ValueError("X holds 0 matrices; at least one is required")
-    if X.shape[1] == 0:
-        raise ValueError("X holds matrices of size 0x0")
-    if n_channels is not None and X.shape[1] != n_channels:
-        raise ValueError(
-            f"X has matrices of size {X.shape[1]}x{X.shape[2]}, but the estimator was fitted on "
-            f"{n_channels}x{n_channels}"
-        )
-    finite = np.isfinite(X).all(axis=(1, 2))
-    if not finite.all():
-        raise ValueError(f"X contains NaN or infinity (first at matrix {int(np.argmin(finite))})")
-    scale = np.abs(X).max(axis=(1, 2))
-    asym = np.abs(X - X.transpose(0, 2, 1)).max(axis=(1, 2))
-    bad = asym > sym_rtol * scale
-    if bad.any():
-        i = int(np.argmax(bad))
-        raise ValueError(f"X matrix {i} is not symmetric (max |X - X^T| = {asym[i]:.3g})")
-    scale = np.where(scale > 0, scale, 1.0)  # an all-zero matrix stays zero, and fails below
-    normalized = X / scale[:, None, None]  # entries in [-1, 1]: no overflow
-    try:
-        L = np.linalg.cholesky(normalized)  # batched LAPACK
-    except np.linalg.LinAlgError:
-        i = next(k for k, M in enumerate(normalized) if not _cholesky_succeeds(M))
-        raise ValueError(f"X matrix {i} is not positive definite") from None
-    n = X.shape[1]
-    norms = np.abs(normalized).sum(axis=1).max(axis=1)  # 1-norms
-    rcond = np.array([dpocon(factor, norm, uplo="L")[0] for factor, norm in zip(L, norms)])
-    singular = ~(rcond > n * np.finfo(np.float64).eps)
-    if singular.any():
-        i = int(np.argmax(singular))
-        raise ValueError(f"X matrix {i} is not numerically positive definite: its condition number is about "
-                         f"{1 / max(rcond[i], np.finfo(np.float64).tiny):.2g}, beyond 1 / ({n} · eps(float64)) = "
-                         f"{1 / (n * np.finfo(np.float64).eps):.2g} (a rank-deficient or singular matrix)")
-    if not return_summary:
-        return X
-    log_det = 2 * np.log10(np.diagonal(L, axis1=1, axis2=2)).sum(axis=1)
-    summary = np.stack([log_det / n + np.log10(scale), np.log10(1 / rcond)], axis=1)
-    return X, summary
-
-
-def _cholesky_succeeds(M):
-    try:
-        np.linalg.cholesky(M)
-    except np.linalg.LinAlgError:
-        return False
-    return True
-
-
-def spectral_summary(X):
-    """Two statistics of each SPD matrix that no EEG recording in fixed units moves far:
-    ``log10`` of the geometric mean of its eigenvalues (``log10 det(X) / n``: its scale,
-    e.g. +12 for a covariance in µV² when the model was fitted in V²) and ``log10`` of its
-    condition number (LAPACK's 1-norm estimate from the Cholesky factor, within a small
-    factor of its largest over its smallest eigenvalue).
-
-    :class:`SPDnetClassifier` and :class:`~skfedspd.Recenter` record their range over the
-    training matrices (``input_range_``) and refuse a matrix beyond it by more than
-    :data:`INPUT_RANGE_MARGIN` before it reaches any domain's statistics
-    (:func:`check_input_range`).
-
-    Parameters
-    ----------
-    X : array-like of shape (n_matrices, n, n)
-        SPD matrices (validated by :func:`check_spd_batch`).
-
-    Returns
-    -------
-    ndarray of shape (n_matrices, 2)
-        Columns ``log_scale`` and ``log_condition``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.classifier import spectral_summary
-    >>> spectral_summary([np.diag([1.0, 100.0]), np.diag([1e-12, 1e-12])])
-    array([[  1.,   2.],
-           [-12.,   0.]])
-    """
-    return check_spd_batch(X, return_summary=True)[1]
-
-
-#: How far beyond its training range (in decades, ``log10`` units) a matrix's
-#: :func:`spectral_summary` may lie before :func:`check_input_range` refuses it: a scale
-#: (geometric mean of the eigenvalues, i.e. the power) 1000 times above the largest or
-#: below the smallest seen in training, and a condition number 1e5 times the largest seen.
-#: An electrode that pops (one channel 100 times its amplitude: its power ×1e4) moves the
-#: scale of an ``n``-channel matrix by ``4 / n`` decades and its condition number by at
-#: most 4 decades, so it passes; a trial in other units (µV² for V²: 12 decades), or
-#: overflowing, or nearly singular, does not.
-INPUT_RANGE_MARGIN = {"log_scale": 3.0, "log_condition": 5.0}
-
-_SUMMARY_NAMES = {"log_scale": "scale (log10 of the geometric mean of its eigenvalues)",
-                  "log_condition": "condition number (log10 of largest / smallest eigenvalue)"}
-
-
-def input_range(summary, previous=None):
-    """The ``input_range_`` of training matrices (their :func:`spectral_summary`), the
-    union with a ``previous`` range when given: ``{"log_scale": [low, high],
-    "log_condition": [low, high]}`` (plain floats: saved as JSON).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.classifier import input_range, spectral_summary
-    >>> first = input_range(spectral_summary([np.eye(2), np.diag([10.0, 1000.0])]))
-    >>> first
-    {'log_scale': [0.0, 2.0], 'log_condition': [0.0, 2.0]}
-    >>> input_range(spectral_summary([1e-4 * np.eye(2)]), first)  # a partial_fit batch widens it
-    {'log_scale': [-4.0, 2.0], 'log_condition': [0.0, 2.0]}
-    """
-    summary = np.asarray(summary, dtype=np.float64)
-    result = {name: [float(summary[:, j].min()), float(summary[:, j].max())] for j, name in enumerate(_SUMMARY_NAMES)}
-    if previous is not None:
-        result = {name: [min(low, previous[name][0]), max(high, previous[name][1])]
-                  for name, (low, high) in result.items()}
-    return result
-
-
-#: The widest spread of scales (:func:`spectral_summary`'s ``log_scale``, in decades) that
-#: the training matrices of one ``fit`` or ``partial_fit`` call may have, unless
-#: ``scaling="trace"`` (:func:`check_training_spread`): twice the prediction margin
-#: (:data:`INPUT_RANGE_MARGIN`). PhysioNet motor imagery spans 1.5 decades over 6 subjects
-#: (within a subject, 0.2-0.4); data in two units (V² and µV²: 12 decades) do not pass.
-TRAINING_SCALE_SPREAD = 2 * INPUT_RANGE_MARGIN["log_scale"]
-
-
-def check_training_spread(summary, *, scale_invariant=False, what="X"):
-    """Refuse training matrices whose scales spread over more than
-    :data:`TRAINING_SCALE_SPREAD` decades (nothing is checked when ``scale_invariant``:
-    ``scaling="trace"`` divides each matrix by its trace).
-
-    Refused rather than warned about, for the reason prediction refuses a matrix beyond the
-    training range by more than :data:`INPUT_RANGE_MARGIN` (:func:`check_input_range`): one
-    scale (``scale_``) serves every matrix, so at such a spread no scale keeps all of them
-    within the margin of it, and ReEig clamps every eigenvalue of the smallest ones (their
-    trials train nothing) while the largest dominate: the data are in several units, or
-    some trials are faulty. Rescale them, or use ``scaling="trace"``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.classifier import check_training_spread, spectral_summary
-    >>> check_training_spread(spectral_summary(np.stack([np.eye(2), 1e5 * np.eye(2)])))
-    >>> check_training_spread(spectral_summary(np.stack([np.eye(2), 1e12 * np.eye(2)])))
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrices 0 and 1 differ in scale (log10 of the geometric mean of their eigenvalues) by 12 \
-decades, more than the 6 accepted in one fit (TRAINING_SCALE_SPREAD): the data mix units (e.g. V² and µV²) or \
-hold faulty trials, and one scale cannot serve them all; rescale them, or use scaling='trace'
-    """
-    if scale_invariant:
-        return
-    scales = np.asarray(summary)[:, 0]
-    low, high = int(np.argmin(scales)), int(np.argmax(scales))
-    if scales[high] - scales[low] > TRAINING_SCALE_SPREAD:
-        raise ValueError(f"{what} matrices {min(low, high)} and {max(low, high)} differ in scale (log10 of the "
-                         f"geometric mean of their eigenvalues) by {scales[high] - scales[low]:.3g} decades, more "
-                         f"than the {TRAINING_SCALE_SPREAD:g} accepted in one fit (TRAINING_SCALE_SPREAD): the data "
-                         "mix units (e.g. V² and µV²) or hold faulty trials, and one scale cannot serve them all; "
-                         "rescale them, or use scaling='trace'")
-
-
-def check_input_range(summary, fitted_range, *, scale_invariant=False, what="X"):
-    """Refuse matrices whose :func:`spectral_summary` lies beyond ``fitted_range`` (an
-    ``input_range_``) by more than :data:`INPUT_RANGE_MARGIN`. Only the upper end of the
-    condition number is checked; the scale is not when ``scale_invariant`` (a model that
-    divides each matrix by its trace). ``fitted_range`` None (a model saved before the
-    range existed): nothing is checked.
-
-    Raises
-    ------
-    ValueError
-        Naming the first matrix out of range, its statistic, the training range and the
-        accepted one.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.classifier import check_input_range, input_range, spectral_summary
-    >>> fitted = input_range(spectral_summary(np.stack([np.eye(3), 2 * np.eye(3)])))
-    >>> check_input_range(spectral_summary(100 * np.eye(3)[None]), fitted)
-    >>> check_input_range(spectral_summary(1e30 * np.eye(3)[None]), fitted)  # doctest: +NORMALIZE_WHITESPACE
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrix 0 is far outside the matrices the model was fitted on: its scale (log10 of the geometric \
-mean of its eigenvalues) is 30, the training matrices span [0, 0.301] and up to 3 decades beyond are \
-accepted ([-3, 3.3]). A matrix in other units (e.g. µV² for V²), an amplifier fault or a wrong \
-scaling would corrupt the statistics of its domain: rescale it, or refit on such data.
-    """
-    if fitted_range is None:
-        return
-    summary = np.asarray(summary)
-    for j, name in enumerate(_SUMMARY_NAMES):
-        if name == "log_scale" and scale_invariant:
-            continue
-        low, high = fitted_range[name]
-        margin = INPUT_RANGE_MARGIN[name]
-        accepted_low = low - margin if name == "log_scale" else -np.inf
-        bad = (summary[:, j] < accepted_low) | (summary[:, j] > high + margin)
-        if bad.any():
-            i = int(np.argmax(bad))
-            accepted = (f"[{accepted_low:.3g}, {high + margin:.3g}]" if name == "log_scale"
-                        else f"up to {high + margin:.3g}")
-            raise ValueError(
-                f"{what} matrix {i} is far outside the matrices the model was fitted on: its {_SUMMARY_NAMES[name]} "
-                f"is {summary[i, j]:.3g}, the training matrices span [{low:.3g}, {high:.3g}] and up to {margin:g} "
-                f"decades beyond are accepted ({accepted}). A matrix in other units (e.g. µV² for V²), an amplifier "
-                "fault or a wrong scaling would corrupt the statistics of its domain: rescale it, or refit on such "
-                "data.")
-
-
 class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     """SPDnet classifier for SPD matrices (e.g. EEG covariance matrices).
 
@@ -395,7 +115,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     early_stopping : "auto" or bool, default="auto"
         Whether ``fit`` holds out ``validation_fraction`` for early stopping, the LR schedule
         and restore-best. "auto": only when that part has at least ``max(50, 2 · n_classes)``
-        samples (:func:`skfedspd.base.uses_validation`); True: whenever
+        samples (:func:`skfedspd.validation.uses_validation`); True: whenever
         ``validation_fraction > 0`` (the FedSPDnet paper's protocol); False: never.
     validation_metric : {"loss", "f1"}, default="loss"
         What the validation part judges: the loss (smoother on small parts), or the
@@ -521,9 +241,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     ones before every prediction, adaptation, ``partial_fit``, warm-started ``fit`` and
     :func:`~skfedspd.save_estimator`: a change is refused with a ValueError naming the
     parameter ("refit, or set it back"), never applied or ignored in silence. Prediction and adaptation refuse matrices that are not
-    positive definite at float64 precision (:func:`check_spd_batch`) or that lie far
+    positive definite at float64 precision (:func:`~skfedspd.validation.check_spd_batch`) or that lie far
     outside the training matrices' scale and condition number (``input_range_``,
-    :func:`check_input_range`), before any domain statistic changes. A ``fit``,
+    :func:`~skfedspd.validation.check_input_range`), before any domain statistic changes. A ``fit``,
     ``partial_fit`` or prediction that raises leaves the estimator as it was.
 
     Attributes
@@ -532,12 +252,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     n_features_in_ : int
         Number of channels (matrix size).
     input_range_ : dict
-        The training matrices' range of :func:`spectral_summary` statistics:
+        The training matrices' range of :func:`~skfedspd.validation.spectral_summary` statistics:
         ``{"log_scale": [low, high], "log_condition": [low, high]}`` (decades), set by
         ``fit`` and ``partial_fit`` (it grows with warm-started fits and later batches) and
         by :meth:`fit_domain_prior` (which a federated fit with ``batchnorm="domain"``
         calls on its training data). Matrices beyond it by more than
-        :data:`INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model without
+        :data:`~skfedspd.validation.INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model without
         it (saved before it existed, or federated without domain batch norm or from a
         deployment whose data stay on the sites): only positive definiteness is then
         checked.
@@ -778,7 +498,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     def _check_prediction_input(self, X):
         """``X`` validated for prediction or adaptation: SPD at float64 precision, of the
-        fitted size, and within the training range (``input_range_``, :func:`check_input_range`);
+        fitted size, and within the training range (``input_range_``, :func:`~skfedspd.validation.check_input_range`);
         the parameters used at prediction validated as :meth:`fit` does (they may have been
         changed by ``set_params`` since). Runs before any domain statistic is touched."""
         self._check_prediction_params()

@@ -11,7 +11,7 @@ answers the train and validation messages with the local estimator's ``local_upd
 import numpy as np
 import torch
 
-from .base import stratified_split, training_weights
+from .validation import stratified_split, training_weights
 from .messages import EvalReply, SetupReply, TrainReply
 from .nn import DomainBatch
 from .training import derive_seed, evaluate

@@ -89,7 +89,8 @@ import torch.nn.functional as F
 from sklearn.utils._param_validation import Interval, StrOptions
 from torch import nn
 
-from .base import EPOCH_MERGES, EPOCH_RENAMED, TorchClassifierBase, accepts_renamed
+from .base import TorchClassifierBase
+from .renamed import EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
 from .nn import FederatedModule
 from .validation import Count
 

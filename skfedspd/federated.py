@@ -22,20 +22,21 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS, get_aggregation
-from .base import (accepts_renamed, check_fields, check_groups, check_label_values, check_nested_params, fold_renamed,
-                   merge_into, resolve_groups, training_weights)
 from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
 from .engine import client_trust, n_selected
 from .local import fit_local
 from .online import drop_domain_requests
+from .persistence import check_fields
 from .privacy import DPSGD
+from .renamed import accepts_renamed, fold_renamed, merge_into
 from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_out_fraction, init_model,
                   local_estimator, run_seed)
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
 from .training import RoundSchedule, derive_seed
-from .validation import Count, Sequence, check_count, is_count
+from .validation import (Count, Sequence, check_count, check_groups, check_label_values, check_nested_params, is_count,
+                         resolve_groups, training_weights)
 
 __all__ = ["FederatedSPDnetClassifier", "BACKENDS", "make_clients", "partition_indices"]
 
@@ -175,7 +176,7 @@ def _is_counts(value):
     return isinstance(value, list) and len(value) > 0 and all(is_count(v) for v in value)
 
 
-#: How the fields of a saved federated state are checked (:func:`~skfedspd.base.check_fields`).
+#: How the fields of a saved federated state are checked (:func:`~skfedspd.persistence.check_fields`).
 STATE_CHECKS = {
     "estimator": (lambda v: isinstance(v, dict), "an object (the global model's fitted state)", True),
     "engine": (lambda v: isinstance(v, dict), "an object (the engine's state)", True),

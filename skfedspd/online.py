@@ -42,6 +42,7 @@ from sklearn.utils.validation import check_is_fitted
 from .functional import expm_sym, logeig
 
 __all__ = [
+    "NO_PRIOR_WARNING",
     "PRIOR_LOG_BOUND",
     "check_prior_statistics",
     "RunningMean",
@@ -663,3 +664,16 @@ class DomainUpdate:
     def commit(self, max_domains=None):
         """Store the updated domains (:meth:`DomainStatistics.commit`)."""
         self.statistics.commit(self.states, max_domains)
+
+
+#: A call's own temporary domain (``predict(X)`` without ``domain``): never a user label,
+#: which is a str or an int.
+THIS_CALL = ("this call",)
+
+
+NO_PRIOR_WARNING = (
+    "this model has no domain prior (domain_prior_ is None: saved before it existed, trained by partial_fit, or "
+    "deployed without it), so the first trial of a new domain is re-centred by itself alone and its output is the "
+    "same whatever the trial. Call fit_domain_prior(X_train, groups) once, and pass domain=... to predict (or "
+    "adapt(X_calibration, domain=...) first) so that a domain's statistics persist across calls"
+)

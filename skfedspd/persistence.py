@@ -23,6 +23,9 @@ the path and the problem.
 
 Format version 2 added the digest; files of version 1 (skfedspd 0.2) are refused with a
 message saying so.
+
+The checks of what a file may hold live here too: the fields of a saved state
+(:func:`check_fields`), an estimator's fitted attributes, labels and module arrays.
 """
 
 import hashlib
@@ -31,12 +34,15 @@ import os
 import tempfile
 
 import numpy as np
+import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as _safetensors_bytes
 
 from . import spec
+from .validation import check_label_values, is_count, is_positive
 
-__all__ = ["save_bundle", "load_bundle", "save_estimator", "load_estimator", "FORMAT_VERSION"]
+__all__ = ["save_bundle", "load_bundle", "save_estimator", "load_estimator", "FORMAT_VERSION", "check_fields",
+           "MAX_STATE_MAGNITUDE"]
 
 FORMAT_VERSION = 2
 _FORMAT = "skfedspd"
@@ -386,3 +392,184 @@ def load_estimator(path):
         return _restore(meta, arrays)
     except (KeyError, TypeError, ValueError, OverflowError) as error:
         raise ValueError(f"{path} holds an invalid estimator state: {error}") from None
+
+
+#: The largest magnitude a saved network value may have. Trained weights are of order 1 to 100
+#: (Adam moves each by about ``lr`` per step); 1e6 leaves room for any of them while keeping the
+#: logits of any input in the working range finite (a head of 1e308 predicts NaN).
+MAX_STATE_MAGNITUDE = 1e6
+
+
+def labels_to_json(classes):
+    """``classes_`` as JSON: its dtype and values (numbers, booleans or strings)."""
+    if classes.dtype.kind == "O" and not all(isinstance(c, (str, int, float, bool)) for c in classes.tolist()):
+        raise TypeError(f"classes of types {sorted({type(c).__name__ for c in classes})} cannot be saved; "
+                        "use numbers or strings as labels")
+    dtype = "object" if classes.dtype.kind == "O" else classes.dtype.str
+    return {"dtype": dtype, "values": classes.tolist()}
+
+
+def labels_from_json(saved):
+    """``classes_`` from :func:`labels_to_json`'s output, validated before anything is
+    allocated: a supported dtype whose item size the values justify, a list of numbers or
+    strings of one type, without NaN, unique and sorted (as ``np.unique`` gives them)."""
+    if not isinstance(saved, dict) or set(saved) != {"dtype", "values"}:
+        raise ValueError(f"classes must be an object with 'dtype' and 'values', got {saved!r}")
+    values = saved["values"]
+    if not isinstance(values, list) or not all(isinstance(v, (str, int, float, bool)) for v in values):
+        raise ValueError("classes: the saved labels are not a list of numbers or strings")
+    try:
+        dtype = np.dtype(saved["dtype"])
+    except TypeError:
+        raise ValueError(f"classes: {saved['dtype']!r} is not a dtype") from None
+    if dtype.kind not in "biufUO":
+        raise ValueError(f"classes: labels of dtype {saved['dtype']!r} are not supported")
+    longest = max((len(v) for v in values if isinstance(v, str)), default=0)
+    if dtype.kind == "U" and dtype.itemsize // 4 > max(longest, _MAX_LABEL_WIDTH):
+        raise ValueError(f"classes: dtype {saved['dtype']!r} holds {dtype.itemsize // 4} characters per label, but the "
+                         f"longest label has {longest}")
+    check_label_values(values, "classes")
+    classes = np.empty(len(values), dtype=dtype) if dtype.kind == "O" else np.array(values, dtype=dtype)
+    if dtype.kind == "O":
+        classes[:] = values
+    if len(classes) < 2 or len(np.unique(classes)) != len(classes) or not np.array_equal(np.unique(classes), classes):
+        raise ValueError(f"classes must be at least two unique labels in sorted order, got {values!r}")
+    return classes
+
+
+#: Characters per label a saved ``classes_`` dtype may reserve beyond its longest label
+#: (labels from a fixed-width string array keep its width).
+_MAX_LABEL_WIDTH = 1024
+
+
+def _check_history(value):
+    return isinstance(value, list) and all(isinstance(record, dict) for record in value)
+
+
+def _check_epochs(value):
+    return isinstance(value, list) and all(is_count(epoch) for epoch in value)
+
+
+def _check_input_range(value):
+    return (isinstance(value, dict) and set(value) == {"log_scale", "log_condition"}
+            and all(isinstance(pair, list) and len(pair) == 2
+                    and all(isinstance(v, (int, float)) and not isinstance(v, bool) and np.isfinite(v) for v in pair)
+                    and pair[0] <= pair[1] for pair in value.values()))
+
+
+#: How a saved fitted attribute is checked: ``(test, what it must be, required)``.
+ATTRIBUTE_CHECKS = {
+    "n_features_in_": (lambda v: is_count(v, 1), "an int >= 1", True),
+    "history_": (_check_history, "a list of records (objects)", False),
+    "best_epoch_": (lambda v: is_count(v, 0), "an int >= 0", False),
+    "averaged_epochs_": (_check_epochs, "a list of ints >= 0", False),
+    "n_iter_": (lambda v: is_count(v, 0), "an int >= 0", False),
+    "validation_used_": (lambda v: isinstance(v, bool), "true or false", False),
+    "scale_": (is_positive, "a finite number > 0", True),
+    "input_range_": (_check_input_range, 'an object {"log_scale": [low, high], "log_condition": [low, high]} of '
+                     "finite numbers, low <= high", False),
+    "n_times_": (lambda v: is_count(v, 1), "an int >= 1", True),
+    "batchnorm_": (lambda v: v in (None, "spd", "domain"), 'null, "spd" or "domain"', False),
+}
+
+
+def check_fields(values, checks, what, allowed=None):
+    """Validate the JSON fields ``values`` of a saved state by a table ``checks`` (name →
+    ``(test, what it must be, required)``) before anything is built from them.
+
+    Parameters
+    ----------
+    values : dict
+    checks : dict
+    what : str
+        What one field is, for the messages (``"fitted attribute"``).
+    allowed : sequence of str or None
+        The names allowed (None: those of ``checks``); an allowed name without a check is not
+        tested.
+
+    Raises
+    ------
+    ValueError
+        Naming the field: unknown, missing (when required) or of the wrong type or range.
+
+    Examples
+    --------
+    >>> from skfedspd.persistence import check_fields
+    >>> checks = {"seed": (lambda v: isinstance(v, int), "an int", True)}
+    >>> check_fields({"seed": 3}, checks, "engine field")
+    >>> check_fields({"seed": "x"}, checks, "engine field")
+    Traceback (most recent call last):
+    ...
+    ValueError: the engine field seed must be an int, got 'x'
+    """
+    allowed = list(checks) if allowed is None else list(allowed)
+    if not isinstance(values, dict):
+        raise ValueError(f"the {what}s must be a JSON object, got {type(values).__name__}")
+    unknown = sorted(set(values) - set(allowed))
+    if unknown:
+        raise ValueError(f"unknown {what}s {unknown}")
+    for name in allowed:
+        if name not in checks:  # e.g. a third-party estimator's own attribute
+            continue
+        test, must, required = checks[name]
+        if name not in values:
+            if required:
+                raise ValueError(f"the {what} {name} is missing")
+            continue
+        if not test(values[name]):
+            raise ValueError(f"the {what} {name} must be {must}, got {values[name]!r}")
+
+
+def check_fitted_attributes(attributes, allowed):
+    """Validate saved fitted attributes (JSON) before anything is built from them
+    (:func:`check_fields` with :data:`ATTRIBUTE_CHECKS`).
+
+    Parameters
+    ----------
+    attributes : dict
+        Name → value, as :meth:`TorchClassifierBase.fitted_state` writes them.
+    allowed : sequence of str
+        The estimator's ``_fitted_attributes()``.
+
+    Raises
+    ------
+    ValueError
+        Naming the attribute: unknown, missing (those a model cannot be built without) or
+        of the wrong type or range (:data:`ATTRIBUTE_CHECKS`).
+    """
+    check_fields(attributes, ATTRIBUTE_CHECKS, "fitted attribute", allowed)
+
+
+def check_module_values(arrays):
+    """Require module values (finite numbers: checked by the caller with every array) no larger
+    than :data:`MAX_STATE_MAGNITUDE`, and batch-norm running variances >= 0 (torch's ``running_var``)."""
+    for name, value in arrays.items():
+        if value.dtype.kind == "f" and value.size and np.abs(value).max() > MAX_STATE_MAGNITUDE:
+            raise ValueError(f"module array {name!r} has values of magnitude {np.abs(value).max():.3g} > "
+                             f"{MAX_STATE_MAGNITUDE:g}: no trained network holds such values")
+        if name.endswith("running_var") and (value < 0).any():
+            raise ValueError(f"module array {name!r} has negative variances")
+
+
+def check_module_arrays(arrays, shapes, source):
+    """Require the names and shapes ``shapes`` (name → shape, ``source`` says where they
+    come from) of the numpy ``arrays`` of a module state."""
+    if set(arrays) != set(shapes):
+        missing, extra = sorted(set(shapes) - set(arrays)), sorted(set(arrays) - set(shapes))
+        raise ValueError(f"the module state does not match the parameters: missing {missing}, unexpected {extra}")
+    for name, value in arrays.items():
+        if value.shape != tuple(shapes[name]):
+            raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected shape "
+                             f"{tuple(shapes[name])} ({source})")
+
+
+def load_module_state(module, arrays):
+    """``module.load_state_dict`` from numpy arrays, requiring the same names, shapes and dtypes."""
+    expected = module.state_dict()
+    check_module_arrays(arrays, {name: tuple(t.shape) for name, t in expected.items()}, "the module's")
+    for name, value in arrays.items():
+        target = expected[name]
+        if torch.from_numpy(value).dtype != target.dtype:
+            raise ValueError(f"module array {name!r} is {value.dtype} {value.shape}, expected "
+                             f"{target.dtype} {tuple(target.shape)}")
+    module.load_state_dict({name: torch.from_numpy(value) for name, value in arrays.items()}, strict=True)

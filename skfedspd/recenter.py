@@ -10,11 +10,11 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
-from .base import check_domain_sizes, check_groups, resolve_groups
-from .classifier import NO_PRIOR_WARNING, THIS_CALL, check_input_range, check_spd_batch, input_range
 from .functional import karcher_mean, sqrtm_invsqrtm
-from .online import DomainStatistics, DomainStatisticsMixin, domain_labels, log_euclidean_sum
-from .validation import Count
+from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainStatistics, DomainStatisticsMixin, domain_labels,
+                     log_euclidean_sum)
+from .validation import (Count, check_domain_sizes, check_groups, check_input_range, check_spd_batch, input_range,
+                         resolve_groups)
 
 __all__ = ["Recenter", "recenter_groups"]
 
@@ -164,7 +164,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     ``transform`` and :meth:`adapt` (a ``set_params`` after ``fit`` gets the same error).
     ``transform`` and :meth:`adapt` refuse matrices that are not positive definite at
     float64 precision, or whose scale or condition number lies far outside the training
-    matrices' (``input_range_``, :func:`skfedspd.classifier.check_input_range`), before any
+    matrices' (``input_range_``, :func:`skfedspd.validation.check_input_range`), before any
     domain's statistics change.
 
     Attributes
@@ -172,7 +172,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     n_features_in_ : int
         Size of the matrices seen in ``fit``.
     input_range_ : dict
-        The training matrices' range of :func:`skfedspd.classifier.spectral_summary`
+        The training matrices' range of :func:`skfedspd.validation.spectral_summary`
         statistics (``{"log_scale": [low, high], "log_condition": [low, high]}``, decades).
     domain_statistics_ : skfedspd.online.DomainStatistics
         The prior and the stored domains' running means; read them through ``domains_``
@@ -229,7 +229,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     def _fit(self, X, groups, *, transforming=False):
         """Validated ``X``; sets ``n_features_in_``, ``input_range_`` and the prior,
         forgets stored domains. ``transforming`` (``fit_transform``): the groups are
-        re-centred, :func:`~skfedspd.base.check_domain_sizes` first."""
+        re-centred, :func:`~skfedspd.validation.check_domain_sizes` first."""
         X, summary = check_spd_batch(X, return_summary=True)
         _group_labels(groups, len(X))
         if transforming and groups is not None:
@@ -274,7 +274,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         """``fit(X, y, groups)``, then each training group re-centred by its own Riemannian
         mean (``subjects``: alias of ``groups``, as in :meth:`fit`). A group of one trial
         would be the identity: refused when every group is one trial, warned about when
-        some are (:func:`~skfedspd.base.check_domain_sizes`)."""
+        some are (:func:`~skfedspd.validation.check_domain_sizes`)."""
         groups = resolve_groups(groups, subjects)
         return recenter_groups(self._fit(X, groups, transforming=True), groups)
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.base import clone
 
-from .base import training_weights, uses_validation
+from .validation import training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
@@ -220,7 +220,7 @@ def _continues(fed):
 def held_out_fraction(fed, est, n_samples, n_classes):
     """The share of each client's data held out for validation in a fit on ``n_samples``
     of ``n_classes`` classes: the local estimator's ``early_stopping`` rule applied to the
-    federation as a whole (:func:`skfedspd.base.uses_validation`; a local estimator
+    federation as a whole (:func:`skfedspd.validation.uses_validation`; a local estimator
     without ``early_stopping`` counts as ``True``); 0 in DP mode.
 
     Examples

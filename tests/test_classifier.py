@@ -51,7 +51,7 @@ from sklearn.utils import estimator_checks as ec
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from skfedspd import SPDnetClassifier
-from skfedspd.base import uses_validation
+from skfedspd.validation import uses_validation
 from skfedspd.classifier import auto_hidden_dim
 from skfedspd.nn import DomainBatch, SPDNet
 

@@ -153,7 +153,7 @@ def test_domain_bn_rows_share_the_pooled_batch(k, batch):
 def test_the_recommended_rule_is_the_package_defaults(n, n_channels):
     """The ablation's recommended set, resolved at a training size, is what ``SPDnetClassifier()``
     does there: ``hidden_dims="auto"`` and a validation part only when it is large enough."""
-    from skfedspd.base import uses_validation
+    from skfedspd.validation import uses_validation
     from skfedspd.classifier import auto_hidden_dim
 
     rule = defaults.RECOMMENDED(n, n_channels, 2)

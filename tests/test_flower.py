@@ -32,7 +32,7 @@ pytest.importorskip("flwr")
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
-from skfedspd.base import stratified_split  # noqa: E402
+from skfedspd.validation import stratified_split  # noqa: E402
 from skfedspd.flower import make_client_app, run_inprocess_simulation, serve, write_app  # noqa: E402
 from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
 from skfedspd.flower.records import to_array_record  # noqa: E402

@@ -25,7 +25,7 @@ import pytest
 from conftest import make_spd_domains
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier
 from skfedspd.aggregation import projavg
-from skfedspd.classifier import TRAINING_SCALE_SPREAD
+from skfedspd.validation import TRAINING_SCALE_SPREAD
 from skfedspd.engine import AGGREGATE_NORM_FACTOR, FederatedEngine
 from skfedspd.messages import TrainReply
 from skfedspd.online import PRIOR_LOG_BOUND

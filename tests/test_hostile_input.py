@@ -15,7 +15,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, load_estimator, save_estimator
-from skfedspd.classifier import INPUT_RANGE_MARGIN, check_spd_batch
+from skfedspd.validation import INPUT_RANGE_MARGIN, check_spd_batch
 from skfedspd.persistence import load_bundle, save_bundle
 
 N_CHANNELS = 6

@@ -151,7 +151,7 @@ LAYERS = [
     {"validation"},
     {"functional", "stiefel", "messages", "spec", "training", "datasets",
      "flower.records", "flower.progress", "flower.runtime", "flower.simulation"},
-    {"nn", "aggregation", "server_optimizer", "online", "persistence"},
+    {"nn", "aggregation", "server_optimizer", "online", "persistence", "renamed"},
     {"privacy"},
     {"base"},
     {"classifier", "eegnet"},

@@ -60,7 +60,7 @@ from flwr.app import ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from .. import spec as _spec
-from ..base import check_sample_weight
+from ..validation import check_sample_weight
 from ..client import Site
 from ..validation import check_count
 from . import secure
