@@ -18,7 +18,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
 
 from .aggregation import projavg
-from .nn import DomainBatch
+from .batchnorm import DomainBatch
 from .training import (
     EpochSchedule,
     check_optimizer_array,
@@ -855,7 +855,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
         Returns
         -------
-        torch.Tensor or skfedspd.nn.DomainBatch
+        torch.Tensor or skfedspd.batchnorm.DomainBatch
         """
         Xt = self.to_tensor(X[rows])
         return Xt if domains is None else DomainBatch(Xt, np.asarray(domains)[rows])

@@ -12,7 +12,8 @@ from sklearn.utils.validation import _num_samples, check_is_fitted
 from .base import TorchClassifierBase, decision_from_logits, proba_from_logits
 from .persistence import check_fitted_attributes
 from .renamed import EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
-from .nn import SPDNet, domain_codes
+from .batchnorm import domain_codes
+from .nn import SPDNet
 from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainStatistics, DomainStatisticsMixin, check_prior_statistics,
                      domain_labels, drop_domain_requests, log_euclidean_sum)
 from .stiefel import orthonormality_problem

@@ -13,7 +13,7 @@ import torch
 
 from .validation import stratified_split, training_weights
 from .messages import EvalReply, SetupReply, TrainReply
-from .nn import DomainBatch
+from .batchnorm import DomainBatch
 from .training import derive_seed, evaluate
 
 __all__ = ["Site", "client_statistic", "client_update", "site_training_weights", "DP_SAMPLE_WEIGHT_ERROR"]

@@ -91,7 +91,7 @@ from torch import nn
 
 from .base import TorchClassifierBase
 from .renamed import EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
-from .nn import FederatedModule
+from .federated_module import FederatedModule
 from .validation import Count
 
 __all__ = ["EEGNet", "EEGNetClassifier"]

@@ -24,7 +24,7 @@ from .aggregation import rule_name
 from .classifier import SPDnetClassifier
 from .client import Site, client_update
 from .messages import EvalReply
-from .nn import DomainBatch
+from .batchnorm import DomainBatch
 from .persistence import load_bundle, save_bundle
 from .run import domain_prior_from_data, init_model
 from .training import evaluate, load_optimizer_arrays, torch_threads

@@ -6,7 +6,7 @@ Han et al., 2024). At each step of :func:`dp_train_epochs`:
 1. **Poisson sampling**: every training sample joins the minibatch independently with
    probability ``q`` (``sample_rate``), as the accountants assume.
 2. **Per-sample gradients** (:func:`per_sample_gradients`) of the per-sample cross-entropy.
-   For a Stiefel weight (a :class:`~skfedspd.nn.BiMap`, trained by tangent-space local
+   For a Stiefel weight (a :class:`~skfedspd.layers.BiMap`, trained by tangent-space local
    trivialization ``W = uf(W_ref + P_{W_ref}(V))``) the gradient is taken at the chart
    centre ``V = 0``, where the gradient of ``V`` is ``P_W(∇_W ℓ)``: the Riemannian gradient
    (embedded metric) in the tangent space at the current ``W``. Euclidean for the others.
@@ -58,7 +58,8 @@ from sklearn.utils._param_validation import Interval
 from torch.func import functional_call, grad, vmap
 
 from .functional import expm_sym, logeig, reeig
-from .nn import BiMap, DomainBatch, DomainSPDBatchNorm, SPDBatchNorm
+from .batchnorm import DomainBatch, DomainSPDBatchNorm, SPDBatchNorm
+from .layers import BiMap
 from .stiefel import tangent_project
 from .training import Settings, seeded_torch
 from .validation import check_count, check_positive, is_count
@@ -144,7 +145,7 @@ def _check_method(module, method):
 
 
 def _matrices(X):
-    """The tensor of an input batch (a :class:`~skfedspd.nn.DomainBatch` carries one)."""
+    """The tensor of an input batch (a :class:`~skfedspd.batchnorm.DomainBatch` carries one)."""
     return X.X if isinstance(X, DomainBatch) else X
 
 

@@ -1,7 +1,7 @@
 """The one local-training routine, shared by the centralized and the federated estimators.
 
 ``train_epochs`` runs plain minibatch epochs of cross-entropy training on any
-:class:`~skfedspd.nn.FederatedModule`; ``evaluate`` scores a module; ``PlateauSchedule``
+:class:`~skfedspd.federated_module.FederatedModule`; ``evaluate`` scores a module; ``PlateauSchedule``
 holds the paper's schedule (ReduceLROnPlateau + early stopping + best checkpoint) and is
 stepped once per epoch (centralized) or once per round (federated).
 """
@@ -104,7 +104,7 @@ def minibatches(n, batch_size, generator, domains=None):
     """One epoch's minibatches: index tensors covering ``range(n)`` once, in shuffled order.
 
     Without ``domains`` (or with one domain): a random permutation cut into batches of
-    ``batch_size``. With several domains (the codes of a :class:`~skfedspd.nn.DomainBatch`),
+    ``batch_size``. With several domains (the codes of a :class:`~skfedspd.batchnorm.DomainBatch`),
     every minibatch holds the trials of **one** domain: each domain's trials are shuffled and
     cut into near-equal batches of at most ``batch_size``, and the batches are shuffled.
     Domain batch norm normalizes each domain of a minibatch by that domain's mean in the
@@ -146,7 +146,7 @@ def minibatches(n, batch_size, generator, domains=None):
 
 def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sample_weight=None):
     """Train ``module`` for ``n_epochs`` epochs of shuffled minibatches (:func:`minibatches`:
-    one domain per minibatch when ``X`` is a :class:`~skfedspd.nn.DomainBatch` of several).
+    one domain per minibatch when ``X`` is a :class:`~skfedspd.batchnorm.DomainBatch` of several).
 
     Parameters
     ----------

@@ -53,7 +53,8 @@ from sklearn.utils.estimator_checks import parametrize_with_checks
 from skfedspd import SPDnetClassifier
 from skfedspd.validation import uses_validation
 from skfedspd.classifier import auto_hidden_dim
-from skfedspd.nn import DomainBatch, SPDNet
+from skfedspd.batchnorm import DomainBatch
+from skfedspd.nn import SPDNet
 
 pytestmark = pytest.mark.usefixtures("torch_single_thread")
 

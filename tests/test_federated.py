@@ -29,7 +29,8 @@ from conftest import make_eeg_timeseries, make_spd_dataset
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import FLTrust, Krum, TrimmedMean, projavg
 from skfedspd.federated import make_clients, partition_indices
-from skfedspd.nn import DomainBatch, SPDNet
+from skfedspd.batchnorm import DomainBatch
+from skfedspd.nn import SPDNet
 from skfedspd.persistence import load_bundle, load_estimator, save_estimator
 from skfedspd.privacy import DPSGD
 from skfedspd.run import held_out_fraction, resolved_settings

@@ -13,9 +13,11 @@ import pytest
 import torch
 from torch.func import functional_call
 
-import skfedspd.nn as nn_module
+import skfedspd.layers as layers_module
 from skfedspd.functional import reeig
-from skfedspd.nn import BiMap, DomainSPDBatchNorm, SPDBatchNorm, SPDNet, congruence
+from skfedspd.batchnorm import DomainSPDBatchNorm, SPDBatchNorm
+from skfedspd.layers import BiMap, congruence
+from skfedspd.nn import SPDNet
 from skfedspd.stiefel import orthonormality_error, random_stiefel, tangent_project
 from skfedspd.training import train_epochs
 
@@ -311,13 +313,13 @@ def test_bimap_forward_uses_one_node_at_chart_centre(spd_batch):
 
 def _count_stiefel_checks(monkeypatch):
     calls = []
-    original = nn_module._on_stiefel
+    original = layers_module._on_stiefel
 
     def counting(W):
         calls.append(1)
         return original(W)
 
-    monkeypatch.setattr(nn_module, "_on_stiefel", counting)
+    monkeypatch.setattr(layers_module, "_on_stiefel", counting)
     return calls
 
 

@@ -17,7 +17,8 @@ import torch.nn.functional as F
 import skfedspd.privacy as privacy
 from skfedspd.eegnet import EEGNet
 from skfedspd.functional import reeig, reeig_logeig_vech
-from skfedspd.nn import DomainBatch, SPDNet
+from skfedspd.batchnorm import DomainBatch
+from skfedspd.nn import SPDNet
 from skfedspd.privacy import (
     add_gaussian_noise,
     calibrate_noise,
