@@ -2,7 +2,7 @@
 
 One plain step: :func:`skfedspd.training.train_epochs` for one epoch of one batch of ``B``
 samples with a fresh Adam (forward + backward + ``Adam.step()`` + ``after_step_()``).
-One DP step: :func:`skfedspd.privacy.dp_train_epochs` with ``sample_rate=1`` on the same ``B``
+One DP step: :func:`skfedspd.dp_sgd.dp_train_epochs` with ``sample_rate=1`` on the same ``B``
 samples (all drawn: one step), fresh Adam: per-sample gradients (Riemannian for the BiMap),
 joint clipping, Gaussian noise projected to the tangent space, ``Adam.step()``,
 ``after_step_()`` and re-centring.
@@ -39,7 +39,7 @@ from benchmarks.records.speed import add_record_option, write_speed_record  # no
 from skfedspd.datasets import make_spd_classification
 from skfedspd.eegnet import EEGNet
 from skfedspd.nn import SPDNet
-from skfedspd.privacy import dp_train_epochs
+from skfedspd.dp_sgd import dp_train_epochs
 from skfedspd.training import train_epochs
 
 

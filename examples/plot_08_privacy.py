@@ -10,7 +10,7 @@ meets a target ``(ε, δ)`` for a given number of steps, and, for a federation, 
 site for the whole run.
 
 This example trains the SPDnet module (:class:`skfedspd.nn.SPDNet`) with
-:func:`~skfedspd.privacy.dp_train_epochs` at several privacy budgets on synthetic data, and
+:func:`~skfedspd.dp_sgd.dp_train_epochs` at several privacy budgets on synthetic data, and
 plans the noise of a federated run with :func:`~skfedspd.privacy.plan_dp`. Needs
 ``dp-accounting`` (``pip install dp-accounting``).
 """
@@ -29,8 +29,8 @@ if importlib.util.find_spec("dp_accounting") is None:
 
 from skfedspd.datasets import make_spd_classification
 from skfedspd.nn import SPDNet
-from skfedspd.privacy import (calibrate_noise, default_delta, dp_train_epochs, epsilon_spent, plan_dp,
-                              steps_per_epoch)
+from skfedspd.dp_sgd import dp_train_epochs, steps_per_epoch
+from skfedspd.privacy import calibrate_noise, default_delta, epsilon_spent, plan_dp
 from skfedspd.training import evaluate
 
 X, y = make_spd_classification(n_matrices=700, n_channels=8, n_classes=2, separation=2.0, seed=0)

@@ -334,7 +334,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         creates an Adam optimizer with learning rate ``lr`` (resuming the client's
         ``optimizer_state`` when one is given) and runs ``n_epochs``
         epochs of :func:`~skfedspd.training.train_epochs` (minibatches of ``batch_size``)
-        under ``seed`` — or, with ``dp``, of :func:`~skfedspd.privacy.dp_train_epochs`
+        under ``seed`` — or, with ``dp``, of :func:`~skfedspd.dp_sgd.dp_train_epochs`
         (DP-SGD: Poisson sampling, per-sample clipping, Gaussian noise, Adam on the
         privatized gradient). Torch's global RNG and grad mode do not matter and are left as
         they were.
@@ -392,7 +392,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             if dp is not None:
                 if sample_weight is not None:
                     raise ValueError("sample_weight is not supported with differential privacy (dp)")
-                from .privacy import dp_train_epochs
+                from .dp_sgd import dp_train_epochs
 
                 dp_train_epochs(self.module_, X, y, n_epochs=n_epochs, sample_rate=dp["sample_rate"],
                                 clip_norm=dp["clip_norm"], noise_multiplier=dp["noise_multiplier"], lr=None,

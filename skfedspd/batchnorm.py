@@ -175,7 +175,7 @@ class DomainBatch:
         Fixed domain statistics: for each batch-norm layer, ``M^{-1/2}`` of every domain's
         mean (shape ``(n_domains, d, d)``, indexed by the codes). ``SPDNet`` then whitens
         each matrix by its domain's entry instead of the batch's own means, so the samples
-        of a batch do not interact (DP-SGD, :func:`skfedspd.privacy.release_domain_means`).
+        of a batch do not interact (DP-SGD, :func:`skfedspd.dp_sgd.release_domain_means`).
 
     Examples
     --------

@@ -194,7 +194,7 @@ class Site:
 
     def release_domain_means(self, global_params, dp, released=None):
         """DP mode with ``batchnorm="domain"``: release the means of the site's domains at
-        the model ``global_params`` (:func:`skfedspd.privacy.release_domain_means`, noise
+        the model ``global_params`` (:func:`skfedspd.dp_sgd.release_domain_means`, noise
         seeded by the run's seed and the client id), once: every later training whitens the
         site's trials by them. ``released`` (the arrays of an earlier release of this fit,
         kept by the transport) is used as it is, spending nothing more.
@@ -209,7 +209,7 @@ class Site:
         X = self.X_train
         if X.statistics is None:
             if released is None:
-                from .privacy import release_domain_means
+                from .dp_sgd import release_domain_means
 
                 self.est.set_parameters(global_params)
                 generator = torch.Generator().manual_seed(derive_seed(self._setup_seed, 10, self.client_id))

@@ -375,7 +375,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``"trace"`` (per matrix; ``init``'s scaling when given), which shares no statistic
         of the sites. With a local ``batchnorm="domain"`` each site first releases its
         domains' means under the budget (``DPSGD(domain_share=..., domain_clip=...)``,
-        :func:`skfedspd.privacy.release_domain_means`) and DP-SGD trains on trials
+        :func:`skfedspd.dp_sgd.release_domain_means`) and DP-SGD trains on trials
         re-centred by them. Refused: an explicit validation split (``validation_fraction >
         0`` with the local estimator's ``early_stopping=True``), ``batchnorm="spd"``
         (minibatch means) and ``warm_start`` (the budget covers one fit). Sites do not

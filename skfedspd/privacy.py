@@ -1,48 +1,13 @@
-"""Sample-level differential privacy: DP-SGD on the Stiefel manifold and its accounting.
+"""Sample-level differential privacy, the accounting: what DP-SGD spends, and its settings.
 
-The mechanism (DP-SGD of Abadi et al., 2016, with the Riemannian steps of DP-RFedProj /
-Han et al., 2024). At each step of :func:`dp_train_epochs`:
-
-1. **Poisson sampling**: every training sample joins the minibatch independently with
-   probability ``q`` (``sample_rate``), as the accountants assume.
-2. **Per-sample gradients** (:func:`per_sample_gradients`) of the per-sample cross-entropy.
-   For a Stiefel weight (a :class:`~skfedspd.layers.BiMap`, trained by tangent-space local
-   trivialization ``W = uf(W_ref + P_{W_ref}(V))``) the gradient is taken at the chart
-   centre ``V = 0``, where the gradient of ``V`` is ``P_W(∇_W ℓ)``: the Riemannian gradient
-   (embedded metric) in the tangent space at the current ``W``. Euclidean for the others.
-3. **Joint clipping** (:func:`clip_and_sum`): each sample's gradients (Riemannian and
-   Euclidean together, one Frobenius norm over all parameters) are scaled to norm at most
-   ``C`` (``clip_norm``), then summed: adding or removing one sample moves the sum by at
-   most ``C``. Only the parameters that train (``requires_grad``) are privatized: frozen
-   ones (``SPDnetClassifier(trainable="head")``) get no gradient, no noise and no update,
-   so the noise ``σC`` spreads over fewer coordinates and the accounting is unchanged.
-4. **Gaussian noise** (:func:`add_gaussian_noise`) ``N(0, (σC)² I)`` on every coordinate;
-   for a Stiefel weight the noisy sum is then projected onto the tangent space (the sum
-   already lies there, so this only projects the noise: post-processing).
-5. The result divided by the **expected** batch size ``q·n`` is the gradient of a
-   torch optimizer step, then ``module.after_step_()`` and the charts are re-centred: with
-   SGD, ``W ← R_W(−lr·g)`` (polar retraction), the Euclidean weights ``θ ← θ − lr·g``.
-   Any optimizer (Adam...) only post-processes the privatized gradient, so the guarantee
-   is the same: ``optimizer="adam"`` is allowed.
-
-Accounting: the composition of ``steps`` Poisson-subsampled Gaussian mechanisms
+The mechanism (:mod:`skfedspd.dp_sgd`: Poisson-subsampled, clipped, noised Riemannian
+gradient steps, and the one-off release of each domain's mean) is accounted here as the
+composition of ``steps`` Poisson-subsampled Gaussian mechanisms
 (``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``), add/remove-one adjacency, by Google's
 ``dp-accounting`` (RDP accountant by default, PLD on request): :func:`epsilon_spent`,
-:func:`calibrate_noise` and, for a federated run, :func:`plan_dp`.
-
-BatchNorm mixes the samples of a batch (its batch statistics and running averages depend
-on every sample), which breaks per-sample sensitivity: :func:`dp_train_epochs` runs every
-BatchNorm layer in evaluation mode (frozen running statistics, affine weights trained
-privately) and refuses BatchNorm layers without running statistics.
-
-Re-centring under DP (``SPDnetClassifier(batchnorm="domain")``): a domain's own mean mixes
-its samples too. :func:`release_domain_means` releases each domain's mean at every
-batch-norm layer once, by the Gaussian mechanism on a clipped log-Euclidean mean (one
-trial moves the released vector of its own domain by at most
-:func:`domain_mean_sensitivity`), and DP-SGD then trains on the trials whitened by the
-released means (post-processing: the samples of a batch no longer interact). The release
-and DP-SGD compose in one accountant (:func:`plan_dp`); the guide
-(``docs/guide/privacy.md``) gives the sensitivity analysis.
+:func:`calibrate_noise` and, for a federated run, :func:`plan_dp`, which composes the
+release of the domain means and DP-SGD in one accountant. :class:`DPSGD` groups the
+settings a user gives a federated fit (``FederatedSPDnetClassifier(privacy=DPSGD(...))``).
 """
 
 import contextlib
@@ -52,31 +17,15 @@ import numbers
 
 from numbers import Real
 
-import torch
-import torch.nn.functional as F
 from sklearn.utils._param_validation import Interval
-from torch.func import functional_call, grad, vmap
 
-from .functional import expm_sym, logeig, reeig
-from .batchnorm import DomainBatch, DomainSPDBatchNorm, SPDBatchNorm
-from .layers import BiMap
-from .stiefel import tangent_project
-from .training import Settings, seeded_torch
+from .dp_sgd import DOMAIN_COUNT_WEIGHT, domain_mean_sensitivity, steps_per_epoch
+from .training import Settings
 from .validation import check_count, check_positive, is_count
 
 __all__ = [
     "DPSGD",
     "ACCOUNTANTS",
-    "stiefel_charts",
-    "per_sample_gradients",
-    "clip_and_sum",
-    "add_gaussian_noise",
-    "steps_per_epoch",
-    "dp_train_epochs",
-    "DOMAIN_COUNT_WEIGHT",
-    "domain_mean_sensitivity",
-    "clipped_domain_sums",
-    "release_domain_means",
     "epsilon_spent",
     "calibrate_noise",
     "calibrate_release_noise",
@@ -91,605 +40,6 @@ ACCOUNTANTS = {
     "rdp": "dp_accounting.rdp.RdpAccountant",
     "pld": "dp_accounting.pld.PLDAccountant",
 }
-
-# ---------------------------------------------------------------------------------------------
-# The mechanism
-# ---------------------------------------------------------------------------------------------
-
-
-def stiefel_charts(module):
-    """``{torch parameter name: W_ref}`` for the tangent coordinates ``V`` of every BiMap.
-
-    These parameters hold Riemannian gradients at ``W_ref`` (when ``V = 0``); their noise is
-    projected onto the tangent space at ``W_ref``.
-
-    Examples
-    --------
-    >>> from skfedspd.nn import SPDNet
-    >>> from skfedspd.privacy import stiefel_charts
-    >>> charts = stiefel_charts(SPDNet(6, (4, 3), n_classes=2, seed=0))
-    >>> {name: tuple(W.shape) for name, W in charts.items()}
-    {'bimaps.0.V': (6, 4), 'bimaps.1.V': (4, 3)}
-    """
-    return {f"{name}.V" if name else "V": sub.W_ref
-            for name, sub in module.named_modules() if isinstance(sub, BiMap)}
-
-
-def _at_chart_centres(module):
-    return all(not bool(sub.V.detach().any()) for sub in module.modules() if isinstance(sub, BiMap))
-
-
-def _recentre(module):
-    """Move every BiMap chart to the current weight (``V ← 0``) where ``V`` is not 0."""
-    for sub in module.modules():
-        if isinstance(sub, BiMap) and bool(sub.V.detach().any()):
-            sub.recenter_()
-
-
-# Samples per batched backward of method="batched": each of its c cotangents runs through
-# the whole chunk's graph (c² work in the BiMap and spectral backward), against c× fewer calls;
-# 8 was fastest for St(64, 18) at batch 64 (docs/benchmarks/speed.md).
-_BACKWARD_CHUNK = 8
-
-
-def _check_method(module, method):
-    if method not in ("auto", "vmap", "batched", "loop"):
-        raise ValueError(f"method must be 'auto', 'vmap', 'batched' or 'loop', got {method!r}")
-    has_bimap = any(isinstance(sub, BiMap) for sub in module.modules())
-    if method == "auto":
-        return "batched" if has_bimap else "vmap"
-    if method == "vmap" and has_bimap:
-        raise ValueError("method='vmap' cannot differentiate the SPDnet layers (custom autograd "
-                         "Functions without vmap rules and with data-dependent branches): use 'batched' or 'loop'")
-    return method
-
-
-def _matrices(X):
-    """The tensor of an input batch (a :class:`~skfedspd.batchnorm.DomainBatch` carries one)."""
-    return X.X if isinstance(X, DomainBatch) else X
-
-
-def _batchnorms(module):
-    return [sub for sub in module.modules() if isinstance(sub, (torch.nn.modules.batchnorm._BatchNorm, SPDBatchNorm))]
-
-
-def _mixing_layers(module, X):
-    """Names of the layers that would normalise ``X`` by statistics of several samples."""
-    mixing = [type(sub).__name__ for sub in _batchnorms(module)
-              if sub.training or not getattr(sub, "track_running_stats", True)]
-    fixed = isinstance(X, DomainBatch) and X.statistics is not None
-    if not fixed:
-        mixing += [type(sub).__name__ for sub in module.modules() if isinstance(sub, DomainSPDBatchNorm)]
-    return mixing
-
-
-def _loop_gradients(module, names, params, X, y):
-    """Per-sample gradients and losses, one forward/backward per sample (exact custom backward)."""
-    grads = [torch.empty((len(y),) + p.shape, dtype=p.dtype, device=p.device) for p in params]
-    losses = torch.empty(len(y), dtype=_matrices(X).dtype, device=y.device)
-    with torch.enable_grad():
-        for i in range(len(y)):
-            loss = F.cross_entropy(module(X[i : i + 1]), y[i : i + 1])
-            sample = torch.autograd.grad(loss, params, allow_unused=True)
-            for g, gi in zip(grads, sample):
-                if gi is None:
-                    g[i].zero_()
-                else:
-                    g[i].copy_(gi)
-            losses[i] = loss.detach()
-    return dict(zip(names, grads)), losses
-
-
-def _batched_backward_gradients(module, names, params, X, y):
-    """Per-sample gradients and losses, one forward and one vmapped backward per chunk.
-
-    ``autograd.grad`` of the chunk's per-sample losses with the identity as batched
-    cotangents (``is_grads_batched``): row ``j`` is the gradient of sample ``j``'s loss.
-    Only the backward runs under vmap (the forward is the module's own, with its
-    data-dependent branches), exact for any module whose samples do not interact.
-    """
-    chunks, losses = [], []
-    with torch.enable_grad():
-        for start in range(0, len(y), _BACKWARD_CHUNK):
-            loss = F.cross_entropy(module(X[start : start + _BACKWARD_CHUNK]), y[start : start + _BACKWARD_CHUNK],
-                                   reduction="none")
-            eye = torch.eye(len(loss), dtype=loss.dtype, device=loss.device)
-            chunks.append(torch.autograd.grad(loss, params, grad_outputs=eye, is_grads_batched=True,
-                                              allow_unused=True, materialize_grads=True))
-            losses.append(loss.detach())
-    return {name: torch.cat(g) for name, g in zip(names, zip(*chunks))}, torch.cat(losses)
-
-
-def _vmap_gradients(module, names, params, X, y):
-    """Per-sample gradients and losses by ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``)."""
-    buffers = dict(module.named_buffers())
-
-    def sample_loss(weights, x, target):
-        logits = functional_call(module, (weights, buffers), (x.unsqueeze(0),))
-        loss = F.cross_entropy(logits, target.unsqueeze(0))
-        return loss, loss.detach()
-
-    weights = {name: p.detach() for name, p in zip(names, params)}
-    with torch.enable_grad():
-        grads, losses = vmap(grad(sample_loss, has_aux=True), in_dims=(None, 0, 0),
-                             randomness="different")(weights, X, y)
-    return grads, losses
-
-
-def per_sample_gradients(module, X, y, *, method="auto"):
-    """Gradients of each sample's cross-entropy loss, Riemannian for the Stiefel weights.
-
-    Parameters
-    ----------
-    module : FederatedModule
-        Called as ``module(X_batch)`` → logits. Its BiMap charts must be centred
-        (``V = 0``: the gradient of ``V`` is then the Riemannian gradient
-        ``P_W(∇_W ℓ)`` at the current ``W``) and its BatchNorm layers in eval mode with
-        running statistics (batch statistics mix the samples); :func:`dp_train_epochs`
-        sees to both.
-    X : torch.Tensor of shape (batch, ...)
-    y : torch.Tensor of shape (batch,)
-        Integer class codes.
-    method : {"auto", "vmap", "batched", "loop"}, default="auto"
-        "vmap": ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``: one vectorized
-        pass; modules of standard torch layers such as EEGNet). "batched": one forward and
-        one vmapped backward per chunk of 8 samples (``autograd.grad(..., is_grads_batched=True)``;
-        any module whose backward vmaps, including SPDnet, whose custom autograd Functions
-        cannot run under ``torch.func`` transforms). "loop": one forward/backward per sample
-        (any module; the reference). "auto": "batched" for modules containing a BiMap,
-        "vmap" otherwise.
-
-    Returns
-    -------
-    grads : dict of str to torch.Tensor
-        ``{parameter name: tensor of shape (batch, *parameter.shape)}`` for every trainable
-        parameter of ``module`` (``named_parameters()``; buffers never get gradients). The
-        gradients of BiMap tangent coordinates are projected onto the tangent space at
-        ``W_ref`` (a no-op up to rounding at the chart centre, explicit here).
-    losses : torch.Tensor of shape (batch,)
-        The per-sample losses.
-
-    Examples
-    --------
-    The mean of the per-sample gradients is the gradient of the mean loss:
-
-    >>> import torch
-    >>> import torch.nn.functional as F
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.nn import SPDNet
-    >>> from skfedspd.privacy import per_sample_gradients
-    >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=8, n_channels=4, seed=0))
-    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
-    >>> grads, losses = per_sample_gradients(module, X, y)
-    >>> grads["head.weight"].shape, losses.shape  # 8 samples; head: 3 classes x vech of 3 x 3
-    (torch.Size([8, 3, 6]), torch.Size([8]))
-    >>> F.cross_entropy(module(X), y).backward()
-    >>> torch.allclose(grads["head.weight"].mean(0), module.head.weight.grad)
-    True
-    """
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
-    method = _check_method(module, method)
-    mixing = _mixing_layers(module, X)
-    if mixing:
-        raise ValueError(f"{mixing} normalise with batch statistics, which mix the samples of a batch: put them "
-                         "in eval mode with running statistics (dp_train_epochs freezes them), and give domain "
-                         "batch norms fixed statistics (a DomainBatch with released means, release_domain_means)")
-    if not _at_chart_centres(module):
-        raise ValueError("BiMap charts are not centred (V != 0): call module.recenter_() first, "
-                         "otherwise the gradient of V is not the Riemannian gradient at W")
-    names, params = zip(*[(name, p) for name, p in module.named_parameters() if p.requires_grad])
-    if len(y) == 0:
-        grads = {name: torch.zeros((0,) + p.shape, dtype=p.dtype, device=p.device) for name, p in zip(names, params)}
-        inputs = _matrices(X)
-        return grads, torch.zeros(0, dtype=inputs.dtype, device=inputs.device)
-    compute = {"vmap": _vmap_gradients, "batched": _batched_backward_gradients, "loop": _loop_gradients}[method]
-    grads, losses = compute(module, list(names), list(params), X, y)
-    for name, W in stiefel_charts(module).items():
-        if name in grads:  # a frozen BiMap (requires_grad False) has no gradient
-            grads[name] = tangent_project(W.detach(), grads[name])
-    return grads, losses
-
-
-def clip_and_sum(grads, clip_norm):
-    """Clip each sample's gradients jointly to norm ``clip_norm`` and sum over the samples.
-
-    The norm of sample ``i`` is ``sqrt(Σ_params ‖g_i‖_F²)`` (the Riemannian gradients of the
-    Stiefel weights measured in the embedded metric, the Frobenius norm of the ambient
-    matrices); each sample is scaled by ``min(1, C / norm_i)``. A sample whose gradient is
-    not finite contributes zero (a per-sample decision: the sensitivity stays ``C``).
-
-    Parameters
-    ----------
-    grads : dict of str to torch.Tensor
-        Per-sample gradients, each of shape ``(batch, *shape)``.
-    clip_norm : float
-        ``C > 0``.
-
-    Returns
-    -------
-    summed : dict of str to torch.Tensor
-        ``Σ_i min(1, C / norm_i) g_i`` per parameter (shape ``shape``).
-    norms : torch.Tensor of shape (batch,)
-        The joint norms before clipping (``inf``/``nan`` for non-finite samples).
-
-    Examples
-    --------
-    Two samples with joint norms 5 and 0.5: the first is scaled down to norm 1.
-
-    >>> import torch
-    >>> from skfedspd.privacy import clip_and_sum
-    >>> grads = {"w": torch.tensor([[3.0, 0.0], [0.3, 0.0]]), "b": torch.tensor([[4.0], [0.4]])}
-    >>> summed, norms = clip_and_sum(grads, clip_norm=1.0)
-    >>> summed["w"], summed["b"], norms
-    (tensor([0.9000, 0.0000]), tensor([1.2000]), tensor([5.0000, 0.5000]))
-    """
-    check_positive(clip_norm, "clip_norm")
-    flat = [g.flatten(1) for g in grads.values()]
-    norms = torch.cat(flat, dim=1).norm(dim=1) if flat else torch.zeros(0)
-    finite = torch.isfinite(norms)
-    # C / max(norm, C) = min(1, C / norm), and 1 at norm 0; non-finite samples get 0
-    factor = torch.where(finite, clip_norm / torch.clamp(norms, min=clip_norm), 0.0)
-    summed = {}
-    for name, g in grads.items():
-        scaled = torch.where(finite.view((-1,) + (1,) * (g.dim() - 1)), g, 0.0) * factor.view((-1,) + (1,) * (g.dim() - 1))
-        summed[name] = scaled.sum(0)
-    return summed, norms
-
-
-def add_gaussian_noise(summed, *, std, charts, generator):
-    """``summed + N(0, std² I)`` per parameter; Stiefel sums projected to the tangent space.
-
-    Parameters
-    ----------
-    summed : dict of str to torch.Tensor
-        Clipped sums (:func:`clip_and_sum`).
-    std : float
-        Noise standard deviation ``σ·C`` (0: no noise).
-    charts : dict of str to torch.Tensor
-        :func:`stiefel_charts` of the module: for these parameters the noisy sum is
-        projected onto the tangent space at ``W_ref`` (the sum already lies there, so only
-        the noise is projected).
-    generator : torch.Generator
-        A CPU generator, the source of the noise (drawn on the CPU and moved to the
-        parameters' device: the same draws whatever the device).
-
-    Returns
-    -------
-    dict of str to torch.Tensor
-
-    Examples
-    --------
-    >>> import torch
-    >>> from skfedspd.privacy import add_gaussian_noise
-    >>> from skfedspd.stiefel import random_stiefel
-    >>> W = torch.as_tensor(random_stiefel(4, 2, rng=0))
-    >>> summed = {"V": torch.zeros(4, 2, dtype=W.dtype), "b": torch.zeros(3, dtype=W.dtype)}
-    >>> noisy = add_gaussian_noise(summed, std=0.5, charts={"V": W}, generator=torch.Generator().manual_seed(0))
-    >>> xi = noisy["V"]  # noise on a Stiefel weight: in the tangent space at W
-    >>> torch.allclose(W.T @ xi + xi.T @ W, torch.zeros(2, 2, dtype=W.dtype)), noisy["b"].shape
-    (True, torch.Size([3]))
-    """
-    noisy = {}
-    for name, s in summed.items():
-        noise = torch.randn(s.shape, generator=generator, dtype=s.dtype).to(s.device)
-        value = s + std * noise
-        if name in charts:
-            value = tangent_project(charts[name].detach(), value)
-        noisy[name] = value
-    return noisy
-
-
-def steps_per_epoch(sample_rate):
-    """Poisson-sampled steps in one epoch: ``ceil(1 / q)`` (``ceil(n / b)`` for ``q = b / n``),
-    so that the expected number of samples drawn per epoch is at least ``n``.
-
-    Examples
-    --------
-    >>> from skfedspd.privacy import steps_per_epoch
-    >>> steps_per_epoch(16 / 120), steps_per_epoch(0.1), steps_per_epoch(1.0)
-    (8, 10, 1)
-    """
-    if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
-        raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
-    return max(1, math.ceil(round(1.0 / sample_rate, 9)))
-
-
-@contextlib.contextmanager
-def _frozen_batchnorm(module):
-    """``module.train()`` with every BatchNorm layer in eval mode (frozen running statistics);
-    the previous modes are restored on exit."""
-    modes = {sub: sub.training for sub in module.modules()}
-    norms = _batchnorms(module)
-    unfrozen = [type(sub).__name__ for sub in norms if not getattr(sub, "track_running_stats", True)]
-    if unfrozen:
-        raise ValueError(f"{unfrozen} without running statistics normalise with batch statistics, which "
-                         "mix the samples of a batch: per-sample differential privacy does not hold")
-    module.train()
-    for sub in norms:
-        sub.eval()
-    try:
-        yield
-    finally:
-        for sub, mode in modes.items():
-            sub.training = mode
-
-
-def _make_optimizer(optimizer, module, lr):
-    if isinstance(optimizer, torch.optim.Optimizer):
-        if lr is not None:
-            raise ValueError("pass lr=None with an optimizer instance (it has its own learning rate)")
-        return optimizer
-    check_positive(lr, "lr")
-    if optimizer == "sgd":
-        return torch.optim.SGD(module.parameters(), lr=lr)
-    if optimizer == "adam":
-        return torch.optim.Adam(module.parameters(), lr=lr)
-    raise ValueError(f"optimizer must be 'sgd', 'adam' or a torch.optim.Optimizer, got {optimizer!r}")
-
-
-def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_multiplier, lr, generator,
-                    optimizer="sgd", method="auto"):
-    """Train ``module`` by DP-SGD (Riemannian for the Stiefel weights) for ``n_epochs`` epochs.
-
-    Each of the ``n_epochs · steps_per_epoch(sample_rate)`` steps draws a Poisson minibatch
-    (rate ``q``), computes per-sample gradients (Riemannian for the BiMap weights), clips them
-    jointly to ``clip_norm``, sums them, adds ``N(0, (σC)²)`` noise (projected to the tangent
-    space for the Stiefel weights), divides by the expected batch size ``q·n`` and applies
-    one optimizer step, ``module.after_step_()`` and a re-centring of the BiMap charts (the
-    polar retraction). The run spends ``epsilon_spent(noise_multiplier, delta, sample_rate,
-    n_epochs · steps_per_epoch(sample_rate))``. See the module docstring.
-
-    Parameters
-    ----------
-    module : FederatedModule
-        SPDNet, EEGNet or any module ``X_batch → logits``. BatchNorm layers run frozen
-        (eval mode) and are not updated; other layers in training mode (dropout on).
-    X : torch.Tensor of shape (n, ...)
-    y : torch.Tensor of shape (n,)
-        Integer class codes.
-    n_epochs : int
-    sample_rate : float
-        Poisson sampling rate ``q`` in (0, 1] (expected batch size ``q·n``).
-    clip_norm : float
-        ``C``: bound on each sample's joint gradient norm.
-    noise_multiplier : float
-        ``σ ≥ 0`` (noise standard deviation ``σ·C``; 0 = clipping only, no privacy).
-    lr : float or None
-        Learning rate of a fresh ``optimizer`` ("sgd"/"adam"); None with an instance.
-    generator : torch.Generator
-        A CPU generator. Drives the Poisson sampling, the noise and (through a seed drawn
-        from it) dropout: the run is a deterministic function of the generator's state.
-    optimizer : {"sgd", "adam"} or torch.optim.Optimizer, default="sgd"
-        Post-processing of the privatized gradient: any optimizer keeps the guarantee.
-        "sgd" is the textbook Riemannian DP-SGD (retraction of ``−lr·g``).
-    method : {"auto", "vmap", "batched", "loop"}, default="auto"
-        How per-sample gradients are computed (:func:`per_sample_gradients`).
-
-    Returns
-    -------
-    mean_loss : float
-        Mean per-sample training loss over the drawn samples (a local diagnostic: it is a
-        function of the raw data, not covered by the guarantee; NaN if no sample was drawn).
-    n_dropped : int
-        Samples whose gradient was not finite and contributed zero.
-
-    Examples
-    --------
-    >>> import torch
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.nn import SPDNet
-    >>> from skfedspd.privacy import dp_train_epochs
-    >>> from skfedspd.stiefel import orthonormality_error
-    >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=40, n_channels=4, seed=0))
-    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
-    >>> gen = torch.Generator().manual_seed(0)
-    >>> loss, dropped = dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.25, clip_norm=1.0,
-    ...                                 noise_multiplier=1.1, lr=0.05, generator=gen)
-    >>> dropped, bool(orthonormality_error(module.bimaps[0].weight.detach()) < 1e-12)
-    (0, True)
-    """
-    if len(X) != len(y):
-        raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
-    check_count(n_epochs, "n_epochs", 0)
-    n_steps = n_epochs * steps_per_epoch(sample_rate)
-    check_positive(clip_norm, "clip_norm")
-    check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    if generator.device.type != "cpu":
-        raise ValueError(f"generator must be a CPU generator (draws are moved to the module's device), "
-                         f"got one on {generator.device}")
-    method = _check_method(module, method)
-    opt = _make_optimizer(optimizer, module, lr)
-    charts = stiefel_charts(module)
-    n = len(y)
-    expected_batch = sample_rate * n
-    total, count, dropped = 0.0, 0, 0
-    dropout_seed = int(torch.randint(2**62, (1,), generator=generator))
-    with _frozen_batchnorm(module), seeded_torch(dropout_seed):
-        _recentre(module)
-        for _ in range(n_steps):
-            drawn = torch.rand(n, generator=generator) < sample_rate
-            idx = drawn.nonzero().squeeze(1).to(_matrices(X).device)
-            grads, losses = per_sample_gradients(module, X[idx], y[idx], method=method)
-            summed, norms = clip_and_sum(grads, clip_norm)
-            noisy = add_gaussian_noise(summed, std=noise_multiplier * clip_norm, charts=charts,
-                                       generator=generator)
-            opt.zero_grad(set_to_none=True)
-            for name, p in module.named_parameters():
-                if name in noisy:
-                    p.grad = noisy[name] / expected_batch
-            opt.step()
-            module.after_step_()
-            _recentre(module)
-            finite = torch.isfinite(norms) & torch.isfinite(losses)
-            dropped += int((~torch.isfinite(norms)).sum())
-            total += float(losses[finite].sum())
-            count += int(finite.sum())
-    return (total / count if count else float("nan")), dropped
-
-
-# ---------------------------------------------------------------------------------------------
-# Re-centring under DP: the domains' means, released once
-# ---------------------------------------------------------------------------------------------
-
-#: The weight ``c`` of a domain's trial count in its released vector ``(S, c·n)``, as a
-#: share of the clip radius ``R`` (``c = R / 2``): the count costs little sensitivity
-#: (``R·√(1 + 1/4)`` instead of ``R``) and is known to ``σ·√5`` trials.
-DOMAIN_COUNT_WEIGHT = 0.5
-
-
-def domain_mean_sensitivity(clip):
-    """L2 sensitivity of one domain's released vector ``(S, c·n)`` (:func:`release_domain_means`)
-    to adding or removing one trial: ``√(R² + c²)`` with ``c = DOMAIN_COUNT_WEIGHT · R``.
-
-    ``S = Σ_i clip_R(log Z_i − L_ref)`` is a sum of log-matrices, each clipped to Frobenius
-    norm ``R``; one trial adds or removes one such term in its own domain's ``S`` and one
-    ``c`` in its count, and changes no other domain's vector.
-
-    Examples
-    --------
-    >>> from skfedspd.privacy import domain_mean_sensitivity
-    >>> round(domain_mean_sensitivity(2.0), 4)  # 2 · √1.25
-    2.2361
-    """
-    check_positive(clip, "clip")
-    return float(clip) * math.sqrt(1.0 + DOMAIN_COUNT_WEIGHT**2)
-
-
-def _symmetric_gaussian(n_domains, n, std, generator, dtype):
-    """Symmetric ``n × n`` noise whose coordinates in an orthonormal basis of the symmetric
-    matrices (Frobenius inner product) are i.i.d. ``N(0, std²)``: the diagonal with ``std``,
-    each off-diagonal pair with ``std / √2``."""
-    Z = torch.randn((n_domains, n, n), generator=generator, dtype=dtype)
-    upper = torch.triu(Z, diagonal=1) / math.sqrt(2.0)
-    return std * (upper + upper.transpose(-1, -2) + torch.diag_embed(Z.diagonal(dim1=-2, dim2=-1)))
-
-
-def clipped_domain_sums(D, codes, n_domains, clip):
-    """Each domain's vector before the noise: ``S_k = Σ_i clip_R(D_i)`` over its trials and
-    its count ``n_k`` (:func:`release_domain_means`).
-
-    Parameters
-    ----------
-    D : torch.Tensor of shape (n, d, d)
-        The trials' symmetric deviations ``log Z_i − L_ref``.
-    codes : torch.Tensor of shape (n,)
-        Their domain codes in ``0..n_domains-1``.
-    n_domains : int
-    clip : float
-        ``R``: each ``D_i`` is scaled to Frobenius norm at most ``R``.
-
-    Returns
-    -------
-    sums : torch.Tensor of shape (n_domains, d, d)
-    counts : torch.Tensor of shape (n_domains,)
-
-    Examples
-    --------
-    >>> import torch
-    >>> from skfedspd.privacy import clipped_domain_sums
-    >>> D = torch.stack([3 * torch.eye(2), 0.5 * torch.eye(2)]).double()  # Frobenius norms 4.24 and 0.71
-    >>> sums, counts = clipped_domain_sums(D, torch.tensor([0, 0]), 1, clip=1.0)
-    >>> round(float(torch.linalg.matrix_norm(sums[0])), 4), counts.tolist()  # 1 + 0.71
-    (1.7071, [2.0])
-    """
-    check_positive(clip, "clip")
-    D = D * torch.clamp(clip / torch.linalg.matrix_norm(D), max=1.0)[:, None, None]
-    sums = torch.zeros((n_domains, *D.shape[1:]), dtype=D.dtype, device=D.device).index_add_(0, codes, D)
-    return sums, torch.bincount(codes, minlength=n_domains).to(D.dtype)
-
-
-def release_domain_means(module, X, *, references, clip, noise_multiplier, generator):
-    """Each domain's mean at every batch-norm layer of an ``SPDNet(batchnorm="domain")``,
-    released by the Gaussian mechanism: ``M^{-1/2}`` per layer and domain.
-
-    Layer by layer (the first BiMap's outputs, then each next layer's inputs whitened by the
-    means already released), for every trial ``Z_i`` of domain ``k``:
-
-    1. ``D_i = log Z_i − L_ref`` (``L_ref``: ``references[layer]``, public), scaled to
-       Frobenius norm at most ``R`` (``clip``);
-    2. the domain's vector ``(S_k, c·n_k)``, ``S_k = Σ_i D_i``, ``n_k`` its trials,
-       ``c = DOMAIN_COUNT_WEIGHT · R``, gets i.i.d. Gaussian noise of standard deviation
-       ``σ · Δ`` on every coordinate (``Δ``: :func:`domain_mean_sensitivity`; the
-       symmetric ``S_k`` in an orthonormal basis);
-    3. the released mean is ``exp(L_ref + S̃_k / max(ñ_k, 1))`` (post-processing).
-
-    One trial changes one domain's vector by at most ``Δ`` at each layer, so each layer is
-    one Gaussian mechanism of noise multiplier ``σ`` on the trial's site (add/remove-one
-    adjacency, as DP-SGD): ``len(references)`` of them compose with DP-SGD in
-    :func:`plan_dp`. Training on trials whitened by the released means is post-processing.
-
-    Parameters
-    ----------
-    module : SPDNet
-        With ``batchnorm="domain"``; its current weights are those the means are taken at.
-    X : DomainBatch
-        The site's training trials and their domain codes.
-    references : sequence of array-like of shape (d_i, d_i)
-        ``L_ref`` per batch-norm layer: a public log-matrix (the public model's domain
-        prior, :meth:`skfedspd.SPDnetClassifier.domain_prior_`, or zeros).
-    clip : float
-        ``R > 0``, in log-Euclidean units.
-    noise_multiplier : float
-        ``σ ≥ 0`` (0: no noise, no privacy).
-    generator : torch.Generator
-        A CPU generator, the source of the noise.
-
-    Returns
-    -------
-    list of torch.Tensor of shape (n_domains, d_i, d_i)
-        ``M^{-1/2}`` per layer, indexed by the domain codes (``X.statistics`` for training).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.nn import DomainBatch, SPDNet
-    >>> from skfedspd.privacy import release_domain_means
-    >>> X = torch.as_tensor(make_spd_classification(n_matrices=40, n_channels=4, seed=0)[0])
-    >>> net = SPDNet(4, (3,), n_classes=2, seed=0, batchnorm="domain")
-    >>> batch = DomainBatch(X, [0] * 20 + [1] * 20)
-    >>> released = release_domain_means(net, batch, references=[torch.zeros(3, 3)], clip=2.0,
-    ...                                 noise_multiplier=1.0, generator=torch.Generator().manual_seed(0))
-    >>> [tuple(M.shape) for M in released]  # two domains, one 3 x 3 mean at the one layer
-    [(2, 3, 3)]
-    """
-    if getattr(module, "batchnorm", None) != "domain":
-        raise ValueError("release_domain_means needs an SPDNet with batchnorm='domain'")
-    if not isinstance(X, DomainBatch):
-        raise TypeError(f"X must be a DomainBatch (the trials and their domain codes), got {type(X).__name__}")
-    if len(references) != len(module.batchnorms):
-        raise ValueError(f"one reference per batch-norm layer ({len(module.batchnorms)}) is needed, got {len(references)}")
-    check_positive(clip, "clip")
-    check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
-    codes = X.domains.to(X.X.device)
-    n_domains = int(codes.max()) + 1 if len(codes) else 0
-    std = noise_multiplier * domain_mean_sensitivity(clip)
-    released = []
-    with torch.no_grad():
-        Y = X.X
-        for i, (bimap, bn) in enumerate(zip(module.bimaps, module.batchnorms)):
-            Z = bimap(reeig(Y, module.eps) if i else Y)
-            reference = torch.as_tensor(references[i], dtype=Z.dtype, device=Z.device)
-            if reference.shape != Z.shape[1:]:
-                raise ValueError(f"reference {i} has shape {tuple(reference.shape)}, the layer's means {tuple(Z.shape[1:])}")
-            sums, counts = clipped_domain_sums(logeig(Z) - reference, codes, n_domains, clip)
-            sums = sums + _symmetric_gaussian(n_domains, Z.shape[-1], std, generator, Z.dtype).to(Z.device)
-            noisy_counts = counts + (std / (DOMAIN_COUNT_WEIGHT * clip)) * torch.randn(
-                n_domains, generator=generator, dtype=Z.dtype).to(Z.device)
-            log_means = reference + sums / torch.clamp(noisy_counts, min=1.0)[:, None, None]
-            inv_half = expm_sym(-0.5 * log_means)
-            released.append(inv_half)
-            Y = bn.whiten(Z, inv_half[codes])
-    return released
-
-
-# ---------------------------------------------------------------------------------------------
-# Accounting (dp-accounting)
-# ---------------------------------------------------------------------------------------------
-
 
 def _dp_accounting():
     try:
@@ -764,7 +114,7 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
     accountant : {"rdp", "pld"}, default="rdp"
         ``dp_accounting.rdp.RdpAccountant`` or ``dp_accounting.pld.PLDAccountant``.
     domain : dict or None, default=None
-        The release of the domain means composed before the steps (:func:`release_domain_means`):
+        The release of the domain means composed before the steps (:func:`~skfedspd.dp_sgd.release_domain_means`):
         ``{"noise_multiplier": σ_s, "layers": L}``, ``L`` Gaussian mechanisms of
         multiplier ``σ_s``.
 
@@ -833,7 +183,7 @@ def group_epsilon(noise_multiplier, delta, steps, group_size, *, accountant="rdp
 
 def calibrate_release_noise(target_epsilon, delta, *, layers, accountant="rdp", tol=1e-4):
     """Smallest noise multiplier ``σ_s`` (within ``tol``) whose release of the domain means
-    (``layers`` Gaussian mechanisms, :func:`release_domain_means`) spends at most ``ε`` alone.
+    (``layers`` Gaussian mechanisms, :func:`~skfedspd.dp_sgd.release_domain_means`) spends at most ``ε`` alone.
 
     Examples
     --------
@@ -975,7 +325,7 @@ def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation,
     accountant : {"rdp", "pld"}, default="rdp"
     domain_release : dict or None, default=None
         Re-centring under DP: every site releases its domains' means once
-        (:func:`release_domain_means`), ``{"layers": L, "share": f, "clip": R}``. The
+        (:func:`~skfedspd.dp_sgd.release_domain_means`), ``{"layers": L, "share": f, "clip": R}``. The
         release's noise multiplier is calibrated to spend ``f · ε`` alone
         (:func:`calibrate_release_noise`); each site's DP-SGD noise is then calibrated so
         that the release and the steps together spend at most ``ε``.
@@ -1077,7 +427,7 @@ class DPSGD(Settings):
     """Sample-level differential privacy of a federated fit: DP-SGD at every site
     (``FederatedSPDnetClassifier(privacy=DPSGD(epsilon=8.0))``, ``docs/guide/privacy.md``).
 
-    Every site's local training runs DP-SGD (:func:`dp_train_epochs`: Poisson sampling at
+    Every site's local training runs DP-SGD (:func:`~skfedspd.dp_sgd.dp_train_epochs`: Poisson sampling at
     ``q = batch_size / n_site``, per-sample gradients, Riemannian for the Stiefel weights,
     clipped jointly to ``clip_norm``, Gaussian noise projected to the tangent space, Adam,
     retraction), with a noise multiplier per site calibrated by Google's ``dp-accounting``
@@ -1097,7 +447,7 @@ class DPSGD(Settings):
     domain_share : float, default=0.25
         With a local ``SPDnetClassifier(batchnorm="domain")`` (re-centring each subject by
         its own mean): the share of ``epsilon`` that each site's release of its domains'
-        means spends alone (:func:`release_domain_means`, once per fit, before DP-SGD);
+        means spends alone (:func:`~skfedspd.dp_sgd.release_domain_means`, once per fit, before DP-SGD);
         DP-SGD is calibrated on what the composition leaves. Unused without domain batch
         norm.
     domain_clip : float, default=2.0

@@ -172,7 +172,7 @@ def test_privacy_functions_refuse_a_bool_count(name, value):
 
 @pytest.mark.parametrize("value", [True, float("inf"), 0.0])
 def test_privacy_positive_numbers_refuse_bools_and_infinities(value):
-    from skfedspd.privacy import clip_and_sum, domain_mean_sensitivity
+    from skfedspd.dp_sgd import clip_and_sum, domain_mean_sensitivity
 
     with pytest.raises(ValueError, match="^clip_norm must be a finite positive number"):
         clip_and_sum({"w": torch.ones(2, 3)}, clip_norm=value)

@@ -154,6 +154,7 @@ LAYERS = [
     {"layers", "federated_module", "aggregation", "server_optimizer", "online", "persistence", "renamed"},
     {"batchnorm"},
     {"nn"},
+    {"dp_sgd"},
     {"privacy"},
     {"base"},
     {"classifier", "eegnet"},

@@ -14,23 +14,21 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import skfedspd.dp_sgd as dp_sgd
 import skfedspd.privacy as privacy
 from skfedspd.eegnet import EEGNet
 from skfedspd.functional import reeig, reeig_logeig_vech
 from skfedspd.batchnorm import DomainBatch
 from skfedspd.nn import SPDNet
-from skfedspd.privacy import (
+from skfedspd.dp_sgd import (
     add_gaussian_noise,
-    calibrate_noise,
     clip_and_sum,
-    default_delta,
     dp_train_epochs,
-    epsilon_spent,
     per_sample_gradients,
-    plan_dp,
     stiefel_charts,
     steps_per_epoch,
 )
+from skfedspd.privacy import calibrate_noise, default_delta, epsilon_spent, plan_dp
 from skfedspd.stiefel import orthonormality_error, tangent_project
 from skfedspd.training import evaluate, train_epochs
 
@@ -241,14 +239,14 @@ def test_update_divides_by_the_expected_batch_size(spd_dataset, monkeypatch):
     """Poisson batches: the noisy sum is divided by q·n (data-independent), not by the drawn size."""
     X, y = _spd_data(spd_dataset, n=21)  # q·n = 10.5: never a drawn batch size
     sums = []
-    real = privacy.per_sample_gradients
+    real = dp_sgd.per_sample_gradients
 
     def recording(module, Xb, yb, **kwargs):
         grads, losses = real(module, Xb, yb, **kwargs)
         sums.append(grads["head.bias"].sum(0))
         return grads, losses
 
-    monkeypatch.setattr(privacy, "per_sample_gradients", recording)
+    monkeypatch.setattr(dp_sgd, "per_sample_gradients", recording)
     module = _spdnet()
     bias0 = module.head.bias.detach().clone()
     dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.5, clip_norm=1e30, noise_multiplier=0.0, lr=0.3,
@@ -276,13 +274,13 @@ def test_weights_stay_on_stiefel(spd_dataset, dtype, tol, optimizer):
 def test_poisson_sampling_rate(spd_dataset, monkeypatch):
     X, y = _spd_data(spd_dataset, n=200)
     sizes = []
-    real = privacy.per_sample_gradients
+    real = dp_sgd.per_sample_gradients
 
     def recording(module, Xb, yb, **kwargs):
         sizes.append(len(yb))
         return real(module, Xb[:0], yb[:0], **kwargs)  # skip the work, keep the shapes
 
-    monkeypatch.setattr(privacy, "per_sample_gradients", recording)
+    monkeypatch.setattr(dp_sgd, "per_sample_gradients", recording)
     dp_train_epochs(_spdnet(), X, y, n_epochs=20, sample_rate=0.1, clip_norm=1.0, noise_multiplier=1.0,
                     lr=0.1, generator=torch.Generator().manual_seed(0))
     assert len(sizes) == 20 * steps_per_epoch(0.1) == 200
@@ -508,28 +506,28 @@ def test_one_trial_moves_its_domains_vector_by_at_most_the_sensitivity(clip, sca
     rng = np.random.default_rng(0)
     D = torch.stack([_symmetric(rng, 4, scale) for _ in range(9)])
     codes = torch.as_tensor(np.arange(9) % 3)
-    c = privacy.DOMAIN_COUNT_WEIGHT * clip
-    full = privacy.clipped_domain_sums(D, codes, 3, clip)
+    c = dp_sgd.DOMAIN_COUNT_WEIGHT * clip
+    full = dp_sgd.clipped_domain_sums(D, codes, 3, clip)
     for removed in range(9):
         keep = torch.as_tensor([i for i in range(9) if i != removed])
-        part = privacy.clipped_domain_sums(D[keep], codes[keep], 3, clip)
+        part = dp_sgd.clipped_domain_sums(D[keep], codes[keep], 3, clip)
         moved = torch.sqrt(torch.linalg.matrix_norm(full[0] - part[0]) ** 2 + (c * (full[1] - part[1])) ** 2)
         own = int(codes[removed])
-        assert float(moved[own]) <= privacy.domain_mean_sensitivity(clip) * (1 + 1e-12)
+        assert float(moved[own]) <= dp_sgd.domain_mean_sensitivity(clip) * (1 + 1e-12)
         assert float(moved.sum() - moved[own]) == 0.0
 
 
 def test_domain_mean_sensitivity_is_the_norm_of_one_clipped_trial_and_its_count():
-    assert privacy.domain_mean_sensitivity(2.0) == pytest.approx(math.hypot(2.0, 1.0))
+    assert dp_sgd.domain_mean_sensitivity(2.0) == pytest.approx(math.hypot(2.0, 1.0))
     with pytest.raises(ValueError, match="clip must be a finite positive number"):
-        privacy.domain_mean_sensitivity(0.0)
+        dp_sgd.domain_mean_sensitivity(0.0)
 
 
 def test_released_noise_has_the_stated_standard_deviation_in_an_orthonormal_basis():
     """Each coordinate of the symmetric noise in an orthonormal basis (diagonal, √2 × the
     upper triangle) has the standard deviation σΔ: the Gaussian mechanism of the analysis."""
     std = 1.7
-    Z = privacy._symmetric_gaussian(4000, 5, std, torch.Generator().manual_seed(0), torch.float64)
+    Z = dp_sgd._symmetric_gaussian(4000, 5, std, torch.Generator().manual_seed(0), torch.float64)
     iu = torch.triu_indices(5, 5, offset=1)
     coords = torch.cat([Z.diagonal(dim1=-2, dim2=-1), math.sqrt(2) * Z[:, iu[0], iu[1]]], dim=1)
     assert torch.allclose(Z, Z.transpose(-1, -2))
@@ -538,7 +536,7 @@ def test_released_noise_has_the_stated_standard_deviation_in_an_orthonormal_basi
 
 
 def _release(net, batch, sigma, seed=0, clip=2.0):
-    return privacy.release_domain_means(net, batch, references=[torch.zeros(4, 4), torch.zeros(3, 3)], clip=clip,
+    return dp_sgd.release_domain_means(net, batch, references=[torch.zeros(4, 4), torch.zeros(3, 3)], clip=clip,
                                         noise_multiplier=sigma, generator=torch.Generator().manual_seed(seed))
 
 
@@ -609,9 +607,9 @@ def test_release_errors_are_named(spd_dataset, bad, match):
     good = dict(references=[torch.zeros(4, 4), torch.zeros(3, 3)], clip=1.0, noise_multiplier=1.0,
                 generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match=match):
-        privacy.release_domain_means(net, batch, **{**good, **bad})
+        dp_sgd.release_domain_means(net, batch, **{**good, **bad})
     with pytest.raises(TypeError, match="DomainBatch"):
-        privacy.release_domain_means(net, batch.X, **good)
+        dp_sgd.release_domain_means(net, batch.X, **good)
 
 
 @pytest.mark.parametrize("share", [0.1, 0.25, 0.5])

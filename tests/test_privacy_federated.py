@@ -276,11 +276,11 @@ def _domain_fed(public, **kwargs):
 
 def test_domain_batch_norm_releases_each_sites_means_once_within_the_budget(subjects_data, public_domain_model,
                                                                              monkeypatch):
-    import skfedspd.privacy as privacy
+    import skfedspd.dp_sgd as dp_sgd
 
     calls = []
-    release = privacy.release_domain_means
-    monkeypatch.setattr(privacy, "release_domain_means", lambda *a, **k: calls.append(k) or release(*a, **k))
+    release = dp_sgd.release_domain_means
+    monkeypatch.setattr(dp_sgd, "release_domain_means", lambda *a, **k: calls.append(k) or release(*a, **k))
     X, y, groups = subjects_data
     fed = _domain_fed(public_domain_model).fit(X, y, groups=groups)
     report = fed.privacy_

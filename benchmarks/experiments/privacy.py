@@ -75,7 +75,8 @@ from .table_one_runner import client_split, fit_cell, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, sample_covariance
 from skfedspd.federated import make_clients
-from skfedspd.privacy import DPSGD, clip_and_sum, per_sample_gradients
+from skfedspd.dp_sgd import clip_and_sum, per_sample_gradients
+from skfedspd.privacy import DPSGD
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
 

@@ -62,7 +62,8 @@ from .data import load_left_right_channels
 from .online import adaptive_step
 from .report import resolve_profile, write_report
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__, load_estimator, save_estimator
-from skfedspd.privacy import DPSGD, group_epsilon, steps_per_epoch
+from skfedspd.dp_sgd import steps_per_epoch
+from skfedspd.privacy import DPSGD, group_epsilon
 from skfedspd.training import torch_threads
 
 PUBLIC_SUBJECTS = (*range(1, 16), 42)
