@@ -12,7 +12,7 @@ from numbers import Real
 
 import numpy as np
 import torch
-from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context
+from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
 from sklearn.utils._param_validation import Interval, StrOptions
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted, column_or_1d
@@ -36,6 +36,7 @@ from .training import (
 )
 from .persistence import (check_fitted_attributes, check_module_arrays, check_module_values, labels_from_json,
                           labels_to_json, load_module_state)
+from .protocol import FederationTraits
 from .renamed import EPOCH_MERGES, EPOCH_RENAMED, fold_renamed
 from .validation import (Count, check_device, check_label_values, check_labels, check_nested_params,
                          stratified_split, training_weights, uses_validation)
@@ -325,6 +326,49 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             ``"euclidean"`` (averaged) or ``"local"`` (kept on each client, FedBN-style).
         """
         return self.module_.parameter_kinds()
+
+    def federation_traits(self):
+        """What the federation needs to know of this model, declared rather than probed
+        (:class:`~skfedspd.protocol.FederationTraits`). Here: no domains and no batch
+        statistics; the learning rate and minibatch size; the class weights and the
+        early-stopping rule of the parameters ``class_weight`` and ``early_stopping`` where
+        the model has them (without ``early_stopping``, a validation part is held out
+        whenever one is asked for)."""
+        params = self.get_params(deep=False)
+        return FederationTraits(class_weight=params.get("class_weight"),
+                                early_stopping=params.get("early_stopping", True), lr=self.lr,
+                                batch_size=self.batch_size)
+
+    def federated_params(self, *, init=None, private=False):
+        """The parameters a federated fit sets on its clone of this model before training:
+        ``init`` is the fitted local model the run starts from (or None), ``private`` says
+        DP mode. Here: none."""
+        return {}
+
+    def validation_scores(self, X, y, sample_weight=None):
+        """``(loss, macro-F1)`` of the network on ``X`` (:meth:`to_tensor`'s) and the label
+        codes ``y``: what a site reports of its validation part
+        (:func:`skfedspd.training.evaluate`)."""
+        return evaluate(self.module_, X, y, sample_weight)
+
+    def n_trainable_parameters(self):
+        """The number of values that train (``requires_grad``): the dimension DP-SGD's noise
+        spreads over."""
+        return int(sum(p.numel() for p in self.module_.parameters() if p.requires_grad))
+
+    def without_class_weight(self):
+        """An unfitted clone that leaves the class weights out (``class_weight=None`` where the
+        model has that parameter): for sites whose sample weights already hold them,
+        computed by the transport on all the labels, so that they are not applied twice."""
+        est = clone(self)
+        if "class_weight" in est.get_params(deep=False):
+            est.set_params(class_weight=None)
+        return est
+
+    def check_optimizer_state(self, arrays):
+        """Raise a ValueError naming the problem when ``arrays`` (an Adam state, as
+        :func:`skfedspd.training.optimizer_arrays` writes it) does not fit the network."""
+        load_optimizer_arrays(torch.optim.Adam(self.module_.parameters()), arrays)
 
     def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None, dp=None,
                      sample_weight=None, optimizer_state=None):

@@ -1,5 +1,6 @@
 """``SPDnetClassifier``: scikit-learn estimator around :class:`skfedspd.nn.SPDNet`."""
 
+import dataclasses
 import warnings
 from numbers import Real
 
@@ -231,21 +232,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         (:data:`HEAD_ON_RANDOM_WARNING`) rather than refusing: a head on frozen random
         BiMaps is a legitimate random-features baseline, but rarely what was meant.
 
-    Every parameter is validated at ``fit`` (scikit-learn's ``_parameter_constraints``);
-    those that prediction reads (``scaling``, ``domain_prior_weight``, ``domain_memory``,
-    ``domain_include_self``, ``max_domains``) are validated again, by the same constraints,
-    at every prediction or adaptation, so a ``set_params`` after ``fit`` gets the same
-    error naming the parameter. ``set_params`` itself stays permissive (scikit-learn's
-    ``clone`` and grid searches rely on it), but the parameters a fitted model's network and
-    input transform were built with (``hidden_dims``, ``eps``, ``scaling``, ``batchnorm``,
-    ``recenter_every``, ``dtype``, ``device``: ``fitted_params_``) are compared with the current
-    ones before every prediction, adaptation, ``partial_fit``, warm-started ``fit`` and
-    :func:`~skfedspd.save_estimator`: a change is refused with a ValueError naming the
-    parameter ("refit, or set it back"), never applied or ignored in silence. Prediction and adaptation refuse matrices that are not
-    positive definite at float64 precision (:func:`~skfedspd.validation.check_spd_batch`) or that lie far
-    outside the training matrices' scale and condition number (``input_range_``,
-    :func:`~skfedspd.validation.check_input_range`), before any domain statistic changes. A ``fit``,
-    ``partial_fit`` or prediction that raises leaves the estimator as it was.
+    Every parameter is validated at ``fit``, and those that prediction reads again at
+    every prediction; the parameters the network was built with (``fitted_params_``) are
+    checked before every use of a fitted model (``docs/guide/model.md``, "Checks").
 
     Attributes
     ----------
@@ -569,6 +558,51 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     _fitted_params = TorchClassifierBase._fitted_params + ("hidden_dims", "eps", "scaling", "batchnorm",
                                                            "recenter_every")
+
+    def federation_traits(self):
+        """:meth:`TorchClassifierBase.federation_traits`: domains with ``batchnorm="domain"``,
+        batch statistics with ``"spd"`` (``"auto"`` is None on a site: it has no groups),
+        head-only training with ``trainable="head"``."""
+        mode = self._batchnorm_mode()
+        return dataclasses.replace(super().federation_traits(), domains=mode == "domain",
+                                   batch_statistics=mode == "spd", head_only=self.trainable == "head")
+
+    def federated_params(self, *, init=None, private=False):
+        """The input scaling of a federated fit: ``init``'s when it has one (``"trace"`` if it
+        used it, else its fitted ``scale_``, a public constant); in DP mode ``"auto"``
+        becomes ``"trace"`` (per matrix: no statistic of the sites); else this model's own.
+
+        Examples
+        --------
+        >>> from skfedspd import SPDnetClassifier
+        >>> SPDnetClassifier().federated_params(private=True)
+        {'scaling': 'trace'}
+        """
+        if init is not None and "scaling" in init.get_params(deep=False):
+            return {"scaling": "trace" if init.scaling == "trace" else float(init.scale_)}
+        return {"scaling": "trace" if private and self.scaling == "auto" else self.scaling}
+
+    def domain_layer_sizes(self):
+        """The size of the matrices at each domain batch-norm layer (empty without domains):
+        the shapes of the domain statistics a federation sums or releases."""
+        if self._batchnorm_mode() != "domain":
+            return ()
+        return tuple(int(n) for n in self._hidden_dims(self.n_features_in_))
+
+    def clear_domain_statistics(self):
+        """Forget every domain's statistics and the prior: they belong to earlier weights
+        (a federated fit clears its released model's before it sets the new prior)."""
+        self.domain_statistics_ = None
+        return self
+
+    def release_domain_means(self, X, *, references, clip, noise_multiplier, generator):
+        """DP mode: the privatized means of the domains of ``X`` (a
+        :class:`~skfedspd.batchnorm.DomainBatch`) at every batch-norm layer, by
+        :func:`skfedspd.dp_sgd.release_domain_means`."""
+        from .dp_sgd import release_domain_means
+
+        return release_domain_means(self.module_, X, references=references, clip=clip,
+                                    noise_multiplier=noise_multiplier, generator=generator)
 
     def _check_module_values(self, arrays):
         """:meth:`TorchClassifierBase._check_module_values`, and the SPDnet's own: every

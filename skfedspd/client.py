@@ -11,10 +11,10 @@ answers the train and validation messages with the local estimator's ``local_upd
 import numpy as np
 import torch
 
-from .validation import stratified_split, training_weights
-from .messages import EvalReply, SetupReply, TrainReply
 from .batchnorm import DomainBatch
-from .training import derive_seed, evaluate
+from .messages import EvalReply, SetupReply, TrainReply
+from .training import derive_seed
+from .validation import stratified_split, training_weights
 
 __all__ = ["Site", "client_statistic", "client_update", "site_training_weights", "DP_SAMPLE_WEIGHT_ERROR"]
 
@@ -91,7 +91,7 @@ def site_training_weights(est, y, sample_weight):
     >>> site_training_weights(SPDnetClassifier(class_weight={"a": 1.0, "b": 3.0}), y, np.array([1.0, 2.0, 1.0]))
     array([1., 2., 3.])
     """
-    class_weight = getattr(est, "class_weight", None)
+    class_weight = est.federation_traits().class_weight
     if isinstance(class_weight, str) and class_weight == "balanced":
         raise ValueError("class_weight='balanced' is not supported on a Flower deployment: it needs the class counts "
                          "of every site's data, which no site knows; give class_weight as a dict (label -> weight) or "
@@ -209,13 +209,11 @@ class Site:
         X = self.X_train
         if X.statistics is None:
             if released is None:
-                from .dp_sgd import release_domain_means
-
                 self.est.set_parameters(global_params)
                 generator = torch.Generator().manual_seed(derive_seed(self._setup_seed, 10, self.client_id))
-                references = self._domain_references
-                released = release_domain_means(self.est.module_, X, references=references, clip=dp["domain_clip"],
-                                                noise_multiplier=dp["domain_noise_multiplier"], generator=generator)
+                released = self.est.release_domain_means(X, references=self._domain_references, clip=dp["domain_clip"],
+                                                         noise_multiplier=dp["domain_noise_multiplier"],
+                                                         generator=generator)
             X.statistics = [torch.as_tensor(np.asarray(M), dtype=X.X.dtype, device=X.X.device) for M in released]
         return [M.cpu().numpy() for M in X.statistics]
 
@@ -233,7 +231,7 @@ class Site:
             self.est.set_parameters(params)
             if local_state:
                 self.est.set_parameters(local_state)
-        loss, f1 = evaluate(self.est.module_, self.X_val, self.y_val, self.w_val)
+        loss, f1 = self.est.validation_scores(self.X_val, self.y_val, self.w_val)
         return EvalReply(float(loss), float(f1), len(self.val))
 
     def prior_statistics(self, params):

@@ -2,7 +2,7 @@
 
 ``fit`` validates the parameters and the data, splits the samples into clients
 (:class:`~skfedspd.run.ClientData`), builds the run (:class:`~skfedspd.run.FederatedRun`: set-up,
-engine, end) and hands both to a transport by name (:data:`BACKENDS`): ``"local"``
+engine, end) and hands both to a transport by name (:func:`get_backend`): ``"local"``
 (:func:`skfedspd.local.fit_local`, the clients' sites in this process, optionally in parallel
 with joblib) or ``"flower"`` (an in-process Flower simulation). The estimator's attributes
 are assigned only when the transport succeeds: a fit that raises leaves it as it was.
@@ -11,6 +11,7 @@ are assigned only when the transport succeeds: a fit that raises leaves it as it
 import copy
 import os
 import warnings
+from importlib.metadata import entry_points
 from numbers import Real
 
 import numpy as np
@@ -30,15 +31,16 @@ from .online import drop_domain_requests
 from .persistence import check_fields
 from .privacy import DPSGD
 from .renamed import accepts_renamed, fold_renamed, merge_into
-from .run import (ClientData, FederatedResult, FederatedRun, build_engine, held_out_fraction, init_model,
-                  local_estimator, run_seed)
+from .run import (ClientData, FederatedResult, FederatedRun, build_engine, given_estimator, held_out_fraction,
+                  init_model, local_estimator, run_seed)
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
 from .training import RoundSchedule, derive_seed
 from .validation import (Count, Sequence, check_count, check_groups, check_label_values, check_nested_params, is_count,
                          resolve_groups, training_weights)
 
-__all__ = ["FederatedSPDnetClassifier", "BACKENDS", "make_clients", "partition_indices"]
+__all__ = ["FederatedSPDnetClassifier", "BACKEND_GROUP", "backend_names", "get_backend", "make_clients",
+           "partition_indices", "set_result"]
 
 
 PARTITIONS = ("stratified", "contiguous", "dirichlet")
@@ -107,23 +109,57 @@ def partition_indices(y, n_clients, partition, alpha, seed):
     raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
 
 
-def _fit_on_flower(run, data):
-    """The ``"flower"`` transport, :func:`skfedspd.flower.simulation_fit.fit_simulation`,
-    imported when used: Flower is an extra."""
+#: The entry-point group of the transports: an installed package registers one as
+#: ``name = "module:function"``, ``function(run, data) -> FederatedResult`` with the
+#: :class:`~skfedspd.run.FederatedRun` and the :class:`~skfedspd.run.ClientData`. skfedspd
+#: registers ``"flower"`` (:func:`skfedspd.flower.simulation_fit.fit_simulation`), so that the
+#: core never imports its Flower wing; ``"local"`` (:func:`skfedspd.local.fit_local`) is built in.
+BACKEND_GROUP = "skfedspd.backends"
+
+
+def backend_names():
+    """The names ``FederatedSPDnetClassifier(backend=...)`` accepts: ``"local"`` and every
+    transport registered under :data:`BACKEND_GROUP`.
+
+    Examples
+    --------
+    >>> from skfedspd.federated import backend_names
+    >>> sorted(backend_names())
+    ['flower', 'local']
+    """
+    return {"local"} | {ep.name for ep in entry_points(group=BACKEND_GROUP)}
+
+
+def get_backend(name):
+    """The transport ``name`` (:func:`backend_names`), imported when asked for.
+
+    Raises
+    ------
+    ValueError
+        When no installed package registers ``name``.
+    ImportError
+        When the transport needs a package that is not installed (for skfedspd's own, the
+        extra of the same name: ``pip install 'skfedspd[flower]'``).
+
+    Examples
+    --------
+    >>> from skfedspd.federated import get_backend
+    >>> get_backend("local").__name__
+    'fit_local'
+    """
+    if name == "local":
+        return fit_local
+    found = entry_points(group=BACKEND_GROUP, name=name)
+    if not found:
+        raise ValueError(f"unknown backend {name!r}: installed are {sorted(backend_names())}")
+    point = next(iter(found))
     try:
-        from .flower.simulation_fit import fit_simulation
+        return point.load()
     except ModuleNotFoundError as error:
-        if (error.name or "").partition(".")[0] != "flwr":
-            raise
-        raise ImportError(f"backend='flower' needs the flower extra: pip install 'skfedspd[flower]' "
-                          f"({error})") from error
-    return fit_simulation(run, data)
-
-
-#: Transports of ``FederatedSPDnetClassifier(backend=...)``, each called as
-#: ``backend(run, data) -> FederatedResult`` with the :class:`~skfedspd.run.FederatedRun` and
-#: the :class:`~skfedspd.run.ClientData`; a transport never imports this module.
-BACKENDS = {"local": fit_local, "flower": _fit_on_flower}
+        if point.module.partition(".")[0] == "skfedspd" and (error.name or "").partition(".")[0] != "skfedspd":
+            raise ImportError(f"backend={name!r} needs the {name} extra: pip install 'skfedspd[{name}]' "
+                              f"({error})") from error
+        raise
 
 
 #: ``fit``'s warning for server momentum with clients that keep their Adam state.
@@ -203,6 +239,40 @@ ENGINE_STATE_CHECKS = {
 }
 
 
+def set_result(fed, result):
+    """Make ``fed`` (a :class:`FederatedSPDnetClassifier`) the fitted model of a run's
+    :class:`~skfedspd.run.FederatedResult` and return it: only assignments, what ``fit``
+    does once its transport has succeeded and what a deployment's server does with its
+    run's result (:func:`skfedspd.flower.serve`).
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.datasets import make_spd_classification
+    >>> from skfedspd.federated import set_result
+    >>> from skfedspd.run import FederatedResult
+    >>> X, y = make_spd_classification(n_matrices=40, n_channels=4, seed=0)
+    >>> fed = FederatedSPDnetClassifier(n_rounds=2, n_clients=2, partition='stratified', random_state=0).fit(X, y)
+    >>> result = FederatedResult(fed.global_estimator_, fed.engine_, fed.client_source_, fed.client_groups_)
+    >>> bool((set_result(FederatedSPDnetClassifier(), result).predict(X) == fed.predict(X)).all())
+    True
+    """
+    est, engine = result.estimator, result.engine
+    fed.global_estimator_ = est
+    fed.engine_ = engine
+    fed.history_ = engine.history
+    fed.classes_ = est.classes_
+    fed.n_features_in_ = est.n_features_in_
+    fed.n_clients_ = engine.n_clients
+    fed.client_source_ = result.client_source
+    fed.client_groups_ = list(result.client_groups)
+    fed.best_round_ = engine.best_round
+    fed.privacy_ = engine.privacy_report()
+    fed.client_trust_, fed.trust_summary_ = client_trust(engine.history, engine.n_clients, engine.weighting)
+    return fed
+
+
+
 class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     """Federated SPDnet (FedSPDnet) with ProjAvg / RLAvg aggregation.
 
@@ -213,9 +283,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         reachable as ``estimator__lr`` etc. Used through its public protocol
         (``docs/guide/protocol.md``): the architecture, ``lr`` (initial learning rate of the
         clients), ``batch_size``, ``dtype``, ``device``, the input scaling. Not used: its
-        epoch-level ``max_epochs``, ``patience``, ``lr_patience``, ``lr_factor``,
-        ``validation_fraction``, ``warm_start``, ``verbose``, ``random_state`` (this
-        estimator's own round-level parameters take their place).
+        epoch-level ``max_epochs``, ``schedule``, ``validation_fraction``, ``warm_start``,
+        ``verbose``, ``random_state`` (this estimator's round-level parameters take their place).
     aggregation : {"projavg", "rlavg", "karcher", "geomedian", "trimmedmean", "krum"} or callable, default="projavg"
         Server rule; a callable has the signature of :mod:`skfedspd.aggregation`
         (``rule(client_params, weights, previous, kinds) -> dict``); its output is checked
@@ -286,18 +355,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     client_optimizer_state : {"keep", "reset"}, default="keep"
         Whether each client's Adam optimizer keeps its moments and step count from one of
         its rounds to the next (``"keep"``; the learning rate is the round's) or starts
-        afresh every round (``"reset"``: the paper's protocol). A small site trains one or
-        two minibatches a round, and a fresh Adam's first step is ``lr · sign(g)`` on every
-        coordinate: reset every round, local training is sign-SGD at the full learning
-        rate, where centralized Adam averages its moments over hundreds of steps
-        (``docs/design-decisions.md``). The state never leaves its client: it is not
-        aggregated, not part of the global model nor of the fitted estimator, not in any
-        secure sum. It lasts one fit: the local backend keeps each simulated client's in the
-        engine during the fit (a checkpoint holds it, so a resumed fit continues bit for
-        bit), a Flower site in its SuperNode's context (a restarted SuperNode starts
-        afresh); a ``warm_start`` fit starts fresh optimizers, as scikit-learn's
-        ``MLPClassifier`` does. Under DP-SGD the moments are of privatized gradients
-        (post-processing: no budget is spent).
+        afresh every round (``"reset"``: the paper's protocol; why keep is the default:
+        ``docs/design-decisions.md``). The state never leaves its client: not aggregated,
+        not in the global model, the fitted estimator or any secure sum. It lasts one fit
+        (a local checkpoint holds it, so a resumed fit continues bit for bit; a Flower site
+        keeps it in its SuperNode's context; a ``warm_start`` fit starts fresh optimizers).
     n_jobs : int or None, default=None
         Processes for the clients' local training: this one and ``n_jobs − 1`` joblib
         workers, each training an equal share of the round's clients with one torch thread
@@ -338,15 +400,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         every round's train and validation replies reach the server only as sums, by
         Flower's SecAgg+ protocol (:mod:`skfedspd.flower.secure`); ProjAvg / RLAvg are
         computed from the summed weighted arrays and match the plain run to ~1e-7. Needs
-        ``aggregation`` "projavg" or "rlavg" (a robust rule needs each client's update, which
-        secure aggregation hides: refused at fit) and at least 3 clients per round; tolerates
-        ``M − round(2M/3)`` dropouts per round. Client-local arrays (BatchNorm statistics)
-        stay on their site; only their training-size weighted sum joins the masked sum (the
-        released model's pooled statistics). Combines with ``privacy`` (the noise is
-        added on the site before the sum).
-        ``history_`` then holds totals only (``n_samples``: the one-element total, of the
-        clients' weights with ``sample_weight``).
-        Threat model and what leaves a site: ``docs/guide/privacy.md``.
+        ``aggregation`` "projavg" or "rlavg" (a robust rule needs each client's update) and
+        at least 3 clients per round; tolerates ``M − round(2M/3)`` dropouts per round.
+        Client-local arrays stay on their site (only their weighted sum joins the masked
+        sum); combines with ``privacy`` (the noise is added on the site before the sum);
+        ``history_`` then holds totals only. Threat model: ``docs/guide/privacy.md``.
     init : fitted estimator or None, default=None
         Where the global model starts: a fitted local model of the same class (e.g. an
         ``SPDnetClassifier`` pre-trained on public data) or a fitted
@@ -526,7 +584,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "on_client_error": [StrOptions({"raise", "skip"})],
         "warm_start": ["boolean"],
         "checkpoint_path": [None, str, os.PathLike],
-        "backend": [StrOptions(set(BACKENDS))],
+        "backend": [StrOptions(backend_names())],
         "secure_aggregation": ["boolean"],
         "privacy": [None, DPSGD],
         "classes": [None, Sequence()],
@@ -648,8 +706,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         # Training needs autograd whatever the caller's mode: inference tensors made here
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
-            result = BACKENDS[self.backend](run, data)
-        return self._set_result(result)
+            result = get_backend(self.backend)(run, data)
+        return set_result(self, result)
 
     def check_params(self):
         """Validate the parameters (``_parameter_constraints``) and the local estimator's.
@@ -702,24 +760,27 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         momentum = 0.0 if self.server_optimizer is None else self.server_optimizer.momentum
         if momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
-        if getattr(self.estimator, "trainable", "all") == "head" and self.init is None and not (
+        est = given_estimator(self)
+        if est.federation_traits().head_only and self.init is None and not (
                 self.warm_start and self.__sklearn_is_fitted__()):
             warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=3)
 
     def _check_dp_mode(self, est):
         """DP mode shares nothing outside the budget: refuse an explicit choice that would
         (the defaults resolve to private ones, :func:`skfedspd.run.resolved_settings`; docs/guide/privacy.md)."""
-        if self.validation_fraction > 0 and getattr(est, "early_stopping", True) is True:
+        traits = est.federation_traits()
+        if self.validation_fraction > 0 and traits.early_stopping is True:
             raise ValueError(f"privacy with an explicit validation split (validation_fraction="
                              f"{self.validation_fraction} and the local estimator's early_stopping=True): per-site "
                              "validation scores would steer the schedule and the released model outside the privacy "
                              "budget; leave early_stopping='auto' (DP mode then holds nothing out, runs n_rounds "
                              "rounds and keeps the last model) and evaluate on a test set outside the federation")
-        if getattr(est, "batchnorm", None) == "spd":
-            raise ValueError("privacy with the local estimator's batchnorm='spd': SPD batch normalization re-centres "
-                             "each minibatch by its own mean, which mixes the samples, so one sample's gradient is not "
-                             "bounded by the clip norm; use batchnorm='domain' (each site releases its domains' means "
-                             "under the budget, docs/guide/privacy.md) or None")
+        if traits.batch_statistics:
+            raise ValueError("privacy with a local estimator that normalizes each minibatch by its own statistics "
+                             "(SPDnetClassifier(batchnorm='spd'): SPD batch normalization re-centres each minibatch by "
+                             "its own mean), which mixes the samples, so one sample's gradient is not bounded by the "
+                             "clip norm; use batchnorm='domain' (each site releases its domains' means under the "
+                             "budget, docs/guide/privacy.md) or None")
         if self.warm_start:
             raise ValueError("privacy with warm_start=True is not supported: the budget is planned for one fit "
                              "of n_rounds rounds")
@@ -739,7 +800,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         if not resume:
             est.set_classes(self.classes if self.classes is not None else y)
         codes = est.encode_labels(y, len(X))  # names the labels outside the agreed classes
-        weights = training_weights(getattr(est, "class_weight", None), y, sample_weight)
+        weights = training_weights(est.federation_traits().class_weight, y, sample_weight)
         if self.privacy is not None and weights is not None:
             raise ValueError(DP_SAMPLE_WEIGHT_ERROR + (" (here from the local estimator's class_weight)"
                                                        if sample_weight is None else ""))
@@ -795,25 +856,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             raise ValueError(f"clients {empty} received no samples (partition={partition!r})")
         return indices, f"partition:{partition}", [None] * len(indices)
 
-    def _set_result(self, result):
-        """Make this estimator the fitted model of a run's
-        :class:`~skfedspd.run.FederatedResult` (only assignments: what ``fit`` does once its
-        transport has succeeded, and a Flower ServerApp with :func:`skfedspd.flower.serve`'s
-        result)."""
-        est, engine = result.estimator, result.engine
-        self.global_estimator_ = est
-        self.engine_ = engine
-        self.history_ = engine.history
-        self.classes_ = est.classes_
-        self.n_features_in_ = est.n_features_in_
-        self.n_clients_ = engine.n_clients
-        self.client_source_ = result.client_source
-        self.client_groups_ = list(result.client_groups)
-        self.best_round_ = engine.best_round
-        self.privacy_ = engine.privacy_report()
-        self.client_trust_, self.trust_summary_ = client_trust(engine.history, engine.n_clients, engine.weighting)
-        return self
-
     # ------------------------------------------------------------------ persistence
     def fitted_state(self):
         """``(arrays, meta)`` of the fitted model (:mod:`skfedspd.persistence`): the local
@@ -850,7 +892,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
                               seed=engine_meta["seed"], input_statistic=engine_meta["input_statistic"])
         engine.load_state_dict(part("engine/"), engine_meta)
         groups = [None if g is None else tuple(g) for g in meta["client_groups"]]
-        self._set_result(FederatedResult(est, engine, meta["client_source"], groups))
+        set_result(self, FederatedResult(est, engine, meta["client_source"], groups))
 
     # ------------------------------------------------------------------ predict
     def __sklearn_is_fitted__(self):
@@ -858,7 +900,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     def _get_metadata_request(self):
         requests = super()._get_metadata_request()
-        if getattr(self.estimator, "batchnorm", None) == "domain":
+        est = given_estimator(self)
+        if est.federation_traits().domains:
             return requests
         return drop_domain_requests(self, requests)
 
@@ -947,7 +990,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         """The fitted global model, or before ``fit`` the local estimator it will be."""
         if self.__sklearn_is_fitted__():
             return self.global_estimator_
-        return self.estimator if self.estimator is not None else SPDnetClassifier()
+        return given_estimator(self)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

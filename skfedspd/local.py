@@ -18,16 +18,14 @@ import warnings
 import numpy as np
 import torch
 from joblib import Parallel, delayed, effective_n_jobs
-from sklearn.base import clone
 
 from .aggregation import rule_name
-from .classifier import SPDnetClassifier
+from .batchnorm import DomainBatch
 from .client import Site, client_update
 from .messages import EvalReply
-from .batchnorm import DomainBatch
 from .persistence import load_bundle, save_bundle
-from .run import domain_prior_from_data, init_model
-from .training import evaluate, load_optimizer_arrays, torch_threads
+from .run import domain_prior_from_data, given_estimator, init_model
+from .training import torch_threads
 
 __all__ = ["fit_local", "site_estimator", "CHECKPOINT_KIND"]
 
@@ -49,10 +47,7 @@ def site_estimator(run):
     >>> site_estimator(run).class_weight is None
     True
     """
-    est = clone(run.estimator)
-    if "class_weight" in est.get_params(deep=False):
-        est.set_params(class_weight=None)
-    return est
+    return run.estimator.without_class_weight()
 
 
 def fit_local(run, data):
@@ -224,7 +219,7 @@ def _evaluate_clients(est, engine, clients, n_threads=None):
                     global_loaded = False
                     est.set_parameters(engine.evaluation_params(cid))
                     global_loaded = not own
-                loss, f1 = evaluate(est.module_, X_val, y_val, w_val)
+                loss, f1 = est.validation_scores(X_val, y_val, w_val)
                 replies.append(EvalReply(loss, f1, len(y_val)))
             except Exception as error:  # noqa: BLE001 - reported per client, policy applied by the server
                 replies.append(error)
@@ -292,7 +287,7 @@ def _fingerprint(fed, clients, seed, first_round):
     params = {k: v for k, v in fed.get_params(deep=False).items()
               if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start", "init")}
     params["aggregation"] = rule_name(fed.aggregation)
-    est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
+    est = given_estimator(fed)
     params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",
                            "params": est.get_params(deep=False)}
     data = hashlib.sha256()
@@ -314,7 +309,7 @@ def _check_client_optimizer_states(path, engine, est):
     one is named now, not by a client failing in every round it trains."""
     for cid, state in engine.client_optimizer_states.items():
         try:
-            load_optimizer_arrays(torch.optim.Adam(est.module_.parameters()), state)
+            est.check_optimizer_state(state)
         except ValueError as error:
             raise ValueError(f"checkpoint {path} does not fit this run: client {cid}'s {error}") from None
 

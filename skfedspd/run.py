@@ -28,13 +28,12 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.base import clone
 
-from .validation import training_weights, uses_validation
 from .classifier import SPDnetClassifier
 from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
 from .server_optimizer import ServerMomentum
 from .training import RoundSchedule, draw_seed
-from .validation import is_count
+from .validation import is_count, training_weights, uses_validation
 
 __all__ = [
     "FederatedRun",
@@ -43,6 +42,7 @@ __all__ = [
     "check_setup_replies",
     "pool_input_statistic",
     "resolved_settings",
+    "given_estimator",
     "run_seed",
     "build_engine",
     "domain_prior_from_data",
@@ -167,18 +167,23 @@ def resolved_settings(fed, est=None):
     {'validation_fraction': 0.0, 'scaling': 'trace'}
     """
     if est is None:
-        est = fed.estimator if fed.estimator is not None else SPDnetClassifier()
+        est = given_estimator(fed)
     private = fed.privacy is not None
-    settings = {"validation_fraction": 0.0 if private else float(fed.validation_fraction)}
-    if "scaling" in est.get_params(deep=False):
-        model = init_model(fed)
-        if model is not None and "scaling" in model.get_params(deep=False):
-            settings["scaling"] = "trace" if model.scaling == "trace" else float(model.scale_)
-        elif private and est.scaling == "auto":
-            settings["scaling"] = "trace"
-        else:
-            settings["scaling"] = est.scaling
-    return settings
+    return {"validation_fraction": 0.0 if private else float(fed.validation_fraction),
+            **est.federated_params(init=init_model(fed), private=private)}
+
+
+def given_estimator(fed):
+    """``fed.estimator`` as given, unfitted and not cloned: ``SPDnetClassifier()`` when None.
+
+    Examples
+    --------
+    >>> from skfedspd import FederatedSPDnetClassifier
+    >>> from skfedspd.run import given_estimator
+    >>> given_estimator(FederatedSPDnetClassifier())
+    SPDnetClassifier()
+    """
+    return fed.estimator if fed.estimator is not None else SPDnetClassifier()
 
 
 def local_estimator(fed):
@@ -193,11 +198,8 @@ def local_estimator(fed):
     >>> local_estimator(FederatedSPDnetClassifier(privacy=DPSGD(epsilon=3.0))).scaling
     'trace'
     """
-    est = clone(fed.estimator if fed.estimator is not None else SPDnetClassifier())
-    settings = resolved_settings(fed, est)
-    if "scaling" in settings:
-        est.set_params(scaling=settings["scaling"])
-    return est
+    est = clone(given_estimator(fed))
+    return est.set_params(**est.federated_params(init=init_model(fed), private=fed.privacy is not None))
 
 
 def run_seed(fed):
@@ -233,7 +235,7 @@ def held_out_fraction(fed, est, n_samples, n_classes):
     """
     if fed.privacy is not None:
         return 0.0
-    keep = uses_validation(n_samples, n_classes, fed.validation_fraction, getattr(est, "early_stopping", True))
+    keep = uses_validation(n_samples, n_classes, fed.validation_fraction, est.federation_traits().early_stopping)
     return float(fed.validation_fraction) if keep else 0.0
 
 
@@ -335,8 +337,9 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
     """
     schedule = fed.schedule if fed.schedule is not None else RoundSchedule()  # counted in rounds
     optimizer = fed.server_optimizer if fed.server_optimizer is not None else ServerMomentum(momentum=0.0)
+    traits = est.federation_traits()
     engine = FederatedEngine(est.get_parameters(), est.parameter_kinds(), n_train=n_train, n_val=n_val,
-                             train_weights=train_weights, seed=seed, lr=est.lr,
+                             train_weights=train_weights, seed=seed, lr=traits.lr,
                              clients_per_round=fed.clients_per_round, aggregation=fed.aggregation,
                              weighting=fed.weighting, patience=schedule.patience, lr_patience=schedule.lr_patience,
                              lr_factor=schedule.lr_factor, on_client_error=fed.on_client_error,
@@ -345,13 +348,12 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
     if fed.privacy is not None:
         privacy = fed.privacy
         release = None
-        if getattr(est, "batchnorm", None) == "domain":  # each site first releases its domains' means
-            release = dict(layers=len(est.module_.batchnorms), share=privacy.domain_share, clip=privacy.domain_clip)
-        engine.plan_privacy(privacy.epsilon, privacy.delta, clip_norm=privacy.clip_norm, batch_size=est.batch_size,
+        if traits.domains:  # each site first releases its domains' means
+            release = dict(layers=len(est.domain_layer_sizes()), share=privacy.domain_share, clip=privacy.domain_clip)
+        engine.plan_privacy(privacy.epsilon, privacy.delta, clip_norm=privacy.clip_norm, batch_size=traits.batch_size,
                             local_epochs=fed.local_epochs, n_rounds=fed.n_rounds, domain_release=release)
         # the privatized dimension: frozen weights (SPDnetClassifier(trainable="head")) get no noise
-        engine.privacy["privatized_parameters"] = int(sum(p.numel() for p in est.module_.parameters()
-                                                          if p.requires_grad))
+        engine.privacy["privatized_parameters"] = est.n_trainable_parameters()
         engine.privacy["resolved"] = resolved_settings(fed)  # what DP mode chose, saved with the plan
     return engine
 
@@ -485,7 +487,7 @@ class FederatedRun:
                 [r.statistic for r in replies], declared_weights(n_train, weights))
             est.set_input_statistic(statistic)
             self._initialize(model)
-            if self._setup["private"] and getattr(est, "batchnorm", None) == "domain":
+            if self._setup["private"] and est.federation_traits().domains:
                 self._setup["domain_references"] = public_domain_references(model, est)
         engine = build_engine(fed, est, n_train=n_train, n_val=n_val, seed=self.seed, input_statistic=statistic,
                               train_weights=weights)
@@ -504,12 +506,10 @@ class FederatedRun:
         the server's local estimator: the same epochs, batches, seeding and class weights,
         no DP-SGD: the root set is public). The root set must hold matrices of the sites'
         ``shape`` and labels among the classes (a ValueError naming the rule otherwise)."""
-        est = clone(self.estimator)
         y = np.asarray(rule.y)
-        weights = None
-        if getattr(est, "class_weight", None) is not None:  # the root set is all the server's data
-            weights = training_weights(est.class_weight, y, None)
-            est.set_params(class_weight=None)
+        # the root set is all the server's data: its class weights are computed on it, once
+        weights = training_weights(self.estimator.federation_traits().class_weight, y, None)
+        est = self.estimator.without_class_weight()
         setup = dict(self.site_setup(), validation_fraction=0.0, private=False)
         try:
             site = Site(client_id, rule.X, y, weights, None, setup, est)
@@ -555,7 +555,7 @@ class FederatedRun:
     def wants_domain_prior(self):
         """Whether the released model gets a domain prior: ``batchnorm="domain"``, outside DP
         mode (a statistic of the sites' data outside the privacy budget)."""
-        return getattr(self.estimator, "batchnorm", None) == "domain" and self.fed.privacy is None
+        return self.estimator.federation_traits().domains and self.fed.privacy is None
 
     def finish(self, client_source, client_groups, prior=None):
         """Load the best global model into the estimator and return the
@@ -566,8 +566,8 @@ class FederatedRun:
         est, engine = self.estimator, self.engine
         engine.client_optimizer_states.clear()  # the clients' own, for this fit only
         est.set_parameters(engine.best_params)
-        if getattr(est, "batchnorm", None) == "domain":
-            est.domain_statistics_ = None
+        if est.federation_traits().domains:
+            est.clear_domain_statistics()
             if self.wants_domain_prior and prior is not None:
                 prior(est)
             elif self.fed.privacy is not None:
@@ -594,13 +594,13 @@ def public_domain_references(model, est):
     """
     logs = _public_prior_logs(model)
     if logs is None:
-        return [np.zeros((bn.log_bias.shape[0],) * 2).tolist() for bn in est.module_.batchnorms]
+        return [np.zeros((n, n)).tolist() for n in est.domain_layer_sizes()]
     return [L.tolist() for L in logs]
 
 
 def _public_prior_logs(model):
     """The log of ``init``'s domain prior at each batch-norm layer, or None without one."""
-    prior = None if model is None or getattr(model, "batchnorm", None) != "domain" else model.domain_prior_
+    prior = None if model is None or not model.federation_traits().domains else model.domain_prior_
     if prior is None:
         return None
     from pyriemann.utils.base import logm  # here: importing pyriemann sets up plotting libraries

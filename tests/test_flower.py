@@ -32,6 +32,7 @@ pytest.importorskip("flwr")
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from flwr.serverapp import ServerApp  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
+from skfedspd.federated import set_result  # noqa: E402
 from skfedspd.validation import stratified_split  # noqa: E402
 from skfedspd.flower import make_client_app, run_inprocess_simulation, serve, write_app  # noqa: E402
 from skfedspd.flower.client import load_site_from_node_config  # noqa: E402
@@ -204,7 +205,7 @@ def test_sites_keep_their_optimizer_state_for_one_fit_only(spd):
                                  estimator_factory=_estimator)
     with quiet_flower_logs():
         run_inprocess_simulation(server_app, client_app, 3)
-    first, second = (_fed("flower")._set_result(result) for result in results)
+    first, second = (set_result(_fed("flower"), result) for result in results)
     assert_same_model(first, second)
     local = _fed("local", partition="contiguous").fit(X, y)
     np.testing.assert_array_equal(second.decision_function(X), local.decision_function(X))
@@ -301,7 +302,7 @@ def _serve_files(fed, paths):
                                                        context.node_config["partition-id"]))
     with quiet_flower_logs():
         run_inprocess_simulation(server_app, client_app, len(paths))
-    return fed._set_result(results[0])
+    return set_result(fed, results[0])
 
 
 def test_site_data_file_sample_weight_is_read_and_used(spd, tmp_path):

@@ -129,12 +129,13 @@ def test_no_import_cycle():
 
 def test_import_graph_counts_imports_in_functions():
     graph = import_graph()
-    assert "skfedspd.flower.simulation_fit" in graph["skfedspd.federated"]  # imported when backend="flower"
-    assert "skfedspd.flower.simulation_fit" not in import_graph(in_functions=False)["skfedspd.federated"]
+    assert "skfedspd.dp_sgd" in graph["skfedspd.base"]  # imported when a site trains under DP
+    assert "skfedspd.dp_sgd" not in import_graph(in_functions=False)["skfedspd.base"]
 
 
 def test_core_does_not_import_flower_and_flower_uses_the_engine():
-    graph = import_graph(in_functions=False)
+    """Not even inside a function: the core finds the Flower transport by its entry point."""
+    graph = import_graph()
     for name, targets in graph.items():
         if not name.startswith("skfedspd.flower"):
             assert not [t for t in targets if t.startswith("skfedspd.flower")], name
@@ -148,7 +149,7 @@ def test_core_does_not_import_flower_and_flower_uses_the_engine():
 #: only modules of lower layers, lazy imports included. The Flower modules sit where their
 #: imports put them: the transport below the estimator, the deployment tools above it.
 LAYERS = [
-    {"validation"},
+    {"validation", "protocol"},
     {"functional", "stiefel", "messages", "spec", "training", "datasets",
      "flower.records", "flower.progress", "flower.runtime", "flower.simulation"},
     {"layers", "federated_module", "aggregation", "server_optimizer", "online", "persistence", "renamed"},

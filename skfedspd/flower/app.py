@@ -33,7 +33,7 @@ from flwr.serverapp import ServerApp
 from flwr.supercore import log
 
 from .. import spec as _spec
-from ..federated import FederatedSPDnetClassifier
+from ..federated import FederatedSPDnetClassifier, set_result
 from ..persistence import save_estimator
 from ..validation import check_count, check_positive
 from .client import load_site_from_node_config, make_client_app
@@ -57,7 +57,7 @@ def _main(grid, context):
     result = serve(fed, grid, n_sites=check_count(config["n-sites"], "run config 'n-sites'", 1),
                    timeout=check_positive(config["round-timeout"], "run config 'round-timeout'"),
                    connect_timeout=check_positive(config["connect-timeout"], "run config 'connect-timeout'"))
-    fed._set_result(result)  # the ServerApp makes its estimator the fitted model
+    set_result(fed, result)  # the ServerApp makes its estimator the fitted model
     save_estimator(fed, output)
     best = fed.history_[fed.best_round_]
     log(20, "FedSPDnet: %d rounds, best round %d (val macro-F1 %.4f); model written to %s",

@@ -120,14 +120,14 @@ def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, tim
     has no prior and warns when a single trial starts a domain
     (:meth:`~skfedspd.FederatedSPDnetClassifier.fit_domain_prior` sets one later).
     """
-    if getattr(est, "batchnorm", None) != "domain":
+    if not est.federation_traits().domains:
         return
-    est.domain_statistics_ = None  # stored domains belong to earlier weights
+    est.clear_domain_statistics()  # stored domains belong to earlier weights
     if fed.privacy is not None or fed.secure_aggregation:
         return
     configs = {node: {"setup": setup_json, "client-id": cid} for cid, node in enumerate(node_of)}
     replies = _query(grid, node_of, "prior", configs, "prior", timeout, arrays=to_array_record(params))
-    shapes = [(n, n) for n in est._domain_statistics().sizes]
+    shapes = [(n, n) for n in est.domain_layer_sizes()]
     sums, count = [np.zeros(shape) for shape in shapes], 0
     for cid, node in enumerate(node_of):
         site_sums, site_count = _read_prior_reply(from_array_record(replies[node]), shapes, cid)

@@ -1,6 +1,7 @@
 """``FederatedSPDnetClassifier(backend="flower").fit``: an in-process Flower simulation.
 
-:func:`fit_simulation` is the ``"flower"`` entry of :data:`skfedspd.federated.BACKENDS`.
+:func:`fit_simulation` is the ``"flower"`` transport (``pyproject.toml`` registers it under
+:data:`skfedspd.federated.BACKEND_GROUP`).
 The data are split into clients by ``fit`` (``groups`` or the
 seeded partition, in :class:`~skfedspd.run.ClientData`); virtual SuperNode ``i`` holds
 client ``i``'s samples, with their training weights when the fit has any (``sample_weight``
