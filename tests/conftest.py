@@ -162,3 +162,24 @@ def run_experiment(module, argv):
     parser = argparse.ArgumentParser()
     module.add_arguments(parser)
     return module.run(parser.parse_args(argv), list(argv)) or 0
+
+
+def gauss_np(shape, seed):
+    """Standard normal numbers of ``shape`` from ``seed`` (the layer tests' perturbations)."""
+    return np.random.default_rng(seed).standard_normal(shape)
+
+
+def sym_weights(k, seed):
+    """A random symmetric ``k × k`` float64 tensor: the weights of a smooth test loss."""
+    import torch
+
+    C = torch.as_tensor(gauss_np((k, k), seed), dtype=torch.float64)
+    return C + C.T
+
+
+def perturb_V(bimap, scale, seed):
+    """Move a BiMap's tangent coordinates ``V`` away from the chart centre by ``scale``."""
+    import torch
+
+    with torch.no_grad():
+        bimap.V.copy_(torch.as_tensor(scale * gauss_np(tuple(bimap.V.shape), seed)))
