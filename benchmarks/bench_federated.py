@@ -11,8 +11,9 @@ Four figures, each printed with its ratio and its target side by side:
   share of the fit (aggregation + global validation). Target: wall-time ratio
   federated / centralized ≤ 1.15 (the CPU-time ratio is printed too: it is what machine load
   disturbs least).
-* **P3** client parallelism — the same federated fit with ``n_jobs=2`` (this process and one
-  joblib worker, each training half of the clients) against ``n_jobs=1``, *after* a warm-up
+* **P3** client parallelism — the same federated fit with ``backend=LocalBackend(n_jobs=2)``
+  (this process and one joblib worker, each training half of the clients) against
+  ``LocalBackend(n_jobs=1)``, *after* a warm-up
   that starts the joblib (loky) workers and makes each import the package (they are reused by
   every later ``Parallel`` call with the same settings). Also checks that both give
   bit-identical models, splits the CPU time between the main process and the workers (psutil),
@@ -76,6 +77,8 @@ from _machine import cpu_name
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the benchmarks package
 from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.backends import LocalBackend
+from skfedspd.clients import ClientPartition
 from skfedspd.engine import FederatedEngine
 from skfedspd.datasets import make_spd_classification
 from skfedspd.aggregation import client_weights, karcher, projavg, rlavg, weighted_sum
@@ -177,9 +180,9 @@ def _local_estimator(args):
 def _federated(args, n_jobs, n_rounds, n_clients, timed=True):
     cls = _TimedFederated if timed else FederatedSPDnetClassifier
     return cls(_local_estimator(args), aggregation=args.aggregation, n_rounds=n_rounds,
-               local_epochs=args.epochs, n_clients=n_clients, partition="stratified",
-               schedule=RoundSchedule(lr_patience=BIG), validation_fraction=args.validation_fraction, n_jobs=n_jobs,
-               random_state=0)
+               local_epochs=args.epochs, clients=ClientPartition(n_clients=n_clients, partition="stratified"),
+               schedule=RoundSchedule(lr_patience=BIG), validation_fraction=args.validation_fraction,
+               backend=LocalBackend(n_jobs=n_jobs), random_state=0)
 
 
 def _centralized(args, n_epochs):
@@ -539,7 +542,7 @@ def p6_child(args):
         SPDnetClassifier(hidden_dims=(args.p6_hidden,), batch_size=32, lr=1e-2),
         n_rounds=args.p6_rounds, local_epochs=args.epochs, schedule=RoundSchedule(lr_patience=BIG),
         validation_fraction=1.0 / per_client,
-        n_jobs=args.p6_jobs, random_state=0)
+        backend=LocalBackend(n_jobs=args.p6_jobs), random_state=0)
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

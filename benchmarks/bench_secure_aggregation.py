@@ -1,7 +1,8 @@
 """Per-round overhead of secure aggregation (Flower SecAgg+) in the in-process simulation.
 
 For each number of sites, two fits of the same configuration and ``random_state`` by
-``FederatedSPDnetClassifier(backend="flower")``: plain, and ``secure_aggregation=True``
+``FederatedSPDnetClassifier(backend=FlowerBackend())``: plain, and
+``backend=FlowerBackend(secure_aggregation=True)``
 (two SecAgg+ runs per round: the weighted train sums, then the validation totals; four
 message stages each). Printed side by side: the per-round wall time (median over rounds
 of ``history_[*]["wall_time"]``: selection → training → aggregation → validation), the
@@ -38,14 +39,15 @@ from _machine import cpu_name  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the benchmarks package, for its records
 from benchmarks.records.speed import add_record_option, write_speed_record  # noqa: E402
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
+from skfedspd.backends import FlowerBackend  # noqa: E402
 from skfedspd.datasets import make_spd_classification  # noqa: E402
 
 
 def fit(args, n_sites, secure, X, y):
     fed = FederatedSPDnetClassifier(
         SPDnetClassifier(hidden_dims=(args.hidden,), batch_size=16, lr=0.02), n_rounds=args.rounds,
-        local_epochs=args.local_epochs, aggregation=args.aggregation, random_state=0, backend="flower",
-        secure_aggregation=secure)
+        local_epochs=args.local_epochs, aggregation=args.aggregation, random_state=0,
+        backend=FlowerBackend(secure_aggregation=secure))
     groups = np.arange(len(y)) % n_sites  # every site holds every class
     start = time.perf_counter()
     fed.fit(X, y, groups=groups)

@@ -25,6 +25,7 @@ from benchmarks.records.speed import write_speed_record
 started = time.perf_counter()
 record = sys.argv[sys.argv.index("--record") + 1] if "--record" in sys.argv else "speed-secure-loopback"
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.clients import ClientPartition
 from skfedspd.flower import fit_federated
 from skfedspd.flower.loopback import LoopbackDeployment
 tmp = Path(sys.argv[1]); tmp.mkdir(parents=True, exist_ok=True)
@@ -35,7 +36,7 @@ for g in range(3):
     p = tmp / f"site{g}.npz"; np.savez(p, X=X[groups == g], y=y[groups == g]); paths.append(p)
 def fed():
     return FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05), n_rounds=2,
-                                     local_epochs=1, n_clients=3, random_state=0)
+                                     local_epochs=1, clients=ClientPartition(n_clients=3), random_state=0)
 local = fed().fit(X, y, groups=groups)
 with LoopbackDeployment(paths, root=tmp / "flower") as dep:
     out = {}

@@ -49,9 +49,10 @@ print(f"{train.sum()} training trials from {len(np.unique(subjects[train]))} sub
 # %%
 # Federated training
 # ------------------
-# One client per subject (``groups_per_client=1``), every client in every round. The local
-# model and its training parameters are those of :class:`~skfedspd.SPDnetClassifier`; the
-# schedule parameters (``lr_patience``, ``patience``) count rounds here.
+# One client per subject (``clients=ClientPartition(groups_per_client=1)``, the default),
+# every client in every round. The local model and its training parameters are those of
+# :class:`~skfedspd.SPDnetClassifier`; the schedule parameters (``lr_patience``,
+# ``patience``) count rounds here.
 local_model = SPDnetClassifier(hidden_dims=(6,), lr=2e-2, schedule=EpochSchedule(patience=30, lr_patience=10))
 models = {}
 for rule in ["projavg", "rlavg"]:

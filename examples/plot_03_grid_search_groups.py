@@ -7,7 +7,8 @@ Two things need the subject of each trial when a federated model is tuned:
 - the **splitter**: :class:`~sklearn.model_selection.GroupKFold` keeps each subject's trials
   in one fold, so the score measures generalisation to unseen subjects;
 - the **estimator**: :class:`~skfedspd.FederatedSPDnetClassifier` makes one client per
-  subject (or per ``groups_per_client`` subjects) from ``groups``.
+  subject (or per ``k`` subjects with ``clients=ClientPartition(groups_per_client=k)``) from
+  ``groups``.
 
 With scikit-learn's metadata routing enabled, one ``groups=`` argument reaches both, through
 :class:`~sklearn.model_selection.GridSearchCV` and a :class:`~sklearn.pipeline.Pipeline`.

@@ -41,6 +41,7 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.clients import ClientPartition
 from skfedspd.datasets import configure_offline, find_physionet_root
 from skfedspd.training import EpochSchedule
 
@@ -82,7 +83,8 @@ pipelines = {
     "SPDnet": make_pipeline(Covariances("oas"), spdnet),
     "FedSPDnet": make_pipeline(
         Covariances("oas"),
-        FederatedSPDnetClassifier(spdnet, aggregation="projavg", n_rounds=10, n_clients=3, random_state=0),
+        FederatedSPDnetClassifier(spdnet, aggregation="projavg", n_rounds=10, clients=ClientPartition(n_clients=3),
+                                  random_state=0),
     ),
 }
 

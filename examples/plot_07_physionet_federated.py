@@ -27,6 +27,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.clients import ClientPartition
 from skfedspd.datasets import find_physionet_root, load_physionet_mi
 from skfedspd.training import EpochSchedule
 
@@ -63,7 +64,7 @@ test = ~train
 local_model = SPDnetClassifier(hidden_dims=(8,), lr=5e-3, schedule=EpochSchedule(patience=40, lr_patience=15))
 models = {
     "FedSPDnet (ProjAvg, 4 clients)": FederatedSPDnetClassifier(
-        local_model, aggregation="projavg", n_rounds=50, local_epochs=2, groups_per_client=2,
+        local_model, aggregation="projavg", n_rounds=50, local_epochs=2, clients=ClientPartition(groups_per_client=2),
         validation_fraction=0.2, random_state=0),
     "SPDnet (centralized)": SPDnetClassifier(hidden_dims=(8,), lr=1e-2, max_epochs=50, random_state=0),
     "TS + LR (centralized)": make_pipeline(TangentSpace(), LogisticRegression(max_iter=1000)),

@@ -39,6 +39,7 @@ from sklearn.metrics import balanced_accuracy_score
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier
+from skfedspd.clients import ClientPartition
 from skfedspd.datasets import find_physionet_root, load_physionet_mi, make_spd_classification
 
 TRAIN_SUBJECTS = [1, 2, 3, 4, 5, 6]  # sites of two subjects: (1, 2), (3, 4), (5, 6)
@@ -76,12 +77,14 @@ train = np.isin(subjects, TRAIN_SUBJECTS)
 # %%
 # The federation and the pooled reference
 # ---------------------------------------
-# ``groups_per_client=2`` makes each pair of training subjects one site (client). Each round,
-# every site trains the current model for two local epochs on its own trials, and the server
-# averages the sites' networks on the Stiefel manifold (ProjAvg); no trial leaves its site.
+# ``clients=ClientPartition(groups_per_client=2)`` makes each pair of training subjects one
+# site (client). Each round, every site trains the current model for two local epochs on its
+# own trials, and the server averages the sites' networks on the Stiefel manifold (ProjAvg);
+# no trial leaves its site.
 # At the end, the model's prior for a new domain is computed from the training data.
 fed = FederatedSPDnetClassifier(
-    SPDnetClassifier(batchnorm="domain"), groups_per_client=2, n_rounds=50, local_epochs=2, random_state=0,
+    SPDnetClassifier(batchnorm="domain"), clients=ClientPartition(groups_per_client=2), n_rounds=50, local_epochs=2,
+    random_state=0,
 )
 fed.fit(X[train], y[train], groups=subjects[train])
 print(f"{fed.n_clients_} sites, {len(fed.history_)} rounds, model of round {fed.best_round_} kept")

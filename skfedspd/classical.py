@@ -154,7 +154,7 @@ class FederatedTangentSpaceLR(ClassifierMixin, BaseEstimator):
         -------
         self
         """
-        from .federated import make_clients
+        from .clients import make_clients
 
         X = check_spd_batch(X)
         groups = resolve_groups(groups, subjects)

@@ -9,13 +9,11 @@ are assigned only when the transport succeeds: a fit that raises leaves it as it
 """
 
 import copy
-import os
 import warnings
 from importlib.metadata import entry_points
 from numbers import Real
 
 import numpy as np
-import sklearn
 import torch
 from sklearn.base import BaseEstimator, ClassifierMixin, _fit_context, clone
 from sklearn.utils._param_validation import HasMethods, Interval, RealNotInt, StrOptions
@@ -23,8 +21,11 @@ from sklearn.utils.metaestimators import available_if
 from sklearn.utils.validation import check_is_fitted
 
 from .aggregation import AGGREGATIONS, get_aggregation
+from .backends import (BACKEND_GROUP, FlowerBackend, LocalBackend, backend_names, resolve_backend,
+                       uses_secure_aggregation)
 from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
+from .clients import ClientPartition
 from .engine import client_trust, n_selected
 from .local import fit_local
 from .online import drop_domain_requests
@@ -35,103 +36,21 @@ from .run import (ClientData, FederatedResult, FederatedRun, build_engine, given
                   init_model, local_estimator, run_seed)
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
-from .training import RoundSchedule, derive_seed
-from .validation import (Count, Sequence, check_count, check_groups, check_label_values, check_nested_params, is_count,
+from .training import RoundSchedule
+from .validation import (Count, Sequence, check_groups, check_label_values, check_nested_params, is_count,
                          resolve_groups, training_weights)
 
-__all__ = ["FederatedSPDnetClassifier", "BACKEND_GROUP", "backend_names", "get_backend", "make_clients",
-           "partition_indices", "set_result"]
+__all__ = ["FederatedSPDnetClassifier", "get_backend", "set_result"]
 
 
-PARTITIONS = ("stratified", "contiguous", "dirichlet")
 # The local estimator's protocol (skfedspd.base.TorchClassifierBase), all that fit calls.
 PROTOCOL = ["check_params", "check_inputs", "set_classes", "encode_labels", "input_statistic",
             "set_input_statistic", "to_tensor", "init_module", "get_parameters", "set_parameters",
             "parameter_kinds", "local_update", "fitted_state", "restore_fitted_state"]
 
 
-def make_clients(groups, groups_per_client=1):
-    """Client index arrays from a group (subject) array: sorted groups, merged in chunks.
-
-    Returns ``(client_indices, client_groups)``.
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.federated import make_clients
-    >>> indices, client_groups = make_clients(np.array([3, 1, 1, 2, 3, 2]), groups_per_client=2)
-    >>> [idx.tolist() for idx in indices], client_groups
-    ([[1, 2, 3, 5], [0, 4]], [(1, 2), (3,)])
-    """
-    check_count(groups_per_client, "groups_per_client", 1)
-    check_label_values(groups, "groups")
-    groups = np.asarray(groups)
-    if groups.ndim != 1:
-        raise ValueError(f"groups must be 1-D, got shape {groups.shape}")
-    unique = np.unique(groups)
-    chunks = [unique[i : i + groups_per_client] for i in range(0, len(unique), groups_per_client)]
-    indices = [np.flatnonzero(np.isin(groups, chunk)) for chunk in chunks]
-    return indices, [tuple(chunk.tolist()) for chunk in chunks]
-
-
-def partition_indices(y, n_clients, partition, alpha, seed):
-    """Client index arrays when no groups are given: ``"stratified"`` (each client a
-    seeded stratified share), ``"contiguous"`` (consecutive blocks) or ``"dirichlet"``
-    (label skew, class shares drawn from ``Dirichlet(alpha)``).
-
-    Examples
-    --------
-    >>> import numpy as np
-    >>> from skfedspd.federated import partition_indices
-    >>> y = np.array([0, 0, 0, 0, 1, 1, 1, 1])
-    >>> [idx.tolist() for idx in partition_indices(y, 2, "contiguous", alpha=None, seed=0)]
-    [[0, 1, 2, 3], [4, 5, 6, 7]]
-    >>> [np.bincount(y[idx]).tolist() for idx in partition_indices(y, 2, "stratified", alpha=None, seed=0)]
-    [[2, 2], [2, 2]]
-    >>> sum(len(idx) for idx in partition_indices(y, 3, "dirichlet", alpha=0.5, seed=0))
-    8
-    """
-    n = len(y)
-    rng = np.random.default_rng(seed)
-    if partition == "contiguous":
-        return np.array_split(np.arange(n), n_clients)
-    if partition == "stratified":
-        order = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in np.unique(y)])
-        return [np.sort(order[i::n_clients]) for i in range(n_clients)]
-    if partition == "dirichlet":
-        parts = [[] for _ in range(n_clients)]
-        for c in np.unique(y):
-            idx = rng.permutation(np.flatnonzero(y == c))
-            cuts = (np.cumsum(rng.dirichlet(alpha * np.ones(n_clients))) * len(idx)).astype(int)[:-1]
-            for part, chunk in zip(parts, np.split(idx, cuts)):
-                part.extend(chunk.tolist())
-        return [np.sort(np.asarray(p, dtype=int)) for p in parts]
-    raise ValueError(f"partition must be one of {PARTITIONS}, got {partition!r}")
-
-
-#: The entry-point group of the transports: an installed package registers one as
-#: ``name = "module:function"``, ``function(run, data) -> FederatedResult`` with the
-#: :class:`~skfedspd.run.FederatedRun` and the :class:`~skfedspd.run.ClientData`. skfedspd
-#: registers ``"flower"`` (:func:`skfedspd.flower.simulation_fit.fit_simulation`), so that the
-#: core never imports its Flower wing; ``"local"`` (:func:`skfedspd.local.fit_local`) is built in.
-BACKEND_GROUP = "skfedspd.backends"
-
-
-def backend_names():
-    """The names ``FederatedSPDnetClassifier(backend=...)`` accepts: ``"local"`` and every
-    transport registered under :data:`BACKEND_GROUP`.
-
-    Examples
-    --------
-    >>> from skfedspd.federated import backend_names
-    >>> sorted(backend_names())
-    ['flower', 'local']
-    """
-    return {"local"} | {ep.name for ep in entry_points(group=BACKEND_GROUP)}
-
-
 def get_backend(name):
-    """The transport ``name`` (:func:`backend_names`), imported when asked for.
+    """The transport ``name`` (:func:`~skfedspd.backends.backend_names`), imported when asked for.
 
     Raises
     ------
@@ -185,6 +104,8 @@ RENAMED = {
     "dp_epsilon": ("privacy", "epsilon"),
     "dp_delta": ("privacy", "delta"),
     "dp_clip_norm": ("privacy", "clip_norm"),
+    **{name: ("clients", name) for name in ("groups_per_client", "n_clients", "partition", "alpha")},
+    **{name: ("backend", name) for name in ("n_jobs", "checkpoint_path", "secure_aggregation")},
 }
 
 
@@ -197,9 +118,29 @@ def _merge_privacy(current, fields):
     return DPSGD(**fields) if current is None else clone(current).set_params(**fields)
 
 
+def _merge_backend(current, fields):
+    """``secure_aggregation=True`` makes the backend a :class:`FlowerBackend`; ``n_jobs`` and
+    ``checkpoint_path`` set the :class:`LocalBackend`'s, and on Flower, as before, ``n_jobs``
+    is ignored with a warning and a ``checkpoint_path`` refused."""
+    backend = resolve_backend("local" if current is None else current)
+    if "secure_aggregation" in fields:
+        if isinstance(backend, FlowerBackend):
+            backend = clone(backend).set_params(secure_aggregation=fields["secure_aggregation"])
+        elif fields["secure_aggregation"]:
+            backend = FlowerBackend(secure_aggregation=True)
+    local = {name: value for name, value in fields.items() if name != "secure_aggregation"}
+    if isinstance(backend, LocalBackend):
+        return clone(backend).set_params(**local)
+    if local.get("checkpoint_path") is not None:
+        raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
+    if local.get("n_jobs") not in (None, 1):
+        warnings.warn(N_JOBS_ON_FLOWER_WARNING.format(local["n_jobs"]), UserWarning, stacklevel=4)
+    return backend
+
+
 # the defaults of the flat parameters: no schedule change, no momentum, no DP
 _MERGES = {"schedule": merge_into(RoundSchedule()), "server_optimizer": merge_into(ServerMomentum(momentum=0.0)),
-           "privacy": _merge_privacy}
+           "privacy": _merge_privacy, "clients": merge_into(ClientPartition()), "backend": _merge_backend}
 
 
 def _local_estimator_has(name):
@@ -252,7 +193,9 @@ def set_result(fed, result):
     >>> from skfedspd.federated import set_result
     >>> from skfedspd.run import FederatedResult
     >>> X, y = make_spd_classification(n_matrices=40, n_channels=4, seed=0)
-    >>> fed = FederatedSPDnetClassifier(n_rounds=2, n_clients=2, partition='stratified', random_state=0).fit(X, y)
+    >>> from skfedspd.clients import ClientPartition
+    >>> fed = FederatedSPDnetClassifier(n_rounds=2, clients=ClientPartition(n_clients=2, partition="stratified"),
+    ...                                 random_state=0).fit(X, y)
     >>> result = FederatedResult(fed.global_estimator_, fed.engine_, fed.client_source_, fed.client_groups_)
     >>> bool((set_result(FederatedSPDnetClassifier(), result).predict(X) == fed.predict(X)).all())
     True
@@ -294,7 +237,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``aggregation=TrimmedMean(trim=0.25)`` (reachable as ``aggregation__trim``; saved
         and sent to Flower with the estimator): :class:`~skfedspd.aggregation.GeometricMedian`,
         :class:`~skfedspd.aggregation.TrimmedMean`, :class:`~skfedspd.aggregation.Krum`
-        (``docs/guide/robust-aggregation.md``). Not with ``secure_aggregation``.
+        (``docs/guide/robust-aggregation.md``). Not with secure aggregation.
     n_rounds : int, default=150
     local_epochs : int, default=2
     clients_per_round : int, float or None, default=None
@@ -305,8 +248,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         ``patience``, ``lr_patience``, ``lr_factor``); None: ``RoundSchedule()`` (every round
         runs, as in the paper; the learning rate halves after 20 rounds without
         improvement). Reachable as ``schedule__lr_patience`` once set.
-    groups_per_client : int, default=1
-        Sorted groups (subjects) are merged this many at a time into one client.
+    clients : ClientPartition or None, default=None
+        How the samples become clients (:class:`~skfedspd.clients.ClientPartition`: with
+        groups, ``groups_per_client`` sorted groups per client; without, ``n_clients`` of a
+        stratified, contiguous or Dirichlet ``partition``); None: ``ClientPartition()``.
+        Reachable as ``clients__n_clients`` once set.
     domains : {"client", "group"}, default="client"
         What a training domain is for a local estimator that uses domains
         (``SPDnetClassifier(batchnorm="domain")``): ``"client"``, each client's data form one
@@ -315,18 +261,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         The default is measured on unseen subjects in ``docs/design-decisions.md``. A
         deployed site's domains are the ``groups`` of its data file (none: the site is one
         domain). Ignored by local estimators without domains.
-    n_clients : int, default=5
-        Number of clients when ``fit`` gets no groups. A stratified partition (the default)
-        makes at most as many clients as the smallest class has samples, so that every
-        client holds every class: fewer samples reduce the number of clients (with a
-        ``UserWarning``; ``n_clients_`` says how many ran), e.g. 3 clients for 6 matrices of
-        2 classes.
-    partition : {"stratified", "contiguous", "dirichlet"} or None, default=None
-        How samples are split into ``n_clients`` when ``fit`` gets no groups
-        (``"dirichlet"``: label skew with concentration ``alpha``). None: stratified, with a
-        ``UserWarning`` when the caller probably meant groups (none received while
-        scikit-learn's metadata routing is off); set ``"stratified"`` to silence it.
-    alpha : float, default=0.5
     weighting : {"n_samples", "uniform"}, default="n_samples"
         Client weights in the aggregation (training samples of each accepted reply; with
         ``sample_weight``, the sum of its training samples' weights).
@@ -360,12 +294,6 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         not in the global model, the fitted estimator or any secure sum. It lasts one fit
         (a local checkpoint holds it, so a resumed fit continues bit for bit; a Flower site
         keeps it in its SuperNode's context; a ``warm_start`` fit starts fresh optimizers).
-    n_jobs : int or None, default=None
-        Processes for the clients' local training: this one and ``n_jobs − 1`` joblib
-        workers, each training an equal share of the round's clients with one torch thread
-        (None or 1: serial, in this process). The model is the same bit for bit; with
-        ``n_jobs > 1`` each record's ``wall_time`` also covers the next round's training, which
-        runs beside its validation.
     random_state : int, RandomState instance or None, default=None
     verbose : bool, default=False
         A progress bar over rounds with the global validation macro-F1 (both backends).
@@ -378,33 +306,15 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         every client does.
     warm_start : bool, default=False
         A second ``fit`` continues for ``n_rounds`` more rounds from the last global model.
-    checkpoint_path : str, path-like or None, default=None
-        The federated state is written there after every round (``backend="local"``), in a
-        data-only file (:mod:`skfedspd.persistence`, never a pickle). A ``fit`` that finds a
-        checkpoint of the same configuration and data resumes from it and ends
-        bit-identical to an uninterrupted fit; a checkpoint of another configuration is
-        replaced (with a ``UserWarning``); a file there that is not a skfedspd checkpoint
-        (truncated, corrupt, another format) stops the fit with a ValueError naming it, and
-        is left alone. A path of this machine: :func:`~skfedspd.save_estimator` writes it as
-        null and :func:`~skfedspd.load_estimator` refuses a file that sets it (a file never
-        chooses where a later fit writes); set it again after loading.
-    backend : {"local", "flower"}, default="local"
-        "local": clients simulated in this process (joblib). "flower": ``fit`` runs an
-        in-process Flower simulation (one virtual SuperNode per client, the ``flower``
-        extra); the same ``random_state`` gives a bit-identical model on both backends
-        (``n_jobs`` and ``checkpoint_path`` are local-only: ``n_jobs`` other than None or 1
-        is ignored with a ``UserWarning``, ``checkpoint_path`` refused). Real multi-site deployments
-        use :func:`skfedspd.flower.fit_federated` (``docs/guide/deployment.md``).
-    secure_aggregation : bool, default=False
-        Flower only (``backend="flower"`` or :func:`~skfedspd.flower.fit_federated`):
-        every round's train and validation replies reach the server only as sums, by
-        Flower's SecAgg+ protocol (:mod:`skfedspd.flower.secure`); ProjAvg / RLAvg are
-        computed from the summed weighted arrays and match the plain run to ~1e-7. Needs
-        ``aggregation`` "projavg" or "rlavg" (a robust rule needs each client's update) and
-        at least 3 clients per round; tolerates ``M − round(2M/3)`` dropouts per round.
-        Client-local arrays stay on their site (only their weighted sum joins the masked
-        sum); combines with ``privacy`` (the noise is added on the site before the sum);
-        ``history_`` then holds totals only. Threat model: ``docs/guide/privacy.md``.
+    backend : str, LocalBackend or FlowerBackend, default="local"
+        Where the fit runs and the transport's options (:mod:`skfedspd.backends`):
+        :class:`~skfedspd.backends.LocalBackend` (``n_jobs``, ``checkpoint_path``), the
+        clients simulated in this process; :class:`~skfedspd.backends.FlowerBackend`
+        (``secure_aggregation``), an in-process Flower simulation (the ``flower`` extra),
+        bit-identical to the local backend for the same ``random_state``; or the name of
+        any installed transport (``"local"``, ``"flower"``: their defaults). Real
+        multi-site deployments use :func:`skfedspd.flower.fit_federated`
+        (``docs/guide/deployment.md``).
     init : fitted estimator or None, default=None
         Where the global model starts: a fitted local model of the same class (e.g. an
         ``SPDnetClassifier`` pre-trained on public data) or a fitted
@@ -460,7 +370,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     n_features_in_ : int
     n_clients_ : int
     client_groups_ : list of tuple
-        Groups of each client (None entries when clients came from ``partition``).
+        Groups of each client (None entries when clients came from a partition of the samples).
     client_source_ : str
         ``"groups"``, ``"partition:<name>"`` or ``"flower:client-id"``.
     history_ : list of dict
@@ -536,8 +446,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     Without groups, a seeded partition of the samples (3 clients; 0.5 of them, floored: one per
     round) and RLAvg; the local model's parameters are reachable as ``estimator__*``:
 
-    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), aggregation="rlavg", n_rounds=2, n_clients=3,
-    ...                                 clients_per_round=0.5, partition="stratified", random_state=0)
+    >>> from skfedspd.clients import ClientPartition
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(), aggregation="rlavg", n_rounds=2, clients_per_round=0.5,
+    ...                                 clients=ClientPartition(n_clients=3, partition="stratified"), random_state=0)
     >>> fed = fed.set_params(estimator__lr=0.05).fit(X, y)
     >>> fed.client_source_, [record["clients"] for record in fed.history_]
     ('partition:stratified', [[0], [2]])
@@ -558,7 +469,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     __metadata_request__predict_proba = {"domain": True}
     __metadata_request__decision_function = {"domain": True}
     _params_not_in_spec = ("init",)  # a fitted model: see init, and skfedspd.spec
-    _local_paths = ("checkpoint_path",)  # written as null by save_estimator, refused from a file
+    _local_paths = ("backend__checkpoint_path",)  # written as null by save_estimator, refused from a file
 
     _parameter_constraints = {
         "estimator": [HasMethods(PROTOCOL), None],
@@ -568,24 +479,18 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         "clients_per_round": [None, Count(1),
                               Interval(RealNotInt, 0, 1, closed="right")],
         "schedule": [None, RoundSchedule],
-        "groups_per_client": [Count(1)],
-        "n_clients": [Count(1)],
-        "partition": [None, StrOptions(set(PARTITIONS))],
-        "alpha": [Interval(Real, 0, None, closed="neither")],
+        "clients": [None, ClientPartition],
         "weighting": [StrOptions({"n_samples", "uniform"})],
         "validation_fraction": [Interval(Real, 0, 1, closed="left")],
         "max_update_norm": [None, Interval(Real, 0, None, closed="neither")],
         "server_optimizer": [None, ServerMomentum],
         "client_optimizer_state": [StrOptions({"keep", "reset"})],
         "domains": [StrOptions({"client", "group"})],
-        "n_jobs": [None, Count(None)],
         "random_state": ["random_state"],
         "verbose": ["verbose"],
         "on_client_error": [StrOptions({"raise", "skip"})],
         "warm_start": ["boolean"],
-        "checkpoint_path": [None, str, os.PathLike],
-        "backend": [StrOptions(backend_names())],
-        "secure_aggregation": ["boolean"],
+        "backend": [StrOptions(backend_names()), LocalBackend, FlowerBackend],
         "privacy": [None, DPSGD],
         "classes": [None, Sequence()],
         "init": [None, HasMethods(["get_params", "predict"])],
@@ -595,29 +500,24 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     def __init__(
         self,
         estimator=None,
+        *,
         aggregation="projavg",
         n_rounds=150,
         local_epochs=2,
         clients_per_round=None,
         schedule=None,
-        groups_per_client=1,
-        n_clients=5,
-        partition=None,
-        alpha=0.5,
+        clients=None,
         weighting="n_samples",
         validation_fraction=0.1,
         max_update_norm=1e3,
         server_optimizer=None,
         client_optimizer_state="keep",
         domains="client",
-        n_jobs=None,
         random_state=None,
         verbose=False,
         on_client_error="raise",
         warm_start=False,
-        checkpoint_path=None,
         backend="local",
-        secure_aggregation=False,
         privacy=None,
         classes=None,
         init=None,
@@ -628,24 +528,18 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self.local_epochs = local_epochs
         self.clients_per_round = clients_per_round
         self.schedule = schedule
-        self.groups_per_client = groups_per_client
-        self.n_clients = n_clients
-        self.partition = partition
-        self.alpha = alpha
+        self.clients = clients
         self.weighting = weighting
         self.validation_fraction = validation_fraction
         self.max_update_norm = max_update_norm
         self.server_optimizer = server_optimizer
         self.client_optimizer_state = client_optimizer_state
         self.domains = domains
-        self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
         self.on_client_error = on_client_error
         self.warm_start = warm_start
-        self.checkpoint_path = checkpoint_path
         self.backend = backend
-        self.secure_aggregation = secure_aggregation
         self.privacy = privacy
         self.classes = classes
         self.init = init
@@ -688,7 +582,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
             alike; so integer weights equal repeated samples. Under metadata routing,
             request it with ``set_fit_request(sample_weight=True)``. Both backends: with
             ``backend="flower"`` the weights travel with each site's data and the model is
-            the local backend's, bit for bit (under ``secure_aggregation`` the weighted sums
+            the local backend's, bit for bit (under secure aggregation the weighted sums
             are masked). A real deployment reads each site's weights from its data file
             (``docs/guide/deployment.md``). Not with ``privacy``.
 
@@ -697,16 +591,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         self
             Fitted; if ``fit`` raises, the estimator is left exactly as it was.
         """
-        if self.secure_aggregation and self.backend == "local":
-            raise ValueError("secure_aggregation=True runs Flower's SecAgg+: use backend='flower' (or "
-                             "skfedspd.flower.fit_federated); the local backend has no server to hide replies from")
         self._check_settings()
         run, data = self._prepare(X, y, groups, subjects, sample_weight)
         self.warn_about_settings()
         # Training needs autograd whatever the caller's mode: inference tensors made here
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
-            result = get_backend(self.backend)(run, data)
+            result = get_backend(getattr(run.backend, "name", run.backend))(run, data)
         return set_result(self, result)
 
     def check_params(self):
@@ -731,18 +622,11 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     def _check_settings(self):
         """The settings objects check their own parameters (the aggregation rule, under
         secure aggregation a rule of the weighted sum)."""
-        get_aggregation(self.aggregation, secure=self.secure_aggregation)
-        for settings in (self.schedule, self.server_optimizer, self.privacy):
-            if settings is not None:
+        get_aggregation(self.aggregation, secure=uses_secure_aggregation(self.backend))
+        for settings in (self.schedule, self.server_optimizer, self.privacy, self.clients,
+                         resolve_backend(self.backend)):
+            if hasattr(settings, "check_params"):  # None and a transport's name have no settings
                 settings.check_params()
-
-    def _validate_params(self):
-        """``_parameter_constraints`` (its counts refuse bools: :class:`~skfedspd.validation.Count`),
-        and what they cannot say: ``checkpoint_path`` is not a directory."""
-        super()._validate_params()
-        if self.checkpoint_path is not None and os.path.isdir(self.checkpoint_path):
-            raise ValueError(f"checkpoint_path={os.fspath(self.checkpoint_path)!r} is a directory; give the path of "
-                             "a file to write (e.g. inside it: 'checkpoint.safetensors')")
 
     def warn_about_settings(self, *, on_flower=None):
         """Warn about parameter pairs measured to train badly, or ignored; ``fit`` and
@@ -751,12 +635,13 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         Server momentum with clients that keep their Adam state
         (:data:`KEEP_WITH_SERVER_MOMENTUM_WARNING`, ``docs/design-decisions.md``); a local
         estimator with ``trainable="head"`` on a new model without ``init``
-        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`); ``n_jobs`` on Flower
-        (``on_flower``; None: ``backend == "flower"``), where it is ignored
+        (:data:`~skfedspd.classifier.HEAD_ON_RANDOM_WARNING`); on a Flower deployment
+        (``on_flower``) a local backend's ``n_jobs``, which is ignored there
         (:data:`N_JOBS_ON_FLOWER_WARNING`): warned, not refused, since the model is the same.
         """
-        if (self.backend == "flower" if on_flower is None else on_flower) and self.n_jobs not in (None, 1):
-            warnings.warn(N_JOBS_ON_FLOWER_WARNING.format(self.n_jobs), UserWarning, stacklevel=3)
+        n_jobs = getattr(resolve_backend(self.backend), "n_jobs", None)
+        if on_flower and n_jobs not in (None, 1):
+            warnings.warn(N_JOBS_ON_FLOWER_WARNING.format(n_jobs), UserWarning, stacklevel=3)
         momentum = 0.0 if self.server_optimizer is None else self.server_optimizer.momentum
         if momentum > 0 and self.client_optimizer_state == "keep":
             warnings.warn(KEEP_WITH_SERVER_MOMENTUM_WARNING, UserWarning, stacklevel=3)
@@ -826,35 +711,9 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         return cloned
 
     def _clients(self, codes, groups, seed):
-        """``(indices, client_source, client_groups)``."""
-        if groups is not None:
-            groups = np.asarray(groups)
-            if len(groups) != len(codes):
-                raise ValueError(f"groups has {len(groups)} entries but X has {len(codes)} samples")
-            indices, client_groups = make_clients(groups, self.groups_per_client)
-            return indices, "groups", client_groups
-        partition = self.partition or "stratified"
-        n_clients = self.n_clients
-        if partition != "stratified" and n_clients > len(codes):
-            raise ValueError(f"n_clients={self.n_clients} exceeds the {len(codes)} samples")
-        if partition == "stratified":
-            n_clients = min(n_clients, int(np.unique(codes, return_counts=True)[1].min()))  # classes held
-            if n_clients < self.n_clients:
-                warnings.warn(f"n_clients={self.n_clients} reduced to {n_clients}, the size of the smallest class, so "
-                              "that every client of the stratified partition holds every class", UserWarning,
-                              stacklevel=5)
-        if self.partition is None and not sklearn.get_config()["enable_metadata_routing"]:
-            warnings.warn(
-                f"{type(self).__name__}.fit received no groups: its {n_clients} clients are a random "
-                "stratified partition of the samples, not one client per subject. Pass groups=subjects to fit "
-                "(through GridSearchCV / cross_validate / MOABB, enable sklearn.set_config("
-                "enable_metadata_routing=True) so that they reach it), or set partition='stratified' to "
-                "silence this warning.", UserWarning, stacklevel=5)
-        indices = partition_indices(codes, n_clients, partition, self.alpha, derive_seed(seed, 7))
-        empty = [i for i, idx in enumerate(indices) if len(idx) == 0]
-        if empty:
-            raise ValueError(f"clients {empty} received no samples (partition={partition!r})")
-        return indices, f"partition:{partition}", [None] * len(indices)
+        """``(indices, client_source, client_groups)``: :meth:`ClientPartition.split`."""
+        clients = self.clients if self.clients is not None else ClientPartition()
+        return clients.split(codes, groups, seed, owner=type(self).__name__)
 
     # ------------------------------------------------------------------ persistence
     def fitted_state(self):

@@ -2,7 +2,7 @@
 
 The clients are :class:`~skfedspd.client.Site` s in this process, trained serially or on
 ``n_jobs`` joblib processes (their data memory-mapped once per fit), around one
-:class:`~skfedspd.run.FederatedRun`; with ``checkpoint_path`` the run is saved after every
+:class:`~skfedspd.run.FederatedRun`; with a :class:`~skfedspd.backends.LocalBackend` ``checkpoint_path`` the run is saved after every
 round and resumed from a checkpoint of the same configuration and data. The set-up, the
 engine and the end of the run are the run's: this module only moves the messages.
 """
@@ -20,6 +20,7 @@ import torch
 from joblib import Parallel, delayed, effective_n_jobs
 
 from .aggregation import rule_name
+from .backends import LocalBackend
 from .batchnorm import DomainBatch
 from .client import Site, client_update
 from .messages import EvalReply
@@ -52,7 +53,8 @@ def site_estimator(run):
 
 def fit_local(run, data):
     """The ``"local"`` transport: the clients of ``data`` as sites in this process (joblib
-    with ``n_jobs``).
+    with the run's :class:`~skfedspd.backends.LocalBackend` ``n_jobs``, saved after every
+    round to its ``checkpoint_path``).
 
     Parameters
     ----------
@@ -89,15 +91,20 @@ def fit_local(run, data):
     run.release_domain_means(sites)
     clients = [(s.X_train, s.y_train, s.X_val, s.y_val, s.w_train, s.w_val) for s in sites]
     first_round = engine.next_round
-    fingerprint = _fingerprint(fed, clients, run.seed, first_round) if fed.checkpoint_path else None
+    options = run.backend if isinstance(run.backend, LocalBackend) else LocalBackend()
+    path = None if options.checkpoint_path is None else os.fspath(options.checkpoint_path)
+    fingerprint = _fingerprint(fed, clients, run.seed, first_round) if path else None
     if fingerprint:
-        _resume_from_checkpoint(os.fspath(fed.checkpoint_path), fingerprint, engine)
-        _check_client_optimizer_states(os.fspath(fed.checkpoint_path), engine, est)
-    _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, fingerprint)
+        _resume_from_checkpoint(path, fingerprint, engine)
+        _check_client_optimizer_states(path, engine, est)
+    checkpoint = (path, fingerprint) if fingerprint else None
+    _run_rounds(fed, est, engine, clients, first_round + fed.n_rounds, checkpoint, options.n_jobs)
     return run.finish(data.client_source, data.client_groups, prior=domain_prior_from_data(data))
 
 
-def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
+def _run_rounds(fed, est, engine, clients, last_round, checkpoint, n_jobs):
+    """The rounds, serial or on ``n_jobs`` processes; with ``checkpoint`` ``(path, fingerprint)``
+    the state is saved after each."""
     rounds = range(engine.next_round, last_round)
     if fed.verbose:
         from tqdm.auto import tqdm
@@ -108,11 +115,10 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
         record = engine.finish_round(record, evaluations, wall_time=time.perf_counter() - start)
         if fed.verbose:
             rounds.set_postfix(val_f1=f"{record['val_f1']:.3f}", loss=f"{record['train_loss']:.3f}")
-        if fingerprint:
-            save_bundle(os.fspath(fed.checkpoint_path), *engine.state_dict(), kind=CHECKPOINT_KIND,
-                        fingerprint=fingerprint)
+        if checkpoint:
+            save_bundle(checkpoint[0], *engine.state_dict(), kind=CHECKPOINT_KIND, fingerprint=checkpoint[1])
 
-    if fed.n_jobs in (None, 1):
+    if n_jobs in (None, 1):
         for t in rounds:
             if engine.should_stop:
                 break
@@ -123,10 +129,10 @@ def _run_rounds(fed, est, engine, clients, last_round, fingerprint):
             record = engine.aggregate(t, selected, replies)
             close(record, start, _evaluate_clients(est, engine, clients))
     else:
-        _run_parallel_rounds(fed, est, engine, clients, rounds, close)
+        _run_parallel_rounds(fed, est, engine, clients, rounds, close, n_jobs)
 
 
-def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
+def _run_parallel_rounds(fed, est, engine, clients, rounds, close, n_jobs):
     """The rounds on ``n_jobs`` processes: this one and ``n_jobs − 1`` joblib workers.
 
     Each round's training is split into equal shares of the clients, one per process, and
@@ -140,7 +146,7 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
     and when it stops the run (``patience``), its replies are dropped. The result is bit
     for bit that of the serial loop.
     """
-    n_processes = effective_n_jobs(fed.n_jobs)
+    n_processes = effective_n_jobs(n_jobs)
 
     def run(pool, shared, train, seeds, validate, lr):
         """Train replies of clients ``train`` (local-training seeds ``seeds``) and, if
@@ -157,7 +163,7 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close):
         evaluations = _evaluate_clients(est, engine, clients, n_threads=1) if validate else []
         return [r for batch in [*remote, own] for r in batch], evaluations
 
-    with _SharedClients(clients) as shared, Parallel(n_jobs=fed.n_jobs, return_as="generator") as pool:
+    with _SharedClients(clients) as shared, Parallel(n_jobs=n_jobs, return_as="generator") as pool:
         pending = None  # (record, start) of the round whose validation rides with the next dispatch
         for t in rounds:
             if pending is None and engine.should_stop:
@@ -285,7 +291,7 @@ def _fingerprint(fed, clients, seed, first_round):
     """SHA-256 of what determines the run: the parameters (a callable rule by its qualified
     name, the seed instead of ``random_state``), the clients' data and the first round."""
     params = {k: v for k, v in fed.get_params(deep=False).items()
-              if k not in ("estimator", "verbose", "n_jobs", "checkpoint_path", "random_state", "warm_start", "init")}
+              if k not in ("estimator", "verbose", "backend", "random_state", "warm_start", "init")}
     params["aggregation"] = rule_name(fed.aggregation)
     est = given_estimator(fed)
     params["estimator"] = {"class": f"{type(est).__module__}.{type(est).__qualname__}",

@@ -37,6 +37,7 @@ import numpy as np
 import torch
 from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save as _safetensors_bytes
+from sklearn.base import clone
 
 from . import spec
 from .validation import check_label_values, is_count, is_positive
@@ -263,7 +264,7 @@ def save_estimator(estimator, path):
     The parameters are written as the JSON spec of :mod:`skfedspd.spec` (only this package's
     estimators; a callable ``aggregation`` or a ``RandomState`` cannot be saved), the fitted
     state as ``estimator.fitted_state()``. A parameter that names a path on this machine
-    (``FederatedSPDnetClassifier(checkpoint_path=...)``) is written as None: a file never
+    (``FederatedSPDnetClassifier(backend=LocalBackend(checkpoint_path=...))``) is written as None: a file never
     chooses where a later fit writes.
 
     Only what :func:`load_estimator` would load again is written: the parameters are
@@ -305,8 +306,10 @@ def save_estimator(estimator, path):
     >>> folder.cleanup()
     """
     path = os.fspath(path)
-    meta = {"estimator": spec.estimator_to_spec(estimator), "fitted": False}
-    meta["estimator"]["params"].update(dict.fromkeys(getattr(estimator, "_local_paths", ())))
+    # a path of this machine (the estimator's _local_paths, nested names included) is written as null
+    paths = {name: None for name in getattr(estimator, "_local_paths", ()) if estimator.get_params().get(name) is not None}
+    meta = {"estimator": spec.estimator_to_spec(clone(estimator).set_params(**paths) if paths else estimator),
+            "fitted": False}
     arrays = {}
     try:
         estimator.check_params()
@@ -330,8 +333,8 @@ def _restore(meta, arrays):
         raise ValueError(f"'state' of a fitted estimator must be an object, got {meta.get('state')!r}")
     estimator = spec.estimator_from_spec(meta["estimator"])
     for name in getattr(estimator, "_local_paths", ()):
-        if getattr(estimator, name) is not None:
-            raise ValueError(f"{name}={getattr(estimator, name)!r}: a file never chooses a path this process "
+        if (value := estimator.get_params().get(name)) is not None:
+            raise ValueError(f"{name}={value!r}: a file never chooses a path this process "
                              f"writes to (save_estimator writes {name} as null); set it after loading")
     estimator.check_params()  # the parameters, before anything is built from them
     if meta["fitted"]:

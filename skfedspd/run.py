@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.base import clone
 
+from .backends import resolve_backend
 from .classifier import SPDnetClassifier
 from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
@@ -423,6 +424,7 @@ class FederatedRun:
 
     def __init__(self, fed, *, seed=None, validation_fraction=None):
         self.fed = fed
+        self.backend = resolve_backend(fed.backend)  # the transport's settings
         self.resume = _continues(fed)
         if self.resume:
             local_estimator(fed).check_params()  # the fitted model continues; its parameters are still checked

@@ -40,7 +40,8 @@ _ALLOWED = {
 _NESTED = {**{name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum", "FLTrust")},
            "RoundSchedule": "skfedspd.training", "EpochSchedule": "skfedspd.training",
            "ServerMomentum": "skfedspd.server_optimizer",
-           "DPSGD": "skfedspd.privacy"}
+           "DPSGD": "skfedspd.privacy", "ClientPartition": "skfedspd.clients",
+           "LocalBackend": "skfedspd.backends", "FlowerBackend": "skfedspd.backends"}
 
 
 def _classes(nested=False):

@@ -20,6 +20,12 @@ def physionet_root_or_skip(root=None):
     return configure_offline(found)
 
 
+@pytest.fixture
+def accounting():
+    """Skips the test where the ``privacy`` extra (dp_accounting) is not installed."""
+    pytest.importorskip("dp_accounting")
+
+
 @pytest.fixture(scope="session")
 def physionet_root():
     """Offline PhysioNet eegmmidb data root; skips the test when the files are absent."""
@@ -183,3 +189,67 @@ def perturb_V(bimap, scale, seed):
 
     with torch.no_grad():
         bimap.V.copy_(torch.as_tensor(scale * gauss_np(tuple(bimap.V.shape), seed)))
+
+
+# ---------------------------------------------------------------------------------------------
+# Small federations (tests of the federation, its local transport and its hostile inputs)
+# ---------------------------------------------------------------------------------------------
+
+SMALL_CHANNELS = 6
+_PARTITION_FIELDS = ("groups_per_client", "n_clients", "partition", "alpha")
+_LOCAL_BACKEND_FIELDS = ("n_jobs", "checkpoint_path")
+
+
+def small_data(n=60, n_classes=3, seed=0):
+    """``(X, y)``: ``n`` SPD matrices of 6 channels."""
+    return make_spd_dataset(n, SMALL_CHANNELS, n_classes, seed=seed)
+
+
+def small_estimator(**kwargs):
+    """A small ``SPDnetClassifier`` that holds out validation even on small data."""
+    from skfedspd import SPDnetClassifier
+
+    return SPDnetClassifier(**{"hidden_dims": (3,), "batch_size": 8, "lr": 0.05, "early_stopping": True, **kwargs})
+
+
+def small_federation(estimator=None, **kwargs):
+    """A few rounds of one local epoch on 3 stratified clients. The client partition's fields
+    (``n_clients``, ``partition``, ...) and the local backend's (``n_jobs``,
+    ``checkpoint_path``) may be given flat: they go into ``clients`` and ``backend``."""
+    from skfedspd import FederatedSPDnetClassifier
+    from skfedspd.backends import LocalBackend
+    from skfedspd.clients import ClientPartition
+
+    partition = {"n_clients": 3, "partition": "stratified"}
+    partition.update({k: kwargs.pop(k) for k in _PARTITION_FIELDS if k in kwargs})
+    local = {k: kwargs.pop(k) for k in _LOCAL_BACKEND_FIELDS if k in kwargs}
+    params = {"n_rounds": 3, "local_epochs": 1, "random_state": 0, "clients": ClientPartition(**partition),
+              **({"backend": LocalBackend(**local)} if local else {}), **kwargs}
+    return FederatedSPDnetClassifier(estimator if estimator is not None else small_estimator(), **params)
+
+
+def without_time(history):
+    """A fit's history without its wall times (what two identical runs share)."""
+    return [{k: v for k, v in record.items() if k != "wall_time"} for record in history]
+
+
+def count_local_updates(monkeypatch, fail=None):
+    """Replace ``SPDnetClassifier.local_update`` (the one local-training routine) by a
+    wrapper that counts calls and raises on the calls for which ``fail(call_index)`` is
+    true; returns the list of recorded calls."""
+    import torch
+
+    from skfedspd import SPDnetClassifier
+
+    original = SPDnetClassifier.local_update
+    calls = []
+
+    def wrapper(self, global_params, local_state, X, y, **kwargs):
+        index = len(calls)
+        calls.append({"y": torch.as_tensor(y).clone(), "seed": kwargs["seed"], "lr": kwargs["lr"]})
+        if fail is not None and fail(index):
+            raise OSError(f"simulated failure at call {index}")
+        return original(self, global_params, local_state, X, y, **kwargs)
+
+    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
+    return calls

@@ -21,7 +21,6 @@ from skfedspd.engine import (
     stiefel_tolerance,
 )
 from skfedspd.messages import EvalReply, TrainReply
-from skfedspd.run import pool_input_statistic
 from skfedspd.stiefel import random_stiefel
 from skfedspd.training import derive_seed
 
@@ -359,14 +358,6 @@ def test_n_selected(m, expected):
 def test_n_selected_rejects(m):
     with pytest.raises(ValueError, match="clients_per_round"):
         n_selected(m, 5)
-
-
-def test_pool_input_statistic():
-    assert pool_input_statistic([None, None], [1, 2]) is None
-    assert pool_input_statistic([1.0, 4.0], [1, 2]) == pytest.approx(3.0)
-    for bad in (float("nan"), float("inf"), None, "1.0", True):
-        with pytest.raises(ValueError, match=f"client 1 declared an invalid input statistic {bad!r}"):
-            pool_input_statistic([1.0, bad], [1, 2])
 
 
 def test_schedule_in_rounds_and_early_stopping():

@@ -71,7 +71,7 @@ def test_paper_protocols():
 def test_federated_schedule_is_set_in_one_place(local, participation, lr_patience, clients_per_round):
     """All T rounds; LR patience in rounds of full participation (20 / fraction)."""
     fed = protocols.federated(local(PROTOCOLS["Weibo2014"], 0, 1), "projavg", participation, 150, 0)
-    assert (fed.n_rounds, fed.local_epochs, fed.clients_per_round, fed.groups_per_client) == \
+    assert (fed.n_rounds, fed.local_epochs, fed.clients_per_round, fed.clients.groups_per_client) == \
         (150, 2, clients_per_round, 2)
     schedule = protocols.federated_schedule(participation)
     assert {k: fed.get_params()[k] for k in schedule} == schedule

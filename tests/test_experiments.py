@@ -98,7 +98,8 @@ def test_the_command_line_refuses_unknown_names(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "online", "table-one-ablation"])
+@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "online", "table-one-ablation",
+                                  "learner-ablation", "learner-leads"])
 def test_every_experiment_has_its_help(name, capsys):
     from benchmarks.experiments.__main__ import EXPERIMENTS, main
 
@@ -135,7 +136,7 @@ def test_domain_bn_rows_need_the_cross_protocol():
 def test_client_optimizer_state_rows_differ_in_the_client_state_only(row, state, partition):
     model = client_optimizer_state.MODELS["plain"][row](1)
     assert isinstance(model, FederatedSPDnetClassifier) and model.estimator is None
-    assert (model.client_optimizer_state, model.partition, model.groups_per_client) == (state, partition, 1)
+    assert (model.client_optimizer_state, model.clients.partition, model.clients.groups_per_client) == (state, partition, 1)
     assert model.get_params()["random_state"] == 0
 
 

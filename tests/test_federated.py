@@ -10,7 +10,6 @@ import copy
 import os
 import pickle
 import re
-import tempfile
 import warnings
 
 import joblib
@@ -26,16 +25,15 @@ from sklearn.pipeline import make_pipeline
 from sklearn.utils.validation import check_is_fitted
 
 from conftest import make_eeg_timeseries, make_spd_dataset
+from conftest import count_local_updates as _counting_local_update, small_data as _data, small_estimator as _estimator, small_federation as _fed, without_time as _without_time  # noqa: E501
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import FLTrust, Krum, TrimmedMean, projavg
-from skfedspd.federated import make_clients, partition_indices
+from skfedspd.clients import partition_indices
 from skfedspd.batchnorm import DomainBatch
 from skfedspd.nn import SPDNet
-from skfedspd.persistence import load_bundle, load_estimator, save_estimator
-from skfedspd.privacy import DPSGD
+from skfedspd.persistence import load_estimator, save_estimator
 from skfedspd.run import held_out_fraction, resolved_settings
 from skfedspd.server_optimizer import ServerMomentum
-from skfedspd.spec import estimator_from_spec, estimator_to_spec
 from skfedspd.training import RoundSchedule
 from skfedspd.stiefel import orthonormality_error
 
@@ -43,26 +41,6 @@ N_CHANNELS = 6
 HISTORY_KEYS = {"round", "clients", "n_samples", "failed_clients", "train_loss", "val_loss", "val_f1",
                 "orthonormality", "lr", "skipped_batches", "wall_time", "client_distance", "effective_weights",
                 "downweighted_clients", "client_agreement"}
-
-
-def _data(n=60, n_classes=3, seed=0):
-    return make_spd_dataset(n, N_CHANNELS, n_classes, seed=seed)
-
-
-def _estimator(**kwargs):
-    params = dict(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True)  # validation on small data
-    params.update(kwargs)
-    return SPDnetClassifier(**params)
-
-
-def _fed(estimator=None, **kwargs):
-    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
-    params.update(kwargs)
-    return FederatedSPDnetClassifier(estimator if estimator is not None else _estimator(), **params)
-
-
-def _without_time(history):
-    return [{k: v for k, v in record.items() if k != "wall_time"} for record in history]
 
 
 def _groups(n, n_groups):
@@ -74,24 +52,6 @@ def _groups(n, n_groups):
 def fitted():
     X, y = _data()
     return _fed(n_rounds=4).fit(X, y), X, y
-
-
-def _counting_local_update(monkeypatch, fail=None):
-    """Replace ``SPDnetClassifier.local_update`` (the one local-training routine) by a
-    wrapper that counts calls and raises on the calls for which ``fail(call_index)`` is
-    true; returns the list of recorded calls."""
-    original = SPDnetClassifier.local_update
-    calls = []
-
-    def wrapper(self, global_params, local_state, X, y, **kwargs):
-        index = len(calls)
-        calls.append({"y": torch.as_tensor(y).clone(), "seed": kwargs["seed"], "lr": kwargs["lr"]})
-        if fail is not None and fail(index):
-            raise OSError(f"simulated failure at call {index}")
-        return original(self, global_params, local_state, X, y, **kwargs)
-
-    monkeypatch.setattr(SPDnetClassifier, "local_update", wrapper)
-    return calls
 
 
 class RecordingRule:
@@ -409,16 +369,6 @@ def test_groups_to_clients(groups_per_client, expected):
     assert clf.history_[0]["n_samples"] == sizes  # validation_fraction=0: all samples train
 
 
-def test_make_clients():
-    groups = np.array([3, 1, 2, 3, 1, 5, 2, 5, 5])
-    indices, client_groups = make_clients(groups, 2)
-    assert client_groups == [(1, 2), (3, 5)]
-    np.testing.assert_array_equal(indices[0], [1, 2, 4, 6])
-    np.testing.assert_array_equal(indices[1], [0, 3, 5, 7, 8])
-    with pytest.raises(ValueError, match="1-D"):
-        make_clients(groups.reshape(3, 3))
-
-
 @pytest.mark.parametrize("partition", ["stratified", "contiguous", "dirichlet"])
 @pytest.mark.parametrize("n_clients", [2, 3, 5])
 def test_partition_fallback(partition, n_clients):
@@ -444,22 +394,6 @@ def test_partition_fallback_warns_when_groups_were_probably_meant():
         with sklearn.config_context(enable_metadata_routing=True):  # routing on: no groups was meant
             _fed(n_rounds=1, partition=None).fit(X, y)
     np.testing.assert_array_equal(clf.decision_function(X), explicit.decision_function(X))
-
-
-@pytest.mark.parametrize("partition", ["stratified", "contiguous", "dirichlet"])
-@pytest.mark.parametrize("n_clients", [1, 3, 7])
-def test_partition_covers_every_sample_once(partition, n_clients):
-    y = np.arange(63) % 3
-    parts = partition_indices(y, n_clients, partition, alpha=1.0, seed=0)
-    assert len(parts) == n_clients
-    np.testing.assert_array_equal(np.sort(np.concatenate(parts)), np.arange(63))
-    if partition == "contiguous":
-        for part in parts:
-            np.testing.assert_array_equal(part, np.arange(part[0], part[-1] + 1))
-    if partition == "stratified":
-        for part in parts:
-            counts = np.bincount(y[part], minlength=3)
-            assert counts.max() - counts.min() <= 1 and len(part) in (63 // n_clients, 63 // n_clients + 1)
 
 
 def test_partition_stratified_clients_see_all_classes(monkeypatch):
@@ -507,42 +441,6 @@ def test_weighting(weighting):
 # ---------------------------------------------------------------------------------------------
 # Reproducibility
 # ---------------------------------------------------------------------------------------------
-
-
-def _temp_folders():
-    return {os.path.join(d, f) for d in ("/dev/shm", tempfile.gettempdir()) if os.path.isdir(d)
-            for f in os.listdir(d) if f.startswith("skfedspd-")}
-
-
-@pytest.mark.parametrize("est_params, fed_params", [
-    # re-centred charts, partial participation
-    (dict(recenter_every=3, batch_size=16), dict(n_rounds=3, clients_per_round=2)),
-    # the learning rate halves and the run stops early: the parallel loop's speculative
-    # training is redone at the new rate, then dropped
-    (dict(batch_size=16, lr=0.5), dict(n_rounds=12, lr_patience=0, patience=2)),
-    # client-local arrays (SPD batch norm statistics) in training and validation
-    (dict(batchnorm="spd", batch_size=16), dict(n_rounds=3)),
-    # clients of two groups, each group a domain (their matrices go to the workers with their domains)
-    (dict(batchnorm="domain", batch_size=16), dict(n_rounds=3, groups_per_client=2, domains="group")),
-    # robust rules (their diagnostics in the history too)
-    (dict(batch_size=16), dict(n_rounds=2, n_clients=5, aggregation="geomedian")),
-    (dict(batch_size=16), dict(n_rounds=2, n_clients=5, aggregation=TrimmedMean(trim=0.2))),
-])
-def test_reproducible_serial_and_parallel(est_params, fed_params):
-    """Same random_state: bit-identical with one or two processes (the only test that starts
-    loky workers); the workers' data files are removed after the fit."""
-    X, y = _data(n=60)
-    groups = np.arange(len(y)) % 4 if "groups_per_client" in fed_params else None
-    est = _estimator(**est_params)
-    before = _temp_folders()
-    serial = _fed(est, n_jobs=1, **fed_params).fit(X, y, groups=groups)
-    parallel = _fed(est, n_jobs=2, **fed_params).fit(X, y, groups=groups)
-    assert _temp_folders() <= before
-    np.testing.assert_array_equal(serial.decision_function(X), parallel.decision_function(X))
-    assert _without_time(serial.history_) == _without_time(parallel.history_)
-    if "patience" in fed_params:  # the paths this case is for were taken
-        lrs = [r["lr"] for r in serial.history_]
-        assert len(set(lrs)) > 1 and len(lrs) < fed_params["n_rounds"]
 
 
 def test_reproducible_refit_and_seed_matters(fitted):
@@ -816,86 +714,6 @@ def test_warm_start_unknown_label():
     clf = _fed(n_rounds=1, warm_start=True).fit(X, y)
     with pytest.raises(ValueError, match="not in classes"):
         clf.fit(X, np.where(y == 0, 5, y))
-
-
-def test_checkpoint_written(tmp_path, fitted):
-    reference, X, y = fitted
-    path = tmp_path / "ckpt.skfedspd"
-    clf = _fed(n_rounds=4, checkpoint_path=path).fit(X, y)
-    np.testing.assert_array_equal(clf.decision_function(X), reference.decision_function(X))
-    _, meta = load_bundle(path, kind="federated-checkpoint")
-    assert len(meta["history"]) == 4
-    assert os.listdir(tmp_path) == ["ckpt.skfedspd"]  # the temporary file was renamed
-
-
-@pytest.mark.parametrize("recenter_every", [1, 3])
-def test_checkpoint_resume_is_bit_identical(tmp_path, monkeypatch, recenter_every):
-    """Uninterrupted fit (checkpoint A) vs. a fit interrupted in round 3 (checkpoint B) and
-    then re-run with the same parameters: the re-run resumes from round 2 and ends
-    bit-identical (also when the charts are re-centred every few steps)."""
-    X, y = _data(n=60)
-    params = dict(n_rounds=4, clients_per_round=2, n_clients=4,
-                  estimator=_estimator(recenter_every=recenter_every, batch_size=16))
-    uninterrupted = _fed(checkpoint_path=str(tmp_path / "A.ckpt"), **params).fit(X, y)
-
-    calls = _counting_local_update(monkeypatch, fail=lambda call: call == 4)  # 1st call of round 3
-    with pytest.raises(RuntimeError, match="failed in round 2"):
-        _fed(checkpoint_path=str(tmp_path / "B.ckpt"), **params).fit(X, y)
-    assert len(calls) == 6  # round 3's other client still ran
-    assert len(load_bundle(tmp_path / "B.ckpt", kind="federated-checkpoint")[1]["history"]) == 2
-
-    calls.clear()
-    monkeypatch.undo()
-    calls = _counting_local_update(monkeypatch)
-    resumed = _fed(checkpoint_path=str(tmp_path / "B.ckpt"), **params).fit(X, y)
-    assert len(calls) == 4  # only rounds 3 and 4 were trained
-    np.testing.assert_array_equal(resumed.decision_function(X), uninterrupted.decision_function(X))
-    assert [r["round"] for r in resumed.history_] == [0, 1, 2, 3]
-    for key in ("val_f1", "val_loss", "train_loss", "clients", "lr"):
-        assert [r[key] for r in resumed.history_] == [r[key] for r in uninterrupted.history_], key
-    assert resumed.best_round_ == uninterrupted.best_round_
-
-
-def test_checkpoint_with_a_bad_client_optimizer_state_is_named(tmp_path):
-    from safetensors import safe_open
-
-    from skfedspd.persistence import save_bundle
-
-    X, y = _data(n=30)
-    path = tmp_path / "ckpt"
-    _fed(n_rounds=2, checkpoint_path=str(path)).fit(X, y)
-    arrays, meta = load_bundle(path, kind="federated-checkpoint")
-    with safe_open(path, framework="numpy") as f:  # the run's fingerprint, from the file's header
-        fingerprint = f.metadata()["fingerprint"]
-    assert "optimizer/1/0.exp_avg" in arrays  # the clients' states are in the checkpoint
-    arrays["optimizer/1/0.exp_avg"] = np.zeros(3)
-    save_bundle(path, arrays, meta, kind="federated-checkpoint", fingerprint=fingerprint)
-    with pytest.raises(ValueError, match=r"does not fit this run: client 1's optimizer state '0.exp_avg' has shape"):
-        _fed(n_rounds=2, checkpoint_path=str(path)).fit(X, y)
-
-
-def test_checkpoint_of_other_configuration_ignored(tmp_path, monkeypatch):
-    X, y = _data(n=30)
-    path = str(tmp_path / "ckpt")
-    _fed(n_rounds=2, checkpoint_path=path).fit(X, y)
-    calls = _counting_local_update(monkeypatch)
-    with pytest.warns(UserWarning, match="another configuration"):
-        clf = _fed(_estimator(lr=0.02), n_rounds=2, checkpoint_path=path).fit(X, y)
-    assert len(calls) == 6  # trained from scratch
-    assert [r["lr"] for r in clf.history_] == [0.02, 0.02]
-    fresh = _fed(_estimator(lr=0.02), n_rounds=2).fit(X, y)
-    np.testing.assert_array_equal(clf.decision_function(X), fresh.decision_function(X))
-
-
-def test_checkpoint_of_other_data_ignored(tmp_path, monkeypatch):
-    X, y = _data(n=30)
-    path = str(tmp_path / "ckpt")
-    _fed(n_rounds=2, checkpoint_path=path).fit(X, y)
-    calls = _counting_local_update(monkeypatch)
-    X2, y2 = _data(n=30, seed=5)
-    with pytest.warns(UserWarning, match="another configuration"):
-        _fed(n_rounds=2, checkpoint_path=path).fit(X2, y2)
-    assert len(calls) == 6
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1543,32 +1361,6 @@ def test_secure_aggregation_refuses_rules_of_individual_updates(aggregation):
 
 # ---------------------------------------------------------------------------------------------
 # Settings grouped by concern
-@pytest.mark.parametrize("old, group, expected", [
-    (dict(patience=5, lr_patience=7), "schedule", RoundSchedule(patience=5, lr_patience=7)),
-    (dict(lr_factor=0.25), "schedule", RoundSchedule(lr_factor=0.25)),
-    (dict(server_momentum=0.9), "server_optimizer", ServerMomentum(lr=1.0, momentum=0.9)),
-    (dict(server_lr=0.5), "server_optimizer", ServerMomentum(lr=0.5, momentum=0.0)),
-    (dict(dp_epsilon=3.0, dp_clip_norm=0.5), "privacy", DPSGD(epsilon=3.0, clip_norm=0.5)),
-])
-@pytest.mark.parametrize("how", ["init", "set_params"])
-def test_old_flat_names_fold_into_their_objects_with_a_future_warning(old, group, expected, how):
-    with pytest.warns(FutureWarning, match=r"deprecated and will be removed in 0\.4: use " + group):
-        fed = FederatedSPDnetClassifier(**old) if how == "init" else FederatedSPDnetClassifier().set_params(**old)
-    assert fed.get_params()[group].get_params() == expected.get_params()
-    assert not set(old) & set(fed.get_params())
-    assert clone(fed).get_params()[group].get_params() == expected.get_params()
-
-
-def test_old_names_update_a_set_object_and_dp_epsilon_none_turns_privacy_off():
-    fed = FederatedSPDnetClassifier(schedule=RoundSchedule(patience=9), privacy=DPSGD(epsilon=1.0))
-    with pytest.warns(FutureWarning):
-        fed.set_params(lr_patience=3, dp_epsilon=None)
-    assert fed.schedule.get_params() == {"patience": 9, "lr_patience": 3, "lr_factor": 0.5}
-    assert fed.privacy is None
-    with pytest.raises(ValueError, match="set privacy=DPSGD"):
-        FederatedSPDnetClassifier().set_params(dp_delta=1e-6)
-
-
 def test_settings_objects_are_validated_at_fit_naming_their_parameter():
     X, y = _data(n=30, n_classes=2)
     with pytest.raises(ValueError, match="'lr_patience' parameter of RoundSchedule"):
@@ -1577,12 +1369,7 @@ def test_settings_objects_are_validated_at_fit_naming_their_parameter():
         _fed(server_optimizer=ServerMomentum(momentum=1.0)).fit(X, y)
 
 
-def test_settings_objects_travel_as_json():
-    fed = FederatedSPDnetClassifier(schedule=RoundSchedule(lr_patience=40), server_optimizer=ServerMomentum(),
-                                    privacy=DPSGD(epsilon=8.0))
-    again = estimator_from_spec(estimator_to_spec(fed))
-    for name in ("schedule", "server_optimizer", "privacy"):
-        assert again.get_params()[name].get_params() == fed.get_params()[name].get_params()
+# ---------------------------------------------------------------------------------------------
 # FLTrust in a fit: the server's reference update, and the sites' trust
 # ---------------------------------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ import torch
 
 from skfedspd import (EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier, load_estimator,
                       save_estimator)
+from skfedspd.backends import LocalBackend
 from skfedspd.persistence import FORMAT_VERSION, load_bundle, save_bundle
 from skfedspd.spec import MAX_JSON_DEPTH, loads
 
@@ -235,7 +236,7 @@ def test_an_untampered_file_of_every_kind_loads_and_predicts_the_same(models, da
     X = models["eeg_X"][:4] if kind == "eeg" else data[0][:4]
     np.testing.assert_array_equal(loaded.predict_proba(X), copy.deepcopy(models[kind]).predict_proba(X))
     if kind == "fed":
-        assert loaded.checkpoint_path is None
+        assert loaded.get_params().get("backend__checkpoint_path") is None
 
 
 # ------------------------------------------------------------------ damaged files: the digest
@@ -454,9 +455,11 @@ def test_save_estimator_refuses_a_model_whose_weights_would_not_load(models, tmp
 
 
 def test_a_federated_file_never_carries_its_checkpoint_path(models, tmp_path):
-    est = copy.deepcopy(models["fed"]).set_params(checkpoint_path=str(tmp_path / "ckpt.safetensors"))
+    where = str(tmp_path / "ckpt.safetensors")
+    est = copy.deepcopy(models["fed"]).set_params(backend=LocalBackend(n_jobs=2, checkpoint_path=where))
     path = tmp_path / "model.safetensors"
     save_estimator(est, path)
-    assert load_bundle(path, kind="estimator")[1]["estimator"]["params"]["checkpoint_path"] is None
-    assert load_estimator(path).checkpoint_path is None
-    assert est.checkpoint_path == str(tmp_path / "ckpt.safetensors")  # the estimator keeps its own
+    saved = load_bundle(path, kind="estimator")[1]["estimator"]["params"]["backend"]["__estimator__"]
+    assert saved == {"class": "LocalBackend", "params": {"checkpoint_path": None, "n_jobs": 2}}
+    assert load_estimator(path).get_params()["backend__checkpoint_path"] is None
+    assert est.backend.checkpoint_path == where  # the estimator keeps its own

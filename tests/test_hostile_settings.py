@@ -18,7 +18,8 @@ from sklearn.utils._param_validation import InvalidParameterError
 
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, Recenter, SPDnetClassifier
 from skfedspd.aggregation import GeometricMedian, Krum
-from skfedspd.federated import make_clients
+from skfedspd.backends import LocalBackend
+from skfedspd.clients import make_clients
 from skfedspd.privacy import DPSGD, MAX_EPSILON, epsilon_spent, group_epsilon, plan_dp
 from skfedspd.training import EpochSchedule, RoundSchedule
 from skfedspd.validation import Count, Sequence, check_count, check_positive, is_count
@@ -377,23 +378,25 @@ def test_a_run_past_its_timeout_is_killed_and_its_pipe_closed(tmp_path, recorded
 
 # ------------------------------------------------------------------ n_jobs on Flower: warned
 def test_n_jobs_with_the_flower_backend_is_warned():
+    with pytest.warns(FutureWarning), pytest.warns(UserWarning, match="n_jobs=2 is ignored on Flower"):
+        FederatedSPDnetClassifier(backend="flower", n_jobs=2)
     with pytest.warns(UserWarning, match="n_jobs=2 is ignored on Flower"):
-        FederatedSPDnetClassifier(backend="flower", n_jobs=2).warn_about_settings()
+        FederatedSPDnetClassifier(backend=LocalBackend(n_jobs=2)).warn_about_settings(on_flower=True)
 
 
-@pytest.mark.parametrize("kwargs", [{"backend": "flower"}, {"backend": "flower", "n_jobs": 1},
-                                    {"backend": "local", "n_jobs": 2}])
-def test_n_jobs_warning_only_where_it_is_ignored(kwargs):
+@pytest.mark.parametrize("kwargs, on_flower", [({"backend": "flower"}, True), ({"backend": LocalBackend(n_jobs=1)}, True),
+                                               ({"backend": LocalBackend(n_jobs=2)}, None)])
+def test_n_jobs_warning_only_where_it_is_ignored(kwargs, on_flower):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        FederatedSPDnetClassifier(**kwargs).warn_about_settings()
+        FederatedSPDnetClassifier(**kwargs).warn_about_settings(on_flower=on_flower)
 
 
 def test_fit_federated_warns_about_n_jobs(tmp_path, recorded):
     _, write = recorded
     write("import sys\nsys.exit(1)")
     with pytest.warns(UserWarning, match="n_jobs=4 is ignored on Flower"), pytest.raises(RuntimeError):
-        deploy.fit_federated(**_args(tmp_path, estimator=_fed(n_jobs=4)))
+        deploy.fit_federated(**_args(tmp_path, estimator=_fed(backend=LocalBackend(n_jobs=4))))
 
 
 # ------------------------------------------------------------------ the command line

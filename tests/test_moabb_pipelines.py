@@ -59,7 +59,7 @@ def test_pipelines_parse_with_benchmark_settings():
         assert isinstance(steps[0], Covariances) and steps[0].estimator == "scm"
         fed = steps[1]
         assert isinstance(fed, FederatedSPDnetClassifier)
-        assert fed.n_rounds == 150 and fed.groups_per_client == 2
+        assert fed.n_rounds == 150 and fed.clients.groups_per_client == 2
         assert fed.aggregation == aggregation
         assert fed.local_epochs == 2 and fed.random_state == 0
         # The YAML leaves the local model to the default, SPDnetClassifier(): hidden_dims="auto",

@@ -89,7 +89,7 @@ def test_rows_build_their_estimator(row, private, init, trainable, lr):
     fed = pp.federated(row, 3.0, public, rounds=5, site_size=4, seed=2)
     assert (fed.privacy is not None and fed.privacy.epsilon == 3.0) == private and (fed.init is public) == init
     assert fed.estimator.trainable == trainable and fed.estimator.lr == lr
-    assert fed.groups_per_client == 4 and fed.validation_fraction == 0.0 and fed.random_state == 2
+    assert fed.clients.groups_per_client == 4 and fed.validation_fraction == 0.0 and fed.random_state == 2
 
 
 def test_runs_cover_every_row_and_budget():

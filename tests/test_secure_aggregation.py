@@ -24,6 +24,8 @@ from flwr.common import bytes_to_ndarray  # noqa: E402
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS, Key  # noqa: E402
 
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
+from skfedspd.backends import FlowerBackend  # noqa: E402
+from skfedspd.clients import ClientPartition  # noqa: E402
 from skfedspd.engine import FederatedEngine  # noqa: E402
 from skfedspd.flower import secure  # noqa: E402
 from skfedspd.training import derive_seed  # noqa: E402
@@ -38,10 +40,14 @@ def spd():
 
 
 def _fed(backend, secure_aggregation=False, estimator=None, **kwargs):
-    params = dict(n_rounds=3, local_epochs=1, n_clients=3, random_state=0, partition="stratified")
+    """``backend`` "local" or "flower"; ``secure_aggregation`` (Flower's SecAgg+) makes it a
+    ``FlowerBackend(secure_aggregation=True)``."""
+    params = dict(n_rounds=3, local_epochs=1, random_state=0, clients=ClientPartition(n_clients=3, partition="stratified"))
     params.update(kwargs)
     estimator = estimator if estimator is not None else SPDnetClassifier(hidden_dims=(3,), batch_size=8, lr=0.05, early_stopping=True)
-    return FederatedSPDnetClassifier(estimator, backend=backend, secure_aggregation=secure_aggregation, **params)
+    if secure_aggregation:
+        backend = FlowerBackend(secure_aggregation=True)
+    return FederatedSPDnetClassifier(estimator, backend=backend, **params)
 
 
 def assert_close_runs(plain, secured):
@@ -338,8 +344,8 @@ def test_engine_checks_the_total_weight():
 
 def test_secure_configuration_errors(spd):
     X, y = spd
-    with pytest.raises(ValueError, match="use backend='flower'"):
-        _fed("local", True).fit(X, y)
+    with pytest.warns(FutureWarning, match="backend=FlowerBackend"):  # the flat name of before chooses Flower
+        assert FederatedSPDnetClassifier(secure_aggregation=True).backend.get_params() == {"secure_aggregation": True}
     for aggregation in ("karcher", "geomedian"):  # rules that need each client's update
         with pytest.raises(ValueError, match="not a function of the weighted sum: it needs each client's update"):
             secure.check_secure_engine(_engine(aggregation=aggregation))

@@ -42,6 +42,8 @@ import time
 import numpy as np
 from sklearn.metrics import roc_auc_score
 
+from skfedspd.clients import ClientPartition
+
 from . import report
 from .data import load_left_right
 from .defaults import stratified_folds
@@ -56,9 +58,9 @@ def _domain_bn(**params):
 MODELS = {
     "plain": {
         "SPDnet": lambda k: spdnet(0),
-        "FedSPDnet, fresh client Adam (reset)": lambda k: federated(0, partition="stratified",
-                                                                    client_optimizer_state="reset"),
-        "FedSPDnet, kept client Adam (keep)": lambda k: federated(0, partition="stratified"),
+        "FedSPDnet, fresh client Adam (reset)": lambda k: federated(
+            0, clients=ClientPartition(partition="stratified"), client_optimizer_state="reset"),
+        "FedSPDnet, kept client Adam (keep)": lambda k: federated(0, clients=ClientPartition(partition="stratified")),
         "TS+LR": lambda k: ts_lr(0),
     },
     "domain-bn": {

@@ -34,7 +34,7 @@ from sklearn.base import clone
 from sklearn.metrics import f1_score
 
 from skfedspd.datasets import sample_covariance
-from skfedspd.federated import make_clients
+from skfedspd.clients import make_clients
 from skfedspd.training import torch_threads
 
 from .._machine import machine_line
@@ -91,7 +91,7 @@ def compare(args, command):
     X = sample_covariance(X_raw)
     train, test = client_split(y, subjects, args.seed)
     fed = build(protocol, args.key, args.seed, args.rounds)
-    clients, client_groups = make_clients(subjects[train], fed.groups_per_client)
+    clients, client_groups = make_clients(subjects[train], fed.clients.groups_per_client)
     print(f"{protocol.name}: {len(train)} training trials, {len(clients)} clients {client_groups}; "
           f"{args.key}, seed {args.seed}, {args.rounds} rounds", flush=True)
 

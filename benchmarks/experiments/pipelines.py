@@ -17,6 +17,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.utils.metadata_routing import get_routing_for_object
 
 from skfedspd import FederatedSPDnetClassifier, FederatedTangentSpaceLR, Recenter, SPDnetClassifier
+from skfedspd.clients import ClientPartition
 
 
 def ts_lr(seed):
@@ -37,7 +38,7 @@ def spdnet(seed, **params):
 def fedspdnet(seed, groups_per_client=2, **params):
     """``FederatedSPDnetClassifier`` with the package defaults, clients of ``groups_per_client``
     subjects; ``params`` go to the local ``SPDnetClassifier``."""
-    return federated(seed, SPDnetClassifier(**params), groups_per_client=groups_per_client)
+    return federated(seed, SPDnetClassifier(**params), clients=ClientPartition(groups_per_client))
 
 
 #: name -> factory(seed) of the pipelines the experiments compare.
@@ -94,7 +95,7 @@ def moabb_pipelines(quick, groups_per_client=2):
     out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), Recenter(), TangentSpace(metric="riemann"),
                                           LogisticRegression(C=1.0))
     out["SPDnet"] = make_pipeline(Covariances("scm"), spdnet(0))
-    out["FedSPDnet"] = make_pipeline(Covariances("scm"), federated(0, groups_per_client=groups_per_client))
+    out["FedSPDnet"] = make_pipeline(Covariances("scm"), federated(0, clients=ClientPartition(groups_per_client)))
     out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), spdnet(0, batchnorm="domain"))
     out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"),
                                                  fedspdnet(0, groups_per_client, batchnorm="domain"))

@@ -74,7 +74,7 @@ from .table_one_protocols import PROFILES as TABLE_ONE_PROFILES
 from .table_one_runner import client_split, fit_cell, load_or_skip
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.datasets import SENSORIMOTOR_CHANNELS, sample_covariance
-from skfedspd.federated import make_clients
+from skfedspd.clients import ClientPartition, make_clients
 from skfedspd.dp_sgd import clip_and_sum, per_sample_gradients
 from skfedspd.privacy import DPSGD
 from skfedspd.server_optimizer import ServerMomentum
@@ -107,7 +107,8 @@ def estimator(protocol, model, epsilon, rounds, seed, warm_start=False, lr=LOCAL
     private = not math.isinf(epsilon)
     return FederatedSPDnetClassifier(
         local, aggregation="projavg" if model == "eegnet" else model.split("-")[1], n_rounds=rounds,
-        local_epochs=LOCAL_EPOCHS, groups_per_client=subjects_per_site, validation_fraction=0.0, random_state=seed,
+        local_epochs=LOCAL_EPOCHS, clients=ClientPartition(groups_per_client=subjects_per_site),
+        validation_fraction=0.0, random_state=seed,
         warm_start=warm_start, client_optimizer_state="reset", server_optimizer=ServerMomentum(**SERVER_MOMENTUM),
         privacy=DPSGD(epsilon=epsilon, delta=DELTA, clip_norm=CLIP_NORM) if private else None)
 

@@ -62,6 +62,7 @@ from .data import load_left_right_channels
 from .online import adaptive_step
 from .report import resolve_profile, write_report
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, __version__, load_estimator, save_estimator
+from skfedspd.clients import ClientPartition
 from skfedspd.dp_sgd import steps_per_epoch
 from skfedspd.privacy import DPSGD, group_epsilon
 from skfedspd.training import torch_threads
@@ -158,8 +159,9 @@ def federated(row, epsilon, public, rounds, site_size, seed):
     local = SPDnetClassifier(scaling="trace", batch_size=BATCH_SIZE, lr=SCRATCH_LR if start == "scratch" else FINETUNE_LR,
                              trainable="head" if start == "head" else "all", batchnorm="domain" if domain else None)
     return FederatedSPDnetClassifier(
-        local, n_rounds=rounds, local_epochs=1, groups_per_client=site_size, validation_fraction=0.0,
-        domains="group" if domain else "client", random_state=seed, init=None if start == "scratch" else public,
+        local, n_rounds=rounds, local_epochs=1, clients=ClientPartition(groups_per_client=site_size),
+        validation_fraction=0.0, domains="group" if domain else "client", random_state=seed,
+        init=None if start == "scratch" else public,
         privacy=DPSGD(epsilon=epsilon, delta=DELTA, clip_norm=CLIP_NORM) if private else None)
 
 

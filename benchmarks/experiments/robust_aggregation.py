@@ -77,7 +77,7 @@ from sklearn.model_selection import train_test_split
 from benchmarks.records.store import RECORDS, read_record, write_record
 from skfedspd.aggregation import FLTrust, GeometricMedian, Krum, TrimmedMean, client_weights
 from skfedspd.engine import DOWNWEIGHT_RATIO, SUSPECT_DISTANCE, FederatedEngine, client_trust, distance_ratios
-from skfedspd.federated import make_clients
+from skfedspd.clients import make_clients
 from skfedspd.messages import TrainReply
 from skfedspd.stiefel import lift, retract
 from skfedspd.training import torch_threads

@@ -13,6 +13,7 @@ from sklearn.pipeline import make_pipeline
 
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.classifier import auto_hidden_dim
+from skfedspd.clients import ClientPartition
 from skfedspd.training import EpochSchedule, RoundSchedule
 from skfedspd.datasets import PHYSIONET_OFFLINE_SUBJECTS, sample_covariance
 
@@ -217,8 +218,8 @@ def federated(local, aggregation, participation, rounds, seed, verbose=False, se
     ``server``: server-optimizer parameters (None: the paper's, the aggregate as is)."""
     return FederatedSPDnetClassifier(
         local.set_params(verbose=False), aggregation=aggregation, n_rounds=rounds, local_epochs=LOCAL_EPOCHS,
-        clients_per_round=None if participation == 1.0 else participation, groups_per_client=2,
-        validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose, client_optimizer_state="reset",
+        clients_per_round=None if participation == 1.0 else participation,
+        clients=ClientPartition(groups_per_client=2), validation_fraction=VALIDATION_FRACTION, random_state=seed, verbose=verbose, client_optimizer_state="reset",
         **(server or {}),
     ).set_params(**federated_schedule(participation))
 
@@ -236,7 +237,7 @@ def recommended_federated(participation, rounds, seed, server, verbose=False):
     pairing the ``server_optimizer`` docstring recommends; kept client state and server
     momentum do not combine)."""
     return FederatedSPDnetClassifier(
-        SPDnetClassifier(batchnorm="domain"), n_rounds=rounds, groups_per_client=2,
+        SPDnetClassifier(batchnorm="domain"), n_rounds=rounds, clients=ClientPartition(groups_per_client=2),
         clients_per_round=None if participation == 1.0 else participation, client_optimizer_state="reset",
         random_state=seed, verbose=verbose, **server)
 

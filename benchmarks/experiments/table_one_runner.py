@@ -13,7 +13,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
 from skfedspd.datasets import sample_covariance
-from skfedspd.federated import make_clients
+from skfedspd.clients import make_clients
 from skfedspd.training import torch_threads
 
 from .console import warnings_to_file

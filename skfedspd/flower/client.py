@@ -103,7 +103,7 @@ def load_site_from_node_config(context):
     must be a 1-D array of one finite weight ≥ 0 per sample, not all 0; ``groups`` (None
     when absent: the site is one domain) labels each sample's subject or session, the
     domains of ``batchnorm="domain"`` (as ``fit(..., groups=...)`` with
-    ``groups_per_client`` > 1 on the local backend), and must be a 1-D array of one label
+    ``ClientPartition(groups_per_client=...)`` > 1 on the local backend), and must be a 1-D array of one label
     per sample. Otherwise a ValueError names the file and the problem (the error of a
     failed set-up reaches the server). The path is otherwise read by the site only; the
     server never sees it.

@@ -20,6 +20,7 @@ import tomli_w
 from sklearn.base import clone
 
 from .. import spec as _spec
+from ..backends import FlowerBackend
 from ..federated import FederatedSPDnetClassifier
 from ..persistence import load_estimator
 from ..validation import check_count, check_positive
@@ -149,7 +150,7 @@ def _check_arguments(estimator, superlink, n_sites, output, *, insecure, root_ce
     if log_path is not None and (not isinstance(log_path, (str, os.PathLike)) or os.path.isdir(log_path)):
         raise ValueError(f"log_path must be None or the path of a file to write, got {log_path!r}")
     if secure_aggregation is not None:
-        estimator = clone(estimator).set_params(secure_aggregation=secure_aggregation)
+        estimator = clone(estimator).set_params(backend=FlowerBackend(secure_aggregation=secure_aggregation))
     estimator.check_params()
     estimator.warn_about_settings(on_flower=True)  # before a refusal below: the settings are the user's to fix too
     output = Path(output).absolute()
@@ -166,8 +167,8 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
     Parameters
     ----------
     estimator : FederatedSPDnetClassifier
-        The configuration (its ``backend`` is ignored, and its ``n_jobs`` with a
-        ``UserWarning`` when not None or 1); JSON values only: an int ``random_state``, an
+        The configuration (its ``backend`` serves only for ``secure_aggregation``: a local
+        backend's ``n_jobs`` is ignored, with a ``UserWarning`` when not None or 1); JSON values only: an int ``random_state``, an
         aggregation rule by name.
     superlink : str
         The SuperLink's address ``host:port`` (its ``--host``/``--port``).
@@ -196,7 +197,7 @@ def fit_federated(estimator, superlink, n_sites, output, *, insecure=False, root
         nothing else reaches the console.
     secure_aggregation : bool or None
         Run the rounds under Flower's SecAgg+ (the server sees only sums; see
-        ``docs/guide/privacy.md``); None: the estimator's own ``secure_aggregation``. It travels
+        ``docs/guide/privacy.md``); None: the estimator's own (``backend=FlowerBackend(secure_aggregation=True)``). It travels
         in the run configuration with the estimator's spec.
 
     Returns

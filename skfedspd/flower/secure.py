@@ -1,6 +1,6 @@
 """Secure aggregation for FedSPDnet on Flower: Flower's SecAgg+ carries the weighted sums.
 
-``FederatedSPDnetClassifier(backend="flower", secure_aggregation=True)`` (and
+``FederatedSPDnetClassifier(backend=FlowerBackend(secure_aggregation=True))`` (and
 :func:`skfedspd.flower.fit_federated` with it) replace the clear train and validation
 replies of every round by two runs of Flower's SecAgg+ protocol (Bell et al., CCS 2020):
 
@@ -378,7 +378,7 @@ class SecureSPDnetStrategy(SPDnetStrategy):
 
     Examples
     --------
-    ``secure_aggregation=True`` runs the Flower rounds with this strategy; ProjAvg of the
+    ``FlowerBackend(secure_aggregation=True)`` runs the Flower rounds with this strategy; ProjAvg of the
     sums matches the clear aggregation to float64 rounding:
 
     >>> import numpy as np
@@ -386,8 +386,9 @@ class SecureSPDnetStrategy(SPDnetStrategy):
     >>> from skfedspd.datasets import make_spd_classification
     >>> X, y = make_spd_classification(n_matrices=36, n_channels=4, n_classes=2, seed=0)
     >>> subjects = np.repeat([1, 2, 3], 12)
-    >>> secure = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=1, backend="flower",
-    ...                                    secure_aggregation=True, random_state=0).fit(X, y, groups=subjects)
+    >>> from skfedspd.backends import FlowerBackend
+    >>> secure = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=1, backend=FlowerBackend(secure_aggregation=True),
+    ...                                    random_state=0).fit(X, y, groups=subjects)
     >>> clear = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=1, random_state=0).fit(X, y, groups=subjects)
     >>> bool(np.allclose(secure.predict_proba(X), clear.predict_proba(X), rtol=0, atol=1e-9))
     True

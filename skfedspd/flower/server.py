@@ -18,6 +18,7 @@ from flwr.app import ConfigRecord, Message, MessageType, RecordDict
 from flwr.supercore import log
 
 from .. import spec as _spec
+from ..backends import uses_secure_aggregation
 from ..messages import SetupReply
 from ..online import check_prior_statistics
 from ..run import FederatedRun
@@ -116,14 +117,14 @@ def set_domain_prior_from_sites(fed, est, grid, node_of, setup_json, params, tim
     of ``log Z`` and the count. The server adds them up, so the prior is the pooled
     log-Euclidean mean that ``fit`` computes where it holds the data. Not under
     ``privacy`` (a statistic of the sites' data outside the privacy budget) nor under
-    ``secure_aggregation`` (a site's sums would reach the server in clear): the model then
+    secure aggregation (a site's sums would reach the server in clear): the model then
     has no prior and warns when a single trial starts a domain
     (:meth:`~skfedspd.FederatedSPDnetClassifier.fit_domain_prior` sets one later).
     """
     if not est.federation_traits().domains:
         return
     est.clear_domain_statistics()  # stored domains belong to earlier weights
-    if fed.privacy is not None or fed.secure_aggregation:
+    if fed.privacy is not None or uses_secure_aggregation(fed.backend):
         return
     configs = {node: {"setup": setup_json, "client-id": cid} for cid, node in enumerate(node_of)}
     replies = _query(grid, node_of, "prior", configs, "prior", timeout, arrays=to_array_record(params))
@@ -219,9 +220,9 @@ def serve(fed, grid, *, n_sites, run=None, estimator_factory=None, timeout=3600.
     (3, 2, (4,))
     """
     fed.check_params()
-    if fed.checkpoint_path:
-        raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
     run = FederatedRun(fed) if run is None else run
+    if getattr(run.backend, "checkpoint_path", None):
+        raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
     nodes = connect_sites(grid, n_sites, connect_timeout)
 
     # 1. set-up: who is who, the sites' labels (none with agreed classes: each site checks
@@ -236,7 +237,7 @@ def serve(fed, grid, *, n_sites, run=None, estimator_factory=None, timeout=3600.
     setup.update(run.site_setup())
 
     # 3. the rounds
-    strategy_class = SecureSPDnetStrategy if fed.secure_aggregation else SPDnetStrategy
+    strategy_class = SecureSPDnetStrategy if uses_secure_aggregation(run.backend) else SPDnetStrategy
     strategy = strategy_class(engine, nodes=node_of, setup_json=_spec.dumps(setup), local_epochs=fed.local_epochs,
                               on_round=on_round)
     strategy.start(grid, to_array_record(engine.global_params), num_rounds=fed.n_rounds, timeout=timeout)

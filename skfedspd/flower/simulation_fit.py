@@ -48,8 +48,6 @@ def fit_simulation(run, data):
     True
     """
     fed = run.fed
-    if fed.checkpoint_path:
-        raise ValueError("checkpoint_path is not supported by the Flower backend (the local backend only)")
     sites = [(cid, *data.site_arrays(cid)) for cid in range(len(data.indices))]
     template = site_estimator(run)  # unfitted: each site builds its model from the set-up
 

@@ -10,6 +10,7 @@ from pyriemann.estimation import Covariances
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.clients import ClientPartition
 
 PIPELINE = {
     "name": "FedSPDnet-RLAvg",
@@ -22,7 +23,7 @@ PIPELINE = {
             aggregation="rlavg",
             n_rounds=150,
             local_epochs=2,
-            groups_per_client=2,
+            clients=ClientPartition(groups_per_client=2),
             random_state=0,
         ),
     ),
