@@ -10,6 +10,7 @@ nothing.
 
 import contextlib
 import logging
+import shlex
 import sys
 import warnings
 
@@ -76,3 +77,13 @@ def console_and_log(path, stream=None):
             logger.handlers[:], logger.propagate = handlers, propagate
             logger.setLevel(level)
         file_handler.close()
+
+
+def logged_command(log, log_file):
+    """This run's command line, logged first with the machine and where the library output
+    goes; returns the command (what a record stores)."""
+    from .._machine import machine_line
+
+    command = ("python -m benchmarks.experiments " + shlex.join(sys.argv[1:])).strip()
+    log.info(f"command: {command}\nmachine: {machine_line()}\nlibrary output: {log_file}")
+    return command

@@ -17,8 +17,6 @@ or was fitted with another configuration). The run writes the record ``--record`
 
 import dataclasses
 import logging
-import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -26,7 +24,7 @@ from .._machine import machine_line
 from ..records.paired import paired_difference, t_critical
 from ..records.store import write_record
 from . import report
-from .console import console_and_log
+from .console import console_and_log, logged_command
 from .table_one_cells import Cell
 from .table_one_protocols import PROFILES, load_offline_physionet
 from .table_one_report import SEED_METRICS, seed_scores
@@ -49,20 +47,25 @@ ROWS = {
 }
 
 
-def add_arguments(parser):
+def add_row_arguments(parser, rows, name):
+    """The arguments of an experiment of seeded ``rows`` paired with TS+LR: ``--seeds``,
+    ``--jobs``, ``--rows``, ``--out`` (``results/NAME``) and ``--record`` (``NAME``)."""
     parser.add_argument("--seeds", type=int, default=8, help="splits (seeds) per row (default 8)")
     parser.add_argument("--jobs", type=int, default=1)
-    parser.add_argument("--rows", nargs="+", choices=list(ROWS), default=list(ROWS), metavar="NAME",
-                        help="the rows to run (default: all; TS+LR is always run): " + "; ".join(ROWS))
-    parser.add_argument("--out", type=Path, default=Path("results/learner-ablation"))
-    parser.add_argument("--record", default="learner-ablation", help="the record written (benchmarks/records/data)")
+    parser.add_argument("--rows", nargs="+", choices=list(rows), default=list(rows), metavar="NAME",
+                        help="the rows to run (default: all; TS+LR is always run): " + "; ".join(rows).replace("%", "%%"))
+    parser.add_argument("--out", type=Path, default=Path(f"results/{name}"))
+    parser.add_argument("--record", default=name, help="the record written (benchmarks/records/data)")
+
+
+def add_arguments(parser):
+    add_row_arguments(parser, ROWS, "learner-ablation")
 
 
 def run(args):
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
-        command = "python -m benchmarks.experiments " + shlex.join(sys.argv[1:])
-        log.info(f"command: {command.strip()}\nmachine: {machine_line()}\nlibrary output: {log_file}")
+        command = logged_command(log, log_file)
         loaded = load_offline_physionet(log.info)
         if loaded is None:
             return 1
@@ -85,12 +88,12 @@ def run(args):
         rows = {report.row_key(name): {"label": name, "scores": seed_scores(runs)} for name, runs in results.items()}
         path = write_record(
             args.record, title="What each part of SPDnetClassifier buys on PhysionetMI, 4 classes, against TS+LR",
-            command=command.strip(), rows=rows, metrics=SEED_METRICS, reference=report.row_key("TS+LR"),
+            command=command, rows=rows, metrics=SEED_METRICS, reference=report.row_key("TS+LR"),
             paired_by="seed", wall_seconds=report.record_seconds(elapsed, [r["fit_seconds"] for r in cached]),
             facts={"seeds": args.seeds, "subjects": list(protocol.subjects), "dataset": protocol.name,
                    "runs_cached_at_start": len(cached),
                    "fit_minutes": round(sum(r["fit_seconds"] for rs in results.values() for r in rs) / 60, 1)})
-        log.info("\n" + summary(results, command.strip(), elapsed) + f"\n\nRecord: {path}")
+        log.info("\n" + summary(results, command, elapsed) + f"\n\nRecord: {path}")
     return 0
 
 

@@ -32,15 +32,13 @@ fitted there when missing, so the two commands share their records.
 
 import dataclasses
 import logging
-import shlex
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
 from .._machine import machine_line
-from .console import console_and_log
+from .console import console_and_log, logged_command
 from .table_one_cells import Cell
 from .table_one_protocols import PROFILES, load_offline_physionet
 from . import report
@@ -91,8 +89,7 @@ def add_arguments(parser):
 def run(args):
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
-        command = "python -m benchmarks.experiments " + shlex.join(sys.argv[1:])
-        log.info(f"command: {command.strip()}\nmachine: {machine_line()}\nlibrary output: {log_file}")
+        command = logged_command(log, log_file)
         loaded = load_offline_physionet(log.info)
         if loaded is None:
             return 1
@@ -125,9 +122,9 @@ def run(args):
             ratio = f"{np.mean([r['f1'] for r in records]) / reference:.1%}" if reference else "–"
             halvings = ", ".join(str(int(np.sum(np.diff(r["lr"]) < 0))) if r.get("lr") else "–" for r in records)
             lines.append(f"| {name} | {cell.key} | {fmt(records)} | {len(records)} | {ratio} | {halvings} |")
-        lines += ["", f"Command: `{command.strip()}` — {(time.perf_counter() - start) / 60:.1f} min; {machine_line()}; "
+        lines += ["", f"Command: `{command}` — {(time.perf_counter() - start) / 60:.1f} min; {machine_line()}; "
                       f"{args.rounds} rounds."]
-        path = write_ablation_record(args.record, rows, command.strip(), time.perf_counter() - start, cached,
+        path = write_ablation_record(args.record, rows, command, time.perf_counter() - start, cached,
                                      facts={"seeds": args.seeds, "rounds": args.rounds,
                                             "subjects": list(protocol.subjects or ()),
                                             "clients": len(protocol.subjects or ()) // 2})

@@ -1,0 +1,276 @@
+"""The leads for a learner above TS+LR on the main job, measured on its own splits.
+
+PhysionetMI, 4 classes, the main job's 8 subjects and client splits (clients of 2 subjects,
+each client's own stratified 85/15 split; one split per seed), test macro-F1 paired seed by
+seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
+
+- the shipped learner, ``SPDnetClassifier()`` given the subjects (domain batch norm, each
+  test subject predicted in its own call), and its probabilities averaged with TS+LR's;
+- a study model for what the estimator cannot take yet: one SPDnet per frequency band
+  (8-12, 12-16, 16-24, 24-32 Hz, the 8-32 Hz trials filtered again, one BiMap 64 to 18 and
+  domain batch norm per band, their tangent vectors concatenated into one linear head),
+  against the same model on the 8-32 Hz band alone, and that model with the dispersion of
+  each domain normalized as well (SPDDSMBN's scalar variance, learned target);
+- the learning curve: TS+LR and the shipped learner on 25 % and 50 % of each training
+  subject's trials (a stratified subsample per seed), the same test trials.
+
+The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
+of one domain, 10 % held out, the epochs within one standard error of the lowest validation
+loss averaged); it is not part of the package.
+
+    python -m benchmarks.experiments learner-leads --seeds 8 --jobs 2
+
+Every (row, seed) fit is cached as JSON under ``--out``; the run writes the record
+``learner-leads`` (``benchmarks/records/data``), paired by seed with TS+LR.
+"""
+
+import json
+import logging
+import time
+
+import numpy as np
+import torch
+from joblib import Parallel, delayed
+from sklearn.metrics import accuracy_score, f1_score
+from sklearn.model_selection import train_test_split
+from torch import nn
+
+from skfedspd import SPDnetClassifier
+from skfedspd.aggregation import projavg
+from skfedspd.batchnorm import DomainBatch, DomainSPDBatchNorm
+from skfedspd.datasets import sample_covariance
+from skfedspd.federated_module import FederatedModule
+from skfedspd.functional import expm_sym, logeig, sqrtm_invsqrtm
+from skfedspd.nn import SPDNet
+from skfedspd.training import torch_threads, train_epochs
+
+from ..records.store import write_record
+from . import report
+from .console import console_and_log, logged_command, warnings_to_file
+from .table_one_protocols import QUICK_SUBJECTS, load_offline_physionet
+from .table_one_report import SEED_METRICS
+from .learner_ablation import add_row_arguments, summary
+from .table_one_runner import client_split
+
+log = logging.getLogger(__name__)
+
+BROAD = [(8, 32)]
+SUB_BANDS = [(8, 12), (12, 16), (16, 24), (24, 32)]
+#: label -> (model, settings)
+ROWS = {
+    "TS+LR": ("ts-lr", {}),
+    "SPDnetClassifier() given the subjects": ("spdnet", {}),
+    "SPDnetClassifier() and TS+LR, probabilities averaged": ("ensemble", {}),
+    "study model, 8-32 Hz": ("study", {"bands": BROAD}),
+    "study model, 4 sub-bands, one BiMap each": ("study", {"bands": SUB_BANDS}),
+    "study model, 8-32 Hz, dispersion normalized": ("study", {"bands": BROAD, "dispersion": True}),
+    "TS+LR, 50 % of the training trials": ("ts-lr", {"fraction": 0.5}),
+    "SPDnetClassifier(), 50 % of the training trials": ("spdnet", {"fraction": 0.5}),
+    "TS+LR, 25 % of the training trials": ("ts-lr", {"fraction": 0.25}),
+    "SPDnetClassifier(), 25 % of the training trials": ("spdnet", {"fraction": 0.25}),
+}
+
+
+def add_arguments(parser):
+    add_row_arguments(parser, ROWS, "learner-leads")
+
+
+class DispersionBatchNorm(DomainSPDBatchNorm):
+    """Domain batch norm that also rescales each domain's dispersion: the re-centred
+    matrices ``Z`` of a domain become ``B^{1/2} exp(s / σ · log Z) B^{1/2}``, ``σ²`` their mean
+    squared distance to the identity and ``s = exp(log_std)`` a learned target (SPDDSMBN)."""
+
+    def __init__(self, n, karcher_steps=1, dtype=torch.float64):
+        super().__init__(n, karcher_steps=karcher_steps, dtype=dtype)
+        self.log_std = nn.Parameter(torch.zeros((), dtype=dtype))
+
+    def normalize_batch(self, X):
+        inv_half = sqrtm_invsqrtm(self.batch_mean(X))[1]
+        L = logeig(inv_half @ X @ inv_half)
+        power = torch.exp(self.log_std) / torch.sqrt((L**2).sum((-1, -2)).mean() + 1e-8)
+        half = self._bias_half()
+        return half @ expm_sym(power * L) @ half.transpose(-1, -2)
+
+
+class BandSPDNet(FederatedModule):
+    """One SPDnet (BiMap, domain batch norm, ReEig, LogEig) per band of ``(n, bands, C, C)``
+    inputs, their tangent vectors concatenated into one linear head."""
+
+    def __init__(self, n_bands, n_channels, hidden_dim, n_classes, seed, dispersion=False):
+        super().__init__()
+        self.nets = nn.ModuleList(SPDNet(n_channels, (hidden_dim,), n_classes, eps=1e-2, seed=seed * 100 + band,
+                                         batchnorm="domain") for band in range(n_bands))
+        if dispersion:
+            for net in self.nets:
+                net.batchnorms = nn.ModuleList(DispersionBatchNorm(hidden_dim) for _ in net.batchnorms)
+        self.head = nn.Linear(n_bands * hidden_dim * (hidden_dim + 1) // 2, n_classes, dtype=torch.float64)
+
+    def forward(self, batch):
+        features = [net.features(batch.with_inputs(batch.X[:, band])) for band, net in enumerate(self.nets)]
+        return self.head(torch.cat(features, 1))
+
+    def after_step_(self):
+        for net in self.nets:
+            net.after_step_()
+
+    def parameter_kinds(self):
+        kinds = {f"nets.{band}.{name}": kind for band, net in enumerate(self.nets)
+                 for name, kind in net.parameter_kinds().items() if not name.startswith("head.")}
+        return {**kinds, "head.weight": "euclidean", "head.bias": "euclidean"}
+
+    def _exported_state(self):
+        return {name: value for name, value in self.state_dict(keep_vars=True).items()
+                if name in self.parameter_kinds()} | {
+            f"nets.{band}.bimaps.0.weight": net.bimaps[0].weight for band, net in enumerate(self.nets)}
+
+    def _load_array(self, name, value, state):
+        if ".bimaps." in name:
+            self.nets[int(name.split(".")[1])].bimaps[0].set_weight(value)
+        else:
+            super()._load_array(name, value, state)
+
+
+def band_covariances(X_raw, bands, fs):
+    """``(n, len(bands), C, C)`` sample covariances of the trials filtered to each band (the
+    8-32 Hz trials as they are for that band)."""
+    from scipy.signal import butter, sosfiltfilt
+
+    def band(lo, hi):
+        if (lo, hi) == (8, 32):
+            return X_raw
+        return sosfiltfilt(butter(4, [lo, hi], btype="band", fs=fs, output="sos"), X_raw, axis=-1)
+
+    return np.stack([sample_covariance(band(lo, hi)) for lo, hi in bands], 1)
+
+
+def fit_study(X, y, domains, seed, dispersion, hidden_dim=18, max_epochs=150, patience=25):
+    """The study model fitted as the estimator fits with a validation part; returns it."""
+    torch.manual_seed(seed)
+    train, val = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=seed)
+    model = BandSPDNet(X.shape[1], X.shape[-1], hidden_dim, int(y.max()) + 1, seed, dispersion)
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    generator = torch.Generator().manual_seed(seed)
+    batch, labels = DomainBatch(torch.as_tensor(X), domains), torch.as_tensor(y)
+    checkpoints, losses = [], []
+    for _ in range(max_epochs):
+        model.train()
+        train_epochs(model, optimizer, batch[torch.as_tensor(train)], labels[train], n_epochs=1, batch_size=64,
+                     generator=generator)
+        model.eval()
+        with torch.no_grad():  # each validation domain re-centred by its own trials, as a test subject
+            per_trial = torch.cat([nn.functional.cross_entropy(model(batch[torch.as_tensor(part)]), labels[part],
+                                                               reduction="none")
+                                   for part in (val[domains[val] == d] for d in np.unique(domains[val]))])
+        losses.append((float(per_trial.mean()), float(per_trial.std() / len(per_trial) ** 0.5)))
+        checkpoints.append(model.get_parameters())
+        if len(losses) - 1 - int(np.argmin([loss for loss, _ in losses])) >= patience:
+            break
+    lowest = min(losses)
+    chosen = [c for c, (loss, _) in zip(checkpoints, losses) if loss <= lowest[0] + lowest[1]]
+    model.set_parameters(projavg(chosen, [1 / len(chosen)] * len(chosen), None, model.parameter_kinds()))
+    return model.eval()
+
+
+def per_subject(predict, X, subjects):
+    """``predict`` called once per subject (domain batch norm re-centres each call)."""
+    parts = [predict(X[subjects == s]) for s in np.unique(subjects)]
+    out = np.empty((len(X), parts[0].shape[1]))
+    for s, part in zip(np.unique(subjects), parts):
+        out[subjects == s] = part
+    return out
+
+
+def subsample(train, y, subjects, fraction, seed):
+    """A stratified ``fraction`` of each subject's training trials."""
+    if fraction == 1.0:
+        return train
+    kept = [train_test_split(train[subjects[train] == s], train_size=fraction, stratify=y[train][subjects[train] == s],
+                             random_state=seed)[0] for s in np.unique(subjects[train])]
+    return np.sort(np.concatenate(kept))
+
+
+def fit_row(name, data, seed):
+    """Test probabilities of the row ``name`` for the split ``seed``: ``{"f1", "accuracy", ...}``."""
+    model, settings = ROWS[name]
+    covariances, bands, y, subjects = data
+    train, test = client_split(y, subjects, seed)
+    train = subsample(train, y, subjects, settings.get("fraction", 1.0), seed)
+    start = time.perf_counter()
+    if model == "study":
+        X = bands[:, 1:] if settings["bands"] == SUB_BANDS else bands[:, :1]
+        X = X / np.trace(X[train], axis1=-2, axis2=-1).mean(0)[None, :, None, None] * X.shape[-1]
+        _, codes = np.unique(subjects, return_inverse=True)
+        net = fit_study(X[train], y[train], codes[train], seed, settings.get("dispersion", False))
+        with torch.no_grad():
+            proba = per_subject(lambda Xs: torch.softmax(net(DomainBatch(torch.as_tensor(Xs), np.zeros(len(Xs)))), 1)
+                                .numpy(), X[test], subjects[test])
+    else:
+        proba = 0.0
+        if model in ("ts-lr", "ensemble"):
+            proba = proba + ts_lr().fit(covariances[train], y[train]).predict_proba(covariances[test])
+        if model in ("spdnet", "ensemble"):
+            clf = SPDnetClassifier(random_state=seed).fit(covariances[train], y[train], groups=subjects[train])
+            proba = proba + per_subject(clf.predict_proba, covariances[test], subjects[test])
+    pred = np.argmax(proba, 1)
+    return {"seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
+            "accuracy": float(accuracy_score(y[test], pred)), "n_train": int(len(train)),
+            "fit_seconds": time.perf_counter() - start, "config": {"row": name, **settings}}
+
+
+def ts_lr():
+    from pyriemann.tangentspace import TangentSpace
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import make_pipeline
+
+    return make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000))
+
+
+def cached_fit(name, data, seed, out, log_file):
+    path = out / report.row_key(name) / f"seed{seed}.json"
+    config = json.loads(json.dumps({"row": name, **ROWS[name][1]}))
+    if path.exists():
+        run = json.loads(path.read_text())
+        if run["config"] == config:
+            return run, True
+    with torch_threads(1), warnings_to_file(log_file):
+        run = fit_row(name, data, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(run))
+    return run, False
+
+
+def run(args):
+    log_file = args.out / "leads.log"
+    with console_and_log(log_file):
+        command = logged_command(log, log_file)
+        loaded = load_offline_physionet(log.info)
+        if loaded is None:
+            return 1
+        protocol, X_raw, covariances, y, subjects = loaded
+        keep = np.isin(subjects, QUICK_SUBJECTS)
+        X_raw, covariances, y, subjects = X_raw[keep], covariances[keep], y[keep], subjects[keep]
+        y = np.unique(y, return_inverse=True)[1]
+        bands = band_covariances(X_raw, BROAD + SUB_BANDS, protocol.fs)
+        data = (covariances, bands, y, subjects)
+        names = ["TS+LR"] + [name for name in args.rows if name != "TS+LR"]
+        start = time.perf_counter()
+        jobs = [(name, seed) for name in names for seed in range(args.seeds)]
+        done = Parallel(n_jobs=args.jobs)(delayed(cached_fit)(name, data, seed, args.out, log_file)
+                                          for name, seed in jobs)
+        elapsed = time.perf_counter() - start
+        results = {name: [r for (n, _), (r, _) in zip(jobs, done) if n == name] for name in names}
+        cached = [r for r, was_cached in done if was_cached]
+        rows = {report.row_key(name): {"label": name, "scores": {
+            "macro_f1": {r["seed"]: 100 * r["f1"] for r in runs},
+            "accuracy": {r["seed"]: 100 * r["accuracy"] for r in runs}}} for name, runs in results.items()}
+        path = write_record(
+            args.record, title="The learner's leads on PhysionetMI, 4 classes, the main job's splits, against TS+LR",
+            command=command, rows=rows, metrics=SEED_METRICS, reference=report.row_key("TS+LR"),
+            paired_by="seed", wall_seconds=report.record_seconds(elapsed, [r["fit_seconds"] for r in cached]),
+            facts={"seeds": args.seeds, "subjects": list(QUICK_SUBJECTS), "dataset": protocol.name,
+                   "bands_hz": [list(b) for b in SUB_BANDS], "runs_cached_at_start": len(cached),
+                   "training_trials": {name: sorted({r["n_train"] for r in runs}) for name, runs in results.items()},
+                   "fit_minutes": round(sum(r["fit_seconds"] for rs in results.values() for r in rs) / 60, 1)})
+        log.info("\n" + summary(results, command, elapsed) + f"\n\nRecord: {path}")
+    return 0
+

@@ -1,0 +1,66 @@
+"""The learner-leads study: its band model, its dispersion normalization and its subsamples."""
+
+import numpy as np
+import pytest
+import torch
+
+from benchmarks.experiments.learner_leads import (ROWS, BandSPDNet, DispersionBatchNorm, fit_study, subsample)
+from skfedspd.aggregation import projavg
+from skfedspd.batchnorm import DomainBatch
+from skfedspd.functional import logeig
+
+
+def test_dispersion_normalization_sets_each_domain_to_its_target_dispersion(spd_domains):
+    X, _, groups = spd_domains(n_groups=2, n_per_group=20, n_channels=4)
+    bn = DispersionBatchNorm(4)
+    with torch.no_grad():
+        bn.log_std.fill_(np.log(0.7))
+        Y = bn(torch.as_tensor(X), groups)
+    for g in np.unique(groups):
+        L = logeig(Y[torch.as_tensor(groups == g)])
+        # re-centred at the identity (the bias), mean squared distance the target's square
+        assert torch.allclose(L.mean(0), torch.zeros(4, 4, dtype=L.dtype), atol=0.05)
+        assert (L**2).sum((-1, -2)).mean().item() == pytest.approx(0.49, rel=1e-6)
+
+
+@pytest.mark.parametrize("dispersion", [False, True])
+def test_band_model_exports_every_band_and_averages_on_the_stiefel_manifold(spd_domains, dispersion):
+    X, y, groups = spd_domains(n_groups=2, n_per_group=20, n_channels=6)
+    bands = np.stack([X, X + 0.1 * np.eye(6)], 1)
+    model = BandSPDNet(2, 6, 3, 2, seed=0, dispersion=dispersion)
+    kinds = model.parameter_kinds()
+    assert [name for name, kind in kinds.items() if kind == "stiefel"] == ["nets.0.bimaps.0.weight",
+                                                                           "nets.1.bimaps.0.weight"]
+    assert any(name.endswith("log_std") for name in kinds) == dispersion
+    logits = model(DomainBatch(torch.as_tensor(bands), groups))
+    assert logits.shape == (40, 2)
+    first = model.get_parameters()
+    other = BandSPDNet(2, 6, 3, 2, seed=1, dispersion=dispersion).get_parameters()
+    model.set_parameters(projavg([first, other], [0.5, 0.5], None, kinds))
+    W = model.get_parameters()["nets.1.bimaps.0.weight"]
+    assert np.allclose(W.T @ W, np.eye(3), atol=1e-10)
+
+
+def test_study_fit_keeps_an_average_of_its_validated_epochs(spd_domains):
+    X, y, groups = spd_domains(n_groups=2, n_per_group=40, n_channels=4)
+    X = X[:, None]
+    model = fit_study(X, y, groups, seed=0, dispersion=False, hidden_dim=3, max_epochs=6, patience=2)
+    with torch.no_grad():
+        pred = model(DomainBatch(torch.as_tensor(X), groups)).argmax(1).numpy()
+    assert not model.training and (pred == y).mean() > 0.6
+
+
+def test_subsample_keeps_a_stratified_share_of_every_subject():
+    y = np.tile([0, 1, 2, 3], 20)
+    subjects = np.repeat([1, 2], 40)
+    train = np.arange(80)
+    kept = subsample(train, y, subjects, 0.25, seed=0)
+    for s in (1, 2):
+        counts = np.bincount(y[kept][subjects[kept] == s], minlength=4)
+        assert counts.sum() == 10 and counts.min() >= 2 and counts.max() <= 3  # 10 trials a class, a quarter
+    assert subsample(train, y, subjects, 1.0, seed=0) is train
+
+
+def test_every_row_names_a_model_the_study_fits():
+    assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study"}
+    assert ROWS["TS+LR"] == ("ts-lr", {})
