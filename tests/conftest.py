@@ -1,4 +1,13 @@
-"""Shared pytest fixtures."""
+"""Shared pytest fixtures and helpers of every test tier.
+
+- ``tests/test_<module>.py``: one module of the package each (``test_nn`` for
+  ``skfedspd/nn.py``), and the cross-cutting ones (hostile inputs, pyRiemann's battery, the
+  real EEG, the import layers, the docstrings);
+- ``tests/benchmarks/``: the benchmark harness, its records and the documentation's figures;
+- ``tests/repository/``: the repository's own text and install page.
+
+``make test`` (``pytest``) runs every tier.
+"""
 
 import pytest
 

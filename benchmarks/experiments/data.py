@@ -1,6 +1,6 @@
 """The one way the harness reads EEG: the offline PhysioNet copy (and MOABB's datasets).
 
-Every experiment that loads trials goes through this module (``tests/test_benchmarks_structure.py``
+Every experiment that loads trials goes through this module (``tests/benchmarks/test_benchmarks_structure.py``
 checks it):
 
 * :func:`offline_root`: finds the offline PhysioNet copy (``../shared/data`` or

@@ -7,7 +7,7 @@
 * the paper's Table I estimators are built by :mod:`.table_one_protocols` (its training
   settings per dataset); the MOABB pipeline files in ``moabb_pipelines/`` (for
   ``moabb.benchmark(pipelines=...)``: the paper's FedSPDnet, ProjAvg in YAML, RLAvg in
-  Python) are checked against them by ``tests/test_moabb_pipelines.py``.
+  Python) are checked against them by ``tests/benchmarks/test_moabb_pipelines.py``.
 """
 
 import sklearn

@@ -28,7 +28,7 @@ from skfedspd.eegnet import EEGNet
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import RoundSchedule
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHANNELS = ("C3", "Cz", "C4", "FC3", "FC4", "CP3")
 N_TIMES = 400  # FakeDataset trials span [0, 3] s: 601 samples at 200 Hz
 SMOKE = PROFILES["smoke"]

@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.usefixtures("torch_single_thread"),
 ]
 
-PIPELINE_DIR = Path(__file__).resolve().parents[1] / "benchmarks" / "experiments" / "moabb_pipelines"
+PIPELINE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "experiments" / "moabb_pipelines"
 NAMES = {"FedSPDnet-ProjAvg", "FedSPDnet-RLAvg"}
 PARADIGMS = {"LeftRightImagery", "MotorImagery"}
 # SPDnet's first BiMap maps to 18 dimensions: the fake recordings need at least 18 channels

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 SCANNED = ("skfedspd", "tests", "benchmarks", "examples", "docs", "README.md", "CHANGELOG.md", "Makefile",
            "pyproject.toml")
 SKIPPED = ("docs/_build/",)  # Sphinx's output, rebuilt from docs/
@@ -79,7 +79,7 @@ def test_spares_other_text(text):
 
 def test_scans_the_project():
     names = {p.relative_to(ROOT).as_posix() for p in _tracked_files()}
-    assert {"README.md", "pyproject.toml", "skfedspd/federated.py", "tests/test_project_text.py"} <= names
+    assert {"README.md", "pyproject.toml", "skfedspd/federated.py", "tests/repository/test_project_text.py"} <= names
     assert not [n for n in names if n.startswith(SKIPPED)]
 
 
