@@ -20,6 +20,7 @@ from sklearn.utils.validation import check_is_fitted, column_or_1d
 from .aggregation import projavg
 from .batchnorm import DomainBatch
 from .training import (
+    Settings,
     EpochSchedule,
     check_optimizer_array,
     check_optimizer_settings,
@@ -150,8 +151,9 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """
         self._validate_params()
         check_device(self.device)
-        if getattr(self, "schedule", None) is not None:  # a settings object checks its own parameters
-            self.schedule.check_params()
+        for value in self.get_params(deep=False).values():
+            if isinstance(value, Settings):  # a settings object checks its own parameters
+                value.check_params()
 
     def set_classes(self, classes):
         """Set ``classes_`` to the sorted unique labels of ``classes``.
@@ -556,6 +558,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return ("n_features_in_", "history_", "best_epoch_", "averaged_epochs_", "n_iter_", "validation_used_")
 
     # ------------------------------------------------------------------ parameters
+    _renamed, _merges = EPOCH_RENAMED, EPOCH_MERGES  # the flat names of before, folded by set_params
     _parameter_constraints: dict = {
         "lr": [Interval(Real, 0, np.inf, closed="neither")],
         "batch_size": [Count(1)],
@@ -574,13 +577,14 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def set_params(self, **params):
         """Set the parameters (scikit-learn's), the old flat names of
-        :data:`~skfedspd.renamed.EPOCH_RENAMED` included, with a ``FutureWarning``.
+        of the class (``_renamed``: :data:`~skfedspd.renamed.EPOCH_RENAMED` here) included, with a
+        ``FutureWarning``.
 
         Returns
         -------
         self
         """
-        params = fold_renamed(self, params, EPOCH_RENAMED, EPOCH_MERGES)
+        params = fold_renamed(self, params, self._renamed, self._merges)
         return super().set_params(**check_nested_params(self, params))
 
     @property

@@ -12,10 +12,10 @@ from sklearn.utils.validation import _num_samples, check_is_fitted
 
 from .base import TorchClassifierBase, decision_from_logits, proba_from_logits
 from .persistence import check_fitted_attributes
-from .renamed import EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
+from .renamed import DOMAIN_MERGES, DOMAIN_RENAMED, EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
 from .batchnorm import domain_codes
 from .nn import SPDNet
-from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainStatistics, DomainStatisticsMixin, check_prior_statistics,
+from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainAdaptation, DomainStatistics, adaptation_of, DomainStatisticsMixin, check_prior_statistics,
                      domain_labels, drop_domain_requests, log_euclidean_sum)
 from .stiefel import orthonormality_problem
 from .training import predict_logits
@@ -175,8 +175,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         unlabeled trials (:mod:`skfedspd.online`): ``predict(X, domain="s17")`` first adds
         the trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"``
         at each batch-norm layer (a new domain starts from the prior, ``domain_prior_``,
-        weighing ``domain_prior_weight`` trials), then predicts every trial of ``X`` with
-        the updated statistics **without the trial itself** (``domain_include_self``). So
+        weighing ``domain_adaptation.prior_weight`` trials), then predicts every trial of ``X`` with
+        the updated statistics **without the trial itself** (``domain_adaptation.include_self``). So
         a whole subject in one call is whole-subject adaptation, and one trial per call is
         online adaptation (a BCI): each trial scored with the statistics of the trials
         before it, a new domain's first trial with the prior. :meth:`adapt` updates a
@@ -191,35 +191,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         domain). In federation every client's data form one domain (its minibatches), and
         only the batch-norm biases are aggregated; ``"spd"`` running means stay on each
         client.
-    domain_prior_weight : float, default=1.0
-        Weight, in trials, of the prior that a new domain's statistics start from
-        (``batchnorm="domain"``); > 0. One pseudo-trial: a domain's first trial is never
-        re-centred by itself alone (which would make its prediction constant), and after
-        about ten trials the domain's own data dominate.
-    domain_memory : float >= 2 or None, default=None
-        How many recent trials a domain's statistics remember (``batchnorm="domain"``).
-        None: every trial since the domain started weighs the same (the running mean).
-        A number ``m``: once a domain weighs ``m`` trials, each new trial moves its mean
-        ``1/m`` of the way to it (exponential forgetting), so the statistics follow a
-        recording that drifts across runs (see :mod:`skfedspd.online`). It applies to
-        every update from then on, stored domains included.
-    domain_include_self : bool, default=False
-        Whether a trial's statistics at prediction include the trial itself
-        (``batchnorm="domain"``). False: each trial is re-centred by its domain's
-        statistics without it (the prior and the domain's other trials): a single trial
-        cannot tell its domain's offset from its own class, and re-centring it towards
-        itself shrinks its class signal (by half for a new domain's first trial), which
-        training never does (there each trial is one of its whole domain's minibatch).
-        So a new domain's first trial is scored exactly as without adaptation. The
-        statistics stored are the same either way.
-    max_domains : int >= 1 or None, default=None
-        The most domains whose statistics are stored (``batchnorm="domain"``). When a call
-        would store more, the least recently used domains (those whose statistics were
-        updated longest ago) are forgotten, with a ``UserWarning`` naming them: a
-        long-running service that meets a new subject every session then holds bounded
-        memory (a domain holds its mean and the mean's two square roots at each batch-norm
-        layer: about 8 KB for the default network at 64 channels). None: no bound; forget
-        domains with :meth:`reset_domain` (one label, several, or all).
+    domain_adaptation : DomainAdaptation or None, default=None
+        How each domain's statistics adapt at prediction (``batchnorm="domain"``):
+        :class:`~skfedspd.online.DomainAdaptation` (``prior_weight``, the prior's weight in
+        trials; ``memory``, how many recent trials the statistics remember; ``include_self``,
+        whether a trial is re-centred with itself; ``max_domains``, the most domains
+        stored); None: its defaults. Reachable as ``domain_adaptation__memory`` once set.
     trainable : {"all", "head"}, default="all"
         Which weights training updates. ``"head"``: only the linear softmax head; the
         BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
@@ -306,7 +283,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     (5,)
     """
 
-    @accepts_renamed(EPOCH_RENAMED, EPOCH_MERGES)  # the flat names of before, until 0.4
+    @accepts_renamed({**EPOCH_RENAMED, **DOMAIN_RENAMED}, {**EPOCH_MERGES, **DOMAIN_MERGES})  # the flat names of before
     def __init__(
         self,
         hidden_dims="auto",
@@ -328,10 +305,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         warm_start=False,
         class_weight=None,
         batchnorm="auto",
-        domain_prior_weight=1.0,
-        domain_memory=None,
-        domain_include_self=False,
-        max_domains=None,
+        domain_adaptation=None,
         trainable="all",
     ):
         self.hidden_dims = hidden_dims
@@ -353,10 +327,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.warm_start = warm_start
         self.class_weight = class_weight
         self.batchnorm = batchnorm
-        self.domain_prior_weight = domain_prior_weight
-        self.domain_memory = domain_memory
-        self.domain_include_self = domain_include_self
-        self.max_domains = max_domains
+        self.domain_adaptation = domain_adaptation
         self.trainable = trainable
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
@@ -444,6 +415,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         self.domain_statistics_ = None
         return self
 
+    _renamed, _merges = {**EPOCH_RENAMED, **DOMAIN_RENAMED}, {**EPOCH_MERGES, **DOMAIN_MERGES}
     _parameter_constraints: dict = {
         **TorchClassifierBase._parameter_constraints,
         "hidden_dims": [StrOptions({"auto"}), Count(1), Sequence()],
@@ -452,10 +424,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         "recenter_every": [Count(1)],
         "checkpoint": [StrOptions({"auto", "best", "average"})],
         "batchnorm": [StrOptions({"auto", "spd", "domain"}), None],
-        "domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
-        "domain_memory": [Interval(Real, 2, None, closed="left"), None],
-        "domain_include_self": ["boolean"],
-        "max_domains": [Count(1), None],
+        "domain_adaptation": [None, DomainAdaptation],
         "trainable": [StrOptions({"all", "head"})],
     }
 
@@ -497,9 +466,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return X
 
     def _check_prediction_params(self):
-        names = ("scaling", "domain_prior_weight", "domain_memory", "domain_include_self", "max_domains")
+        names = ("scaling", "domain_adaptation")
         validate_parameter_constraints({name: self._parameter_constraints[name] for name in names},
                                        {name: getattr(self, name) for name in names}, caller_name=type(self).__name__)
+        adaptation_of(self).check_params()
 
     def input_statistic(self, X, sample_weight=None):
         """Mean over matrices of ``log(trace(X)/n)`` (weighted by ``sample_weight`` if given):
@@ -783,14 +753,15 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         statistic changes; ``keep`` stores the updated domains."""
         labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
         stats = self._domain_statistics()
-        update = stats.update(labels, float(self.domain_prior_weight), self.domain_memory)
+        adaptation = adaptation_of(self)
+        update = stats.update(labels, float(adaptation.prior_weight), adaptation.memory)
         Xt = self.to_tensor(X)
         with torch.no_grad():
-            logits = self.module_.adapted_forward(Xt, update, predict=predict, include_self=self.domain_include_self)
+            logits = self.module_.adapted_forward(Xt, update, predict=predict, include_self=adaptation.include_self)
         if predict and update.starts_without_prior:
             warnings.warn(NO_PRIOR_WARNING, UserWarning, stacklevel=4)
         if keep:
-            update.commit(self.max_domains)
+            update.commit(adaptation.max_domains)
             self.domain_statistics_ = stats
         return None if logits is None else logits.cpu().numpy()
 
@@ -814,7 +785,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         domain : str, int or array-like of shape (n_matrices,), default=None
             ``batchnorm="domain"``: the domain of the trials (one label, or one per row);
             its statistics are updated with ``X`` (in order) first, then used for every
-            trial, without the trial itself (``domain_include_self``). None: ``X`` is a
+            trial, without the trial itself (``domain_adaptation.include_self``). None: ``X`` is a
             temporary domain started from the prior. Requested from metadata routing by
             default.
 

@@ -13,7 +13,10 @@ It is the weighted Karcher mean exactly for two points (the prior and one trial)
 matrices that commute, and a close approximation otherwise; it costs two eigendecompositions
 of one ``n×n`` matrix per trial whatever the number of trials seen.
 
-A new domain starts from the **prior** ``M₀`` with weight ``domain_prior_weight`` (default
+The settings of that adaptation are one :class:`DomainAdaptation` (``prior_weight``,
+``memory``, ``include_self``, ``max_domains``), shared by both estimators.
+
+A new domain starts from the **prior** ``M₀`` with weight ``prior_weight`` (default
 1): one pseudo-trial, so that a statistic never rests on one trial alone, and after about
 ten trials the domain's own data dominate. A trial is scored with its domain's statistics
 **without itself** (:meth:`DomainUpdate.inv_halves`): re-centring a trial
@@ -25,7 +28,7 @@ pools it exactly (each site sends its sum, the server divides), with no iteratio
 domain mean leaving a site; a prior weighing one pseudo-trial needs no more precision.
 A recording drifts (electrodes dry, the subject tires: the trials of a subject's last run
 are re-centred better by that run's mean than by its first run's). A **memory**
-``domain_memory = m`` follows it: once a domain's weight reaches ``m``, each new trial moves
+``memory = m`` follows it: once a domain's weight reaches ``m``, each new trial moves
 the mean ``1/m`` of the way to it, an exponentially weighted mean of about the last ``m``
 trials. The default, None, weighs every trial since the start equally.
 
@@ -34,14 +37,19 @@ it), a new domain starts empty: its first trial becomes its mean.
 """
 
 import warnings
+from numbers import Real
 
 import numpy as np
 import torch
+from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from .functional import expm_sym, logeig
+from .training import Settings
+from .validation import Count
 
 __all__ = [
+    "DomainAdaptation",
     "NO_PRIOR_WARNING",
     "PRIOR_LOG_BOUND",
     "check_prior_statistics",
@@ -55,6 +63,64 @@ __all__ = [
     "drop_domain_requests",
     "DomainStatisticsMixin",
 ]
+
+
+class DomainAdaptation(Settings):
+    """How a domain's statistics adapt from its unlabeled trials at prediction
+    (``SPDnetClassifier(batchnorm="domain", domain_adaptation=...)`` and
+    ``Recenter(domain_adaptation=...)``; None: the defaults).
+
+    Parameters
+    ----------
+    prior_weight : float > 0, default=1.0
+        Weight, in trials, of the prior a new domain's statistics start from. One
+        pseudo-trial: a domain's first trial is never re-centred by itself alone (which
+        would make its prediction constant), and after about ten trials the domain's own
+        data dominate.
+    memory : float >= 2 or None, default=None
+        How many recent trials a domain's statistics remember. None: every trial since the
+        domain started weighs the same (the running mean). A number ``m``: once a domain
+        weighs ``m`` trials, each new trial moves its mean ``1/m`` of the way to it
+        (exponential forgetting), so the statistics follow a recording that drifts across
+        runs. It applies to every update from then on, stored domains included.
+    include_self : bool, default=False
+        Whether a trial's statistics at prediction include the trial itself. False: each
+        trial is re-centred by its domain's statistics without it (the prior and the
+        domain's other trials): a single trial cannot tell its domain's offset from its own
+        class, and re-centring it towards itself shrinks its class signal (by half for a new
+        domain's first trial), which training never does. The statistics stored are the same
+        either way.
+    max_domains : int >= 1 or None, default=None
+        The most domains whose statistics are stored. When a call would store more, the
+        least recently used domains are forgotten, with a ``UserWarning`` naming them, so a
+        long-running service that meets a new subject every session holds bounded memory.
+        None: no bound (forget domains with ``reset_domain``).
+
+    Examples
+    --------
+    >>> from skfedspd import Recenter
+    >>> from skfedspd.online import DomainAdaptation
+    >>> Recenter(domain_adaptation=DomainAdaptation(memory=40)).domain_adaptation.memory
+    40
+    """
+
+    _parameter_constraints = {
+        "prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
+        "memory": [Interval(Real, 2, None, closed="left"), None],
+        "include_self": ["boolean"],
+        "max_domains": [Count(1), None],
+    }
+
+    def __init__(self, prior_weight=1.0, memory=None, include_self=False, max_domains=None):
+        self.prior_weight = prior_weight
+        self.memory = memory
+        self.include_self = include_self
+        self.max_domains = max_domains
+
+
+def adaptation_of(estimator):
+    """The :class:`DomainAdaptation` of ``estimator`` (its ``domain_adaptation``, the defaults for None)."""
+    return getattr(estimator, "domain_adaptation", None) or DomainAdaptation()
 
 
 def _sym(A):
@@ -375,7 +441,7 @@ class DomainStatistics:
     def start(self, prior_weight, memory=None):
         """The statistics of a new domain: the prior with ``prior_weight``, or empty."""
         if not prior_weight > 0:  # the estimators validate it first; this guards direct use
-            raise ValueError(f"domain_prior_weight must be > 0, got {prior_weight!r}")
+            raise ValueError(f"prior_weight must be > 0, got {prior_weight!r}")
         if self.prior is None:
             return [RunningMean(torch.eye(n, dtype=self.dtype, device=self.device), 0.0, memory=memory)
                     for n in self.sizes]
@@ -386,7 +452,7 @@ class DomainStatistics:
         new ones from :meth:`start`; all with ``memory`` (see :class:`RunningMean`). Nothing
         stored changes until :meth:`DomainUpdate.commit`."""
         if memory is not None and not memory >= 2:  # one trial of memory would re-centre a trial by itself
-            raise ValueError(f"domain_memory must be None or >= 2, got {memory!r}")
+            raise ValueError(f"memory must be None or >= 2, got {memory!r}")
         states = {label: [state.with_memory(memory) for state in self.domains[label]] if label in self.domains
                   else self.start(prior_weight, memory) for label in dict.fromkeys(labels)}
         return DomainUpdate(self, labels, states)

@@ -1,19 +1,19 @@
 """``Recenter``: unsupervised re-centring of SPD matrices to the identity (Zanini et al., 2018)."""
 
 import warnings
-from numbers import Real
 
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator, TransformerMixin, _fit_context
 from sklearn.exceptions import ConvergenceWarning
-from sklearn.utils._param_validation import Interval
 from sklearn.utils.validation import check_is_fitted
 
 from .functional import karcher_mean, sqrtm_invsqrtm
-from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainStatistics, DomainStatisticsMixin, domain_labels,
+from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainAdaptation, DomainStatistics, DomainStatisticsMixin, adaptation_of,
+                     domain_labels,
                      log_euclidean_sum)
-from .validation import (Count, check_domain_sizes, check_groups, check_input_range, check_spd_batch, input_range,
+from .renamed import DOMAIN_MERGES, DOMAIN_RENAMED, accepts_renamed, fold_renamed
+from .validation import (check_domain_sizes, check_groups, check_input_range, check_nested_params, check_spd_batch, input_range,
                          resolve_groups)
 
 __all__ = ["Recenter", "recenter_groups"]
@@ -107,9 +107,9 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     Transforming new data: each domain keeps **persistent statistics** that adapt from its
     unlabeled trials (:mod:`skfedspd.online`). ``transform(X, domain="s17")`` first adds the
     trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"`` (a new
-    domain starts from the prior, weighing ``domain_prior_weight`` trials), then re-centres
-    every trial of ``X`` by the updated mean without the trial itself
-    (``domain_include_self``). A whole subject in one call is whole-subject adaptation
+    domain starts from the prior, weighing ``domain_adaptation.prior_weight`` trials), then
+    re-centres every trial of ``X`` by the updated mean without the trial itself
+    (``domain_adaptation.include_self``). A whole subject in one call is whole-subject adaptation
     (each trial re-centred by the mean of the others, the prior weighing one trial); one
     trial per call is online adaptation, as in a BCI (each trial re-centred by the trials
     before it, a new domain's first by the prior). :meth:`adapt` updates a domain without transforming,
@@ -137,28 +137,13 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
 
     Parameters
     ----------
-    domain_prior_weight : float, default=1.0
-        Weight, in trials, of the prior that a new domain starts from; > 0. One
-        pseudo-trial: a domain's first trial is never re-centred by itself alone, and after
-        about ten trials the domain's own data dominate.
-    domain_memory : float >= 2 or None, default=None
-        How many recent trials a domain's statistics remember. None: every trial since the
-        domain started weighs the same (the running mean). A number ``m``: once a domain
-        weighs ``m`` trials, each new trial moves its mean ``1/m`` of the way to it
-        (exponential forgetting), which follows a recording that drifts (see
-        :mod:`skfedspd.online`). It applies to every update from then on.
-    domain_include_self : bool, default=False
-        Whether a matrix is re-centred by statistics that include it. False: by its
-        domain's statistics without it (the prior and the other matrices), so a new
-        domain's first matrix is re-centred by the prior exactly; re-centring a single
-        matrix towards itself would shrink its class signal, which ``fit_transform`` on
-        whole training domains never does. The statistics stored are the same either way.
-    max_domains : int >= 1 or None, default=None
-        The most domains whose statistics are stored. Beyond it, the least recently used
-        domains are forgotten with a ``UserWarning`` naming them (bounded memory for a
-        long-running service: a domain holds its mean and the mean's two square roots,
-        about 100 KB at 64 channels). None: no bound; forget domains with
-        :meth:`reset_domain` (one label, several, or all).
+    domain_adaptation : DomainAdaptation or None, default=None
+        How each domain's statistics adapt from its matrices
+        (:class:`~skfedspd.online.DomainAdaptation`: ``prior_weight``, the prior's weight in
+        trials; ``memory``, how many recent trials the statistics remember;
+        ``include_self``, whether a matrix is re-centred by statistics that include it;
+        ``max_domains``, the most domains stored, about 100 KB each at 64 channels); None:
+        its defaults. Reachable as ``domain_adaptation__memory`` once set.
 
     The parameters are validated at ``fit`` and again, by the same constraints, at every
     ``transform`` and :meth:`adapt` (a ``set_params`` after ``fit`` gets the same error).
@@ -215,16 +200,20 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     __metadata_request__fit = {"groups": True, "subjects": True}
     __metadata_request__transform = {"groups": True, "domain": True}
 
-    _parameter_constraints: dict = {"domain_prior_weight": [Interval(Real, 0, np.inf, closed="neither")],
-                                    "domain_memory": [Interval(Real, 2, None, closed="left"), None],
-                                    "domain_include_self": ["boolean"],
-                                    "max_domains": [Count(1), None]}
+    _parameter_constraints: dict = {"domain_adaptation": [None, DomainAdaptation]}
 
-    def __init__(self, domain_prior_weight=1.0, domain_memory=None, domain_include_self=False, max_domains=None):
-        self.domain_prior_weight = domain_prior_weight
-        self.domain_memory = domain_memory
-        self.domain_include_self = domain_include_self
-        self.max_domains = max_domains
+    @accepts_renamed(DOMAIN_RENAMED, DOMAIN_MERGES)  # the flat names of before
+    def __init__(self, domain_adaptation=None):
+        self.domain_adaptation = domain_adaptation
+
+    def set_params(self, **params):
+        """Set the parameters (scikit-learn's), the flat names of before
+        (:data:`~skfedspd.renamed.DOMAIN_RENAMED`) included, with a ``FutureWarning``."""
+        return super().set_params(**check_nested_params(self, fold_renamed(self, params, DOMAIN_RENAMED, DOMAIN_MERGES)))
+
+    def _validate_params(self):
+        super()._validate_params()
+        adaptation_of(self).check_params()  # the settings object checks its own parameters
 
     def _fit(self, X, groups, *, transforming=False):
         """Validated ``X``; sets ``n_features_in_``, ``input_range_`` and the prior,
@@ -295,11 +284,12 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
             _, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
         stats = self._domain_statistics()
-        update = stats.update(labels, float(self.domain_prior_weight), self.domain_memory)
+        adaptation = adaptation_of(self)
+        update = stats.update(labels, float(adaptation.prior_weight), adaptation.memory)
         with torch.no_grad():
             update.add_in_order(torch.as_tensor(X), 0)
         if keep:
-            update.commit(self.max_domains)
+            update.commit(adaptation.max_domains)
             self.domain_statistics_ = stats
         return X, update
 
@@ -311,7 +301,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
 
     def transform(self, X, groups=None, domain=None):
         """Update the domains of ``X``'s matrices, then re-centre each by its domain's mean
-        (without the matrix itself unless ``domain_include_self``).
+        (without the matrix itself unless ``domain_adaptation.include_self``).
 
         Parameters
         ----------
@@ -335,7 +325,7 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
                           UserWarning, stacklevel=2)
         with torch.no_grad():
             X = torch.as_tensor(X)
-            W = update.inv_halves(0, self.domain_include_self)
+            W = update.inv_halves(0, adaptation_of(self).include_self)
             Y = W @ X @ W
         return (0.5 * (Y + Y.transpose(-1, -2))).numpy()
 

@@ -11,9 +11,11 @@ import warnings
 
 from sklearn.base import clone
 
+from .online import DomainAdaptation
 from .training import EpochSchedule
 
-__all__ = ["accepts_renamed", "fold_renamed", "merge_into", "EPOCH_RENAMED", "EPOCH_MERGES"]
+__all__ = ["accepts_renamed", "fold_renamed", "merge_into", "EPOCH_RENAMED", "EPOCH_MERGES", "DOMAIN_RENAMED",
+           "DOMAIN_MERGES"]
 
 
 def merge_into(default):
@@ -99,3 +101,14 @@ EPOCH_RENAMED = {name: ("schedule", name) for name in ("patience", "lr_patience"
 
 
 EPOCH_MERGES = {"schedule": merge_into(EpochSchedule())}
+
+
+#: The domain adaptation's flat parameters of before (``SPDnetClassifier``, ``Recenter``): old
+#: name → (``domain_adaptation``, its field). Accepted with a ``FutureWarning`` until 0.4.
+DOMAIN_RENAMED = {"domain_prior_weight": ("domain_adaptation", "prior_weight"),
+                  "domain_memory": ("domain_adaptation", "memory"),
+                  "domain_include_self": ("domain_adaptation", "include_self"),
+                  "max_domains": ("domain_adaptation", "max_domains")}
+
+
+DOMAIN_MERGES = {"domain_adaptation": merge_into(DomainAdaptation())}

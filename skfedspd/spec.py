@@ -40,7 +40,7 @@ _ALLOWED = {
 _NESTED = {**{name: "skfedspd.aggregation" for name in ("GeometricMedian", "TrimmedMean", "Krum", "FLTrust")},
            "RoundSchedule": "skfedspd.training", "EpochSchedule": "skfedspd.training",
            "ServerMomentum": "skfedspd.server_optimizer",
-           "DPSGD": "skfedspd.privacy", "ClientPartition": "skfedspd.clients",
+           "DPSGD": "skfedspd.privacy", "ClientPartition": "skfedspd.clients", "DomainAdaptation": "skfedspd.online",
            "LocalBackend": "skfedspd.backends", "FlowerBackend": "skfedspd.backends"}
 
 

@@ -180,9 +180,7 @@ def test_get_params_set_params():
     assert set(params) == {
         "hidden_dims", "eps", "scaling", "lr", "batch_size", "max_epochs", "validation_fraction",
         "early_stopping", "validation_metric", "checkpoint", "schedule", "recenter_every", "dtype", "device",
-        "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_prior_weight", "domain_memory",
-        "max_domains",
-        "domain_include_self", "trainable",
+        "random_state", "verbose", "warm_start", "class_weight", "batchnorm", "domain_adaptation", "trainable",
     }
     assert params["hidden_dims"] == (4,) and params["max_epochs"] == 5
     assert clf.set_params(lr=0.5, hidden_dims=(6, 2)) is clf

@@ -19,6 +19,7 @@ import torch
 from skfedspd import (EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier, load_estimator,
                       save_estimator)
 from skfedspd.backends import LocalBackend
+from skfedspd.online import DomainAdaptation
 from skfedspd.persistence import FORMAT_VERSION, load_bundle, save_bundle
 from skfedspd.spec import MAX_JSON_DEPTH, loads
 
@@ -428,7 +429,7 @@ def test_a_parameter_that_does_not_change_the_fitted_model_is_accepted_after_fit
 @pytest.mark.parametrize("kind, params, message", [
     ("plain", {"lr": -1}, "The 'lr' parameter of SPDnetClassifier must be"),
     ("plain", {"batch_size": 0}, "The 'batch_size' parameter"),
-    ("domain", {"domain_prior_weight": float("inf")}, "The 'domain_prior_weight' parameter"),
+    ("domain", {"domain_adaptation": DomainAdaptation(prior_weight=float("inf"))}, "The 'prior_weight' parameter"),
     ("domain", {"hidden_dims": (3,)}, r"hidden_dims=\(3,\) is not the hidden_dims=\(4,\)"),
     ("domain", {"batchnorm": "spd"}, "batchnorm='spd' is not the batchnorm='domain'"),
     ("eeg", {"lr": 0.0}, "The 'lr' parameter of EEGNetClassifier"),

@@ -15,6 +15,7 @@ import pytest
 from sklearn.linear_model import LogisticRegression
 
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, load_estimator, save_estimator
+from skfedspd.online import DomainAdaptation
 from skfedspd.validation import INPUT_RANGE_MARGIN, check_spd_batch
 from skfedspd.persistence import load_bundle, save_bundle
 
@@ -268,7 +269,7 @@ TAMPERED = {
                                                  r"sizes \[2000\]"),
     "hidden_dims -1": (lambda a, m: m["estimator"]["params"].update(hidden_dims=-1), "hidden_dims"),
     "domain_prior_weight inf": (lambda a, m: m["estimator"]["params"].update(domain_prior_weight=float("inf")),
-                                "'domain_prior_weight' parameter"),
+                                "'prior_weight' parameter of DomainAdaptation"),
     "domain sizes": (lambda a, m: m["state"]["domain_statistics"].update(sizes=[5]),
                      r"'sizes' \[5\] are not the model's batch-norm sizes \[4\]"),
     "fitted a string": (lambda a, m: m.update(fitted="yes"), "'fitted' must be true or false"),
@@ -369,9 +370,8 @@ def test_groups_per_client_true_is_refused(data, value):
 
 
 # ------------------------------------------------------------------ set_params after fit
-SET_PARAMS = [("domain_memory", np.inf), ("domain_memory", 1), ("domain_memory", "abc"),
-              ("domain_prior_weight", np.inf), ("domain_prior_weight", -1), ("domain_prior_weight", 0),
-              ("domain_prior_weight", "abc"), ("domain_include_self", "yes"), ("max_domains", 0),
+SET_PARAMS = [("memory", np.inf), ("memory", 1), ("memory", "abc"), ("prior_weight", np.inf), ("prior_weight", -1),
+              ("prior_weight", 0), ("prior_weight", "abc"), ("include_self", "yes"), ("max_domains", 0),
               ("max_domains", 2.5)]
 
 
@@ -381,9 +381,9 @@ SET_PARAMS = [("domain_memory", np.inf), ("domain_memory", 1), ("domain_memory",
 def test_set_params_after_fit_is_validated_at_prediction_as_at_fit(fitted, data, param, value, name, domain):
     X, y, groups = data
     est = _copy(fitted[name])
-    est.set_params(**{param: value})
+    est.set_params(domain_adaptation=DomainAdaptation(**{param: value}))
     before = _state(est)
-    with pytest.raises(ValueError, match=f"The '{param}' parameter of {type(est).__name__} must be") as at_predict:
+    with pytest.raises(ValueError, match=f"The '{param}' parameter of DomainAdaptation must be") as at_predict:
         _output(est, X[groups == 3][3:5], domain)
     _assert_unchanged(before, est)
     with pytest.raises(ValueError) as at_fit:
@@ -443,7 +443,7 @@ def test_reset_domain_forgets_several_labels_or_all(fitted, data, name):
 @pytest.mark.parametrize("name", ["spdnet", "recenter"])
 def test_max_domains_forgets_the_least_recently_used_with_a_warning(fitted, data, name):
     X, _, groups = data
-    est = _copy(fitted[name]).set_params(max_domains=2)
+    est = _copy(fitted[name]).set_params(domain_adaptation=DomainAdaptation(max_domains=2))
     trial = X[groups == 3][:1]
     with warnings.catch_warnings():
         warnings.simplefilter("error", UserWarning)

@@ -16,10 +16,11 @@ import pytest
 import torch
 from sklearn.utils._param_validation import InvalidParameterError
 
-from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, Recenter, SPDnetClassifier
+from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.aggregation import GeometricMedian, Krum
 from skfedspd.backends import LocalBackend
 from skfedspd.clients import make_clients
+from skfedspd.online import DomainAdaptation
 from skfedspd.privacy import DPSGD, MAX_EPSILON, epsilon_spent, group_epsilon, plan_dp
 from skfedspd.training import EpochSchedule, RoundSchedule
 from skfedspd.validation import Count, Sequence, check_count, check_positive, is_count
@@ -81,11 +82,11 @@ def _eegnet(**kw):
 
 
 COUNT_PARAMS = [
-    *[(SPDnetClassifier, name) for name in ("batch_size", "max_epochs", "recenter_every", "max_domains")],
+    *[(SPDnetClassifier, name) for name in ("batch_size", "max_epochs", "recenter_every")],
     *[(_eegnet, name) for name in ("batch_size", "max_epochs", "F1", "D", "F2", "p1", "p2")],
     *[(FederatedSPDnetClassifier, name) for name in ("n_rounds", "local_epochs", "groups_per_client", "n_clients",
                                                      "clients_per_round", "n_jobs")],
-    (Recenter, "max_domains"),
+    (DomainAdaptation, "max_domains"),
     *[(cls, name) for cls in (EpochSchedule, RoundSchedule) for name in ("patience", "lr_patience")],
     (GeometricMedian, "max_iter"), (Krum, "n_faulty"), (Krum, "n_selected"),
 ]

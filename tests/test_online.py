@@ -21,6 +21,7 @@ from sklearn.pipeline import make_pipeline
 
 from skfedspd import FederatedSPDnetClassifier, Recenter, SPDnetClassifier, load_estimator, save_estimator
 from skfedspd.online import (
+    DomainAdaptation,
     DomainStatistics,
     RunningMean,
     check_domain_label,
@@ -249,10 +250,10 @@ def test_a_call_without_domain_is_a_temporary_domain_from_the_prior(fitted, doma
 
 @pytest.mark.parametrize("include_self", [False, True])
 def test_recenter_one_matrix_uses_the_prior(fitted, domains_data, include_self):
-    """A single new matrix is re-centred by the prior; with ``domain_include_self``, by the
+    """A single new matrix is re-centred by the prior; with ``include_self``, by the
     weighted mean of the prior (1) and itself."""
     X, _, groups = domains_data
-    rc = clone(fitted["recenter"]).set_params(domain_include_self=include_self).fit(X[groups < 4],
+    rc = clone(fitted["recenter"]).set_params(domain_adaptation=DomainAdaptation(include_self=include_self)).fit(X[groups < 4],
                                                                                    groups=groups[groups < 4])
     x = X[groups == 4][0]
     M = _weighted_karcher(rc.domain_prior_, 1.0, x[None]) if include_self else rc.domain_prior_
@@ -283,14 +284,14 @@ def test_whole_subject_call_is_close_to_the_former_own_mean_rule(fitted, domains
     itself included or not."""
     X, y, groups = domains_data
     new, y_new = X[groups == 4], y[groups == 4]
-    rc = clone(fitted["recenter"]).set_params(domain_include_self=True).fit(X[groups < 4], groups=groups[groups < 4])
+    rc = clone(fitted["recenter"]).set_params(domain_adaptation=DomainAdaptation(include_self=True)).fit(X[groups < 4], groups=groups[groups < 4])
     np.testing.assert_allclose(rc.transform(new), recenter_groups(new), atol=0.05)
     clf = _copy(fitted["spdnet"])
     clf.module_.eval()
     with torch.no_grad():
         former = torch.softmax(clf.module_(clf.to_tensor(new)), 1).numpy()  # one batch: its own means
     for include_self in (False, True):
-        clf.set_params(domain_include_self=include_self)
+        clf.set_params(domain_adaptation=DomainAdaptation(include_self=include_self))
         np.testing.assert_allclose(clf.predict_proba(new), former, atol=0.05)
         assert (clf.predict(new) == clf.classes_[former.argmax(1)]).mean() >= 0.95
         assert clf.score(new, y_new) >= 0.9
@@ -328,10 +329,10 @@ def test_first_trial_of_a_domain_is_predicted_as_without_adaptation(fitted, doma
     clf = _copy(fitted["spdnet"])
     x = X[groups == 4][:1]
     first = clf.predict_proba(x, domain="new")
-    frozen = _copy(fitted["spdnet"]).set_params(domain_prior_weight=1e12, domain_include_self=True)
+    frozen = _copy(fitted["spdnet"]).set_params(domain_adaptation=DomainAdaptation(prior_weight=1e12, include_self=True))
     np.testing.assert_allclose(first, frozen.predict_proba(x, domain="new"), atol=1e-9)
     assert clf.domains_ == {"new": 1}
-    inclusive = _copy(fitted["spdnet"]).set_params(domain_include_self=True)
+    inclusive = _copy(fitted["spdnet"]).set_params(domain_adaptation=DomainAdaptation(include_self=True))
     assert not np.allclose(first, inclusive.predict_proba(x, domain="new"), atol=1e-6)
 
 
@@ -401,21 +402,21 @@ def test_domains_need_domain_batchnorm(domains_data, batchnorm):
     clf.predict(X[:1])  # no domain: the former prediction
 
 
-@pytest.mark.parametrize("param, value", [("domain_prior_weight", 0), ("domain_prior_weight", -1.0),
+@pytest.mark.parametrize("param, value", [("prior_weight", 0), ("prior_weight", -1.0),
                                           # a memory of one trial would re-centre each trial by itself
-                                          ("domain_memory", 1), ("domain_memory", 1.99), ("domain_memory", 0)])
+                                          ("memory", 1), ("memory", 1.99), ("memory", 0)])
 @pytest.mark.parametrize("make", [lambda **p: SPDnetClassifier(batchnorm="domain", **p, **NET), Recenter])
 def test_domain_parameters_out_of_range_are_refused(domains_data, param, value, make):
     X, y, _ = domains_data
-    with pytest.raises(ValueError, match=param):
-        make(**{param: value}).fit(X, y)
+    with pytest.raises(ValueError, match=f"'{param}' parameter of DomainAdaptation"):
+        make(domain_adaptation=DomainAdaptation(**{param: value})).fit(X, y)
 
 
 @pytest.mark.parametrize("name", ESTIMATORS)
 def test_memory_set_after_fit_is_checked_before_anything_changes(fitted, domains_data, name):
     X, _, groups = domains_data
-    est = _copy(fitted[name]).set_params(domain_memory=1)
-    with pytest.raises(ValueError, match=r"'domain_memory' parameter of .* must be a float in the range \[2.0, inf\)"):
+    est = _copy(fitted[name]).set_params(domain_adaptation=DomainAdaptation(memory=1))
+    with pytest.raises(ValueError, match=r"'memory' parameter of DomainAdaptation must be a float in the range \[2.0, inf\)"):
         _output(est, X[groups == 4][:3], domain="a")
     assert est.domains_ == {}
 
@@ -429,7 +430,7 @@ def test_memory_follows_a_drifting_domain(fitted, domains_data, name):
     own = _copy(fitted[name]).adapt(second, domain="b").domain_statistics_.domains["b"][0].mean.numpy()
     distance = {}
     for memory in (None, 5):
-        est = _copy(fitted[name]).set_params(domain_memory=memory).adapt(first, domain="a").adapt(second, domain="a")
+        est = _copy(fitted[name]).set_params(domain_adaptation=DomainAdaptation(memory=memory)).adapt(first, domain="a").adapt(second, domain="a")
         distance[memory] = distance_riemann(est.domain_statistics_.domains["a"][0].mean.numpy(), own)
     assert distance[5] < 0.5 * distance[None]
 
@@ -439,14 +440,14 @@ def test_memory_none_and_a_memory_never_reached_are_identical(fitted, domains_da
     X, _, groups = domains_data
     x = X[groups == 4][:12]
     a = _output(_copy(fitted[name]), x, domain="a")
-    b = _output(_copy(fitted[name]).set_params(domain_memory=50), x, domain="a")
+    b = _output(_copy(fitted[name]).set_params(domain_adaptation=DomainAdaptation(memory=50)), x, domain="a")
     np.testing.assert_array_equal(a, b)
 
 
 def test_prior_weight_sets_the_geodesic_step(fitted, domains_data):
     """With weight w0 the first trial moves the mean 1/(w0+1) of the way to itself."""
     X, _, groups = domains_data
-    rc = _copy(fitted["recenter"]).set_params(domain_prior_weight=3.0)
+    rc = _copy(fitted["recenter"]).set_params(domain_adaptation=DomainAdaptation(prior_weight=3.0))
     x = X[groups == 4][:1]
     rc.adapt(x, domain="a")
     np.testing.assert_allclose(rc.domain_statistics_.domains["a"][0].mean.numpy(),
@@ -627,8 +628,8 @@ def test_federated_model_has_the_centralized_prior_and_adapts(domains_data, tmp_
 @pytest.mark.parametrize("name", ["spdnet", "recenter"])
 def test_a_prior_weight_set_after_fit_is_checked_when_a_domain_starts(fitted, domains_data, name):
     X, _, _ = domains_data
-    est = _copy(fitted[name]).set_params(domain_prior_weight=0.0)
-    with pytest.raises(ValueError, match=r"'domain_prior_weight' parameter of .* in the range \(0.0, inf\)\. Got 0.0"):
+    est = _copy(fitted[name]).set_params(domain_adaptation=DomainAdaptation(prior_weight=0.0))
+    with pytest.raises(ValueError, match=r"'prior_weight' parameter of DomainAdaptation .* in the range \(0.0, inf\)\. Got 0.0"):
         _output(est, X[:2], "a")
     assert est.domains_ == {}
 

@@ -15,6 +15,7 @@ pytest.importorskip("dp_accounting")
 from conftest import make_eeg_timeseries, make_spd_dataset  # noqa: E402
 from skfedspd import EEGNetClassifier, FederatedSPDnetClassifier, SPDnetClassifier  # noqa: E402
 from skfedspd.messages import TrainReply  # noqa: E402
+from skfedspd.online import DomainAdaptation  # noqa: E402
 from skfedspd.persistence import load_estimator, save_estimator  # noqa: E402
 from skfedspd.privacy import DPSGD  # noqa: E402
 from skfedspd.stiefel import orthonormality_error  # noqa: E402
@@ -305,7 +306,7 @@ def test_a_dp_domain_model_re_centres_a_new_subject_by_its_own_trials(subjects_d
     X, y, groups = subjects_data
     fed = _domain_fed(public_domain_model).fit(X[groups < 6], y[groups < 6], groups=groups[groups < 6])
     new = groups == 7
-    fed.global_estimator_.set_params(domain_prior_weight=1e-12)  # the subject's own trials alone
+    fed.global_estimator_.set_params(domain_adaptation=DomainAdaptation(prior_weight=1e-12))  # the subject's own trials alone
     whole = fed.predict_proba(X[new])  # the whole recording: one domain, its own means
     shifted = fed.predict_proba(1e3 * X[new])  # a whole-subject scale: re-centring removes it
     np.testing.assert_allclose(whole, shifted, atol=1e-6)

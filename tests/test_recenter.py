@@ -282,8 +282,7 @@ def test_bad_inputs(spd_dataset):
 def test_clone_and_pickle(spd_domains):
     X, _, groups = spd_domains(n_groups=2)
     rc = Recenter().fit(X, groups=groups)
-    assert clone(rc).get_params() == {"domain_prior_weight": 1.0, "domain_memory": None, "domain_include_self": False,
-                                       "max_domains": None}
+    assert clone(rc).get_params() == {"domain_adaptation": None}
     assert not hasattr(clone(rc), "n_features_in_")
     restored = pickle.loads(pickle.dumps(rc))
     np.testing.assert_array_equal(restored.transform(X, groups=groups), rc.transform(X, groups=groups))

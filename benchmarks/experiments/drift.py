@@ -13,7 +13,7 @@ the package's running mean) of a chosen set of that subject's trials, then class
 If the first 10 lose against the whole subject while 10 trials from the scored runs do not,
 the loss is the recording's drift, not the number of trials. The report gives the class
 counts of the first 10 trials, which rule out their balance as the cause, and each fold's
-empirical-Bayes prior weight (:func:`empirical_bayes_weight`), the ``domain_prior_weight``
+empirical-Bayes prior weight (:func:`empirical_bayes_weight`), the ``DomainAdaptation.prior_weight``
 that the dispersion of the training subjects argues for.
 """
 

@@ -35,9 +35,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import sklearn
+from sklearn.base import clone
 from sklearn.pipeline import Pipeline
 
 from skfedspd import load_estimator
+from skfedspd.online import adaptation_of
 
 from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
@@ -61,12 +63,12 @@ def add_arguments(parser):
     parser.add_argument("--warmup", type=int, default=max(RECENT),
                         help="trials of each subject left out of every score (at least the largest k recent)")
     parser.add_argument("--prior-weights", type=float, nargs="+", default=None,
-                        help="also score these prior weights (the ablation of domain_prior_weight); each adds rows")
+                        help="also score these prior weights (the ablation of DomainAdaptation's prior_weight); each adds rows")
     parser.add_argument("--memories", type=float, nargs="+", default=None,
-                        help="also score these domain memories (the ablation of domain_memory); each adds rows")
+                        help="also score these domain memories (the ablation of DomainAdaptation's memory); each adds rows")
     parser.add_argument("--include-self", action="store_true",
                         help="also score each trial with statistics that include it (the ablation of "
-                             "domain_include_self); adds rows")
+                             "DomainAdaptation(include_self=True)); adds rows")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=Path("results/online"))
     parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
@@ -82,15 +84,16 @@ def adaptive_step(model):
 
 @contextmanager
 def domain_params(model, **params):
-    """Set the domain parameters ``params`` (``domain_prior_weight``, ``domain_memory``) of
-    the fitted model's adaptive step for the block; the former values come back after it."""
+    """Set the fields ``params`` (``prior_weight``, ``memory``, ``include_self``) of the
+    domain adaptation of the fitted model's adaptive step for the block; the former settings
+    come back after it."""
     step = adaptive_step(model)
-    former = {name: step.get_params()[name] for name in params}
-    step.set_params(**params)
+    former = step.domain_adaptation
+    step.set_params(domain_adaptation=clone(adaptation_of(step)).set_params(**params))
     try:
         yield model
     finally:
-        step.set_params(**former)
+        step.set_params(domain_adaptation=former)
 
 
 def conditions(name, model, X, warmup):
@@ -104,7 +107,7 @@ def conditions(name, model, X, warmup):
     step = adaptive_step(model)
     with sklearn.config_context(enable_metadata_routing=True):
         step.reset_domain()
-        with domain_params(model, domain_prior_weight=FROZEN, domain_memory=None):
+        with domain_params(model, prior_weight=FROZEN, memory=None):
             proba["none"] = model.predict_proba(X[rest], domain=[f"none-{j}" for j in rest])[:, 1]
         for k in SEEN:
             labels = [f"{k}-{j}" for j in rest]
@@ -159,9 +162,9 @@ def run(args):
         for name in REFITTED:
             models[name] = fit(PIPELINES[name](args.seed), X[train], y[train], groups[train])
         variants = {name: (model, {}) for name, model in models.items()}
-        ablations = [(f"prior weight {v:g}", {"domain_prior_weight": v}) for v in args.prior_weights or []]
-        ablations += [(f"memory {v:g}", {"domain_memory": v}) for v in args.memories or []]
-        ablations += [("itself included", {"domain_include_self": True})] if args.include_self else []
+        ablations = [(f"prior weight {v:g}", {"prior_weight": v}) for v in args.prior_weights or []]
+        ablations += [(f"memory {v:g}", {"memory": v}) for v in args.memories or []]
+        ablations += [("itself included", {"include_self": True})] if args.include_self else []
         for label, params in ablations:
             variants.update({f"{name} ({label})": (models[name], params) for name in MODELS + ["Recenter+TS+LR"]})
         for subject in pd.unique(groups[test]):
