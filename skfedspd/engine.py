@@ -34,9 +34,9 @@ import numpy as np
 
 from .aggregation import RobustAggregation, client_distances, client_weights, get_aggregation, rule_name
 from .messages import EvalReply, TrainReply
-from .server_optimizer import is_identity_step, server_step
+from .server_optimizer import ServerMomentum, is_identity_step, server_step
 from .stiefel import orthonormality_error, orthonormality_problem, stiefel_tolerance
-from .training import PlateauSchedule, derive_seed
+from .training import RoundSchedule, derive_seed
 from .validation import is_count, is_positive
 
 __all__ = [
@@ -396,10 +396,12 @@ class FederatedEngine:
         The run's seed (client sampling, local-training seeds).
     lr : float
         Initial learning rate of the clients' optimizers.
-    clients_per_round, aggregation, weighting, on_client_error, max_update_norm, server_lr, server_momentum
+    clients_per_round, aggregation, weighting, on_client_error, max_update_norm
         As for :class:`~skfedspd.FederatedSPDnetClassifier`.
-    patience, lr_patience, lr_factor
-        The plateau schedule, in rounds.
+    schedule : RoundSchedule or None
+        The plateau schedule, in rounds (None: ``RoundSchedule()``), as the estimator's.
+    server_optimizer : ServerMomentum or None
+        The server's step (None: the aggregate is the model), as the estimator's.
     input_statistic : float or None
         The pooled input statistic the clients were set up with (kept for resuming).
 
@@ -460,9 +462,8 @@ class FederatedEngine:
     """
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
-                 aggregation="projavg", weighting="n_samples", patience=None, lr_patience=20, lr_factor=0.5,
-                 on_client_error="raise", max_update_norm=1e3, input_statistic=None, server_lr=1.0,
-                 server_momentum=0.0, train_weights=None):
+                 aggregation="projavg", weighting="n_samples", schedule=None, on_client_error="raise",
+                 max_update_norm=1e3, input_statistic=None, server_optimizer=None, train_weights=None):
         self.kinds = dict(kinds)
         self.template = {n: (tuple(np.shape(initial_params[n])), np.asarray(initial_params[n]).dtype)
                          for n in self.kinds}
@@ -487,12 +488,13 @@ class FederatedEngine:
         self.on_client_error = on_client_error
         self.max_update_norm = max_update_norm
         self.input_statistic = input_statistic
-        if not (server_lr > 0 and 0 <= server_momentum < 1):
-            raise ValueError(f"server_lr must be > 0 and server_momentum in [0, 1), got {server_lr!r}, "
-                             f"{server_momentum!r}")
-        self.server_lr, self.server_momentum = float(server_lr), float(server_momentum)
+        server_optimizer = server_optimizer if server_optimizer is not None else ServerMomentum(momentum=0.0)
+        server_optimizer.check_params()  # an engine built by hand gets the estimator's check
+        self.server_lr, self.server_momentum = float(server_optimizer.lr), float(server_optimizer.momentum)
         self.server_momentum_buffer = {}
-        self.schedule = PlateauSchedule(lr, patience=patience, lr_patience=lr_patience, lr_factor=lr_factor)
+        schedule = schedule if schedule is not None else RoundSchedule()
+        schedule.check_params()
+        self.schedule = schedule.plateau(lr, monitor="f1")  # the best round: the highest validation macro-F1
         self.global_params = {n: np.array(initial_params[n], copy=True) for n in self.kinds}
         self.schedule.best_state = copy.deepcopy(self.global_params)
         self.local_states = {}

@@ -32,8 +32,7 @@ from .backends import resolve_backend
 from .classifier import SPDnetClassifier
 from .client import Site
 from .engine import FederatedEngine, declared_weights, is_positive_weight
-from .server_optimizer import ServerMomentum
-from .training import RoundSchedule, draw_seed
+from .training import draw_seed
 from .validation import is_count, training_weights, uses_validation
 
 __all__ = [
@@ -336,16 +335,13 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
     >>> engine.n_clients, engine.n_select
     (2, 1)
     """
-    schedule = fed.schedule if fed.schedule is not None else RoundSchedule()  # counted in rounds
-    optimizer = fed.server_optimizer if fed.server_optimizer is not None else ServerMomentum(momentum=0.0)
     traits = est.federation_traits()
     engine = FederatedEngine(est.get_parameters(), est.parameter_kinds(), n_train=n_train, n_val=n_val,
                              train_weights=train_weights, seed=seed, lr=traits.lr,
                              clients_per_round=fed.clients_per_round, aggregation=fed.aggregation,
-                             weighting=fed.weighting, patience=schedule.patience, lr_patience=schedule.lr_patience,
-                             lr_factor=schedule.lr_factor, on_client_error=fed.on_client_error,
+                             weighting=fed.weighting, schedule=fed.schedule, on_client_error=fed.on_client_error,
                              max_update_norm=fed.max_update_norm, input_statistic=input_statistic,
-                             server_lr=optimizer.lr, server_momentum=optimizer.momentum)
+                             server_optimizer=fed.server_optimizer)
     if fed.privacy is not None:
         privacy = fed.privacy
         release = None

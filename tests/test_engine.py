@@ -22,7 +22,7 @@ from skfedspd.engine import (
 )
 from skfedspd.messages import EvalReply, TrainReply
 from skfedspd.stiefel import random_stiefel
-from skfedspd.training import derive_seed
+from skfedspd.training import RoundSchedule, derive_seed
 
 KINDS = {"W": "stiefel", "b": "euclidean", "bn": "local"}
 
@@ -361,7 +361,7 @@ def test_n_selected_rejects(m):
 
 
 def test_schedule_in_rounds_and_early_stopping():
-    engine = _engine(patience=2, lr_patience=0, lr_factor=0.5)
+    engine = _engine(schedule=RoundSchedule(patience=2, lr_patience=0, lr_factor=0.5))
     scores = [0.5, 0.4, 0.4]
     for t, f1 in enumerate(scores):
         record = engine.aggregate(t, [0, 1, 2], [_honest(engine, c) for c in range(3)])
@@ -415,11 +415,11 @@ def test_load_state_dict_rejects_a_state_of_another_model(tamper, message):
 def test_loaded_state_keeps_this_engines_schedule_configuration():
     """A warm start after set_params(patience=..., lr_patience=...) continues the progress
     (learning rate, counters, best model) under the new configuration."""
-    engine = _engine(patience=None, lr_patience=0, lr_factor=0.5)
+    engine = _engine(schedule=RoundSchedule(patience=None, lr_patience=0, lr_factor=0.5))
     for t, f1 in enumerate([0.5, 0.4]):
         record = engine.aggregate(t, [0, 1, 2], [_honest(engine, c) for c in range(3)])
         engine.finish_round(record, [EvalReply(0.5, f1, 2), EvalReply(0.5, f1, 3)])
-    restored = _engine(patience=1, lr_patience=7, lr_factor=0.25)
+    restored = _engine(schedule=RoundSchedule(patience=1, lr_patience=7, lr_factor=0.25))
     restored.load_state_dict(*engine.state_dict())
     assert (restored.schedule.patience, restored.schedule.lr_patience, restored.schedule.lr_factor) == (1, 7, 0.25)
     assert restored.lr == engine.lr == 0.05 and restored.best_round == 0 and restored.should_stop

@@ -29,6 +29,7 @@ from skfedspd.validation import TRAINING_SCALE_SPREAD
 from skfedspd.engine import AGGREGATE_NORM_FACTOR, FederatedEngine
 from skfedspd.messages import TrainReply
 from skfedspd.online import PRIOR_LOG_BOUND
+from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.stiefel import random_stiefel
 from test_hostile_input import _assert_unchanged, _state
 
@@ -249,7 +250,7 @@ def test_a_secure_sum_whose_mean_moved_too_far_is_refused():
 
 
 def test_a_server_step_that_overflows_is_refused():
-    engine = _engine(server_lr=1e308)
+    engine = _engine(server_optimizer=ServerMomentum(lr=1e308, momentum=0.0))
     before = _engine_state(engine)
     with pytest.raises(ValueError, match=r"server_lr=1e\+308, .* gave an invalid global model: the server step's "
                                          r"arrays\['b'\] has 3 non-finite"):

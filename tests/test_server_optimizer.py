@@ -85,7 +85,7 @@ def test_geometry_along_a_run(lr, beta):
     """Orthonormal global weights to float precision, momentum tangent at the new weight,
     Euclidean arrays exactly FedAvgM, local arrays never stepped."""
     rng = np.random.default_rng(2)
-    engine = _engine(_model(rng), server_lr=lr, server_momentum=beta)
+    engine = _engine(_model(rng), server_optimizer=ServerMomentum(lr=lr, momentum=beta))
     for _ in range(15):
         b_prev = engine.global_params["b"].copy()
         _run(engine, 1, rng)
@@ -123,7 +123,7 @@ def test_server_step_is_a_function_of_the_masked_sum(rule, from_sum):
     zero; the rule from that sum, then the server step from the server's own state, gives
     the engine's global model (to the rounding of the masks)."""
     rng = np.random.default_rng(4)
-    engine = _engine(_model(rng), aggregation=rule, server_lr=1.0, server_momentum=0.9)
+    engine = _engine(_model(rng), aggregation=rule, server_optimizer=ServerMomentum(lr=1.0, momentum=0.9))
     _run(engine, 3, rng)  # a non-zero momentum
     previous = {n: v.copy() for n, v in engine.global_params.items() if KINDS[n] != "local"}
     momentum = {n: v.copy() for n, v in engine.server_momentum_buffer.items()}
@@ -147,12 +147,12 @@ def test_server_step_is_a_function_of_the_masked_sum(rule, from_sum):
 def test_engine_state_round_trip_resumes_bit_identically():
     rng = np.random.default_rng(5)
     start = _model(rng)
-    straight = _run(_engine(start, server_momentum=0.9), 5, np.random.default_rng(6))
+    straight = _run(_engine(start, server_optimizer=ServerMomentum(momentum=0.9)), 5, np.random.default_rng(6))
     rng_b = np.random.default_rng(6)
-    first = _run(_engine(start, server_momentum=0.9), 2, rng_b)
+    first = _run(_engine(start, server_optimizer=ServerMomentum(momentum=0.9)), 2, rng_b)
     arrays, meta = first.state_dict()
     assert {"momentum/W", "momentum/b"} <= set(arrays)
-    resumed = _engine(start, server_momentum=0.9)
+    resumed = _engine(start, server_optimizer=ServerMomentum(momentum=0.9))
     resumed.load_state_dict(arrays, meta)
     _run(resumed, 3, rng_b)
     for name in ("W", "b"):
@@ -162,7 +162,7 @@ def test_engine_state_round_trip_resumes_bit_identically():
 
 def test_engine_state_rejects_bad_momentum():
     rng = np.random.default_rng(7)
-    engine = _run(_engine(_model(rng), server_momentum=0.5), 1, rng)
+    engine = _run(_engine(_model(rng), server_optimizer=ServerMomentum(momentum=0.5)), 1, rng)
     arrays, meta = engine.state_dict()
     with pytest.raises(ValueError, match="momentum arrays"):
         engine.load_state_dict(dict(arrays, **{"momentum/W": np.zeros((2, 2))}), meta)
