@@ -11,6 +11,10 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   domain batch norm per band, their tangent vectors concatenated into one linear head),
   against the same model on the 8-32 Hz band alone, and that model with the dispersion of
   each domain normalized as well (SPDDSMBN's scalar variance, learned target);
+- the recommended federation (``SPDnetClassifier(batchnorm="domain")`` on the paper's clients
+  of 2 subjects, server momentum, a fresh client Adam every round; each test subject
+  predicted in its own call), with each client's data one domain (the default) or each
+  subject its own, at 150 and 300 rounds: what it loses to its centralized counterpart;
 - the learning curve: TS+LR and the shipped learner on 25 % and 50 % of each training
   subject's trials (a stratified subsample per seed), the same test trials.
 
@@ -42,12 +46,14 @@ from skfedspd.datasets import sample_covariance
 from skfedspd.federated_module import FederatedModule
 from skfedspd.functional import expm_sym, logeig, sqrtm_invsqrtm
 from skfedspd.nn import SPDNet
+from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads, train_epochs
 
 from ..records.store import write_record
 from . import report
 from .console import console_and_log, logged_command, warnings_to_file
-from .table_one_protocols import QUICK_SUBJECTS, load_offline_physionet
+from .table_one_cells import SERVER_MOMENTUM
+from .table_one_protocols import QUICK_SUBJECTS, load_offline_physionet, recommended_federated
 from .table_one_report import SEED_METRICS
 from .learner_ablation import add_row_arguments, summary
 from .table_one_runner import client_split
@@ -64,6 +70,9 @@ ROWS = {
     "study model, 8-32 Hz": ("study", {"bands": BROAD}),
     "study model, 4 sub-bands, one BiMap each": ("study", {"bands": SUB_BANDS}),
     "study model, 8-32 Hz, dispersion normalized": ("study", {"bands": BROAD, "dispersion": True}),
+    "FedSPDnet + domain BN + server momentum": ("federated", {"domains": "client", "rounds": 150}),
+    "FedSPDnet + domain BN + server momentum, subject domains": ("federated", {"domains": "group", "rounds": 150}),
+    "FedSPDnet + domain BN + server momentum, 300 rounds": ("federated", {"domains": "client", "rounds": 300}),
     "TS+LR, 50 % of the training trials": ("ts-lr", {"fraction": 0.5}),
     "SPDnetClassifier(), 50 % of the training trials": ("spdnet", {"fraction": 0.5}),
     "TS+LR, 25 % of the training trials": ("ts-lr", {"fraction": 0.25}),
@@ -204,6 +213,11 @@ def fit_row(name, data, seed):
         with torch.no_grad():
             proba = per_subject(lambda Xs: torch.softmax(net(DomainBatch(torch.as_tensor(Xs), np.zeros(len(Xs)))), 1)
                                 .numpy(), X[test], subjects[test])
+    elif model == "federated":  # the recommended federation on the paper's clients of 2 subjects
+        fed = recommended_federated(1.0, settings["rounds"], seed, {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)})
+        fed.set_params(domains=settings["domains"]).fit(covariances[train], y[train], groups=subjects[train])
+        proba = per_subject(fed.predict_proba, covariances[test], subjects[test])
+        extra = {"rounds_run": len(fed.history_), "best_round": int(fed.best_round_)}
     else:
         proba = 0.0
         if model in ("ts-lr", "ensemble"):
@@ -212,7 +226,7 @@ def fit_row(name, data, seed):
             clf = SPDnetClassifier(random_state=seed).fit(covariances[train], y[train], groups=subjects[train])
             proba = proba + per_subject(clf.predict_proba, covariances[test], subjects[test])
     pred = np.argmax(proba, 1)
-    return {"seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
+    return {**(extra if model == "federated" else {}), "seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
             "accuracy": float(accuracy_score(y[test], pred)), "n_train": int(len(train)),
             "fit_seconds": time.perf_counter() - start, "config": {"row": name, **settings}}
 
@@ -270,6 +284,8 @@ def run(args):
             facts={"seeds": args.seeds, "subjects": list(QUICK_SUBJECTS), "dataset": protocol.name,
                    "bands_hz": [list(b) for b in SUB_BANDS], "runs_cached_at_start": len(cached),
                    "training_trials": {name: sorted({r["n_train"] for r in runs}) for name, runs in results.items()},
+                   "best_round_by_seed": {name: {r["seed"]: r["best_round"] for r in runs}
+                                          for name, runs in results.items() if ROWS[name][0] == "federated"},
                    "fit_minutes": round(sum(r["fit_seconds"] for rs in results.values() for r in rs) / 60, 1)})
         log.info("\n" + summary(results, command, elapsed) + f"\n\nRecord: {path}")
     return 0
