@@ -29,7 +29,7 @@ from sklearn.pipeline import make_pipeline
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 from skfedspd.clients import ClientPartition
 from skfedspd.datasets import find_physionet_root, load_physionet_mi
-from skfedspd.training import EpochSchedule
+from skfedspd.training import RoundSchedule
 
 if find_physionet_root() is None:
     print("PhysioNet EEG data not found (set SKFEDSPD_DATA to the folder holding "
@@ -61,11 +61,11 @@ test = ~train
 # client 3-4 validation trials, too few for the best-round choice to mean anything. The
 # budget is short for a documentation build; the paper's protocol (150 rounds, 16 subjects,
 # converged) is run by ``make experiment-full``, results in :doc:`/benchmarks/tableone`.
-local_model = SPDnetClassifier(hidden_dims=(8,), lr=5e-3, schedule=EpochSchedule(patience=40, lr_patience=15))
+local_model = SPDnetClassifier(hidden_dims=(8,), lr=5e-3)
 models = {
     "FedSPDnet (ProjAvg, 4 clients)": FederatedSPDnetClassifier(
         local_model, aggregation="projavg", n_rounds=50, local_epochs=2, clients=ClientPartition(groups_per_client=2),
-        validation_fraction=0.2, random_state=0),
+        schedule=RoundSchedule(patience=40, lr_patience=15), validation_fraction=0.2, random_state=0),
     "SPDnet (centralized)": SPDnetClassifier(hidden_dims=(8,), lr=1e-2, max_epochs=50, random_state=0),
     "TS + LR (centralized)": make_pipeline(TangentSpace(), LogisticRegression(max_iter=1000)),
 }
