@@ -10,7 +10,6 @@ run and the Flower wing read them without the core importing the wing.
 import os
 from importlib.metadata import entry_points
 
-
 from .training import Settings
 from .validation import Count
 

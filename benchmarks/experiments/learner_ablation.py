@@ -24,9 +24,9 @@ from .._machine import machine_line
 from ..records.paired import paired_difference, t_critical
 from ..records.store import write_record
 from . import report
-from .console import console_and_log, logged_command
+from .console import console_and_log
 from .table_one_cells import Cell
-from .table_one_protocols import PROFILES, load_offline_physionet
+from .table_one_protocols import PROFILES, logged_offline_study
 from .table_one_report import SEED_METRICS, seed_scores
 from .table_one_runner import record_path, run_table
 
@@ -65,8 +65,7 @@ def add_arguments(parser):
 def run(args):
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
-        command = logged_command(log, log_file)
-        loaded = load_offline_physionet(log.info)
+        command, loaded = logged_offline_study(log, log_file)
         if loaded is None:
             return 1
         protocol, X_raw, covariances, y, subjects = loaded

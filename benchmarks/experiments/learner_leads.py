@@ -51,9 +51,9 @@ from skfedspd.training import torch_threads, train_epochs
 
 from ..records.store import write_record
 from . import report
-from .console import console_and_log, logged_command, warnings_to_file
+from .console import console_and_log, warnings_to_file
 from .table_one_cells import SERVER_MOMENTUM
-from .table_one_protocols import QUICK_SUBJECTS, load_offline_physionet, recommended_federated
+from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommended_federated
 from .table_one_report import SEED_METRICS
 from .learner_ablation import add_row_arguments, summary
 from .table_one_runner import client_split
@@ -256,8 +256,7 @@ def cached_fit(name, data, seed, out, log_file):
 def run(args):
     log_file = args.out / "leads.log"
     with console_and_log(log_file):
-        command = logged_command(log, log_file)
-        loaded = load_offline_physionet(log.info)
+        command, loaded = logged_offline_study(log, log_file)
         if loaded is None:
             return 1
         protocol, X_raw, covariances, y, subjects = loaded

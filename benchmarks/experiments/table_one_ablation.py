@@ -38,9 +38,9 @@ from pathlib import Path
 import numpy as np
 
 from .._machine import machine_line
-from .console import console_and_log, logged_command
+from .console import console_and_log
 from .table_one_cells import Cell
-from .table_one_protocols import PROFILES, load_offline_physionet
+from .table_one_protocols import PROFILES, logged_offline_study
 from . import report
 from ..records.store import write_record
 from .table_one_report import SEED_METRICS, fmt, seed_scores
@@ -89,8 +89,7 @@ def add_arguments(parser):
 def run(args):
     log_file = args.out / "ablation.log"
     with console_and_log(log_file):
-        command = logged_command(log, log_file)
-        loaded = load_offline_physionet(log.info)
+        command, loaded = logged_offline_study(log, log_file)
         if loaded is None:
             return 1
         protocol, X_raw, covariances, y, subjects = loaded

@@ -18,6 +18,7 @@ from skfedspd.training import EpochSchedule, RoundSchedule
 from skfedspd.datasets import PHYSIONET_OFFLINE_SUBJECTS, sample_covariance
 
 from . import data
+from .console import logged_command
 
 LOCAL_EPOCHS = 2  # E of the paper; centralized models get rounds x E epochs
 TEST_FRACTION = 0.15
@@ -198,6 +199,13 @@ def load_offline_physionet(say=print):
     protocol = PROTOCOLS["PhysionetMI"]
     X_raw, y, subjects = protocol.load()
     return protocol, X_raw, sample_covariance(X_raw), y, subjects
+
+
+def logged_offline_study(log, log_file):
+    """``(command, loaded)``: this run's command line, logged first
+    (:func:`.console.logged_command`), and :func:`load_offline_physionet`'s data (None where
+    the EEG files are absent; ``log`` says why)."""
+    return logged_command(log, log_file), load_offline_physionet(log.info)
 
 
 def spdnet(protocol, seed, epochs, verbose=False):
