@@ -71,100 +71,66 @@ def auto_hidden_dim(n_channels):
 class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     """SPDnet classifier for SPD matrices (e.g. EEG covariance matrices).
 
-    BiRe blocks (BiMap with a Stiefel weight, then ReEig), LogEig, vech and a linear softmax
-    head, trained with Adam on the cross-entropy loss. Why the defaults:
-    ``docs/design-decisions.md``.
+    BiRe blocks (BiMap with a Stiefel weight, then ReEig), LogEig, vech and a softmax head,
+    trained with Adam (``docs/guide/model.md``; the defaults: ``docs/design-decisions.md``).
 
     Parameters
     ----------
     hidden_dims : "auto", int or tuple of int, default="auto"
-        Output size of each BiMap (one BiRe block per entry), not increasing from the number
-        of channels. ``"auto"``: one block of :func:`auto_hidden_dim` channels.
+        Output size of each BiMap; ``"auto"``: one block of :func:`auto_hidden_dim`.
     eps : float, default=1e-2
-        ReEig threshold (applied after input scaling).
+        ReEig threshold (after input scaling).
     scaling : {"auto", "trace"}, float or None, default="auto"
-        Input scaling. ``"auto"``: one scalar fitted on the training data (the inverse
-        geometric mean of ``trace(X)/n``); ``"trace"``: each matrix divided by its own
-        ``trace/n``; a float: that constant; None: no scaling.
+        ``"auto"``: one scalar fitted on the training data; ``"trace"``: each matrix by its
+        own ``trace/n``; a float: that constant; None: none.
     lr : float, default=1e-2
-        Initial Adam learning rate, also of every ``partial_fit`` epoch and of federated clients.
+        Initial Adam learning rate.
     batch_size : int, default=64
     max_epochs : int, default=300
     validation_fraction : float, default=0.1
-        Stratified hold-out for early stopping, the LR schedule and the checkpoint (see
-        ``early_stopping``); 0 never splits.
+        Stratified hold-out for early stopping, the schedule and the checkpoint.
     early_stopping : "auto" or bool, default="auto"
-        Whether ``fit`` holds out ``validation_fraction``. "auto": only when that part has at
-        least ``max(50, 2 · n_classes)`` samples (:func:`skfedspd.validation.uses_validation`);
-        True: whenever ``validation_fraction > 0``; False: never.
+        Whether ``fit`` holds it out ("auto": :func:`skfedspd.validation.uses_validation`).
     validation_metric : {"loss", "f1"}, default="loss"
-        What the validation part judges: the loss, or the macro-F1 (ties broken by the loss).
     checkpoint : {"auto", "best", "average"}, default="auto"
-        What ``fit`` keeps with a validation part: the best epoch, or the average of the
-        epochs within one standard error of the lowest validation loss (BiMap weights
-        projected back onto the Stiefel manifold). "auto": "average" for
-        ``batchnorm="domain"`` on several domains, "best" otherwise.
+        The best epoch, or the average of the epochs within one standard error of it
+        ("auto": "average" for ``batchnorm="domain"`` on several domains).
     schedule : EpochSchedule or None, default=None
-        The plateau schedule in epochs (:class:`~skfedspd.training.EpochSchedule`);
-        None: ``EpochSchedule()``.
+        The plateau schedule in epochs (:class:`~skfedspd.training.EpochSchedule`).
     recenter_every : int, default=1
         Re-centre the Stiefel charts every this many optimizer steps.
     dtype : {"float64", "float32"}, default="float64"
     device : str, default="cpu"
-        torch device ("cpu", "cuda", "cuda:1"...).
     random_state : int, RandomState instance or None, default=None
-        Seeds initialisation, the validation split and the shuffling.
     verbose : bool, default=False
-        A progress bar per epoch.
     warm_start : bool, default=False
-        When True, ``fit`` continues from the current weights (with a fresh optimizer).
     class_weight : None, "balanced" or dict, default=None
-        Weights of the classes in the loss, multiplied into ``sample_weight``.
     batchnorm : {"auto", None, "spd", "domain"}, default="auto"
-        SPD batch normalization after each BiMap (:class:`skfedspd.nn.SPDNet`). ``"spd"``:
-        Riemannian batch norm (Brooks et al., 2019). ``"domain"``: domain-specific statistics
-        (SPDDSMBN, Kobler et al., 2022): each domain (``groups``) normalized by its own mean;
-        at prediction ``predict(X, domain="s17")`` adapts the domain's running mean with the
-        trials of ``X`` first (:mod:`skfedspd.online`; ``docs/guide/model.md``).
-        ``"auto"``: ``"domain"`` when :meth:`fit` gets ``groups`` or ``subjects``, else None.
+        SPD batch norm after each BiMap: ``"spd"`` (Brooks et al., 2019) or ``"domain"``
+        (SPDDSMBN, Kobler et al., 2022; prediction adapts each ``domain``'s statistics,
+        :mod:`skfedspd.online`). ``"auto"``: ``"domain"`` when ``fit`` gets ``groups``.
     domain_adaptation : DomainAdaptation or None, default=None
-        How each domain's statistics adapt at prediction
-        (:class:`~skfedspd.online.DomainAdaptation`); None: its defaults.
+        How domain statistics adapt at prediction (:class:`~skfedspd.online.DomainAdaptation`).
     trainable : {"all", "head"}, default="all"
-        Which weights training updates; ``"head"``: only the softmax head (warns on a new
-        model, :data:`HEAD_ON_RANDOM_WARNING`).
+        Which weights training updates.
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
     n_features_in_ : int
-        Number of channels (matrix size).
     input_range_ : dict
-        The training matrices' range of :func:`~skfedspd.validation.spectral_summary`
-        statistics; matrices beyond it by more than
-        :data:`~skfedspd.validation.INPUT_RANGE_MARGIN` are refused at prediction.
+        The training matrices' :func:`~skfedspd.validation.spectral_summary` range.
     batchnorm_ : {None, "spd", "domain"}
-        The batch normalization the network has (``"auto"`` resolved).
     scale_ : float or None
-        Input scaling factor fitted with ``scaling="auto"`` (1.0 for a float/None scaling).
     fitted_params_ : dict
-        The parameters the network was built with, checked before the model is used.
     module_ : SPDNet
-        The trained torch module.
     history_ : list of dict
-        One record per epoch: ``train_loss``, ``val_loss``, ``val_loss_se``, ``val_f1``,
-        ``lr``, ``skipped_batches``.
+        One record per epoch.
     best_epoch_ : int
-        Index in ``history_`` of the best epoch (the last one without a validation part).
     averaged_epochs_ : list of int
-        Indices in ``history_`` of the epochs whose weights were kept.
     validation_used_ : bool
-        Whether the last ``fit`` held out a validation part.
     n_iter_ : int
-        Epochs run on this model (``n_epochs_``: a deprecated alias).
     domain_statistics_ : skfedspd.online.DomainStatistics or None
-        ``batchnorm="domain"``: the prior and the stored domains' running means, read
-        through ``domains_`` and ``domain_prior_``.
 
     Examples
     --------

@@ -207,99 +207,68 @@ def set_result(fed, result):
 
 
 class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
-    """Federated SPDnet (FedSPDnet) with ProjAvg / RLAvg aggregation.
+    """Federated SPDnet (FedSPDnet) with ProjAvg / RLAvg aggregation (``docs/guide/federation.md``).
 
     Parameters
     ----------
     estimator : TorchClassifierBase, default=None
-        The local model and its training parameters (``SPDnetClassifier()`` when None),
-        reachable as ``estimator__lr`` etc. Its epoch-level ``max_epochs``, ``schedule``,
-        ``validation_fraction``, ``warm_start``, ``verbose`` and ``random_state`` are not used.
+        The local model (``SPDnetClassifier()`` when None), reachable as ``estimator__lr``.
     aggregation : {"projavg", "rlavg", "karcher", "geomedian", "trimmedmean", "krum"} or callable, default="projavg"
-        Server rule (:mod:`skfedspd.aggregation`); a robust rule with parameters as an
-        instance, e.g. ``TrimmedMean(trim=0.25)``. A callable's output is checked.
+        Server rule (:mod:`skfedspd.aggregation`), or a rule instance with its parameters.
     n_rounds : int, default=150
     local_epochs : int, default=2
     clients_per_round : int, float or None, default=None
-        None: every client every round. int: that many. float in (0, 1]:
-        ``max(1, floor(fraction * N))``.
+        None: every client; int: that many; float in (0, 1]: that fraction (at least one).
     schedule : RoundSchedule or None, default=None
-        The plateau schedule in rounds (:class:`~skfedspd.training.RoundSchedule`);
-        None: ``RoundSchedule()``.
+        The plateau schedule in rounds (:class:`~skfedspd.training.RoundSchedule`).
     clients : ClientPartition or None, default=None
-        How the samples become clients (:class:`~skfedspd.clients.ClientPartition`);
-        None: ``ClientPartition()``.
+        How the samples become clients (:class:`~skfedspd.clients.ClientPartition`).
     domains : {"client", "group"}, default="client"
-        A training domain (for ``batchnorm="domain"``) is each client's data, or each group
-        of a client. Ignored by local estimators without domains.
+        A training domain (``batchnorm="domain"``) is a client's data, or each of its groups.
     weighting : {"n_samples", "uniform"}, default="n_samples"
-        Client weights in the aggregation (training samples, or sums of ``sample_weight``).
+        Client weights in the aggregation.
     validation_fraction : float, default=0.1
-        Stratified share of each client's data held out for validation, when the local
-        estimator's ``early_stopping`` rule holds one out (:func:`skfedspd.run.held_out_fraction`).
+        Share of each client's data held out when the local ``early_stopping`` rule asks.
     max_update_norm : float or None, default=1000.0
-        A reply whose array moved by more than ``max_update_norm · (1 + ‖θ‖_F)`` is rejected
-        as a failed client. None: no bound.
+        Replies that moved by more than ``max_update_norm · (1 + ‖θ‖_F)`` are rejected.
     server_optimizer : ServerMomentum or None, default=None
-        The server optimizer (:class:`~skfedspd.server_optimizer.ServerMomentum`); None: the
-        aggregate is the new global model. ``fit`` warns when it is paired with
-        ``client_optimizer_state="keep"`` (:meth:`warn_about_settings`).
+        The server optimizer (:class:`~skfedspd.server_optimizer.ServerMomentum`).
     client_optimizer_state : {"keep", "reset"}, default="keep"
-        Whether each client's Adam state carries over between its rounds or restarts every
-        round (the paper). It never leaves the client.
+        Whether each client's Adam state carries over between its rounds.
     random_state : int, RandomState instance or None, default=None
     verbose : bool, default=False
-        A progress bar over rounds.
     on_client_error : {"raise", "skip"}, default="raise"
-        A client whose training raises or whose reply fails the engine's checks: the fit
-        raises, or the client is left out of that round (recorded in ``history_``, warned).
+        A failed client makes the fit raise, or is left out of its round.
     warm_start : bool, default=False
         A second ``fit`` continues for ``n_rounds`` more rounds.
     backend : str, LocalBackend or FlowerBackend, default="local"
-        Where the fit runs (:mod:`skfedspd.backends`). Deployments use
-        :func:`skfedspd.flower.fit_federated`.
+        Where the fit runs (:mod:`skfedspd.backends`).
     init : fitted estimator or None, default=None
-        A fitted local model or ``FederatedSPDnetClassifier`` whose weights and input scaling
-        start the global model. Its classes, features and architecture must match. It is only
-        read; ``clone`` keeps it; a ``warm_start`` continuation ignores it.
+        A fitted model whose weights and input scaling start the global model.
     privacy : DPSGD or None, default=None
-        Sample-level differential privacy (:class:`~skfedspd.privacy.DPSGD`,
-        ``docs/guide/privacy.md``): DP-SGD on every site within ``(epsilon, delta)`` for the
-        whole run. Refuses a validation split, ``batchnorm="spd"`` and ``warm_start``.
+        Sample-level differential privacy (:class:`~skfedspd.privacy.DPSGD`).
     classes : array-like of shape (n_classes,) or None, default=None
-        The label set agreed out of band; None: the union of the sites' labels (each site
-        sends the set it holds).
+        The label set agreed out of band; None: the union of the sites' labels.
 
     Attributes
     ----------
     global_estimator_ : TorchClassifierBase
-        The best global model (highest weighted validation macro-F1 over rounds), fitted.
+        The best global model (highest validation macro-F1 over rounds).
     engine_ : FederatedEngine
-        The run's server state; what ``warm_start`` continues.
+        The run's server state.
     classes_ : ndarray
     n_features_in_ : int
     n_clients_ : int
     client_groups_ : list of tuple
-        Groups of each client (None entries without groups).
     client_source_ : str
-        ``"groups"``, ``"partition:<name>"`` or ``"flower:client-id"``.
     history_ : list of dict
-        One JSON-able record per round (clients, losses, ``val_f1``, ``lr``, failed clients,
-        each client's distance to the aggregate, the robust rules' effective weights).
+        One JSON-able record per round.
     client_trust_ : ndarray of shape (n_clients,)
-        Each site's trust over the fit (:func:`skfedspd.engine.client_trust`); NaN where
-        never aggregated or under secure aggregation.
+        Each site's trust (:func:`skfedspd.engine.client_trust`).
     trust_summary_ : list of dict
-        One per site: ``client``, ``rounds``, ``trust``, ``distance_ratio``, ``flagged``,
-        ``weight``, ``downweighted``, ``failed``, ``agreement``, ``reason``.
     best_round_ : int
     privacy_ : dict or None
-        DP mode: the report of :func:`skfedspd.privacy.plan_dp` with the ε spent per site.
-        None without DP.
-
-    Notes
-    -----
-    The old flat names of :data:`RENAMED` still work, with a ``FutureWarning``, until 0.4.
+        DP mode: the report of :func:`skfedspd.privacy.plan_dp` with the ε spent.
 
     Examples
     --------
@@ -307,10 +276,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
     >>> from skfedspd.datasets import make_spd_classification
     >>> X, y = make_spd_classification(n_matrices=60, n_channels=6, n_classes=2, seed=0)
-    >>> subjects = np.repeat([1, 2, 3, 4], 15)
-    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=4), n_rounds=2, local_epochs=1,
-    ...                                 random_state=0)
-    >>> fed = fed.fit(X, y, groups=subjects)
+    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=4), n_rounds=2, local_epochs=1, random_state=0)
+    >>> fed = fed.fit(X, y, groups=np.repeat([1, 2, 3, 4], 15))
     >>> fed.n_clients_, len(fed.history_), fed.predict_proba(X[:5]).shape
     (4, 2, (5, 2))
     """
