@@ -241,18 +241,8 @@ def distance_ratios(distance):
 
 
 def client_trust(history, n_clients, weighting="n_samples"):
-    """Each site's trust over a fit, and why a site is suspect, from the rounds' records.
-
-    Trust is the inverse of the site's mean :func:`distance_ratios` over the rounds it was
-    aggregated in (NaN: never, or only sums seen); below ``1 / SUSPECT_DISTANCE`` a site is
-    flagged. Why distance over the fit: ``docs/guide/robust-aggregation.md``.
-
-    Parameters
-    ----------
-    history : list of dict
-        The fit's records (``history_``).
-    n_clients : int
-    weighting : {"n_samples", "uniform"}, default="n_samples"
+    """Each site's trust over a fit (the inverse of its mean :func:`distance_ratios`; NaN if never
+    aggregated), and why a site is suspect (``docs/guide/robust-aggregation.md``).
 
     Returns
     -------
@@ -267,8 +257,7 @@ def client_trust(history, n_clients, weighting="n_samples"):
     >>> history = [{"clients": [0, 1, 2], "n_samples": [10, 10, 20], "effective_weights": [0.4, 0.0, 0.6],
     ...             "downweighted_clients": [1], "client_distance": [1.0, 3.0, 1.0],
     ...             "client_agreement": [0.7, -0.5, 0.8], "failed_clients": []}]
-    >>> trust, summary = client_trust(history, 3)
-    >>> trust.round(2).tolist()
+    >>> client_trust(history, 3)[0].round(2).tolist()
     [1.0, 0.33, 1.0]
     """
     ratios = [[] for _ in range(n_clients)]
@@ -334,54 +323,35 @@ class FederatedEngine:
     n_train, n_val : sequence of int
         Training and validation samples of each client declared at set-up.
     train_weights : sequence of (float or None) or None, default=None
-        The sum of each client's training sample weights declared at set-up.
+        Each client's declared sum of training sample weights.
     seed : int
-        The run's seed (client sampling, local-training seeds).
     lr : float
-        Initial learning rate of the clients' optimizers.
-    clients_per_round, aggregation, weighting, on_client_error, max_update_norm
+    clients_per_round, aggregation, weighting, on_client_error, max_update_norm, schedule, server_optimizer
         As for :class:`~skfedspd.FederatedSPDnetClassifier`.
-    schedule : RoundSchedule or None
-        The plateau schedule, in rounds.
-    server_optimizer : ServerMomentum or None
-        The server's step (None: the aggregate is the model).
     input_statistic : float or None
-        The pooled input statistic (kept for resuming).
 
     Attributes
     ----------
     global_params : dict
-        The current global model.
     local_states : dict of int to dict
         Each client's ``"local"`` arrays.
-    client_optimizer_states : dict of int to dict
-        The kept Adam state of each locally simulated client (for checkpoints).
-    server_momentum_buffer : dict
-        The server optimizer's momentum.
     history : list of dict
         One JSON-able record per finished round.
     reference_update : callable or None
-        ``reference_update(global_params, seed, lr) -> params``: the server's own update,
-        for a rule that needs one (:class:`~skfedspd.aggregation.FLTrust`).
+        The server's own update, for a rule that needs one (:class:`~skfedspd.aggregation.FLTrust`).
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.engine import FederatedEngine
     >>> from skfedspd.messages import EvalReply, TrainReply
-    >>> from skfedspd.stiefel import random_stiefel
-    >>> initial = {"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}
-    >>> engine = FederatedEngine(initial, {"W": "stiefel", "b": "euclidean"}, n_train=[30, 10],
-    ...                          n_val=[4, 4], seed=0, lr=0.01)
+    >>> engine = FederatedEngine({"b": np.zeros(2)}, {"b": "euclidean"}, n_train=[30, 10], n_val=[4, 4], seed=0, lr=0.01)
     >>> selected, seeds = engine.select(0)
-    >>> replies = [TrainReply({"W": random_stiefel(4, 2, rng=cid + 1), "b": np.full(2, float(cid))},
-    ...                       loss=0.7, n_skipped=0, n_examples=engine.n_train[cid]) for cid in selected]
+    >>> replies = [TrainReply({"b": np.full(2, float(cid))}, 0.7, 0, engine.n_train[cid]) for cid in selected]
     >>> record = engine.aggregate(0, selected, replies)
-    >>> engine.global_params["b"]  # weighted by the training sizes 30 and 10
-    array([0.25, 0.25])
     >>> record = engine.finish_round(record, [EvalReply(0.6, 0.5, 4), EvalReply(0.8, 1.0, 4)])
-    >>> record["val_f1"], engine.best_round
-    (0.75, 0)
+    >>> engine.global_params["b"], record["val_f1"]
+    (array([0.25, 0.25]), 0.75)
     """
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
