@@ -148,24 +148,18 @@ def _vmap_gradients(module, names, params, X, y):
 
 
 def per_sample_gradients(module, X, y, *, method="auto"):
-    """Gradients of each sample's cross-entropy loss, Riemannian for the Stiefel weights.
+    """Gradients of each sample's cross-entropy loss, Riemannian for the Stiefel weights, as
+    ``({parameter name: (batch, *shape) tensor}, losses)``.
 
     Parameters
     ----------
     module : FederatedModule
-        BiMap charts centred (``V = 0``) and BatchNorm in eval mode (as
-        :func:`dp_train_epochs` sets them).
+        BiMap charts centred and BatchNorm in eval mode (as :func:`dp_train_epochs` sets them).
     X : torch.Tensor of shape (batch, ...)
     y : torch.Tensor of shape (batch,)
     method : {"auto", "vmap", "batched", "loop"}, default="auto"
-        ``torch.func`` vmap, a vmapped backward per chunk (modules with custom autograd
-        Functions, SPDnet), or one pass per sample. "auto": "batched" with a BiMap, else "vmap".
-
-    Returns
-    -------
-    grads : dict of str to torch.Tensor
-        ``{parameter name: tensor of shape (batch, *parameter.shape)}``, trainable parameters.
-    losses : torch.Tensor of shape (batch,)
+        ``torch.func`` vmap, a vmapped backward per chunk, or one pass per sample
+        ("auto": "batched" with a BiMap, else "vmap").
 
     Examples
     --------
@@ -206,20 +200,8 @@ def per_sample_gradients(module, X, y, *, method="auto"):
 
 
 def clip_and_sum(grads, clip_norm):
-    """Clip each sample's gradients jointly to norm ``clip_norm`` and sum over the samples
-    (a non-finite sample contributes zero).
-
-    Parameters
-    ----------
-    grads : dict of str to torch.Tensor
-        Per-sample gradients, each of shape ``(batch, *shape)``.
-    clip_norm : float
-
-    Returns
-    -------
-    summed : dict of str to torch.Tensor
-    norms : torch.Tensor of shape (batch,)
-        The joint norms before clipping.
+    """Clip each sample's gradients jointly to norm ``clip_norm`` and sum over the samples (a
+    non-finite sample contributes zero); returns the sums and the norms before clipping.
 
     Examples
     --------
@@ -244,21 +226,8 @@ def clip_and_sum(grads, clip_norm):
 
 
 def add_gaussian_noise(summed, *, std, charts, generator):
-    """``summed + N(0, std² I)`` per parameter; Stiefel sums projected to the tangent space.
-
-    Parameters
-    ----------
-    summed : dict of str to torch.Tensor
-    std : float
-        Noise standard deviation ``σ·C`` (0: no noise).
-    charts : dict of str to torch.Tensor
-        :func:`stiefel_charts` of the module.
-    generator : torch.Generator
-        A CPU generator (the same draws whatever the device).
-
-    Returns
-    -------
-    dict of str to torch.Tensor
+    """``summed + N(0, std² I)`` per parameter, drawn from the CPU ``generator``; the sums of
+    the ``charts`` (:func:`stiefel_charts`) projected to the tangent space.
 
     Examples
     --------
@@ -327,12 +296,11 @@ def _make_optimizer(optimizer, module, lr):
 def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_multiplier, lr, generator,
                     optimizer="sgd", method="auto"):
     """Train ``module`` by DP-SGD (Riemannian for the Stiefel weights) for ``n_epochs`` epochs
-    of ``steps_per_epoch(sample_rate)`` steps (see the module docstring).
+    of ``steps_per_epoch(sample_rate)`` steps, BatchNorm frozen.
 
     Parameters
     ----------
     module : FederatedModule
-        BatchNorm layers run frozen.
     X : torch.Tensor of shape (n, ...)
     y : torch.Tensor of shape (n,)
     n_epochs : int
@@ -343,17 +311,16 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     noise_multiplier : float
         ``σ ≥ 0`` (noise standard deviation ``σ·C``).
     lr : float or None
-        Learning rate of a fresh ``optimizer``; None with an instance.
+        Learning rate of a fresh ``optimizer``.
     generator : torch.Generator
         A CPU generator: the sampling, the noise and dropout.
     optimizer : {"sgd", "adam"} or torch.optim.Optimizer, default="sgd"
     method : {"auto", "vmap", "batched", "loop"}, default="auto"
-        :func:`per_sample_gradients`'s.
 
     Returns
     -------
     mean_loss : float
-        Mean per-sample training loss (a local diagnostic, not private).
+        Mean training loss (a local diagnostic, not private).
     n_dropped : int
         Samples whose gradient was not finite.
 
@@ -364,9 +331,9 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     >>> from skfedspd.nn import SPDNet
     >>> from skfedspd.dp_sgd import dp_train_epochs
     >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=40, n_channels=4, seed=0))
-    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
-    >>> loss, dropped = dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.25, clip_norm=1.0,
-    ...                                 noise_multiplier=1.1, lr=0.05, generator=torch.Generator().manual_seed(0))
+    >>> loss, dropped = dp_train_epochs(SPDNet(4, (3,), n_classes=3, seed=0), X, y, n_epochs=1, sample_rate=0.25,
+    ...                                 clip_norm=1.0, noise_multiplier=1.1, lr=0.05,
+    ...                                 generator=torch.Generator().manual_seed(0))
     >>> dropped
     0
     """
@@ -439,27 +406,15 @@ def _symmetric_gaussian(n_domains, n, std, generator, dtype):
 
 
 def clipped_domain_sums(D, codes, n_domains, clip):
-    """Each domain's clipped sum ``S_k = Σ_i clip_R(D_i)`` and count ``n_k``.
-
-    Parameters
-    ----------
-    D : torch.Tensor of shape (n, d, d)
-    codes : torch.Tensor of shape (n,)
-    n_domains : int
-    clip : float
-
-    Returns
-    -------
-    sums : torch.Tensor of shape (n_domains, d, d)
-    counts : torch.Tensor of shape (n_domains,)
+    """Each domain's clipped sum ``S_k = Σ_i clip_R(D_i)`` of the deviations ``D`` and its
+    count: ``(sums, counts)``.
 
     Examples
     --------
     >>> import torch
     >>> from skfedspd.dp_sgd import clipped_domain_sums
     >>> D = torch.stack([3 * torch.eye(2), 0.5 * torch.eye(2)]).double()
-    >>> sums, counts = clipped_domain_sums(D, torch.tensor([0, 0]), 1, clip=1.0)
-    >>> counts.tolist()
+    >>> clipped_domain_sums(D, torch.tensor([0, 0]), 1, clip=1.0)[1].tolist()
     [2.0]
     """
     check_positive(clip, "clip")
@@ -469,25 +424,9 @@ def clipped_domain_sums(D, codes, n_domains, clip):
 
 
 def release_domain_means(module, X, *, references, clip, noise_multiplier, generator):
-    """Each domain's mean at every batch-norm layer, released by the Gaussian mechanism on a
-    clipped log-Euclidean mean: ``M^{-1/2}`` per layer and domain.
-
-    Parameters
-    ----------
-    module : SPDNet
-        With ``batchnorm="domain"``.
-    X : DomainBatch
-        The site's training trials and their domain codes.
-    references : sequence of array-like of shape (d_i, d_i)
-        ``L_ref`` per layer: a public log-matrix.
-    clip : float
-        ``R > 0``, in log-Euclidean units.
-    noise_multiplier : float
-    generator : torch.Generator
-
-    Returns
-    -------
-    list of torch.Tensor of shape (n_domains, d_i, d_i)
+    """Each domain's mean at every batch-norm layer of ``module``, released by the Gaussian
+    mechanism on a log-Euclidean mean clipped to ``clip`` around the public ``references``:
+    ``M^{-1/2}`` per layer, of shape ``(n_domains, d_i, d_i)``.
 
     Examples
     --------

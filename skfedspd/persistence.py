@@ -65,19 +65,8 @@ def _to_json(meta, path):
 
 
 def save_bundle(path, arrays, meta, *, kind, fingerprint=None):
-    """Write named arrays and JSON metadata to ``path`` (atomically).
-
-    Parameters
-    ----------
-    path : str or path-like
-    arrays : dict of str to ndarray
-        Numeric or boolean arrays (strings go in ``meta``).
-    meta : dict
-        JSON data (numpy scalars and arrays converted).
-    kind : str
-        What the file holds; :func:`load_bundle` must be asked for the same kind.
-    fingerprint : str or None
-        The configuration the state belongs to.
+    """Write named numeric ``arrays`` and JSON ``meta`` to ``path`` atomically, as a bundle of
+    ``kind`` for the configuration ``fingerprint``.
 
     Examples
     --------
@@ -155,26 +144,9 @@ def _check_digest(path, f, arrays):
 
 
 def load_bundle(path, *, kind, fingerprint=None):
-    """Read a file written by :func:`save_bundle`, checking its header and digest first.
-
-    Parameters
-    ----------
-    path : str or path-like
-    kind : str
-        The kind the file must hold.
-    fingerprint : str or None
-        When given, the file must have been written with this fingerprint.
-
-    Returns
-    -------
-    arrays : dict of str to ndarray
-    meta : dict
-
-    Raises
-    ------
-    FileNotFoundError, IsADirectoryError
-    ValueError
-        Naming ``path`` and the problem (truncated, corrupted, another kind or configuration).
+    """``(arrays, meta)`` of a file written by :func:`save_bundle`, its header and digest checked
+    first: a ValueError naming ``path`` for a truncated or corrupted file, or one of another
+    ``kind`` or ``fingerprint``.
 
     Examples
     --------
@@ -211,21 +183,8 @@ def load_bundle(path, *, kind, fingerprint=None):
 
 
 def save_estimator(estimator, path):
-    """Save an estimator of this package, fitted or not, without pickle.
-
-    The parameters are written as the JSON spec of :mod:`skfedspd.spec` (paths as None), the
-    fitted state as ``estimator.fitted_state()``; only what :func:`load_estimator` would load
-    again is written.
-
-    Parameters
-    ----------
-    estimator : SPDnetClassifier, EEGNetClassifier or FederatedSPDnetClassifier
-    path : str or path-like
-
-    Raises
-    ------
-    ValueError
-        Naming ``path`` and what :func:`load_estimator` would refuse; nothing is written.
+    """Save an estimator of this package, fitted or not, without pickle (its JSON spec and
+    ``fitted_state()``); only what :func:`load_estimator` would load again is written.
 
     Examples
     --------
@@ -283,31 +242,17 @@ def _restore(meta, arrays):
 
 
 def load_estimator(path):
-    """Load an estimator written by :func:`save_estimator`; the whole header is validated
-    before anything is built.
-
-    Parameters
-    ----------
-    path : str or path-like
-
-    Returns
-    -------
-    estimator
-        Predicts bit-identically to the saved one.
-
-    Raises
-    ------
-    FileNotFoundError, IsADirectoryError, ValueError
-        As :func:`load_bundle`, and for an invalid saved state (naming the field).
+    """Load an estimator written by :func:`save_estimator` (predicting bit-identically); the
+    whole file is validated before anything is built (errors as :func:`load_bundle`'s).
 
     Examples
     --------
     >>> import os
     >>> import tempfile
-    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
+    >>> from skfedspd import FederatedSPDnetClassifier, load_estimator, save_estimator
     >>> folder = tempfile.TemporaryDirectory()
     >>> path = os.path.join(folder.name, "config.safetensors")
-    >>> save_estimator(FederatedSPDnetClassifier(SPDnetClassifier(lr=0.05), n_rounds=20), path)
+    >>> save_estimator(FederatedSPDnetClassifier(n_rounds=20), path)
     >>> load_estimator(path).n_rounds
     20
     >>> folder.cleanup()

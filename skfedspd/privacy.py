@@ -94,26 +94,10 @@ def _check_domain(domain):
 
 
 def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rdp", domain=None):
-    """ε of ``steps`` Poisson-subsampled Gaussian mechanisms at ``δ`` (add/remove-one adjacency).
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        ``σ ≥ 0`` (0: ε = inf).
-    delta : float
-        In (0, 1).
-    sample_rate : float
-        Poisson sampling rate ``q`` in (0, 1].
-    steps : int
-        Number of DP-SGD steps (0: ε = 0).
-    accountant : {"rdp", "pld"}, default="rdp"
-    domain : dict or None, default=None
-        A release of domain means composed before the steps:
-        ``{"noise_multiplier": σ_s, "layers": L}``.
-
-    Returns
-    -------
-    float
+    """ε of ``steps`` Poisson-subsampled (rate ``sample_rate``) Gaussian mechanisms of multiplier
+    ``noise_multiplier`` at ``delta`` (add/remove-one adjacency), by the ``"rdp"`` or ``"pld"``
+    accountant; ``domain``: a release of domain means composed before the steps
+    (``{"noise_multiplier": σ_s, "layers": L}``).
 
     Examples
     --------
@@ -186,25 +170,8 @@ def calibrate_release_noise(target_epsilon, delta, *, layers, accountant="rdp", 
 
 
 def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rdp", tol=1e-4, domain=None):
-    """Smallest noise multiplier ``σ`` (within ``tol``) whose ``steps`` steps spend at most ``ε``
-    (``dp_accounting``'s calibration).
-
-    Parameters
-    ----------
-    target_epsilon : float
-        ``ε > 0``; ``inf`` returns 0.
-    delta : float
-    sample_rate : float
-    steps : int
-    accountant : {"rdp", "pld"}, default="rdp"
-    tol : float, default=1e-4
-        Absolute tolerance on ``σ``.
-    domain : dict or None, default=None
-        A release of domain means composed with the steps (:func:`epsilon_spent`).
-
-    Returns
-    -------
-    float
+    """Smallest noise multiplier ``σ`` (within ``tol``) whose ``steps`` steps (and ``domain``
+    release, as in :func:`epsilon_spent`) spend at most ``target_epsilon`` (``inf``: 0).
 
     Examples
     --------
@@ -265,33 +232,28 @@ def _rounds_per_site(participation, n_rounds, n_sites):
 def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation, target_epsilon,
             delta=None, *, per_site_noise=True, accountant="rdp", domain_release=None):
     """Noise multipliers so that every site's whole federated run meets ``(ε, δ)`` on its
-    training samples (site ``i`` samples at ``q_i = min(1, b / n_i)``).
+    training samples (site ``i`` samples at ``q_i = min(1, batch_size / n_i)``).
 
     Parameters
     ----------
     n_train_per_site : sequence of int
     batch_size : int
-        Expected batch size ``b``.
     local_epochs, n_rounds : int
     participation : float or sequence of int
-        Fraction of sites drawn per round (worst case: every round), or the exact number of
-        rounds each site is drawn in by the seeded schedule.
+        Fraction of sites drawn per round, or each site's exact number of rounds.
     target_epsilon : float
-        ``ε > 0``; ``inf`` gives ``σ = 0``.
     delta : float or None
-        None: :func:`default_delta`. Must be below ``1 / n_min``.
+        None: :func:`default_delta`.
     per_site_noise : bool, default=True
         Each site its own ``σ_i``, or the largest for every site.
     accountant : {"rdp", "pld"}, default="rdp"
     domain_release : dict or None, default=None
-        ``{"layers": L, "share": f, "clip": R}``: a release of domain means spending ``f · ε``,
-        composed with DP-SGD.
+        ``{"layers": L, "share": f, "clip": R}``: a release of domain means spending ``f · ε``.
 
     Returns
     -------
     dict
-        JSON-able report, with one dict per site in ``sites`` (``n_train``, ``sample_rate``,
-        ``rounds``, ``steps``, ``noise_multiplier``, ``epsilon``...).
+        JSON-able report, one entry per site in ``sites``.
 
     Examples
     --------

@@ -126,28 +126,10 @@ def minibatches(n, batch_size, generator, domains=None):
 
 
 def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sample_weight=None):
-    """Train ``module`` for ``n_epochs`` epochs of shuffled :func:`minibatches` (gradients on
-    whatever torch's global grad mode).
-
-    Parameters
-    ----------
-    module : FederatedModule
-        ``module(X_batch)`` → logits; ``module.after_step_()`` runs after every step.
-    optimizer : torch.optim.Optimizer
-    X, y : torch.Tensor
-        Inputs and integer class codes.
-    n_epochs, batch_size : int
-    generator : torch.Generator
-        Drives the shuffling.
-    sample_weight : torch.Tensor or None
-        Non-negative weights; a minibatch's loss is ``Σ w_i l_i / Σ w_i``.
-
-    Returns
-    -------
-    mean_loss : float
-        Weighted mean training loss (NaN when every batch was skipped).
-    n_skipped : int
-        Batches skipped because their loss or gradient was not finite.
+    """Train ``module`` for ``n_epochs`` epochs of shuffled :func:`minibatches` (``module(X)`` →
+    logits, ``module.after_step_()`` after every step); a minibatch's loss is
+    ``Σ w_i l_i / Σ w_i`` with ``sample_weight``. Returns ``(mean_loss, n_skipped)``: the
+    weighted mean loss and the batches skipped for a non-finite loss or gradient.
 
     Examples
     --------
@@ -158,9 +140,7 @@ def train_epochs(module, optimizer, X, y, *, n_epochs, batch_size, generator, sa
     >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=40, n_channels=4, seed=0))
     >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
     >>> optimizer = torch.optim.Adam(module.parameters(), lr=0.01)
-    >>> loss, n_skipped = train_epochs(module, optimizer, X, y, n_epochs=2, batch_size=16,
-    ...                                generator=torch.Generator().manual_seed(0))
-    >>> n_skipped
+    >>> train_epochs(module, optimizer, X, y, n_epochs=2, batch_size=16, generator=torch.Generator().manual_seed(0))[1]
     0
     """
     with torch.enable_grad():
@@ -355,27 +335,8 @@ def macro_f1(y_true, y_pred):
 
 
 def evaluate(module, X, y, sample_weight=None, return_se=False):
-    """Cross-entropy loss and macro-F1 of ``module`` on ``(X, y)``: the one evaluator.
-
-    Parameters
-    ----------
-    module : FederatedModule
-        Evaluated in eval mode, without gradients.
-    X : torch.Tensor
-    y : torch.Tensor of int64
-    sample_weight : torch.Tensor or None
-        Weights of the loss; the macro-F1 is unweighted.
-    return_se : bool, default=False
-        Also return the standard error of the loss.
-
-    Returns
-    -------
-    loss : float
-        NaN when ``y`` is empty.
-    macro_f1 : float
-        NaN when ``y`` is empty.
-    loss_se : float
-        Only with ``return_se``.
+    """Cross-entropy loss (weighted by ``sample_weight``) and macro-F1 of ``module`` on
+    ``(X, y)``, and with ``return_se`` the loss's standard error; NaN when ``y`` is empty.
 
     Examples
     --------
