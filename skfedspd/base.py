@@ -293,29 +293,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None, dp=None,
                      sample_weight=None, optimizer_state=None):
-        """One client's work in a federated round: the one local-training routine.
-
-        Loads ``global_params`` (then ``local_state``) and runs ``n_epochs`` epochs of Adam
-        (:func:`~skfedspd.training.train_epochs`, or with ``dp`` DP-SGD,
-        :func:`~skfedspd.dp_sgd.dp_train_epochs`) under ``seed``.
-
-        Parameters
-        ----------
-        global_params : dict of str to ndarray
-        local_state : dict of str to ndarray or None
-            The client's ``"local"`` arrays from its previous round.
-        X, y : torch.Tensor or ndarray
-            Training inputs (:meth:`to_tensor`) and label codes (:meth:`encode_labels`).
-        lr : float
-        n_epochs : int
-        seed : int
-        n_threads : int or None
-            torch intra-op threads during the update (None: unchanged).
-        dp : dict or None, default=None
-            ``{"noise_multiplier", "clip_norm", "sample_rate"}`` (:func:`~skfedspd.privacy.plan_dp`).
-        sample_weight : torch.Tensor, ndarray or None
-        optimizer_state : dict of str to ndarray or None, default=None
-            The client's Adam state, resumed and replaced in place; None: a fresh Adam.
+        """One client's work in a federated round: load ``global_params`` (then ``local_state``) and
+        run ``n_epochs`` epochs of Adam at ``lr`` under ``seed`` (with ``dp``, DP-SGD:
+        :func:`~skfedspd.dp_sgd.dp_train_epochs`), on the client's tensors ``X`` and label codes
+        ``y``, weighted by ``sample_weight``. ``optimizer_state`` (a dict) is resumed and replaced
+        in place; None: a fresh Adam.
 
         Returns
         -------

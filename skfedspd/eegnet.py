@@ -113,36 +113,19 @@ def _same_correlate_fft(s, kernels, left):
 
 
 class EEGNet(FederatedModule):
-    """EEGNet-F1,D (default EEGNet-8,2) for ``(batch, n_channels, n_times)`` EEG.
-
-    Parameters
-    ----------
-    n_channels : int
-        Number of EEG channels C.
-    n_times : int
-        Number of time samples per trial; at least ``p1 * p2``.
-    n_classes : int
-        Number of output logits.
-    fs : float
-        Sampling frequency in Hz (sets the kernel lengths).
-    F1, D, F2 : int
-        Temporal filters, depth multiplier, separable (pointwise) filters.
-    p1, p2 : int
-        Average-pooling factors along time after blocks 1 and 2.
-    dropout : float
-        Dropout rate.
-    norm : {"batch", "group"}
-        ``BatchNorm2d`` (Lawhern) or ``GroupNorm`` with one group.
+    """EEGNet-F1,D (default EEGNet-8,2) for ``(batch, n_channels, n_times)`` EEG: ``n_channels``
+    EEG channels, ``n_times ≥ p1·p2`` samples at ``fs`` Hz (which sets the kernel lengths),
+    ``n_classes`` logits; ``F1`` temporal filters, depth ``D``, ``F2`` pointwise filters,
+    pooling ``p1``, ``p2``, ``dropout``; ``norm``: ``BatchNorm2d`` or one-group ``GroupNorm``
+    (see the module docstring).
 
     Examples
     --------
     >>> import torch
     >>> from skfedspd.eegnet import EEGNet
     >>> net = EEGNet(n_channels=64, n_times=480, n_classes=4, fs=160)
-    >>> sum(p.numel() for p in net.parameters())
-    3284
-    >>> net.eval()(torch.randn(2, 64, 480)).shape
-    torch.Size([2, 4])
+    >>> sum(p.numel() for p in net.parameters()), net.eval()(torch.randn(2, 64, 480)).shape
+    (3284, torch.Size([2, 4]))
     """
 
     #: Keras ``max_norm`` values of Lawhern et al.

@@ -315,30 +315,9 @@ def stiefel_exp(W, D):
 
 
 def stiefel_log(W0, W1, tol=1e-13, max_iter=100):
-    """Riemannian logarithm of ``St(p, k)`` under the canonical metric (Zimmermann, 2017):
-    ``D`` at ``W0`` with ``Exp_{W0}(D) = W1``.
-
-    Parameters
-    ----------
-    W0, W1 : ndarray of shape (p, k)
-    tol : float, default=1e-13
-        Stop when the lower-right block of the iterated logarithm has norm ``≤ tol``.
-    max_iter : int, default=100
-
-    Returns
-    -------
-    ndarray of shape (p, k)
-
-    Raises
-    ------
-    RuntimeError
-        If the iteration does not converge: ``W1`` is too far from ``W0``.
-
-    References
-    ----------
-    .. [1] R. Zimmermann, "A matrix-algebraic algorithm for the Riemannian logarithm on the
-       Stiefel manifold under the canonical metric", SIAM J. Matrix Anal. Appl.
-       38(2):322–342, 2017.
+    """Riemannian logarithm of ``St(p, k)`` under the canonical metric (Zimmermann, SIAM J.
+    Matrix Anal. Appl. 38(2), 2017): ``D`` at ``W0`` with ``Exp_{W0}(D) = W1``, iterated until
+    ``tol`` (at most ``max_iter``); RuntimeError when ``W1`` is too far from ``W0``.
 
     Examples
     --------

@@ -424,26 +424,10 @@ def check_labels(y, n_samples):
 
 
 def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
-    """Validate a batch of SPD matrices; return it as a float64 array.
-
-    Raises a ValueError naming the first bad matrix: not square, wrong size, not finite, not
-    symmetric, or not positive definite at float64 precision (Cholesky, and LAPACK's
-    condition estimate within ``1 / (n · eps)``).
-
-    Parameters
-    ----------
-    X : array-like of shape (n_matrices, n, n)
-    n_channels : int or None
-        The size the matrices must have (None: any).
-    sym_rtol : float
-    return_summary : bool, default=False
-        Also return :func:`spectral_summary` of each matrix.
-
-    Returns
-    -------
-    X : ndarray of float64 of shape (n_matrices, n, n)
-    summary : ndarray of shape (n_matrices, 2)
-        Only with ``return_summary``.
+    """Validate a batch of SPD matrices (square, of ``n_channels``, finite, symmetric to
+    ``sym_rtol``, positive definite at float64 precision); return it as float64, with
+    ``return_summary`` also its :func:`spectral_summary`. A ValueError names the first bad
+    matrix.
 
     Examples
     --------
