@@ -10,7 +10,9 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   (8-12, 12-16, 16-24, 24-32 Hz, the 8-32 Hz trials filtered again, one BiMap 64 to 18 and
   domain batch norm per band, their tangent vectors concatenated into one linear head),
   against the same model on the 8-32 Hz band alone, and that model with the dispersion of
-  each domain normalized as well (SPDDSMBN's scalar variance, learned target);
+  each domain normalized as well (SPDDSMBN's scalar variance, learned target), and that model
+  trained on TSMNet's minibatches of 4 subjects x 16 trials, with or without running domain
+  means (momentum decaying from 1 to 16/64 over 50 epochs);
 - the recommended federation (``SPDnetClassifier(batchnorm="domain")`` on the paper's clients
   of 2 subjects, server momentum, a fresh client Adam every round; each test subject
   predicted in its own call), with each client's data one domain (the default) or each
