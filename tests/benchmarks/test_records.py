@@ -202,3 +202,54 @@ def test_a_median_table_shows_part_of_the_rows_against_the_first_one(tmp_path):
     record = store.read_record("speed-demo", tmp_path)
     table = render.median_table(record, "ms", "ours")
     assert "/ skfedspd |" in table and "| skfedspd | 4.05 | 3.98–4.12 | 4 | 1.00× |" in table and "theirs" not in table
+
+
+def test_a_record_carries_the_commit_and_the_library_versions(tmp_path):
+    from benchmarks._machine import LIBRARIES, git_commit
+
+    record = store.read_record("demo", write(tmp_path).parent)
+    assert list(record["versions"]) == list(LIBRARIES.values())
+    assert record["versions"]["numpy"] == np.__version__ and record["versions"]["scikit-learn"]
+    assert record["commit"] == git_commit()
+    assert record["commit"] is None or (len(record["commit"]["sha"]) == 40 and isinstance(record["commit"]["dirty"], bool))
+
+
+def test_the_commit_is_the_checkouts_and_says_whether_its_tracked_files_changed(tmp_path):
+    import subprocess
+
+    from benchmarks._machine import git_commit
+
+    assert git_commit(tmp_path) is None  # not a git checkout
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "benchmarks" / "records" / "data").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "records" / "data" / "r.json").write_text("{}\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    sha = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert git_commit(tmp_path) == {"sha": sha, "dirty": False}
+    (tmp_path / "benchmarks" / "records" / "data" / "r.json").write_text("{\"new\": 1}\n")
+    (tmp_path / "untracked.txt").write_text("x\n")
+    assert git_commit(tmp_path) == {"sha": sha, "dirty": False}  # a rewritten record, an untracked file
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert git_commit(tmp_path) == {"sha": sha, "dirty": True}
+    assert git_commit(tmp_path / "benchmarks") is None  # inside a checkout, not one
+
+
+def test_provenance_shows_commit_and_versions_or_says_they_were_not_recorded(tmp_path):
+    record = store.read_record("demo", write(tmp_path).parent)
+    record["commit"] = {"sha": "0123456789abcdef" * 2 + "01234567", "dirty": True}
+    record["versions"] = {"numpy": "2.4.6", "Flower": None}
+    line = render.provenance(record)
+    assert "commit 0123456789ab, with uncommitted changes; numpy 2.4.6, Flower not installed" in line
+    assert "1.5 min wall" in line
+    old = {key: value for key, value in record.items() if key not in ("commit", "versions")}
+    old["wall_seconds"] = None  # a record that kept a sum of fit times, not a wall time
+    line = render.provenance(old)
+    assert "(commit not recorded; library versions not recorded)" in line and "wall time not recorded, " in line
+    assert render.wall(old) == "wall time not recorded" and render.commit(dict(record, commit=None)) == "not a git checkout"

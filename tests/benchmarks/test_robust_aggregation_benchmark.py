@@ -172,9 +172,9 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     for fit in fits:
         path = experiment.fit_path(args.out, fit["rule"], fit["fault"], fit["n_faulty"], fit["seed"], 3, 16)
         path.write_text(json.dumps(fit))
-    experiment.record(args, 4)
+    experiment.record(args, 4, 12.5)
     record = read_record("robust-aggregation-f4", folder=tmp_path)
-    assert record["reference"] == "projavg/none" and record["paired_by"] == "seed"
+    assert record["reference"] == "projavg/none" and record["paired_by"] == "seed" and record["wall_seconds"] == 12.5
     rows = record["rows"]
     assert rows["projavg/labels"]["scores"]["honest"] == {"0": 100.0, "1": 100.0}
     assert rows["projavg/labels"]["scores"]["faulty"] == {"0": 0.0, "1": 0.0}
