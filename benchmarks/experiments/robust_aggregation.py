@@ -438,7 +438,8 @@ def record(args, n_faulty, elapsed):
     command = (f"python -m benchmarks.experiments robust-aggregation{setting_option} --seeds "
                + " ".join(map(str, args.seeds))
                + f" --rounds {args.rounds} --faulty {' '.join(map(str, args.faulty))} --faults {' '.join(args.faults)}"
-               + f" --rules {' '.join(args.rules)} --root-size {args.root_size} --record")
+               + f" --rules {' '.join(args.rules)} --root-size {args.root_size}"
+               + (" --report-only" if args.report_only else "") + " --record")
     metric = setting.metric
     return write_record(
         setting.record_name(n_faulty),

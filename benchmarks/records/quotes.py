@@ -62,3 +62,76 @@ def unbacked_figures(text):
     for name in record_names(text):
         given |= given_figures(read_record(name))
     return [f for f in quoted_figures(text) if normalize(f) not in given]
+
+
+#: A command that writes a record: an experiment of the harness or a speed script, in inline
+#: code or on a line of a code block (``nice`` and a trailing comment are not part of it).
+COMMAND = re.compile(r"python (?:-m benchmarks\.experiments [\w-]+|benchmarks/bench_\w+\.py|-m benchmarks\.bench_\w+)"
+                     r"(?:[ \t]+[^`\n#]*)?")
+FENCE = re.compile(r"^```.*?^```[ \t]*$", re.DOTALL | re.MULTILINE)
+TOKEN = "\x00record:{}\x00"
+
+
+def normalize_command(command):
+    """``python benchmarks/bench_x.py --reps 7``: one space between words, ``-m benchmarks.bench_x``
+    written as the script path, line continuations joined."""
+    command = re.sub(r"\\\n", " ", command)
+    command = re.sub(r"-m benchmarks\.(bench_\w+)", r"benchmarks/\1.py", command)
+    return " ".join(command.split())
+
+
+def program(command):
+    """``python -m benchmarks.experiments moabb`` or ``python benchmarks/bench_x.py``: what runs."""
+    words = normalize_command(command).split()
+    return " ".join(words[:2] if words[1].startswith("benchmarks/") else words[:4])
+
+
+#: Where a paragraph splits besides blank lines: before each row of a Markdown table and each
+#: row of a reStructuredText list table (a row is read on its own).
+ROW = re.compile(r"\n(?=[ \t]*\||[ \t]*\* - )")
+
+
+def paragraphs(text):
+    """The page in paragraphs (split at blank lines and table rows; a code block is one
+    paragraph), each marked block replaced by a token naming its record (a block of several
+    lines is then a paragraph of its own)."""
+    fences = []
+    text = FENCE.sub(lambda m: fences.append(m.group(0)) or f"\x01{len(fences) - 1}\x01", text)
+    text = BLOCK.sub(lambda m: TOKEN.format(m["name"]), text)
+    return [re.sub(r"\x01(\d+)\x01", lambda m: fences[int(m.group(1))], part)
+            for paragraph in re.split(r"\n[ \t]*\n", text) for part in ROW.split(paragraph)]
+
+
+def commands_of(paragraph):
+    """The commands a paragraph prints (inline code, or the lines of a code block)."""
+    spans = re.findall(r"``(.+?)``|`([^`\n]+)`", paragraph, re.DOTALL) if not paragraph.lstrip().startswith("```") \
+        else [(paragraph.replace("\\\n", " "), "")]
+    return [normalize_command(m.group(0)) for a, b in spans for line in (a or b).splitlines()
+            for m in COMMAND.finditer(line.replace("\n", " "))]
+
+
+def beside(paragraphs_, i):
+    """The records beside paragraph ``i``: those it names, and those of a block that stands alone
+    just before or after it."""
+    names = set(re.findall(TOKEN.format(r"(\S+?)"), paragraphs_[i]))
+    for j in (i - 1, i + 1):
+        if 0 <= j < len(paragraphs_) and re.fullmatch(r"\s*(?:" + TOKEN.format(r"\S+?") + r"\s*)+", paragraphs_[j]):
+            names |= set(re.findall(TOKEN.format(r"(\S+?)"), paragraphs_[j]))
+    return names
+
+
+def mismatched_commands(text):
+    """``[(command, {record: its command})]``: each command a page prints beside the blocks of
+    records of the same experiment (or speed script) that is none of their commands: the page
+    shows a command that did not produce the figures beside it."""
+    parts, wrong = paragraphs(text), []
+    for i, paragraph in enumerate(parts):
+        names = beside(parts, i)
+        if not names:
+            continue
+        stored = {name: normalize_command(read_record(name)["command"]) for name in sorted(names)}
+        for command in commands_of(paragraph):
+            same = {name: c for name, c in stored.items() if program(c) == program(command)}
+            if same and command not in same.values():
+                wrong.append((command, same))
+    return wrong

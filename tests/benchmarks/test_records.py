@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import wilcoxon
 
 from benchmarks.records import paired, render, store
-from benchmarks.records.quotes import quoted_figures, unbacked_figures
+from benchmarks.records.quotes import mismatched_commands, quoted_figures, unbacked_figures
 
 
 def write(folder, rows=None, name="demo"):
@@ -253,3 +253,23 @@ def test_provenance_shows_commit_and_versions_or_says_they_were_not_recorded(tmp
     line = render.provenance(old)
     assert "(commit not recorded; library versions not recorded)" in line and "wall time not recorded, " in line
     assert render.wall(old) == "wall time not recorded" and render.commit(dict(record, commit=None)) == "not a git checkout"
+
+
+def test_a_command_beside_a_block_must_be_its_records(tmp_path, monkeypatch):
+    write(tmp_path)  # command: python -m demo
+    write_speed(tmp_path)  # command: python benchmarks/bench_demo.py --reps 4
+    read_records_from(tmp_path, monkeypatch)
+    block = "<!-- record:speed-demo median ours -->4.05<!-- /record -->"
+    table = "<!-- record:speed-demo median-table -->\n\n| a |\n\n<!-- /record -->"
+    assert mismatched_commands(f"Run `python benchmarks/bench_demo.py --reps 4`: {block} ms.") == []
+    assert mismatched_commands(f"Run `python -m benchmarks.bench_demo  --reps 4`: {block} ms.") == []
+    assert mismatched_commands(f"Run ``python benchmarks/bench_demo.py``: {block} ms.") == [
+        ("python benchmarks/bench_demo.py", {"speed-demo": "python benchmarks/bench_demo.py --reps 4"})]
+    # a code block just before or after a block that stands alone, and a row of a table
+    fenced = "```sh\nnice python benchmarks/bench_demo.py \\\n  --reps 5  # five\n```"
+    assert [c for c, _ in mismatched_commands(f"{table}\n\n{fenced}\n")] == ["python benchmarks/bench_demo.py --reps 5"]
+    assert [c for c, _ in mismatched_commands(f"| x | {block} |\n| y | `python benchmarks/bench_demo.py` |")] == []
+    assert [c for c, _ in mismatched_commands(f"| x | {block} `python benchmarks/bench_demo.py` |")] == [
+        "python benchmarks/bench_demo.py"]
+    # another script, or a paragraph away from the block: not a command of its figures
+    assert mismatched_commands(f"`python benchmarks/bench_other.py` {block}\n\nThen `python benchmarks/bench_demo.py`.") == []
