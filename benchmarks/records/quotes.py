@@ -1,10 +1,15 @@
 """Figures a page quotes, and whether its records give them.
 
-A figure is a decimal number (``66.2``, ``+2.7``, ``−0.2``) or a percentage (``93 %``) in a
-page's prose. Figures inside marked blocks are rendered from records; figures in code
-(fenced blocks, inline code, reStructuredText literals and code blocks), link targets and
-version numbers (``2.13.0``) are not quotes. Every other figure must be one that a record
-named on the page gives (:func:`given_figures`), or the page quotes a number nobody can
+A figure is a number that states a result in a page's prose: a decimal number (``66.2``,
+``+2.7``, ``−0.2``), a percentage (``93 %``), a signed whole number (``+7``, ``−3``), or a
+whole number or number word in a unit of results (``3 points``, ``five points higher``,
+``25 s``, ``550 MiB``, ``2×``, ``three times faster``). Whole numbers that count or name
+things (subjects, seeds, channels, clients, rounds, epochs, Hz, years, versions, sections)
+are not figures: they carry no sign and none of these units. Figures inside marked blocks are
+rendered from records; figures in code (fenced blocks, inline code, reStructuredText literals
+and code blocks), link targets and version numbers (``2.13.0``) are not quotes. Every other
+figure must be one that a record named on the page gives (:func:`given_figures`; a whole
+number is given by a value that rounds to it), or the page quotes a number nobody can
 reproduce.
 """
 
@@ -12,7 +17,16 @@ import re
 
 from .render import BLOCK, VIEWS, read_record
 
-FIGURE = re.compile(r"(?<![\w.])[+−-]?\d+(?:\.\d+(?![.\d])|\s?%)")
+#: Number words a page may state a result in, and their values.
+WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
+                                    "fourteen fifteen sixteen seventeen eighteen nineteen twenty".split())}
+#: Units that make a whole number a result: points, times, durations, memory.
+UNITS = r"(?:\s?×(?!\s?\d)|\s(?:more\s|fewer\s)?(?:percentage\s)?points?\b|\s(?:pp|ms|s|seconds?|min|minutes?|h|hours?|MiB|GiB|MB|GB)\b)"
+FIGURE = re.compile(r"(?<![\w.])[+−-]?\d+(?:\.\d+(?![.\d])|\s?%)"  # decimals, percentages
+                    r"|(?<![\w.,/:–-])[+−]\d+(?![\d.,:/–-])"  # signed whole numbers
+                    rf"|(?<![\w.,/:–-])[+−-]?\d+(?![\d.,:/–-])(?={UNITS})"  # whole numbers in a unit of results
+                    rf"|\b(?:{'|'.join(WORDS)})\b(?=\s(?:more\s|fewer\s)?(?:percentage\s)?points?\b|\stimes\s(?:faster|slower|more|less|higher|lower|as)\b)",
+                    re.IGNORECASE)
 NOT_PROSE = (
     re.compile(r"^```.*?^```", re.DOTALL | re.MULTILINE),  # fenced code
     re.compile(r"^([ \t]*)\.\. (?:code-block|code|literalinclude)::.*?(?=^\1\S|\Z)", re.DOTALL | re.MULTILINE),
@@ -20,11 +34,35 @@ NOT_PROSE = (
     re.compile(r"``.*?``|`[^`\n]*`", re.DOTALL),  # inline code
     re.compile(r"\]\([^)]*\)"),  # link targets
     re.compile(r"<!--.*?-->", re.DOTALL),  # comments
+    # settings and specifications, not results: a machine's memory, the Flower transport's
+    # polling intervals, the size a refused file would have allocated
+    re.compile(r"\bVM, \d+ GiB|\bback-off from \d+ ms|\bafter\s+\d+ ms\s+rather\s+than\s+\d+ s\b|\(\d+ s between polls"
+               r"|\ballocating \d+ MB\b"),
 )
 
 
 def normalize(figure):
-    return figure.replace("−", "-").replace(" ", "").lstrip("+")
+    figure = figure.replace("−", "-").replace(" ", "").lstrip("+")
+    return str(WORDS.get(figure.lower(), figure))
+
+
+def value(figure):
+    """The number of a normalized figure (None for a percentage or a multiple)."""
+    try:
+        return float(figure)
+    except ValueError:
+        return None
+
+
+def backed(figure, given):
+    """Whether ``figure`` (normalized) is among ``given``, or a whole number that a given value
+    rounds to (``3 points`` for ``+3.1 ± 1.5``)."""
+    if figure in given:
+        return True
+    if not re.fullmatch(r"-?\d+", figure):
+        return False
+    whole = int(figure)
+    return any(v is not None and round(v) == whole and v * whole >= 0 for v in map(value, given))
 
 
 def prose(text):
@@ -61,7 +99,7 @@ def unbacked_figures(text):
     given = set()
     for name in record_names(text):
         given |= given_figures(read_record(name))
-    return [f for f in quoted_figures(text) if normalize(f) not in given]
+    return [f for f in quoted_figures(text) if not backed(normalize(f), given)]
 
 
 #: A command that writes a record: an experiment of the harness or a speed script, in inline

@@ -273,3 +273,18 @@ def test_a_command_beside_a_block_must_be_its_records(tmp_path, monkeypatch):
         "python benchmarks/bench_demo.py"]
     # another script, or a paragraph away from the block: not a command of its figures
     assert mismatched_commands(f"`python benchmarks/bench_other.py` {block}\n\nThen `python benchmarks/bench_demo.py`.") == []
+
+
+def test_whole_numbers_and_number_words_that_state_results_are_figures():
+    text = ("SPDnet is five points higher (+7 points; 3 points), three times faster, 2× the memory; a round in "
+            "25 s and 550 MiB. Not results: 16 subjects, 8-32 Hz, 64 channels, 2026, 8×8 and 18 × 18 matrices, "
+            "section 3, eight times the fits, Python 3.11.7, a 2-core VM, 24 GiB of it.")
+    assert quoted_figures(text) == ["five", "+7", "3", "three", "2", "25", "550"]
+
+
+def test_a_whole_number_is_backed_by_a_value_that_rounds_to_it(tmp_path, monkeypatch):
+    write(tmp_path)  # SPDnet − TS+LR: +1.0 ± 0.7; means 61.0 and 62.0
+    read_records_from(tmp_path, monkeypatch)
+    block = "<!-- record:demo difference net -->+1.0 ± 0.7<!-- /record -->"
+    assert unbacked_figures(f"SPDnet {block}: one point higher, +1 point, 62 points of F1.") == []
+    assert unbacked_figures(f"SPDnet {block}: five points higher, +7 points, −1 point.") == ["five", "+7", "−1"]
