@@ -41,7 +41,8 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
     ``rows``: ``{row key: {"label": str, "scores": {metric: {unit: value}}}}``, a unit being
     a seed or a subject (the pairing of ``paired_by``); ``metrics``: ``{metric: description}``;
     ``reference``: the row every other row is compared with, unit by unit; ``wall_seconds``:
-    the run's elapsed wall time (a sum of fit times belongs in ``facts``, under its own name).
+    the run's elapsed wall time (a sum of fit times belongs in ``facts``, under its own name;
+    None where no one run made the record, such as a combination of separate runs).
     The commit (:func:`~benchmarks._machine.git_commit`) and the library versions
     (:func:`~benchmarks._machine.library_versions`) are those of the running checkout.
     """
@@ -53,7 +54,8 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
         "name": name, "title": title, "command": command, "package": skfedspd.__version__,
         "commit": git_commit(), "versions": library_versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
-        "machine": measured_on or machine_facts(), "wall_seconds": round(float(wall_seconds), 1),
+        "machine": measured_on or machine_facts(),
+        "wall_seconds": None if wall_seconds is None else round(float(wall_seconds), 1),
         "paired_by": paired_by, "reference": reference, "metrics": dict(metrics),
         "rows": {key: {"label": row["label"],
                        "scores": {m: {str(u): float(v) for u, v in row["scores"][m].items()}
