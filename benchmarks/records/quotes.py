@@ -5,7 +5,9 @@ A figure is a number that states a result in a page's prose: a decimal number (`
 whole number or number word in a unit of results (``3 points``, ``five points higher``,
 ``25 s``, ``550 MiB``, ``2×``, ``three times faster``). Whole numbers that count or name
 things (subjects, seeds, channels, clients, rounds, epochs, Hz, years, versions, sections)
-are not figures: they carry no sign and none of these units. Figures inside marked blocks are
+are not figures: they carry no sign and none of these units (a × between sizes, ``8×8`` or
+``8 × St(64, 18)``, is no multiple), and a short allow-list of settings and specifications
+(:data:`NOT_PROSE`) is left out. Figures inside marked blocks are
 rendered from records; figures in code (fenced blocks, inline code, reStructuredText literals
 and code blocks), link targets and version numbers (``2.13.0``) are not quotes. Every other
 figure must be one that a record named on the page gives (:func:`given_figures`; a whole
@@ -21,7 +23,7 @@ from .render import BLOCK, VIEWS, read_record
 WORDS = {w: i for i, w in enumerate("zero one two three four five six seven eight nine ten eleven twelve thirteen "
                                     "fourteen fifteen sixteen seventeen eighteen nineteen twenty".split())}
 #: Units that make a whole number a result: points, times, durations, memory.
-UNITS = r"(?:\s?×(?!\s?\d)|\s(?:more\s|fewer\s)?(?:percentage\s)?points?\b|\s(?:pp|ms|s|seconds?|min|minutes?|h|hours?|MiB|GiB|MB|GB)\b)"
+UNITS = r"(?:\s?×(?!\s?(?-i:[\dA-Z]))|\s(?:more\s|fewer\s)?(?:percentage\s)?points?\b|\s(?:pp|ms|s|seconds?|min|minutes?|h|hours?|MiB|GiB|MB|GB)\b)"
 FIGURE = re.compile(r"(?<![\w.])[+−-]?\d+(?:\.\d+(?![.\d])|\s?%)"  # decimals, percentages
                     r"|(?<![\w.,/:–-])[+−]\d+(?![\d.,:/–-])"  # signed whole numbers
                     rf"|(?<![\w.,/:–-])[+−-]?\d+(?![\d.,:/–-])(?={UNITS})"  # whole numbers in a unit of results

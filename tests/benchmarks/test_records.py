@@ -278,7 +278,7 @@ def test_a_command_beside_a_block_must_be_its_records(tmp_path, monkeypatch):
 def test_whole_numbers_and_number_words_that_state_results_are_figures():
     text = ("SPDnet is five points higher (+7 points; 3 points), three times faster, 2× the memory; a round in "
             "25 s and 550 MiB. Not results: 16 subjects, 8-32 Hz, 64 channels, 2026, 8×8 and 18 × 18 matrices, "
-            "section 3, eight times the fits, Python 3.11.7, a 2-core VM, 24 GiB of it.")
+            "8 × St(64, 18), section 3, eight times the fits, Python 3.11.7, a 2-core VM, 24 GiB of it.")
     assert quoted_figures(text) == ["five", "+7", "3", "three", "2", "25", "550"]
 
 
