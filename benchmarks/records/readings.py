@@ -11,7 +11,7 @@ resolved", "no row is ahead") are not readings.
 import re
 
 from .paired import paired_difference
-from .render import BLOCK, metric_of, read_record, scores, versus_reference
+from .render import BLOCK, ONE_CLASS, metric_of, predicts_one_class, read_record, scores, versus_reference
 
 #: Views whose block stands for a paired difference.
 DIFFERENCE_VIEWS = ("difference", "reading", "versus", "comparison", "pair")
@@ -23,13 +23,17 @@ SENTENCE_END = re.compile(r"(?<=[.;!?])\s+(?=[A-Z*(`-])|\n\s*\n|\n\s*(?:[-*|]|\d
 
 
 def block_reading(match, records):
-    """``higher``, ``lower``, ``level`` or ``one unit`` for a block of a difference view, else None."""
+    """``higher``, ``lower``, ``level``, ``one unit`` or :data:`~.render.ONE_CLASS` for a block of a
+    difference view, else None."""
     if match["view"] not in DIFFERENCE_VIEWS:
         return None
     name = match["name"]
     if name not in records:
         records[name] = read_record(name)
     record, args = records[name], match["args"].split()
+    rows = args[:2] if match["view"] == "pair" else [args[0], record["reference"]]
+    if predicts_one_class(record, *rows):
+        return ONE_CLASS
     if match["view"] != "pair":
         return versus_reference(record, *args).reading
     metric = metric_of(record, args[2] if len(args) > 2 else None)
@@ -43,7 +47,8 @@ def typed_words(sentence):
 
 def unsupported_readings(text, records=None):
     """``[(word, sentence)]``: reading words typed in a sentence whose every paired difference is
-    level by its record (a sentence with a higher or lower block may word that one)."""
+    level by its record, or a model's that predicts one class (a sentence with a higher or lower
+    block may word that one)."""
     records = {} if records is None else records
     readings = []
 

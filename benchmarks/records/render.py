@@ -59,6 +59,16 @@ def units(record, row, metric=None):
     return str(len(scores(record, row, metric_of(record, metric))))
 
 
+#: The reading of a row whose model predicted one class for every trial (the record's fact
+#: ``predicts_one_class`` lists it): its score is chance, not a utility to compare.
+ONE_CLASS = "predicts one class (chance)"
+
+
+def predicts_one_class(record, *rows):
+    """Whether the record's fact ``predicts_one_class`` lists any of ``rows``."""
+    return any(row in record["facts"].get("predicts_one_class", ()) for row in rows)
+
+
 def versus_reference(record, row, metric=None):
     metric = metric_of(record, metric)
     return paired_difference(scores(record, row, metric), scores(record, record["reference"], metric))
@@ -86,7 +96,10 @@ def wilcoxon_text(p):
 
 def reading(record, row, metric=None):
     """``level``, ``higher`` or ``lower`` than the reference (beyond the t critical value times the
-    standard error, :func:`~.paired.t_critical`)."""
+    standard error, :func:`~.paired.t_critical`); :data:`ONE_CLASS` when either row's model
+    predicted one class."""
+    if predicts_one_class(record, row, record["reference"]):
+        return ONE_CLASS
     d = versus_reference(record, row, metric)
     return f"one {record['paired_by']}, not resolved" if d.reading == "one unit" else d.reading
 
@@ -116,7 +129,7 @@ def pair(record, row, other, metric=None):
     d = paired_difference(scores(record, row, metric), scores(record, other, metric))
     if d.n < 2:
         return f"{signed(d.mean)} (1 {record['paired_by']}): one {record['paired_by']}, not resolved"
-    word = d.reading
+    word = ONE_CLASS if predicts_one_class(record, row, other) else d.reading
     return (f"{signed(d.mean)} ± {d.se:.1f}, higher on {d.higher} of {d.n} {record['paired_by']}s, "
             f"{wilcoxon_text(d.p)}: {word}")
 
