@@ -69,6 +69,35 @@ def test_views_compute_every_figure_from_the_record(tmp_path):
     assert render.wall(record) == "1.5 min"
 
 
+def test_a_row_that_predicts_one_class_reads_as_chance_not_as_a_score(tmp_path):
+    rows = {"ref": {"label": "TS+LR", "scores": {"f1": {0: 60.0, 1: 62.0, 2: 64.0}}},
+            "dp": {"label": "DP model", "scores": {"f1": {0: 12.8, 1: 12.8, 2: 12.8}}},
+            "net": {"label": "SPDnet", "scores": {"f1": {0: 20.0, 1: 22.0, 2: 21.0}}}}
+    store.write_record("demo", title="demo", command="c", rows=rows, metrics={"f1": "F1 (%)"}, reference="ref",
+                       paired_by="seed", wall_seconds=1, folder=tmp_path, facts={"predicts_one_class": ["dp"]})
+    record = store.read_record("demo", tmp_path)
+    assert render.reading(record, "dp") == render.versus(record, "dp") == render.ONE_CLASS
+    assert render.comparison(record, "dp").endswith(": predicts one class (chance)")
+    assert render.pair(record, "net", "dp").endswith(": predicts one class (chance)")
+    assert render.reading(record, "net") == "lower" and render.pair(record, "net", "ref").endswith(": lower")
+    assert "| 0 of 3 | 0.250 | predicts one class (chance) |" in render.paired_table(record)
+
+
+def test_a_reading_from_one_training_seed_says_so_when_the_units_are_subjects(tmp_path):
+    subjects = range(12)
+    rows = {"ref": {"label": "Recenter+TS+LR", "scores": {"f1": {s: 60.0 + s for s in subjects}}},
+            "net": {"label": "SPDnet", "scores": {"f1": {s: 64.0 + s + 0.5 * (s % 2) for s in subjects}}},
+            "ts": {"label": "TS+LR", "scores": {"f1": {s: 55.0 + s + 0.5 * (s % 2) for s in subjects}}}}
+    store.write_record("demo", title="demo", command="c", rows=rows, metrics={"f1": "F1 (%)"}, reference="ref",
+                       paired_by="subject", wall_seconds=1, folder=tmp_path, facts={"one_training_seed": ["net"]})
+    record = store.read_record("demo", tmp_path)
+    assert render.reading(record, "net") == "higher, one training seed"
+    assert render.versus(record, "net") == "higher than Recenter+TS+LR, one training seed"
+    assert render.pair(record, "ts", "net").endswith(": lower, one training seed")
+    assert render.reading(record, "ts") == "lower"  # no network in the pair: no training seed
+    assert render.comparison(record, "net").endswith(": higher, one training seed")
+
+
 def test_blocks_are_rendered_from_their_record_and_stale_ones_found(tmp_path, monkeypatch):
     write(tmp_path)
     monkeypatch.setattr(render, "read_record", lambda name: store.read_record(name, tmp_path))
