@@ -1,29 +1,13 @@
 """A new subject's calibration trials as its domain statistics (MOABB's cross-subject transfer).
 
-MOABB's ``CrossSubjectEvaluation(cs_mode=...)`` (MOABB >= 1.6) holds out a calibration
-slice of the new subject's trials and routes it to ``fit``, under scikit-learn metadata
-routing, as ``X_target_unlabeled`` (the ``TRAIN_AND_TARGET_UNLABELED_*`` presets) or as
-``X_target_labeled`` with ``y_target_labeled`` (the ``TRAIN_AND_TARGET_LABELED_*``
-presets). The estimators that keep domain statistics (:class:`~skfedspd.Recenter`,
-:class:`~skfedspd.SPDnetClassifier` with domain batch norm,
-:class:`~skfedspd.FederatedSPDnetClassifier` around one) request both ``X`` fields by
-default and add the slice, after training, to the statistics of the domain
-:data:`TARGET_DOMAIN`. Prediction without ``domain`` then starts from that domain's
-statistics instead of the prior (a temporary copy, not kept), so a single test trial is
-re-centred by the calibration trials: the new subject's mean is known before its test
-trials arrive. Under ``TRAIN_TRIALWISE`` (no slice, one trial per prediction) each trial
-is re-centred by the prior alone. ``y_target_labeled`` is not requested: the labeled slice
-serves as unlabeled calibration, the weights are not fine-tuned on it.
-
-MOABB routes the slice **raw**, (n_trials, n_channels, n_times), while these estimators
-take covariance matrices. scikit-learn's ``Pipeline(transform_input=...)`` (scikit-learn
->= 1.6) passes routed fields through the pipeline's fitted earlier steps before the step
-that consumes them, so the covariance estimator is written once and the slice is
-transformed exactly as the training and test trials are::
-
-    make_pipeline(Covariances("oas"), SPDnetClassifier(), transform_input=TARGET_INPUTS)
-
-A slice that reaches an estimator raw is refused with an error that says so.
+MOABB's ``CrossSubjectEvaluation(cs_mode=...)`` routes a calibration slice of the new subject
+to ``fit`` as ``X_target_unlabeled`` or ``X_target_labeled`` (with ``y_target_labeled``, not
+requested here). ``Recenter``, ``SPDnetClassifier`` with domain batch norm and
+``FederatedSPDnetClassifier`` around one store it as the domain :data:`TARGET_DOMAIN`, which
+prediction without ``domain`` starts from instead of the prior. The slice arrives raw: build
+the pipeline with ``make_pipeline(Covariances(), ..., transform_input=TARGET_INPUTS)``
+(scikit-learn >= 1.6), which passes it through the earlier steps
+(``docs/guide/moabb-transfer.md``).
 """
 
 import numpy as np
