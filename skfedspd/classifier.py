@@ -15,10 +15,11 @@ from .persistence import check_fitted_attributes
 from .renamed import DOMAIN_MERGES, DOMAIN_RENAMED, EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
 from .batchnorm import domain_codes
 from .nn import SPDNet
-from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainAdaptation, DomainStatistics, adaptation_of, DomainStatisticsMixin, check_prior_statistics,
-                     domain_labels, drop_domain_requests, log_euclidean_sum)
+from .online import (NO_PRIOR_WARNING, DomainAdaptation, DomainStatistics, adaptation_of, DomainStatisticsMixin, check_prior_statistics,
+                     drop_domain_requests, log_euclidean_sum)
 from .stiefel import orthonormality_problem
 from .training import predict_logits
+from .transfer import adapt_target, call_labels, drop_target_requests, target_trials
 from .validation import (Count, Sequence, check_domain_sizes, check_groups, check_input_range, check_spd_batch,
                          check_training_spread, input_range, is_count, resolve_groups, spectral_summary)
 
@@ -38,6 +39,12 @@ HEAD_ON_RANDOM_WARNING = (
 
 
 _UNRESOLVED = object()
+
+#: ``fit`` got a new subject's calibration trials but the model has no domain statistics.
+TARGET_IGNORED_WARNING = (
+    "X_target_unlabeled / X_target_labeled ignored: this model has no domain statistics ({}), which only "
+    "SPDnetClassifier(batchnorm='domain') keeps ('auto' is 'domain' when fit is given the trials' groups or subjects)"
+)
 
 
 def resolve_batchnorm(batchnorm, groups):
@@ -191,7 +198,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
     # both keys (MOABB's CrossSubject routes the training subjects as "subjects").
-    __metadata_request__fit = {"groups": True, "subjects": True}
+    __metadata_request__fit = {"groups": True, "subjects": True, "X_target_unlabeled": True,
+                               "X_target_labeled": True}
     # The domain of the trials being predicted, passed on by a Pipeline (batchnorm="domain"
     # only: see _get_metadata_request).
     __metadata_request__predict = {"domain": True}
@@ -199,7 +207,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     __metadata_request__decision_function = {"domain": True}
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, groups=None, sample_weight=None, subjects=None):
+    def fit(self, X, y, groups=None, sample_weight=None, subjects=None, X_target_unlabeled=None,
+            X_target_labeled=None):
         """Train on ``(X, y)``; a validation split only on enough data (``early_stopping``).
 
         Parameters
@@ -213,6 +222,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             Non-negative weights of the loss, multiplied by ``class_weight``.
         subjects : array-like of shape (n_matrices,), default=None
             Alias of ``groups`` (MOABB's ``CrossSubjectEvaluation``).
+        X_target_unlabeled, X_target_labeled : array-like of shape (n_calibration, n_channels, n_channels), default=None
+            A new subject's calibration matrices (MOABB's ``cs_mode``; labels unused): with
+            domain batch norm, the domain ``"target"`` that prediction without ``domain``
+            starts from (:mod:`skfedspd.transfer`); otherwise ignored with a warning.
 
         Returns
         -------
@@ -220,6 +233,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         """
         groups = resolve_groups(groups, subjects)
         groups = None if groups is None else check_groups(groups, _num_samples(X))
+        calibration = target_trials(X_target_unlabeled, X_target_labeled, n_channels=np.shape(X)[-1])
         warm = self.warm_start and self.__sklearn_is_fitted__()
         if self.trainable == "head" and not warm:
             warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
@@ -237,6 +251,11 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             self.domain_statistics_ = None
             if self._batchnorm_mode() == "domain":
                 self.fit_domain_prior(X, groups)
+                if calibration is not None:
+                    adapt_target(self, calibration)
+            elif calibration is not None:
+                warnings.warn(TARGET_IGNORED_WARNING.format(f"batchnorm_={self._batchnorm_mode()!r}"), UserWarning,
+                              stacklevel=2)
         return self
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
@@ -533,7 +552,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         requests = super()._get_metadata_request()
         # "auto" too: a Pipeline's predict-time domain (meant for Recenter) reaches only an
         # explicit "domain" model, or one whose request is set (set_predict_request)
-        return requests if self.batchnorm == "domain" else drop_domain_requests(self, requests)
+        if self.batchnorm != "domain":
+            requests = drop_domain_requests(self, requests)
+        # the calibration slice: to any model that may have domain statistics ("auto" with groups)
+        return requests if self.batchnorm in ("auto", "domain") else drop_target_requests(self, requests)
 
     def _check_domain_support(self, what):
         self.check_fitted_params()  # first: batchnorm may have been changed since fit
@@ -551,8 +573,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     def _adapted_logits(self, X, domain, *, keep, predict=True):
         """Update the domains of the trials of ``X``, then their logits (None when not ``predict``)."""
-        labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
         stats = self._domain_statistics()
+        labels = call_labels(stats, domain, len(X))
         adaptation = adaptation_of(self)
         update = stats.update(labels, float(adaptation.prior_weight), adaptation.memory)
         Xt = self.to_tensor(X)

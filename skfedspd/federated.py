@@ -20,7 +20,7 @@ from sklearn.utils.validation import check_is_fitted
 from .aggregation import AGGREGATIONS, get_aggregation
 from .backends import (BACKEND_GROUP, FlowerBackend, LocalBackend, backend_names, resolve_backend,
                        uses_secure_aggregation)
-from .classifier import HEAD_ON_RANDOM_WARNING, SPDnetClassifier
+from .classifier import HEAD_ON_RANDOM_WARNING, TARGET_IGNORED_WARNING, SPDnetClassifier
 from .client import DP_SAMPLE_WEIGHT_ERROR
 from .clients import ClientPartition
 from .engine import client_trust, n_selected
@@ -34,6 +34,7 @@ from .run import (ClientData, FederatedResult, FederatedRun, build_engine, given
 from .server_optimizer import ServerMomentum
 from .spec import estimator_from_spec, estimator_to_spec
 from .training import RoundSchedule
+from .transfer import adapt_target, drop_target_requests, target_trials
 from .validation import (Count, Sequence, check_groups, check_label_values, check_nested_params, is_count,
                          resolve_groups, training_weights)
 
@@ -282,7 +283,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
     (4, 2, (5, 2))
     """
 
-    __metadata_request__fit = {"groups": True, "subjects": True}
+    __metadata_request__fit = {"groups": True, "subjects": True, "X_target_unlabeled": True,
+                               "X_target_labeled": True}
     # The domain of the trials being predicted (a local estimator with batchnorm="domain"
     # only: see _get_metadata_request).
     __metadata_request__predict = {"domain": True}
@@ -378,7 +380,8 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ fit
     @_fit_context(prefer_skip_nested_validation=False)
-    def fit(self, X, y, groups=None, subjects=None, sample_weight=None):
+    def fit(self, X, y, groups=None, subjects=None, sample_weight=None, X_target_unlabeled=None,
+            X_target_labeled=None):
         """Run federated training.
 
         Parameters
@@ -393,6 +396,10 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         sample_weight : array-like of shape (n_samples,), default=None
             Non-negative weights, multiplied by the local estimator's ``class_weight``; a
             client's aggregation weight is their sum. Not with ``privacy``.
+        X_target_unlabeled, X_target_labeled : array-like, default=None
+            A new subject's calibration matrices (MOABB's ``cs_mode``), kept where ``fit`` runs:
+            with a local estimator with domain statistics, the global model's domain
+            ``"target"`` (:mod:`skfedspd.transfer`).
 
         Returns
         -------
@@ -401,11 +408,18 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         """
         self._check_settings()
         run, data = self._prepare(X, y, groups, subjects, sample_weight)
+        calibration = target_trials(X_target_unlabeled, X_target_labeled, n_channels=data.X.shape[-1])
         self.warn_about_settings()
         # Training needs autograd whatever the caller's mode: inference tensors made here
         # could not be trained on (local_update enables gradients itself).
         with torch.inference_mode(False):
             result = get_backend(getattr(run.backend, "name", run.backend))(run, data)
+        if calibration is not None:  # before set_result: a refused slice leaves self as it was
+            if result.estimator.federation_traits().domains:
+                adapt_target(result.estimator, calibration)
+            else:
+                warnings.warn(TARGET_IGNORED_WARNING.format(f"local estimator {result.estimator!r}"), UserWarning,
+                              stacklevel=2)
         return set_result(self, result)
 
     def check_params(self):
@@ -554,7 +568,7 @@ class FederatedSPDnetClassifier(ClassifierMixin, BaseEstimator):
         est = given_estimator(self)
         if est.federation_traits().domains:
             return requests
-        return drop_domain_requests(self, requests)
+        return drop_target_requests(self, drop_domain_requests(self, requests))
 
     def _domain_kwargs(self, domain):
         """``{"domain": domain}``, or ``{}`` without a domain."""

@@ -10,8 +10,8 @@ from sklearn.utils.validation import check_is_fitted
 
 from .functional import karcher_mean, sqrtm_invsqrtm
 from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainAdaptation, DomainStatistics, DomainStatisticsMixin, adaptation_of,
-                     domain_labels,
                      log_euclidean_sum)
+from .transfer import adapt_target, call_labels, target_trials
 from .renamed import DOMAIN_MERGES, DOMAIN_RENAMED, accepts_renamed, fold_renamed
 from .validation import (check_domain_sizes, check_groups, check_input_range, check_nested_params, check_spd_batch, input_range,
                          resolve_groups)
@@ -97,6 +97,10 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     (``docs/guide/online-adaptation.md``). ``groups``, ``subjects`` and ``domain`` are
     requested from metadata routing by default.
 
+    ``fit`` also requests a new subject's calibration trials (``X_target_unlabeled``,
+    ``X_target_labeled``: MOABB's ``cs_mode``), stored as the domain ``"target"`` that
+    ``transform`` without ``domain`` starts from (:mod:`skfedspd.transfer`).
+
     Parameters
     ----------
     domain_adaptation : DomainAdaptation or None, default=None
@@ -132,7 +136,8 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
     {4: 2}
     """
 
-    __metadata_request__fit = {"groups": True, "subjects": True}
+    __metadata_request__fit = {"groups": True, "subjects": True, "X_target_unlabeled": True,
+                               "X_target_labeled": True}
     __metadata_request__transform = {"groups": True, "domain": True}
 
     _parameter_constraints: dict = {"domain_adaptation": [None, DomainAdaptation]}
@@ -149,9 +154,11 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         super()._validate_params()
         adaptation_of(self).check_params()  # the settings object checks its own parameters
 
-    def _fit(self, X, groups, *, transforming=False):
-        """Validated ``X``; sets ``n_features_in_``, ``input_range_`` and the prior."""
+    def _fit(self, X, groups, *, transforming=False, target=(None, None)):
+        """Validated ``X``; sets ``n_features_in_``, ``input_range_``, the prior and the domain
+        ``"target"`` of ``target`` (``(X_target_unlabeled, X_target_labeled)``)."""
         X, summary = check_spd_batch(X, return_summary=True)
+        calibration = target_trials(*target, n_channels=X.shape[1])
         _group_labels(groups, len(X))
         if transforming and groups is not None:
             check_domain_sizes(np.asarray(groups), "Recenter")
@@ -159,13 +166,21 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
             log_sum = log_euclidean_sum(torch.as_tensor(X))
         stats = DomainStatistics([X.shape[1]], torch.float64)
         stats.set_prior([log_sum], len(X))
+        before = dict(self.__dict__)  # the attributes below replace, never mutate, the old ones
         self.n_features_in_ = X.shape[1]
         self.input_range_ = input_range(summary)
         self.domain_statistics_ = stats
+        if calibration is not None:
+            try:
+                adapt_target(self, calibration)
+            except ValueError:  # beyond the training range: refused, the estimator as it was
+                self.__dict__.clear()
+                self.__dict__.update(before)
+                raise
         return X
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y=None, groups=None, subjects=None):
+    def fit(self, X, y=None, groups=None, subjects=None, X_target_unlabeled=None, X_target_labeled=None):
         """Check ``X`` (and ``groups``); store the matrix size and the prior; forget stored domains.
 
         Parameters
@@ -177,19 +192,23 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
             Domain of each matrix (used by ``fit_transform``).
         subjects : array-like of shape (n_matrices,), default=None
             Alias of ``groups``.
+        X_target_unlabeled, X_target_labeled : array-like of shape (n_calibration, n, n), default=None
+            A new subject's calibration matrices: the domain ``"target"``, which ``transform``
+            without ``domain`` starts from (:mod:`skfedspd.transfer`).
 
         Returns
         -------
         self
         """
-        self._fit(X, resolve_groups(groups, subjects))
+        self._fit(X, resolve_groups(groups, subjects), target=(X_target_unlabeled, X_target_labeled))
         return self
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit_transform(self, X, y=None, groups=None, subjects=None):
+    def fit_transform(self, X, y=None, groups=None, subjects=None, X_target_unlabeled=None, X_target_labeled=None):
         """``fit(X, y, groups)``, then each training group re-centred by its own mean."""
         groups = resolve_groups(groups, subjects)
-        return recenter_groups(self._fit(X, groups, transforming=True), groups)
+        X = self._fit(X, groups, transforming=True, target=(X_target_unlabeled, X_target_labeled))
+        return recenter_groups(X, groups)
 
     def _update(self, X, domain, groups, *, keep):
         """Validate, add the trials of ``X`` to their domains; return ``(X, update)``."""
@@ -200,8 +219,8 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         if domain is not None and groups is not None:
             raise ValueError("pass either domain (persistent statistics) or groups (one temporary domain per group), "
                              "not both")
-        if domain is not None:
-            labels = domain_labels(domain, len(X))
+        if domain is not None or groups is None:
+            labels = call_labels(self._domain_statistics(), domain, len(X))
         else:
             _, codes = _group_labels(groups, len(X))
             labels = [(THIS_CALL, int(c)) for c in codes]
@@ -229,7 +248,8 @@ class Recenter(DomainStatisticsMixin, TransformerMixin, BaseEstimator):
         groups : array-like of shape (n_matrices,), default=None
             Each group a temporary domain (not kept).
         domain : str, int or array-like of shape (n_matrices,), default=None
-            The domain of the matrices (one label, or one per row), kept.
+            The domain of the matrices (one label, or one per row), kept. Neither: a temporary
+            domain started from ``"target"`` (``fit``'s calibration trials) or the prior.
 
         Returns
         -------

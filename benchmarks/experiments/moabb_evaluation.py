@@ -240,12 +240,12 @@ PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "Recenter+TS+LR", "SPDnet", "FedSPDn
                   "FedSPDnet + domain BN", "EEGNet"]
 
 
-def subject_frame(scores, task):
-    """One row per (pipeline, subject) of one evaluation: every metric of ``task`` in %
-    (MOABB's sessions averaged)."""
+def subject_frame(scores, task, metrics=None):
+    """One row per (pipeline, subject) of one evaluation: every metric of ``task`` (or of
+    ``metrics``) in % (MOABB's sessions averaged)."""
     import pandas as pd
 
-    columns = {m: per_subject(scores, m).droplevel("evaluation") for m in METRICS[task]}
+    columns = {m: per_subject(scores, m).droplevel("evaluation") for m in (metrics or METRICS[task])}
     frame = pd.DataFrame(columns).reset_index()
     names = [n for n in PIPELINE_ORDER if n in set(scores["pipeline"])]
     order = {name: k for k, name in enumerate(names + sorted(set(scores["pipeline"]) - set(names)))}

@@ -99,7 +99,7 @@ def test_the_command_line_refuses_unknown_names(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "online", "table-one-ablation",
+@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "moabb-transfer", "online", "table-one-ablation",
                                   "learner-ablation", "learner-leads"])
 def test_every_experiment_has_its_help(name, capsys):
     from benchmarks.experiments.__main__ import EXPERIMENTS, main
