@@ -13,8 +13,15 @@ records), :mod:`.strategy` (the rounds in clear), :mod:`.secure` (SecAgg+: a sit
 vectors and the secure strategy), :mod:`.client` (the ClientApp) and :mod:`.server` (the
 set-up and :func:`serve`, which picks the strategy), :mod:`.progress`, :mod:`.simulation`,
 then the entry points :mod:`.simulation_fit`, :mod:`.deploy`, :mod:`.app`.
+
+Only :mod:`._internals` imports what is not Flower's public API (the runtime pieces that
+:mod:`.simulation`, :mod:`.runtime` and :mod:`.secure` need); it is imported first and stops
+the import with an ImportError naming the installed Flower, the supported range
+(:data:`~._internals.SUPPORTED_FLWR`) and ``pip install 'skfedspd[flower]'`` when the
+installed Flower is not one this package runs on.
 """
 
+from . import _internals  # noqa: F401 - first: it checks the installed Flower
 from .client import load_site_from_node_config, make_client_app
 from .deploy import fit_federated, write_app
 from .server import serve
