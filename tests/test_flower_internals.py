@@ -22,13 +22,13 @@ from skfedspd.flower._internals import (  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("version", ["1.42.0", "1.42.11", "1.42.0rc1"])
+@pytest.mark.parametrize("version", ["1.42.0", "1.42.11", "1.42.1rc1", "1.42.0.post1"])
 def test_supported_versions_pass(version):
     assert unsupported_flower(version) is None
     check_flower_version(version)
 
 
-@pytest.mark.parametrize("version", ["1.41.9", "1.43.0", "1.43.0rc1", "2.0.0", "0.42.0", "unknown"])
+@pytest.mark.parametrize("version", ["1.41.9", "1.42.0rc1", "1.43.0", "1.43.0rc1", "2.0.0", "0.42.0", "unknown"])
 def test_unsupported_versions_name_the_version_the_range_and_the_command(version):
     with pytest.raises(ImportError) as error:
         check_flower_version(version)
@@ -88,3 +88,23 @@ def test_a_flower_without_a_name_used_stops_the_import_with_a_clear_error():
 @pytest.mark.slow
 def test_the_supported_flower_imports():
     assert _import_in_a_fresh_interpreter("") == "imported"
+
+
+@pytest.mark.slow
+def test_backend_flower_on_an_unsupported_flower_says_what_to_install():
+    """``backend="flower"`` finds the transport by its entry point: the same error reaches ``fit``."""
+    out = _import_in_a_fresh_interpreter("""
+        import flwr
+        flwr.__version__ = "1.41.0"
+        import numpy as np
+        from skfedspd import FederatedSPDnetClassifier
+        from skfedspd.datasets import make_spd_classification
+        X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
+        try:
+            FederatedSPDnetClassifier(n_rounds=1, backend="flower").fit(X, y, groups=np.repeat([0, 1, 2], 4))
+        except ImportError as error:
+            print("fit:", error)
+    """)
+    assert out.startswith("fit: skfedspd.flower supports Flower (flwr) >=1.42,<1.43, and the installed flwr "
+                          "1.41.0 is outside this range: install a supported Flower with pip install "
+                          "'skfedspd[flower]'\n"), out

@@ -18,7 +18,6 @@ ImportError that names the installed version, the supported range and
 :data:`INSTALL_COMMAND`.
 """
 
-import re
 import time
 import types
 
@@ -26,6 +25,9 @@ try:
     import flwr
 except ModuleNotFoundError as error:  # get_backend names the extra from this error's name
     raise ModuleNotFoundError(f"skfedspd.flower needs Flower: {error}", name=error.name) from error
+
+from packaging.specifiers import SpecifierSet  # a dependency of Flower
+from packaging.version import InvalidVersion
 
 __all__ = [
     "SUPPORTED_FLWR", "INSTALL_COMMAND", "unsupported_flower", "check_flower_version", "FLWR_VERSION",
@@ -47,7 +49,6 @@ __all__ = [
 SUPPORTED_FLWR = ">=1.42,<1.43"
 #: How to install a supported Flower.
 INSTALL_COMMAND = "pip install 'skfedspd[flower]'"
-_OLDEST, _FIRST_UNSUPPORTED = (1, 42), (1, 43)
 
 
 def _message(version, problem):
@@ -63,15 +64,16 @@ def unsupported_flower(version):
     >>> from skfedspd.flower._internals import unsupported_flower
     >>> unsupported_flower("1.42.0") is None, unsupported_flower("1.42.7") is None
     (True, True)
+    >>> unsupported_flower("1.43.0rc1") is None  # PEP 440: a pre-release of 1.43 is not below 1.43
+    False
     >>> print(unsupported_flower("1.43.0"))
     skfedspd.flower supports Flower (flwr) >=1.42,<1.43, and the installed flwr 1.43.0 is outside this range: install a supported Flower with pip install 'skfedspd[flower]'
     """
-    found = re.match(r"(\d+)\.(\d+)", str(version))
-    if found is None:
-        return _message(version, "has no release number")
-    if not _OLDEST <= (int(found[1]), int(found[2])) < _FIRST_UNSUPPORTED:
-        return _message(version, "is outside this range")
-    return None
+    try:
+        inside = SpecifierSet(SUPPORTED_FLWR).contains(str(version), prereleases=True)
+    except InvalidVersion:
+        return _message(version, "has no version number")
+    return None if inside else _message(version, "is outside this range")
 
 
 def check_flower_version(version):
