@@ -14,11 +14,8 @@ vectors and the secure strategy), :mod:`.client` (the ClientApp) and :mod:`.serv
 set-up and :func:`serve`, which picks the strategy), :mod:`.progress`, :mod:`.simulation`,
 then the entry points :mod:`.simulation_fit`, :mod:`.deploy`, :mod:`.app`.
 
-Only :mod:`._internals` imports what is not Flower's public API (the runtime pieces that
-:mod:`.simulation`, :mod:`.runtime` and :mod:`.secure` need); it is imported first and stops
-the import with an ImportError naming the installed Flower, the supported range
-(:data:`~._internals.SUPPORTED_FLWR`) and ``pip install 'skfedspd[flower]'`` when the
-installed Flower is not one this package runs on.
+Only :mod:`._internals`, imported first, uses Flower beyond its public API and checks
+the installed Flower.
 """
 
 from . import _internals  # noqa: F401 - first: it checks the installed Flower

@@ -1,21 +1,9 @@
-"""What ``skfedspd.flower`` uses of Flower beyond its public API, in one module.
-
-Flower's public API (``flwr.app``, ``flwr.clientapp``, ``flwr.serverapp``, the names of
-``flwr.common``'s ``__all__``, ``flwr.client.mod``, ``flwr.server``'s ``LegacyContext`` and
-``workflow``, ``flwr.simulation``) covers the messages, the apps, the strategies and
-SecAgg+. It does not cover three things this package does, so they rely on Flower's
-runtime, which changes between minor releases:
-
-- :mod:`.simulation`: Flower's Simulation Runtime with an in-process backend instead of Ray;
-- :mod:`.runtime`: long-lived ClientApp / ServerApp processes on Flower's Runtime API, and
-  prompt polling of the SuperNode's loop;
-- :mod:`.secure`: SecAgg+'s workflow run on this package's own messages.
-
-Every other module of ``skfedspd.flower`` imports only Flower's public API and the names
-below. ``skfedspd.flower`` imports this module first: a Flower outside
-:data:`SUPPORTED_FLWR`, or one that lacks a name used here, stops the import with an
-ImportError that names the installed version, the supported range and
-:data:`INSTALL_COMMAND`.
+"""What ``skfedspd.flower`` uses of Flower beyond its public API: the Simulation Runtime
+(:mod:`.simulation`), the Runtime API's task protocol (:mod:`.runtime`) and SecAgg+'s legacy
+reply (:mod:`.secure`); ``docs/guide/deployment.md`` says why, and what the public API would
+cost. ``skfedspd.flower`` imports this module first: a Flower outside :data:`SUPPORTED_FLWR`,
+or one that lacks a name used here, stops the import with an ImportError naming the
+installed version, the range and :data:`INSTALL_COMMAND`.
 """
 
 import time
