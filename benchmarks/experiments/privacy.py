@@ -344,13 +344,14 @@ def span(values, digits):
     return low if low == high else f"{low}–{high}"
 
 
-def write_record(name, results, reference, diagnoses, command, facts, site_trials, folder=None):
+def write_record(name, results, reference, diagnoses, command, facts, site_trials, wall_seconds, folder=None):
     """The tracked record of a run: test macro-F1 (%) per seed of every fitted (model, ε)
     cell, of uniform guessing on the same test sets, and of the non-private centralized
     TS+LR (``reference``: its macro-F1 per seed, the record's reference row); the budget
     check, the seed-0 plan of the DP runs (sample rate, σ per site) and the signal-to-noise
     of one DP step (``diagnoses``: :func:`signal_to_noise`) as facts; ``site_trials``: the
-    sites' training trials at seed 0, in the order of ``privacy_["sites"]``. Returns its path."""
+    sites' training trials at seed 0, in the order of ``privacy_["sites"]``; ``wall_seconds``: the
+    run's wall time (the fact ``fit_minutes`` sums the runs' fit times). Returns its path."""
     rows = {"tslr": {"label": "TS+LR, centralized, no DP", "scores": {"macro_f1": {
         s: 100 * f for s, f in enumerate(reference)}}}}
     chance, high = {}, []
@@ -393,7 +394,7 @@ def write_record(name, results, reference, diagnoses, command, facts, site_trial
                       f"{prefix}_signal_to_noise": f"{g['signal'] / g['noise']:.3f}"})
     title = f"Privacy-utility trade-off: DP-FedSPDnet and DP-FedEEGNet, {facts.get('sites')} sites"
     return store.write_record(name, title=title, command=command, rows=rows, metrics={"macro_f1": "test macro-F1 (%)"},
-                              reference="tslr", paired_by="seed", wall_seconds=facts["fit_minutes"] * 60,
+                              reference="tslr", paired_by="seed", wall_seconds=wall_seconds,
                               facts=facts, folder=store.RECORDS if folder is None else folder)
 
 
@@ -540,6 +541,6 @@ def run(args, argv=None):
         facts = dict(setup(budget["rounds"], k, channels), profile=profile, subjects=len(np.unique(subjects)),
                      sites=n_clients, subjects_per_site=k, channels=X_raw.shape[1], trials=len(y), train_trials=n_train)
         path = write_record(record_name(profile, k, channels, args.rounds), results, reference, diagnoses, command,
-                            facts, site_trials)
+                            facts, site_trials, time.perf_counter() - start)
         report.append(f"Record: `{path}`")
     write_report(report, out, figure, args.docs)

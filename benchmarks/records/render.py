@@ -150,7 +150,10 @@ def paired_table(record, metric=None):
 
 
 def wall(record):
-    """``12.3 min``: the wall time of the run that wrote the record."""
+    """``12.3 min``: the wall time of the run that wrote the record (``wall time not recorded``
+    for a record that kept only a sum of fit times)."""
+    if record.get("wall_seconds") is None:
+        return "wall time not recorded"
     return f"{record['wall_seconds'] / 60:.1f} min"
 
 
@@ -163,11 +166,30 @@ def machine(record):
     return f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, torch {m['torch']}"
 
 
+def commit(record):
+    """``commit 04717d397e08`` (``, with uncommitted changes`` when its tree was dirty), ``not a
+    git checkout``, or ``commit not recorded`` for a record written before records kept it."""
+    if "commit" not in record:
+        return "commit not recorded"
+    if record["commit"] is None:
+        return "not a git checkout"
+    return f"commit {record['commit']['sha'][:12]}" + (", with uncommitted changes" if record["commit"]["dirty"] else "")
+
+
+def versions(record):
+    """``numpy 2.4.6, ..., Flower not installed``, or ``library versions not recorded``."""
+    if "versions" not in record:
+        return "library versions not recorded"
+    return ", ".join(f"{name} {version or 'not installed'}" for name, version in record["versions"].items())
+
+
 def provenance(record):
-    """One line: command, wall time, date, package version, machine and its load."""
-    return (f"Record `{record['name']}`: {command(record)}, {wall(record)} wall, {record['date'][:10]}, "
-            f"skfedspd {record['package']}, {machine(record)} (load average {record['machine']['load_average']} "
-            f"when it finished).")
+    """One line: command, wall time, date, package version and commit, library versions, machine
+    and its load."""
+    time = wall(record) if record.get("wall_seconds") is None else f"{wall(record)} wall"
+    return (f"Record `{record['name']}`: {command(record)}, {time}, {record['date'][:10]}, "
+            f"skfedspd {record['package']} ({commit(record)}; {versions(record)}), {machine(record)} "
+            f"(load average {record['machine']['load_average']} when it finished).")
 
 
 def fact(record, name):
@@ -231,9 +253,9 @@ def reached(record, target, view, *args):
 
 #: view name -> function(record, *args) -> text.
 VIEWS = {"mean": mean, "mean-sd": mean_sd, "units": units, "difference": difference, "reading": reading,
-         "versus": versus, "pair": pair, "comparison": comparison, "paired-table": paired_table, "wall": wall, "command": command,
-         "machine": machine, "provenance": provenance, "fact": fact, "median": median, "ratio": ratio,
-         "median-table": median_table, "reached": reached}
+         "versus": versus, "pair": pair, "comparison": comparison, "paired-table": paired_table, "wall": wall,
+         "command": command, "commit": commit, "versions": versions, "machine": machine, "provenance": provenance,
+         "fact": fact, "median": median, "ratio": ratio, "median-table": median_table, "reached": reached}
 
 
 def render_block(match, records=None):
