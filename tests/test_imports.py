@@ -6,6 +6,7 @@ ones included, without importing anything:
 - the graph of imports between skfedspd modules has no cycle, counting the imports
   inside functions too (a lazy import only defers a cycle to the first call);
 - the core imports no ``skfedspd.flower`` module when it is imported (Flower is an extra);
+- only ``skfedspd.flower._internals`` imports what is not Flower's public API;
 - no module uses another skfedspd module's private name (``from .x import _y``,
   ``x._y`` on an imported skfedspd module);
 - nothing in skfedspd imports ``pickle`` (or ``dill``, ``cloudpickle``, ``marshal``,
@@ -145,11 +146,45 @@ def test_core_does_not_import_flower_and_flower_uses_the_engine():
                 if t == "skfedspd.federated"]
 
 
+#: Flower's public API: these modules, and of ``flwr.common`` and ``flwr.server`` the names
+#: of their ``__all__`` (checked against the installed Flower by the test).
+FLOWER_PUBLIC = {"flwr.app", "flwr.clientapp", "flwr.serverapp", "flwr.serverapp.strategy", "flwr.client.mod",
+                 "flwr.server.workflow", "flwr.simulation"}
+FLOWER_PUBLIC_NAMES = {"flwr.common", "flwr.server"}
+
+
+def _flower_imports(name):
+    """``[(flwr module, name or None, line)]`` that a module imports, in functions too."""
+    out = []
+    for node in ast.walk(_tree(name)):
+        if isinstance(node, ast.Import):
+            out += [(a.name, None, node.lineno) for a in node.names if a.name.split(".")[0] == "flwr"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] == "flwr":
+            out += [(node.module, a.name, node.lineno) for a in node.names]
+    return out
+
+
+def test_only_the_internals_module_uses_flower_beyond_its_public_api():
+    """Whatever changes between Flower releases is imported in one module, which checks the
+    installed Flower; the others import Flower's public API, and those names from it."""
+    pytest.importorskip("flwr")
+    import importlib
+
+    public_names = {module: set(importlib.import_module(module).__all__) for module in FLOWER_PUBLIC_NAMES}
+    beyond = {}
+    for name in MODULES:
+        for module, imported, line in _flower_imports(name):
+            if module in FLOWER_PUBLIC or (module in public_names and imported in public_names[module]):
+                continue
+            beyond.setdefault(name, []).append(f"{module}:{imported} (line {line})")
+    assert list(beyond) == ["skfedspd.flower._internals"], beyond
+
+
 #: The layers of ``skfedspd``, lowest first (``docs/guide/architecture.md``): a module imports
 #: only modules of lower layers, lazy imports included. The Flower modules sit where their
 #: imports put them: the transport below the estimator, the deployment tools above it.
 LAYERS = [
-    {"validation", "protocol"},
+    {"validation", "protocol", "flower._internals"},
     {"functional", "stiefel", "messages", "spec", "training", "datasets",
      "flower.records", "flower.progress", "flower.runtime", "flower.simulation"},
     {"layers", "federated_module", "aggregation", "server_optimizer", "online", "persistence", "clients", "backends"},
@@ -237,6 +272,27 @@ def test_no_pickle(name):
         elif isinstance(node, ast.Attribute) and node.attr == "load" and ast.unparse(node.value) == "torch":
             problems.append(f"torch.load (line {node.lineno})")
     assert not problems, f"{name}: {problems}"
+
+
+@pytest.mark.slow
+def test_core_fits_a_federation_without_flower():
+    """The core runs without the ``flower`` extra: with Flower blocked (a fresh interpreter),
+    skfedspd imports and fits a local federation, and loads no ``skfedspd.flower`` module."""
+    code = textwrap.dedent("""
+        import sys
+        sys.modules["flwr"] = None  # as if Flower were not installed
+        import numpy as np
+        from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+        from skfedspd.datasets import make_spd_classification
+        X, y = make_spd_classification(n_matrices=24, n_channels=4, n_classes=2, seed=0)
+        fed = FederatedSPDnetClassifier(SPDnetClassifier(), n_rounds=1, random_state=0)
+        fed.fit(X, y, groups=np.repeat([0, 1, 2], 8))
+        loaded = sorted(m for m in sys.modules if m.startswith(("skfedspd.flower", "flwr.")))
+        print("fitted", fed.predict(X).shape, loaded)
+    """)
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE_DIR.parent,
+                            timeout=300)
+    assert result.stdout.strip() == "fitted (24,) []", result.stdout + result.stderr
 
 
 @pytest.mark.slow

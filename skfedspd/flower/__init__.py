@@ -13,8 +13,12 @@ records), :mod:`.strategy` (the rounds in clear), :mod:`.secure` (SecAgg+: a sit
 vectors and the secure strategy), :mod:`.client` (the ClientApp) and :mod:`.server` (the
 set-up and :func:`serve`, which picks the strategy), :mod:`.progress`, :mod:`.simulation`,
 then the entry points :mod:`.simulation_fit`, :mod:`.deploy`, :mod:`.app`.
+
+Only :mod:`._internals`, imported first, uses Flower beyond its public API and checks
+the installed Flower.
 """
 
+from . import _internals  # noqa: F401 - first: it checks the installed Flower
 from .client import load_site_from_node_config, make_client_app
 from .deploy import fit_federated, write_app
 from .server import serve

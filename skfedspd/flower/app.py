@@ -30,7 +30,7 @@ The two apps, and a run configuration as :func:`skfedspd.flower.fit_federated` w
 """
 
 from flwr.serverapp import ServerApp
-from flwr.supercore import log
+from flwr.common import log
 
 from .. import spec as _spec
 from ..federated import FederatedSPDnetClassifier, set_result

@@ -24,11 +24,12 @@ from ..backends import FlowerBackend
 from ..federated import FederatedSPDnetClassifier
 from ..persistence import load_estimator
 from ..validation import check_count, check_positive
+from ._internals import SUPPORTED_FLWR
 from .progress import RoundProgress
 
 __all__ = ["write_app", "fit_federated", "flower_env"]
 
-APP_PYPROJECT = """\
+APP_PYPROJECT = f"""\
 # FedSPDnet (skfedspd) as a Flower App. The code is the installed skfedspd[flower] on the
 # SuperLink and on every SuperNode: this bundle carries configuration only.
 [build-system]
@@ -40,7 +41,7 @@ name = "skfedspd-fedspdnet"
 version = "0.1.0"
 description = "FedSPDnet (SPDnet on EEG covariance matrices) with skfedspd"
 license = "BSD-3-Clause"
-dependencies = ["flwr>=1.42,<1.43", "skfedspd[flower]"]
+dependencies = ["flwr{SUPPORTED_FLWR}", "skfedspd[flower]"]
 
 [tool.flwr.app]
 publisher = "skfedspd"

@@ -28,8 +28,10 @@ SuperNode with the same back-off for its idle poll of the SuperLink (Flower: a f
 between polls while no message is waiting, 0.5 s while a reply is pending); everything else
 is Flower's ``flower-supernode``.
 
-Flower internals are used here (the Runtime API client and the SuperNode's loop), hence the
-``flwr>=1.42,<1.43`` pin of the ``flower`` extra.
+Flower's public API has no such process (its own ``flwr-clientapp`` is one process per
+message): the Runtime API client, the task protocol and the SuperNode's loop used here are
+Flower internals, imported from :mod:`skfedspd.flower._internals`, which checks the installed
+Flower.
 """
 
 import argparse
@@ -37,40 +39,55 @@ import importlib
 import sys
 import threading
 import time
-import types
 from logging import ERROR, INFO
 from pathlib import Path
 from queue import Empty, Queue
 
 from flwr.app import Error, Message, RecordDict
-from flwr.cli.install import install_from_fab
-from flwr.clientapp.client_app import LoadClientAppError
-from flwr.clientapp.utils import get_load_client_app_fn
-from flwr.common.config import get_fused_config_from_dir, get_project_config, get_project_dir
-from flwr.common.constant import ErrorCode, SubStatus
-from flwr.common.serde import context_from_proto, context_to_proto, fab_from_proto, run_from_proto
-from flwr.proto.runtime_pb2 import (  # pylint: disable=no-name-in-module
+from flwr.common import log
+
+from ._internals import (
     AcquireTaskRequest,
+    ErrorCode,
+    HeartbeatSender,
+    HttpGrid,
+    LoadClientAppError,
     PullTaskInputRequest,
     PushTaskOutputRequest,
-)
-from flwr.server.run_serverapp import run as run_server_app
-from flwr.supercore import log
-from flwr.supercore.app_utils import start_parent_process_monitor
-from flwr.supercore.auth import add_superexec_auth_secret_args, load_superexec_auth_secret
-from flwr.supercore.constant import TaskType
-from flwr.supercore.heartbeat import HeartbeatSender, make_task_heartbeat_fn_http
-from flwr.supercore.interceptors import (
+    RuntimeHttpClient,
     RuntimeTokenHttpInterceptor,
     RuntimeVersionHttpInterceptor,
+    SubStatus,
     SuperExecAuthHttpInterceptor,
+    TaskIdentity,
+    TaskType,
+    add_superexec_auth_secret_args,
+    context_from_proto,
+    context_to_proto,
+    fab_from_proto,
+    flower_supernode,
+    flush_logs,
+    get_fused_config_from_dir,
+    get_load_client_app_fn,
+    get_project_config,
+    get_project_dir,
+    install_from_fab,
+    load_superexec_auth_secret,
+    make_simple_http_retry_invoker,
+    make_task_heartbeat_fn_http,
+    mirror_output_to_queue,
+    patch_supernode_loop,
+    pull_task_input,
+    push_message,
+    push_task_output,
+    run_from_proto,
+    run_serverapp,
+    runtime_client,
+    set_object_pull_backoff,
+    start_log_uploader,
+    start_parent_process_monitor,
+    stop_log_uploader,
 )
-from flwr.supercore.logger import flush_logs, mirror_output_to_queue, start_log_uploader, stop_log_uploader
-from flwr.supercore.retry import make_simple_http_retry_invoker
-from flwr.supercore.runtime import RuntimeHttpClient
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.superlink.grid import HttpGrid
-from flwr.supernode.runtime.run_clientapp import pull_task_input, push_message, push_task_output
 
 __all__ = ["Backoff", "PromptGrid", "AppRunner", "main"]
 
@@ -274,7 +291,7 @@ class AppRunner:
         """One ServerApp run, as ``flwr-serverapp --token`` does, with a :class:`PromptGrid`."""
         grid = PromptGrid(runtime_api_address=self.address, insecure=self.insecure,
                           root_certificates=self.root_certificates, token=token, max_poll=self.max_poll)
-        client = grid._runtime_client
+        client = runtime_client(grid)
         heartbeat = HeartbeatSender(make_task_heartbeat_fn_http(client))
         heartbeat.start()
         _drain(self._log_queue)
@@ -293,7 +310,7 @@ class AppRunner:
             app_dir = self._app_dir(run, fab)
             attr = get_project_config(app_dir)["tool"]["flwr"]["app"]["components"]["serverapp"]
             context.run_config = get_fused_config_from_dir(Path(app_dir), run.override_config)
-            context = run_server_app(grid=grid, server_app_dir=str(app_dir), server_app_attr=attr, context=context)
+            context = run_serverapp(grid=grid, server_app_dir=str(app_dir), server_app_attr=attr, context=context)
             context.state = RecordDict()  # as flwr-serverapp: the context goes back without its state
             status, details = SubStatus.COMPLETED, ""
         except Exception as ex:  # noqa: BLE001 - the run fails, the runner goes on
@@ -331,9 +348,7 @@ def prompt_object_pulls(max_poll=0.5):
     claims a task while the SuperNode still pulls them): with Flower's back-off, such a race
     costs a second or more per message.
     """
-    from flwr.supercore.inflatable import inflatable_utils
-
-    inflatable_utils.pull_objects.__kwdefaults__.update(initial_backoff=Backoff().floor, backoff_cap=max_poll)
+    set_object_pull_backoff(Backoff().floor, max_poll)
 
 
 # ---------------------------------------------------------------------- SuperNode
@@ -345,17 +360,16 @@ def prompt_supernode_polling(max_poll=0.5):
     app; the first become the back-off (reset when a message arrives), the second 20 ms
     checks of the SuperNode's own memory.
     """
-    import flwr.supernode.start_client_internal as loop
-
     prompt_object_pulls(max_poll)
     backoff = Backoff(cap=max_poll)
-    pull = loop._pull_and_store_message
 
-    def pull_and_store_message(*args, **kwargs):
-        run_id = pull(*args, **kwargs)
-        if run_id is not None:
-            backoff.reset()
-        return run_id
+    def wrap(pull):
+        def pull_and_store_message(*args, **kwargs):
+            run_id = pull(*args, **kwargs)
+            if run_id is not None:
+                backoff.reset()
+            return run_id
+        return pull_and_store_message
 
     def sleep(seconds):
         if seconds >= 1.0:  # nothing was pulled
@@ -363,11 +377,7 @@ def prompt_supernode_polling(max_poll=0.5):
         else:  # a reply of the app is pending
             time.sleep(min(seconds, backoff.floor))
 
-    clock = types.ModuleType("time")
-    clock.__dict__.update({k: v for k, v in vars(time).items() if not k.startswith("__")})
-    clock.sleep = sleep
-    loop.time = clock
-    loop._pull_and_store_message = pull_and_store_message
+    patch_supernode_loop(wrap, sleep)
 
 
 # ---------------------------------------------------------------------- CLI
@@ -397,8 +407,6 @@ def main(argv=None):
             max_poll = float(rest[i + 1])
             del rest[i:i + 2]
         prompt_supernode_polling(max_poll)
-        from flwr.supernode.cli import flower_supernode
-
         sys.argv = ["flower-supernode", *rest]
         return flower_supernode()
 

@@ -28,6 +28,9 @@ run on our Grid by :class:`SecureSum`; the sites run :func:`flwr.client.mod.seca
 unchanged (:func:`secure_mod` only routes the protocol's messages to it). Nothing here is
 cryptography of our own.
 
+Both are Flower's public API; the legacy reply they mask (``fitres_to_recorddict``) and the
+workflow's state keys are not, and come from :mod:`skfedspd.flower._internals`.
+
 Quantization. Every entry is scaled into ``[-1, 1]`` (``clipping_range = 1``) by a bound
 ``B``: a Stiefel array has orthonormal columns, so its entries lie in ``[-1, 1]`` (``B =
 1``); Euclidean arrays (the head) have no such bound and must stay within
@@ -57,17 +60,22 @@ from dataclasses import dataclass
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MessageType, RecordDict
 from flwr.client.mod import secaggplus_mod
-from flwr.common import Code, FitIns, FitRes, Parameters, Status, ndarrays_to_parameters, parameters_to_ndarrays
-from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS
-from flwr.compat.common.recorddict_compat import fitres_to_recorddict
-from flwr.server.compat.legacy_context import LegacyContext
+from flwr.common import (
+    Code,
+    FitIns,
+    FitRes,
+    Parameters,
+    Status,
+    log,
+    ndarrays_to_parameters,
+    parameters_to_ndarrays,
+)
+from flwr.server import LegacyContext
 from flwr.server.workflow import SecAggPlusWorkflow
-from flwr.server.workflow.constant import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD
-from flwr.server.workflow.constant import Key as WorkflowKey
-from flwr.supercore import log
 
 from ..aggregation import check_secure_rule
 from ..engine import within_declared_weight
+from ._internals import MAIN_CONFIGS_RECORD, MAIN_PARAMS_RECORD, RECORD_KEY_CONFIGS, WorkflowKey, fitres_to_recorddict
 from .strategy import SPDnetStrategy
 
 __all__ = ["SecureSum", "SecureSPDnetStrategy", "secure_mod", "train_vector", "eval_vector", "split_limbs",
@@ -270,6 +278,7 @@ class _Workflow(SecAggPlusWorkflow):
 
     def setup_stage(self, grid, context, state):
         ok = super().setup_stage(grid, context, state)
+        # The workflow's state (internal): its public input, a legacy FitIns, cannot carry a RecordDict.
         state.nid_to_fitins = {node: self.contents[node] for node in state.nid_to_fitins}
         return ok
 

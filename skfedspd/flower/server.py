@@ -15,7 +15,7 @@ import time
 
 import numpy as np
 from flwr.app import ConfigRecord, Message, MessageType, RecordDict
-from flwr.supercore import log
+from flwr.common import log
 
 from .. import spec as _spec
 from ..backends import uses_secure_aggregation

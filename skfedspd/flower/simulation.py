@@ -10,8 +10,9 @@ small consortia this package targets, that costs far more than the training itse
 the ClientApp in the runtime's worker thread. Everything else (messages, node ids, the
 ServerApp thread, reply routing, errors turned into error replies) is Flower's own code.
 
-The helpers reach into ``flwr.server.superlink.fleet.vce`` and the in-memory LinkState,
-which are not public API: the ``flower`` extra pins ``flwr>=1.42,<1.43``.
+The runtime, its ``Backend`` interface and the in-memory LinkState are not Flower's public
+API (``flwr.simulation.run_simulation`` is, with Ray only): they come from
+:mod:`skfedspd.flower._internals`, which checks the installed Flower.
 """
 
 import copy
@@ -22,22 +23,9 @@ import threading
 
 from flwr.app import Context, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.common.constant import RUN_ID_NUM_BYTES, SUPERLINK_NODE_ID, TASK_ID_NUM_BYTES
-from flwr.proto.task_pb2 import Task  # pylint: disable=no-name-in-module
-from flwr.server.run_serverapp import run as _run_serverapp
-from flwr.server.superlink.fleet.vce import vce_api
-from flwr.server.superlink.fleet.vce.backend import Backend
-from flwr.server.superlink.fleet.vce.metrics import VceMetrics
-from flwr.server.superlink.linkstate import LinkStateFactory
-from flwr.server.superlink.linkstate.in_memory_linkstate import RunRecord
-from flwr.server.superlink.linkstate.utils import generate_rand_int_from_bytes
 from flwr.serverapp import ServerApp
-from flwr.supercore.constant import FLWR_IN_MEMORY_DB_NAME, NOOP_FEDERATION_ID
-from flwr.supercore.object_store import ObjectStoreFactory
-from flwr.supercore.run import Run
-from flwr.supercore.task_identity import TaskIdentity
-from flwr.superlink.federation import NoOpFederationManager
-from flwr.superlink.grid import InMemoryGrid
+
+from ._internals import Backend, VceMetrics, register_virtual_nodes, run_serverapp, run_vce, start_inmemory_run
 
 __all__ = ["InProcessBackend", "run_inprocess_simulation", "quiet_flower_logs"]
 
@@ -54,8 +42,8 @@ class InProcessBackend(Backend):
     builds it from the ClientApp and hands it every message of every virtual SuperNode:
 
     >>> from flwr.clientapp import ClientApp
-    >>> from flwr.server.superlink.fleet.vce.backend import Backend
     >>> from skfedspd.flower import InProcessBackend
+    >>> from skfedspd.flower._internals import Backend
     >>> backend = InProcessBackend({"init_args": {"num_workers": 2}})
     >>> isinstance(backend, Backend), backend.num_workers, backend.is_worker_idle()
     (True, 2, True)
@@ -155,25 +143,10 @@ def run_inprocess_simulation(server_app: ServerApp, client_app: ClientApp, num_s
     [0, 1, 2]
     """
     os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
-    state_factory = LinkStateFactory(FLWR_IN_MEMORY_DB_NAME, NoOpFederationManager(), ObjectStoreFactory())
-    run = Run.create_empty(run_id=generate_rand_int_from_bytes(RUN_ID_NUM_BYTES))
-    run.primary_task_id = generate_rand_int_from_bytes(TASK_ID_NUM_BYTES)
-    run.federation_id = NOOP_FEDERATION_ID
-    # As flwr.simulation.run_simulation does for its Python API.
-    TaskIdentity.task_id = 1
-    TaskIdentity.run_id = run.run_id
-    TaskIdentity.node_id = SUPERLINK_NODE_ID
-
-    state = state_factory.state()
-    state.run_ids[run.run_id] = RunRecord(run=run)
-    state.task_store[run.primary_task_id] = Task(task_id=run.primary_task_id, run_id=run.run_id)
-    grid = InMemoryGrid(state_factory=state_factory, pull_interval=0.005)
-    grid.set_run(run)
+    state_factory, run, grid = start_inmemory_run()  # as flwr.simulation.run_simulation does
     context = Context(run_id=run.run_id, node_id=0, node_config={}, state=RecordDict(),
                       run_config=dict(run_config or {}))
-
-    nodes_mapping = vce_api._register_nodes(num_nodes=num_supernodes, state_factory=state_factory)
-    node_info_stores = vce_api._register_node_info_stores(nodes_mapping=nodes_mapping, run=run)
+    nodes_mapping, node_info_stores = register_virtual_nodes(num_supernodes, state_factory, run)
 
     f_stop = threading.Event()
     errors = queue.Queue()
@@ -181,8 +154,8 @@ def run_inprocess_simulation(server_app: ServerApp, client_app: ClientApp, num_s
 
     def serve():
         try:
-            contexts.put(_run_serverapp(grid=grid, context=context, server_app_dir="",
-                                        loaded_server_app=server_app))
+            contexts.put(run_serverapp(grid=grid, context=context, server_app_dir="",
+                                       loaded_server_app=server_app))
         except BaseException as error:  # noqa: BLE001 - re-raised in the caller
             errors.put(error)
         finally:
@@ -191,8 +164,8 @@ def run_inprocess_simulation(server_app: ServerApp, client_app: ClientApp, num_s
     server_thread = threading.Thread(target=serve, name="flwr-serverapp", daemon=True)
     server_thread.start()
     try:
-        vce_api.run_api(lambda: client_app, lambda: InProcessBackend({"init_args": {"num_workers": num_workers}}),
-                        nodes_mapping, state_factory, node_info_stores, f_stop, VceMetrics())
+        run_vce(lambda: client_app, lambda: InProcessBackend({"init_args": {"num_workers": num_workers}}),
+                nodes_mapping, state_factory, node_info_stores, f_stop, VceMetrics())
     finally:
         f_stop.set()
         server_thread.join()

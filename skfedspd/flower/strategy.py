@@ -9,7 +9,7 @@ import time
 
 from flwr.app import ConfigRecord, Message, MessageType, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
-from flwr.supercore import log
+from flwr.common import log
 
 from ..engine import EvalReply, TrainReply
 from .records import from_array_record, to_array_record
