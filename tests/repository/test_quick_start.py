@@ -100,4 +100,5 @@ def test_the_quick_start_runs_on_the_offline_eeg():
         exec(compile(sized("federated", snippets["federated"]), "README federated snippet", "exec"), namespace)
         fed = namespace["fed"][-1]
         assert fed.n_clients_ == 2 and len(fed.history_) == 2
-        assert fed.predict(namespace["X"][:5]).shape == (5,)
+        assert fed.server_optimizer.momentum == 0.9 and fed.estimator.batchnorm == "domain"
+        assert namespace["fed"].predict(namespace["X"][:5]).shape == (5,)
