@@ -48,8 +48,7 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 
 
 def _comparable(value):
-    """A parameter's value in a form that ``==`` compares safely (tuples for sequences,
-    device names for devices)."""
+    """A parameter's value in a form that ``==`` compares safely."""
     if isinstance(value, torch.device):
         return str(value)
     if isinstance(value, np.ndarray):
@@ -70,9 +69,7 @@ def _progress(iterable, enabled, desc):
 
 
 def _as_tensor(a):
-    """A tensor sharing a writable numpy array's memory, or a copy of a read-only one (joblib
-    memory-maps): torch has no read-only tensors. Tensors pass through; a DomainBatch gets
-    its matrices converted."""
+    """A tensor sharing a writable numpy array's memory, or a copy of a read-only one."""
     if isinstance(a, DomainBatch):
         return a.with_inputs(_as_tensor(a.X))
     if not isinstance(a, np.ndarray):
@@ -83,30 +80,22 @@ def _as_tensor(a):
 class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     """Base for torch classifiers trained by :func:`skfedspd.training.train_epochs`.
 
-    It implements the local-estimator protocol (``docs/guide/protocol.md``): the public methods
-    that the federated meta-estimator, the engine and the Flower apps call, and nothing
-    else. Subclasses provide ``_check_array(X, reset)`` (a validated float64 array; with
-    ``reset`` it records ``n_features_in_``), :meth:`input_statistic`,
-    :meth:`set_input_statistic`, :meth:`to_tensor` and ``_build_module(seed)``.
+    It implements the local-estimator protocol (``docs/guide/protocol.md``). Subclasses provide
+    ``_check_array(X, reset)``, :meth:`input_statistic`, :meth:`set_input_statistic`,
+    :meth:`to_tensor` and ``_build_module(seed)``.
 
     Examples
     --------
-    What a federated client does with a local estimator (here an SPDnet): set it up from
-    its data, then run one round's :meth:`local_update` from the broadcast parameters.
+    What a federated client does: set up from its data, then one round's :meth:`local_update`.
 
     >>> from skfedspd import SPDnetClassifier
-    >>> from skfedspd.base import TorchClassifierBase
     >>> from skfedspd.datasets import make_spd_classification
     >>> X, y = make_spd_classification(n_matrices=20, n_channels=4, n_classes=2, seed=0)
     >>> clf = SPDnetClassifier(random_state=0)
-    >>> isinstance(clf, TorchClassifierBase)
-    True
     >>> X = clf.check_inputs(X, reset=True)
     >>> clf.set_classes(y)
     >>> clf.set_input_statistic(clf.input_statistic(X))
     >>> clf.init_module(seed=0)
-    >>> dict(clf.parameter_kinds())
-    {'bimaps.0.weight': 'stiefel', 'head.weight': 'euclidean', 'head.bias': 'euclidean'}
     >>> params, loss, n_skipped = clf.local_update(clf.get_parameters(), None, clf.to_tensor(X),
     ...                                            clf.encode_labels(y), lr=0.01, n_epochs=2, seed=0)
     >>> params["bimaps.0.weight"].shape, n_skipped
@@ -120,20 +109,13 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : array-like
-            Inputs in the estimator's format (see the subclass).
         reset : bool
             True at the start of a fit: the hyper-parameters are validated and
-            ``n_features_in_`` (and any other input-shape attribute) is set from ``X``.
-            False: ``X`` must match the shape seen at fit time.
+            ``n_features_in_`` is set. False: ``X`` must match the fitted shape.
 
         Returns
         -------
         X : ndarray of float64
-
-        Raises
-        ------
-        ValueError
-            Naming the problem (and the first bad sample where there is one).
         """
         if reset:
             self.check_params()
@@ -142,13 +124,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return self._check_array(X, reset)
 
     def check_params(self):
-        """Validate the hyper-parameters (scikit-learn's ``_parameter_constraints``).
-
-        Raises
-        ------
-        sklearn.utils._param_validation.InvalidParameterError
-            A ``ValueError`` naming the parameter, its value and what is allowed.
-        """
+        """Validate the hyper-parameters (scikit-learn's ``_parameter_constraints``)."""
         self._validate_params()
         check_device(self.device)
         for value in self.get_params(deep=False).values():
@@ -156,17 +132,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 value.check_params()
 
     def set_classes(self, classes):
-        """Set ``classes_`` to the sorted unique labels of ``classes``.
+        """Set ``classes_`` to the sorted unique labels of ``classes`` (at least two).
 
         Parameters
         ----------
         classes : array-like of shape (n_labels,)
-            Every label the model will know (any label type: int, str...).
-
-        Raises
-        ------
-        ValueError
-            If the labels are not classification targets or fewer than two classes remain.
         """
         check_label_values(classes, "classes")
         classes = column_or_1d(np.asarray(classes), warn=False)
@@ -180,7 +150,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         self.classes_ = classes
 
     def encode_labels(self, y, n_samples=None):
-        """Integer codes of the labels ``y`` into ``classes_`` (set by :meth:`set_classes`).
+        """Integer codes of the labels ``y`` into ``classes_``.
 
         Parameters
         ----------
@@ -191,12 +161,6 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Returns
         -------
         codes : ndarray of int64 of shape (n_samples,)
-            ``classes_[codes] == y``.
-
-        Raises
-        ------
-        ValueError
-            On a length mismatch, non-classification targets or labels not in ``classes_``.
         """
         y = check_labels(y, n_samples)
         unseen = np.setdiff1d(np.unique(y), self.classes_)
@@ -205,25 +169,17 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return np.searchsorted(self.classes_, y).astype(np.int64)
 
     def input_statistic(self, X, sample_weight=None):
-        """A scalar statistic of the training inputs, additive over samples, or None.
-
-        Federated clients each compute it on their training part; the server pools them by
-        a weighted mean (weights: training sizes, or sums of sample weights), which is
-        exactly the statistic of the pooled data, and calls :meth:`set_input_statistic`
-        with it.
+        """A scalar statistic of the training inputs, additive over samples, or None; the server
+        pools the clients' by a weighted mean.
 
         Parameters
         ----------
         X : ndarray
-            Inputs validated by :meth:`check_inputs`.
         sample_weight : ndarray or None
-            Weights of the samples (a weighted mean); only passed when not None, so a
-            subclass whose statistic ignores weights may omit the argument.
 
         Returns
         -------
         float or None
-            None when the estimator fits nothing on its inputs.
         """
         return None
 
@@ -241,7 +197,6 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         X : ndarray
-            Inputs validated by :meth:`check_inputs`.
 
         Returns
         -------
@@ -251,10 +206,8 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     # ------------------------------------------------------------------ protocol: model
     def init_module(self, seed):
-        """Build a fresh ``module_`` from ``n_features_in_`` and ``classes_`` only (no data).
-
-        The same ``seed`` gives the same weights on every machine; torch's global RNG is left
-        untouched. ``history_`` is reset.
+        """Build a fresh ``module_`` from ``n_features_in_`` and ``classes_``; the same ``seed``
+        gives the same weights.
 
         Parameters
         ----------
@@ -272,19 +225,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     _fitted_params = ("dtype", "device")
 
     def check_fitted_params(self):
-        """Refuse to use a fitted model whose meaning parameters (``fitted_params_``: those its
-        network and input transform were built with) were changed by ``set_params`` since.
-
-        ``set_params`` stays permissive, as scikit-learn requires (``clone`` and grid searches
-        set parameters on unfitted estimators, and a changed value applies at the next
-        ``fit``); prediction, adaptation, ``partial_fit``, a warm-started ``fit`` and saving
-        call this first, so such a change is never silently applied or silently ignored.
-
-        Raises
-        ------
-        ValueError
-            Naming the parameter, its value and the fitted one: refit, or set it back.
-        """
+        """Refuse (ValueError) a fitted model whose ``fitted_params_`` were changed since ``fit``."""
         for name, fitted in getattr(self, "fitted_params_", {}).items():
             current = getattr(self, name, None)
             if _comparable(current) != _comparable(fitted):
@@ -293,12 +234,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                                  f"with set_params({name}={fitted!r})")
 
     def get_parameters(self):
-        """The module's exported state as named numpy copies.
+        """The module's exported state as named numpy copies (keys of :meth:`parameter_kinds`).
 
         Returns
         -------
         dict of str to ndarray
-            Keys and order of :meth:`parameter_kinds`.
         """
         return self.module_.get_parameters()
 
@@ -308,13 +248,6 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Parameters
         ----------
         arrays : dict of str to ndarray
-
-        Raises
-        ------
-        KeyError
-            For a name the module does not export.
-        ValueError
-            For an array of the wrong shape.
         """
         self.module_.set_parameters(arrays)
 
@@ -324,107 +257,55 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Returns
         -------
         dict of str to str
-            ``"stiefel"`` (orthonormal columns, aggregated on the manifold),
-            ``"euclidean"`` (averaged) or ``"local"`` (kept on each client, FedBN-style).
+            ``"stiefel"``, ``"euclidean"`` or ``"local"`` (kept on each client).
         """
         return self.module_.parameter_kinds()
 
     def federation_traits(self):
-        """What the federation needs to know of this model, declared rather than probed
-        (:class:`~skfedspd.protocol.FederationTraits`). Here: no domains and no batch
-        statistics; the learning rate and minibatch size; the class weights and the
-        early-stopping rule of the parameters ``class_weight`` and ``early_stopping`` where
-        the model has them (without ``early_stopping``, a validation part is held out
-        whenever one is asked for)."""
+        """What the federation needs to know of this model (:class:`~skfedspd.protocol.FederationTraits`)."""
         params = self.get_params(deep=False)
         return FederationTraits(class_weight=params.get("class_weight"),
                                 early_stopping=params.get("early_stopping", True), lr=self.lr,
                                 batch_size=self.batch_size)
 
     def federated_params(self, *, init=None, private=False):
-        """The parameters a federated fit sets on its clone of this model before training:
-        ``init`` is the fitted local model the run starts from (or None), ``private`` says
-        DP mode. Here: none."""
+        """The parameters a federated fit sets on its clone of this model (here: none)."""
         return {}
 
     def validation_scores(self, X, y, sample_weight=None):
-        """``(loss, macro-F1)`` of the network on ``X`` (:meth:`to_tensor`'s) and the label
-        codes ``y``: what a site reports of its validation part
-        (:func:`skfedspd.training.evaluate`)."""
+        """``(loss, macro-F1)`` of the network on ``X`` and the label codes ``y``."""
         return evaluate(self.module_, X, y, sample_weight)
 
     def n_trainable_parameters(self):
-        """The number of values that train (``requires_grad``): the dimension DP-SGD's noise
-        spreads over."""
+        """The number of values that train (the dimension of DP-SGD's noise)."""
         return int(sum(p.numel() for p in self.module_.parameters() if p.requires_grad))
 
     def without_class_weight(self):
-        """An unfitted clone that leaves the class weights out (``class_weight=None`` where the
-        model has that parameter): for sites whose sample weights already hold them,
-        computed by the transport on all the labels, so that they are not applied twice."""
+        """An unfitted clone with ``class_weight=None`` (for sites whose sample weights hold them)."""
         est = clone(self)
         if "class_weight" in est.get_params(deep=False):
             est.set_params(class_weight=None)
         return est
 
     def check_optimizer_state(self, arrays):
-        """Raise a ValueError naming the problem when ``arrays`` (an Adam state, as
-        :func:`skfedspd.training.optimizer_arrays` writes it) does not fit the network."""
+        """Raise a ValueError when ``arrays`` (an Adam state) does not fit the network."""
         load_optimizer_arrays(torch.optim.Adam(self.module_.parameters()), arrays)
 
     def local_update(self, global_params, local_state, X, y, *, lr, n_epochs, seed, n_threads=None, dp=None,
                      sample_weight=None, optimizer_state=None):
-        """One client's work in a federated round: the one local-training routine.
-
-        Loads the broadcast ``global_params`` (then the client's own ``local_state``),
-        creates an Adam optimizer with learning rate ``lr`` (resuming the client's
-        ``optimizer_state`` when one is given) and runs ``n_epochs``
-        epochs of :func:`~skfedspd.training.train_epochs` (minibatches of ``batch_size``)
-        under ``seed`` — or, with ``dp``, of :func:`~skfedspd.dp_sgd.dp_train_epochs`
-        (DP-SGD: Poisson sampling, per-sample clipping, Gaussian noise, Adam on the
-        privatized gradient). Torch's global RNG and grad mode do not matter and are left as
-        they were.
-
-        Parameters
-        ----------
-        global_params : dict of str to ndarray
-        local_state : dict of str to ndarray or None
-            The client's ``"local"`` arrays from its previous round (None: none yet).
-        X, y : torch.Tensor or ndarray
-            The client's training inputs (from :meth:`to_tensor`) and integer codes (from
-            :meth:`encode_labels`).
-        lr : float
-        n_epochs : int
-        seed : int
-        n_threads : int or None
-            torch intra-op threads during the update (None: unchanged).
-        dp : dict or None, default=None
-            Differentially private training: ``{"noise_multiplier": σ, "clip_norm": C,
-            "sample_rate": q}`` (the site's entry of :func:`~skfedspd.privacy.plan_dp`).
-            ``batch_size`` is then replaced by Poisson sampling at rate ``q``; an epoch is
-            ``ceil(1 / q)`` steps. Not combined with ``sample_weight``.
-        sample_weight : torch.Tensor, ndarray or None
-            The client's training sample weights (the minibatch loss is their weighted mean);
-            they never leave the client.
-        optimizer_state : dict of str to ndarray or None, default=None
-            The client's Adam state after its previous round
-            (:func:`~skfedspd.training.optimizer_arrays`; ``{}`` before its first round):
-            Adam resumes its moments and step count from it at the learning rate ``lr``, and
-            the dict is replaced in place by the state after this round. None: a fresh Adam,
-            nothing kept (the paper's clients). It is the client's own and is not returned
-            with the parameters.
+        """One client's work in a federated round: load ``global_params`` (then ``local_state``) and
+        run ``n_epochs`` epochs of Adam at ``lr`` under ``seed`` (with ``dp``, DP-SGD:
+        :func:`~skfedspd.dp_sgd.dp_train_epochs`), on the client's tensors ``X`` and label codes
+        ``y``, weighted by ``sample_weight``. ``optimizer_state`` (a dict) is resumed and replaced
+        in place; None: a fresh Adam.
 
         Returns
         -------
         params : dict of str to ndarray
-            :meth:`get_parameters` after training (``"local"`` arrays included).
         mean_loss : float
-            Sample-weighted mean training loss (NaN if every batch was skipped). NaN with
-            ``dp``: the loss is a statistic of the raw data, outside the privacy budget,
-            so it is not released.
+            Weighted mean training loss (NaN with ``dp`` or if every batch was skipped).
         n_skipped : int
-            Batches skipped for a non-finite loss or gradient. 0 with ``dp`` (samples with
-            a non-finite gradient contribute zero; their count is not released).
+            Batches skipped for a non-finite loss or gradient.
         """
         X, y, sample_weight = _as_tensor(X), _as_tensor(y), _as_tensor(sample_weight)
         with torch_threads(n_threads), seeded_torch(seed):
@@ -460,17 +341,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         Returns
         -------
         arrays : dict of str to ndarray
-            The module's state (``"module.<name>"``: parameters and buffers), the Adam state
-            kept for :meth:`partial_fit` (``"optimizer.<param>.<name>"``) and the training
-            random streams (``"rng.torch"``, ``"rng.shuffle"``).
         meta : dict
-            JSON data: ``classes`` (dtype and values, any label type), ``attributes`` (the
-            fitted attributes: ``n_features_in_``, ``history_``, ``best_epoch_``,
-            ``n_iter_``...) and the optimizer's hyper-parameters.
-
-        See Also
-        --------
-        restore_fitted_state, skfedspd.save_estimator
         """
         check_is_fitted(self)
         self.check_fitted_params()
@@ -486,22 +357,12 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
-        """Become the fitted estimator that :meth:`fitted_state` described.
-
-        Called on an unfitted estimator with the same parameters (e.g. rebuilt from its JSON
-        spec). Predictions afterwards are bit-identical to the saved estimator's, and
-        :meth:`partial_fit` continues with the saved Adam state and random streams.
+        """Become the fitted estimator that :meth:`fitted_state` described (checked first).
 
         Parameters
         ----------
         arrays : dict of str to ndarray
         meta : dict
-
-        Raises
-        ------
-        ValueError
-            If the state does not match the parameters (names, shapes, dtypes) or holds
-            unknown attributes; the estimator is then left unchanged.
         """
         with self._atomic():
             self.check_params()
@@ -539,17 +400,11 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
                 self._restore_session(arrays, optimizer)
 
     def _check_module_values(self, arrays):
-        """Validate the values of a saved module state (names and shapes already checked):
-        finite, of magnitude at most :data:`~skfedspd.persistence.MAX_STATE_MAGNITUDE`, running variances >= 0.
-        Subclasses add what their network's arrays must be (SPDnet: orthonormal BiMaps)."""
+        """Validate the values of a saved module state (finite, bounded); subclasses add theirs."""
         check_module_values(arrays)
 
     def _module_state_shapes(self):
-        """Name → shape of the module's state for the current parameters and fitted
-        attributes, computed without building it; None (default): not known, the module is
-        built and compared. :meth:`restore_fitted_state` compares a file's arrays with it
-        before allocating anything, so a header cannot request a module larger than the
-        file's arrays."""
+        """Name → shape of the module's state, without building it; None: not known."""
         return None
 
     @staticmethod
@@ -576,9 +431,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
     }
 
     def set_params(self, **params):
-        """Set the parameters (scikit-learn's), the old flat names of
-        of the class (``_renamed``: :data:`~skfedspd.renamed.EPOCH_RENAMED` here) included, with a
-        ``FutureWarning``.
+        """Set the parameters, the old flat names of ``_renamed`` included (``FutureWarning``).
 
         Returns
         -------
@@ -604,8 +457,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
             raise
 
     def _start_session(self, seed):
-        """A fresh Adam optimizer and the random streams (torch's RNG for dropout, the
-        shuffling generator) of the epochs to come, seeded by ``seed``."""
+        """A fresh Adam optimizer and the seeded random streams of the epochs to come."""
         self._optimizer = torch.optim.Adam(self.module_.parameters(), lr=self.lr)
         with seeded_torch(derive_seed(seed, 2)):
             torch_state = torch.get_rng_state()
@@ -626,9 +478,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     @contextmanager
     def _session_rng(self):
-        """The session's random streams for one epoch: torch's RNG (dropout) set to the
-        session's state, the shuffling generator; both states saved afterwards. The
-        caller's torch RNG is left untouched."""
+        """The session's random streams for one epoch (the caller's torch RNG untouched)."""
         with torch.random.fork_rng(devices=[]):
             torch.set_rng_state(self._rng_state["torch"])
             generator = torch.Generator()
@@ -638,13 +488,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     def _train(self, X_train, y_train, X_val, y_val, *, n_epochs, schedule, w_train=None, w_val=None,
                checkpoints=None):
-        """The one training loop (``fit``: ``max_epochs`` with the schedule; ``partial_fit``:
-        one epoch at ``lr``). Appends one record per epoch to ``history_``, and each epoch's
-        parameters to ``checkpoints`` when it is a list.
-
-        Raises RuntimeError when no minibatch of any epoch trained (every one had a
-        non-finite loss or gradient): the call would return its starting model as if
-        trained; ``fit`` and ``partial_fit`` then leave the estimator as it was."""
+        """The one training loop; raises RuntimeError when no minibatch of any epoch trained."""
         epochs = _progress(range(n_epochs), self.verbose, type(self).__name__)
         n_skipped, trained = 0, False
         for _ in epochs:
@@ -674,20 +518,12 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         self.n_iter_ = len(self.history_)
 
     def _checkpoint_rule(self, domains):
-        """``"best"`` or ``"average"``: what :meth:`fit` keeps of its validated epochs. The
-        best epoch here; :class:`~skfedspd.SPDnetClassifier` decides by its ``checkpoint``."""
+        """``"best"`` or ``"average"``: what :meth:`fit` keeps of its validated epochs."""
         return "best"
 
     def _average_checkpoints(self, checkpoints, first_epoch):
-        """Load the average of the epochs whose validation loss is within one standard error
-        of the lowest, and return their indices in ``history_``.
-
-        Those epochs cannot be told apart from the best on the validation part; averaging
-        them rather than keeping whichever one its noise favoured gives a flatter solution,
-        which generalizes better to new domains (Cha et al. 2021). Stiefel weights are
-        averaged and projected back by their polar factor (ProjAvg); running statistics
-        (``"local"`` arrays) stay the best epoch's. Epochs without a finite validation loss
-        are never averaged.
+        """Load the average of the epochs within one standard error of the lowest validation loss
+        (Stiefel weights projected back); return their indices.
         """
         records = self.history_[first_epoch:]
         finite = [i for i, record in enumerate(records) if np.isfinite(record["val_loss"])]
@@ -703,27 +539,16 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def fit(self, X, y, sample_weight=None):
-        """Train on ``(X, y)``; validation split and early stopping only on enough data.
-
-        A fresh Adam optimizer runs up to ``max_epochs`` epochs. When the validation part
-        ``round(validation_fraction · n)`` holds at least ``max(50, 2 · n_classes)`` samples
-        (:func:`~skfedspd.validation.uses_validation`), that stratified part is held out and its loss drives the
-        learning-rate schedule and early stopping (``lr_patience``, ``patience``, in epochs)
-        and the best epoch's weights are kept. Otherwise every sample trains for
-        ``max_epochs`` at the constant ``lr`` and the last weights are kept
-        (``validation_used_`` says which ran). If ``fit`` raises, the estimator is left
-        exactly as it was.
+        """Train on ``(X, y)``; a validation split only on enough data
+        (:func:`~skfedspd.validation.uses_validation`). If ``fit`` raises, the estimator is left
+        as it was.
 
         Parameters
         ----------
         X : array-like
-            Training inputs (see the class docstring for the expected shape).
         y : array-like of shape (n_samples,)
-            Labels of any type (str, int...).
         sample_weight : array-like of shape (n_samples,), default=None
-            Non-negative weights: each minibatch's loss is ``Σ w_i l_i / Σ w_i``, and the
-            input statistics are weighted alike (integer weights = repeated samples).
-            Multiplied by ``class_weight``.
+            Non-negative weights of the loss, multiplied by ``class_weight``.
 
         Returns
         -------
@@ -779,23 +604,15 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
     @_fit_context(prefer_skip_nested_validation=True)
     def partial_fit(self, X, y, classes=None, sample_weight=None):
-        """One epoch over ``(X, y)`` at learning rate ``lr`` (no validation, no schedule).
-
-        The Adam state and the random streams carry over from the previous ``fit`` or
-        ``partial_fit`` call, so training continues where it stopped. If ``partial_fit``
-        raises, the estimator is left exactly as it was.
+        """One epoch over ``(X, y)`` at learning rate ``lr``; the Adam state carries over.
 
         Parameters
         ----------
         X : array-like
         y : array-like of shape (n_samples,)
         classes : array-like, default=None
-            Every label that will ever be seen; required on the first call (when the
-            estimator is not fitted yet), and if given later it must be the same.
+            Every label that will be seen; required on the first call.
         sample_weight : array-like of shape (n_samples,), default=None
-            As in :meth:`fit` (multiplied by a dict ``class_weight``; ``"balanced"`` needs
-            the class counts of all the data and is refused here, as by
-            :class:`~sklearn.linear_model.SGDClassifier`).
 
         Returns
         -------
@@ -851,8 +668,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return predict_logits(self.module_, self.to_tensor(X)).cpu().numpy()
 
     def decision_function(self, X):
-        """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, as
-        scikit-learn expects, the 1-D score of ``classes_[1]`` (logit difference)."""
+        """Class scores (for two classes, the 1-D score of ``classes_[1]``)."""
         return decision_from_logits(self._logits(X))
 
     def predict_proba(self, X):
@@ -874,9 +690,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         """Subclass hook: warn about inputs that will train badly."""
 
     def fit_domains(self, groups, n_samples):
-        """Subclass hook: the per-sample domain codes that the module trains with, from the
-        ``groups`` of a fit (centralized, or one federated client's), or None (default: the
-        module takes no domains).
+        """Subclass hook: per-sample domain codes from ``groups``, or None.
 
         Parameters
         ----------
@@ -890,10 +704,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
         return None
 
     def module_input(self, X, rows, domains=None):
-        """The module's input for the samples ``rows`` of the validated ``X``: their tensor
-        (:meth:`to_tensor`), carrying their domain codes when ``domains`` (from
-        :meth:`fit_domains`) is given. The centralized fit and every federated client
-        (local and Flower) build their training data here.
+        """The module's input for the samples ``rows`` of ``X``, with their domain codes if given.
 
         Parameters
         ----------
@@ -917,8 +728,7 @@ class TorchClassifierBase(ClassifierMixin, BaseEstimator):
 
 
 def decision_from_logits(logits):
-    """scikit-learn's ``decision_function`` from logits: the logit difference of
-    ``classes_[1]`` and ``classes_[0]`` for two classes, the logits otherwise."""
+    """scikit-learn's ``decision_function`` from logits."""
     return logits[:, 1] - logits[:, 0] if logits.shape[1] == 2 else logits
 
 

@@ -16,15 +16,8 @@ __all__ = ["SPDBatchNorm", "DomainSPDBatchNorm", "DomainBatch"]
 
 
 class _SPDNormalization(nn.Module):
-    """Shared part of the SPD batch normalizations: batch mean, whitening, SPD bias.
-
-    A batch ``X`` with (Fréchet) mean ``M`` becomes ``C X Cᵀ`` with ``C = B^{1/2} M^{-1/2}``:
-    congruence to the identity (``M^{-1/2} X M^{-1/2}`` has mean ``I``), then to the bias
-    ``B`` (the output's mean). ``B = exp(sym(log_bias))`` stays SPD whatever value the
-    Euclidean parameter ``log_bias`` (zeros: ``B = I``) takes, so any optimizer trains it,
-    and the federated weighted mean of ``log_bias`` is the log-Euclidean mean of the biases.
-
-    Metric: see :class:`SPDBatchNorm`.
+    """Shared part of the SPD batch normalizations: ``X ↦ C X Cᵀ``, ``C = B^{1/2} M^{-1/2}``,
+    ``M`` the batch mean and ``B = exp(sym(log_bias))`` the learned SPD bias.
     """
 
     def __init__(self, n, karcher_steps=1, dtype=torch.float64):
@@ -48,15 +41,12 @@ class _SPDNormalization(nn.Module):
         return self.whiten(X, sqrtm_invsqrtm(M)[1])
 
     def whiten(self, X, M_inv_half):
-        """``C X Cᵀ``, ``C = B^{1/2} M^{-1/2}``, from ``M^{-1/2}`` (one per matrix of ``X``, or
-        one for all): the mean's inverse square root is what the running domain statistics
-        of :mod:`skfedspd.online` keep, so re-centring by them needs no decomposition."""
+        """``C X Cᵀ`` from ``M^{-1/2}`` (one per matrix, or one for all)."""
         C = self._bias_half() @ M_inv_half
         return C @ X @ C.transpose(-1, -2)
 
     def _bias_half(self):
-        """``B^{1/2}``; without autograd, computed once per value of ``log_bias`` (its
-        version counter), so an online prediction does not decompose it at every call."""
+        """``B^{1/2}``, cached per value of ``log_bias`` without autograd."""
         L = self.log_bias
         if torch.is_grad_enabled():
             return expm_sym(0.25 * (L + L.transpose(-1, -2)))
@@ -74,11 +64,10 @@ class _SPDNormalization(nn.Module):
 class SPDBatchNorm(_SPDNormalization):
     """Riemannian batch normalization of SPD matrices (Brooks et al., NeurIPS 2019).
 
-    Training: each batch ``X`` (shape ``(m, n, n)``) is congruence-normalized by its own
-    affine-invariant mean ``M`` to the learnable SPD bias ``B`` (metric: see Notes),
-    and the running mean moves along the affine-invariant geodesic towards ``M``:
-    ``G ← G #_momentum M = G^{1/2} (G^{-1/2} M G^{-1/2})^momentum G^{1/2}``. Evaluation: the
-    running mean ``G`` is used. Batches of one matrix are mapped to ``B`` exactly.
+    Training: each batch is normalized by its own affine-invariant mean to the learnable SPD
+    bias ``B``, and the running mean moves along the geodesic towards it by ``momentum``.
+    Evaluation: the running mean is used. Why the affine-invariant mean:
+    ``docs/guide/model.md``.
 
     Parameters
     ----------
@@ -87,46 +76,25 @@ class SPDBatchNorm(_SPDNormalization):
     momentum : float in (0, 1], default=0.1
         Geodesic step of the running mean towards each batch mean.
     karcher_steps : int, default=1
-        Karcher fixed-point steps after the log-Euclidean start (0: log-Euclidean mean).
+        Karcher steps after the log-Euclidean start (0: log-Euclidean mean).
     dtype : torch.dtype
 
     Attributes
     ----------
     running_mean : buffer of shape (n, n)
-        Exported as a ``"local"`` parameter by :class:`SPDNet` (a client's statistic).
+        A ``"local"`` array in federation.
     log_bias : parameter of shape (n, n)
-        ``B = exp(sym(log_bias))``; exported as ``"euclidean"``.
-
-    Notes
-    -----
-    The mean is the affine-invariant (Karcher) mean, from the log-Euclidean mean followed
-    by ``karcher_steps`` exact fixed-point steps (:func:`skfedspd.functional.karcher_mean`),
-    back-propagated through with exact Daleckii–Krein gradients. Why that metric: only the
-    affine-invariant mean is congruence-equivariant (``mean(A X Aᵀ) = A mean(X) Aᵀ``), so
-    the whitened batch does not depend on the congruence that separates domains (up to one
-    rotation) — the property re-centring relies on, which the log-Euclidean mean lacks
-    (it is only orthogonally equivariant). The log-Euclidean start costs one ``eigh`` per
-    matrix, is exact when the matrices commute and is within a few 1e-4 of the Karcher
-    mean for EEG-like dispersions; each step divides that error by about 50 (measured in
-    ``tests/test_nn.py``), so one step (Brooks et al. use one, from the arithmetic mean) is
-    at 1e-5 and ``karcher_steps=0`` gives the cheaper log-Euclidean mean.
+        ``B = exp(sym(log_bias))``; ``"euclidean"``.
 
     Examples
     --------
     >>> import torch
     >>> from skfedspd.datasets import make_spd_classification
-    >>> from skfedspd.functional import karcher_mean
     >>> from skfedspd.batchnorm import SPDBatchNorm
     >>> X = torch.as_tensor(make_spd_classification(n_matrices=16, n_channels=3, seed=0)[0])
     >>> bn = SPDBatchNorm(3)
-    >>> Y = bn(X)  # training mode: the batch mean goes to the bias B = I
-    >>> # to ~1e-3 here: the batch mean is one Karcher step from the log-Euclidean mean
-    >>> torch.allclose(karcher_mean(Y.detach(), 20), torch.eye(3, dtype=X.dtype), atol=1e-2)
-    True
-    >>> bool((bn.running_mean != torch.eye(3, dtype=X.dtype)).any())  # moved towards the batch mean
-    True
-    >>> bn.eval()(X[:2]).shape  # evaluation: normalized by the running mean
-    torch.Size([2, 3, 3])
+    >>> bn(X).shape, bool((bn.running_mean != torch.eye(3, dtype=X.dtype)).any())
+    (torch.Size([16, 3, 3]), True)
     """
 
     def __init__(self, n, momentum=0.1, karcher_steps=1, dtype=torch.float64):
@@ -160,32 +128,22 @@ def domain_codes(domains, n_matrices):
 class DomainBatch:
     """A batch of matrices with one domain label per matrix, indexable like a tensor.
 
-    ``batch[idx]`` (any tensor index: a permutation, a slice) keeps each matrix with its
-    domain, and ``len(batch)`` is the number of matrices, so the loops that only index and
-    measure their inputs (:func:`skfedspd.training.train_epochs`, ``predict_logits``) carry
-    the domains of every minibatch to ``SPDNet(batchnorm="domain")`` unchanged.
-
     Parameters
     ----------
     X : torch.Tensor of shape (n_matrices, n, n)
     domains : array-like of shape (n_matrices,)
         Domain labels of any hashable type (stored as integer codes).
-
     statistics : list of torch.Tensor or None, default=None
-        Fixed domain statistics: for each batch-norm layer, ``M^{-1/2}`` of every domain's
-        mean (shape ``(n_domains, d, d)``, indexed by the codes). ``SPDNet`` then whitens
-        each matrix by its domain's entry instead of the batch's own means, so the samples
-        of a batch do not interact (DP-SGD, :func:`skfedspd.dp_sgd.release_domain_means`).
+        Fixed ``M^{-1/2}`` of every domain at each batch-norm layer (DP-SGD), used instead of
+        the batch's own means.
 
     Examples
     --------
     >>> import torch
     >>> from skfedspd.batchnorm import DomainBatch
     >>> batch = DomainBatch(torch.eye(2).expand(3, 2, 2), ["s2", "s1", "s2"])
-    >>> len(batch), batch.domains
-    (3, tensor([1, 0, 1]))
-    >>> batch[torch.tensor([2, 0])].domains  # a minibatch keeps each matrix's domain code
-    tensor([1, 1])
+    >>> len(batch), batch[torch.tensor([2, 0])].domains
+    (3, tensor([1, 1]))
     """
 
     def __init__(self, X, domains, statistics=None):
@@ -200,7 +158,7 @@ class DomainBatch:
         return self.with_inputs(self.X[index], self.domains[index])
 
     def with_inputs(self, X, domains=None):
-        """A batch of ``X`` with this batch's codes (or ``domains``, codes of it) and statistics."""
+        """A batch of ``X`` with this batch's codes (or ``domains``) and statistics."""
         batch = DomainBatch.__new__(DomainBatch)
         batch.X, batch.domains, batch.statistics = X, self.domains if domains is None else domains, self.statistics
         return batch
@@ -209,28 +167,19 @@ class DomainBatch:
 class DomainSPDBatchNorm(_SPDNormalization):
     """SPD batch normalization with domain-specific statistics (SPDDSMBN, Kobler et al., 2022).
 
-    Each domain (subject, session) present in a call is congruence-normalized by the
-    affine-invariant mean of *its own* matrices in that call, to one shared learnable SPD
-    bias ``B`` — in training (the domains of a minibatch) and in evaluation alike. Calling
-    the layer on an unlabeled batch from a new domain therefore re-centres it by its own
-    statistics (test-time adaptation, Kobler et al.'s source-free setting with the whole
-    target set as one batch); ``domains=None`` makes the whole call one domain. Nothing
-    domain-specific is stored: the only state is ``log_bias`` (shared, ``"euclidean"``),
-    so no domain statistic can leave a federated client. A domain with a single matrix in
-    a call is mapped to ``B`` exactly (its information is lost): keep domains in batches.
+    Each domain present in a call is normalized by the mean of its own matrices in that call,
+    to one shared learnable bias ``B``, in training and evaluation; ``domains=None`` makes the
+    call one domain. Nothing domain-specific is stored.
 
     Parameters
     ----------
     n : int
         Matrix size.
     karcher_steps : int, default=1
-        Karcher fixed-point steps after the log-Euclidean start (0: log-Euclidean mean).
     dtype : torch.dtype
 
     Examples
     --------
-    Two domains whose matrices differ by a scale: each is re-centred by its own mean.
-
     >>> import torch
     >>> from skfedspd.datasets import make_spd_classification
     >>> from skfedspd.functional import karcher_mean
@@ -238,8 +187,7 @@ class DomainSPDBatchNorm(_SPDNormalization):
     >>> X = torch.as_tensor(make_spd_classification(n_matrices=12, n_channels=3, seed=0)[0])
     >>> X = torch.cat([X[:6], 100 * X[6:]])
     >>> Y = DomainSPDBatchNorm(3)(X, domains=["a"] * 6 + ["b"] * 6).detach()
-    >>> eye = torch.eye(3, dtype=X.dtype)
-    >>> [torch.allclose(karcher_mean(part, 20), eye, atol=1e-2) for part in (Y[:6], Y[6:])]
+    >>> [torch.allclose(karcher_mean(part, 20), torch.eye(3, dtype=X.dtype), atol=1e-2) for part in (Y[:6], Y[6:])]
     [True, True]
     """
 

@@ -1,13 +1,6 @@
-"""The federated classical baseline: re-centred tangent space + logistic regression across sites.
-
-Each site re-centres each of its subjects by that subject's own Riemannian mean (Zanini et
-al., 2018), so every site's tangent space is the one at the identity and no reference point
-is shared. The logistic regression is then fitted by L-BFGS on the **sum of the sites'
-objectives**: every evaluation is one round in which the server broadcasts the weights and
-each site replies with its loss and gradient on its own trials (the trials, their features
-and their labels never leave it). The summed objective is exactly the pooled one, so the
-federated model is the centralized re-centred TS+LR to the optimizer's tolerance: the honest
-peer of FedSPDnet, a federated pipeline as good as pooling allows.
+"""The federated classical baseline: re-centred tangent space + logistic regression across
+sites, by L-BFGS on the sum of the sites' objectives (each evaluation one round), which is
+exactly the pooled objective.
 """
 
 from numbers import Integral, Real
@@ -27,8 +20,7 @@ __all__ = ["FederatedTangentSpaceLR", "site_objective", "tangent_features"]
 
 
 def tangent_features(X, groups=None):
-    """Tangent vectors at the identity of ``X`` re-centred per group: ``upper(log(M^{-1/2} X M^{-1/2}))``
-    (pyRiemann's ``upper``: off-diagonal entries times sqrt 2, so Euclidean norms are Riemannian ones).
+    """Tangent vectors at the identity of ``X`` re-centred per group (pyRiemann's ``upper``).
 
     Examples
     --------
@@ -51,22 +43,15 @@ def tangent_features(X, groups=None):
 
 
 def site_objective(W, features, codes, n_classes, sample_weight=None):
-    """One site's reply: the multinomial log-loss summed over its trials and its gradient.
-
-    ``W`` has shape ``(n_features + 1, n_classes)`` (the last row is the intercept); the
-    sites' replies add up to the pooled objective.
-
-    Returns
-    -------
-    loss : float
-    grad : ndarray of the shape of ``W``
+    """One site's reply: the multinomial log-loss summed over its trials and its gradient
+    (``W`` of shape ``(n_features + 1, n_classes)``, the intercept last).
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.classical import site_objective
     >>> loss, grad = site_objective(np.zeros((3, 2)), np.ones((4, 2)), np.array([0, 1, 1, 0]), 2)
-    >>> round(loss, 4), grad.shape  # 4 trials at probability 1/2
+    >>> round(loss, 4), grad.shape
     (2.7726, (3, 2))
     """
     logits = features @ W[:-1] + W[-1]
@@ -83,22 +68,16 @@ def site_objective(W, features, codes, n_classes, sample_weight=None):
 class FederatedTangentSpaceLR(ClassifierMixin, BaseEstimator):
     """Re-centred tangent space + L2 logistic regression, trained across sites.
 
-    The objective is scikit-learn's ``LogisticRegression(C=C)`` (multinomial, intercept not
-    penalized) on the tangent vectors at the identity of each subject's re-centred matrices
-    (:func:`tangent_features`); it is minimized by L-BFGS whose every evaluation is one
-    federated round (each site: :func:`site_objective` on its own trials). ``n_rounds_``
-    counts them.
-
     Parameters
     ----------
     C : float, default=1.0
-        Inverse regularization strength, as in :class:`sklearn.linear_model.LogisticRegression`.
+        Inverse regularization strength.
     max_rounds : int, default=1000
-        The most rounds (objective evaluations) L-BFGS may use.
+        The most rounds (objective evaluations).
     tol : float, default=1e-6
         L-BFGS's tolerance on the projected gradient.
     groups_per_client : int, default=2
-        Consecutive subjects (sorted) per site, as :class:`~skfedspd.FederatedSPDnetClassifier`.
+        Consecutive subjects (sorted) per site.
 
     Attributes
     ----------
@@ -106,10 +85,8 @@ class FederatedTangentSpaceLR(ClassifierMixin, BaseEstimator):
     coef_ : ndarray of shape (n_classes, n_features)
     intercept_ : ndarray of shape (n_classes,)
     n_features_in_ : int
-        Number of channels.
     n_clients_ : int
     n_rounds_ : int
-        Rounds run (objective evaluations).
     converged_ : bool
 
     Examples
@@ -118,9 +95,8 @@ class FederatedTangentSpaceLR(ClassifierMixin, BaseEstimator):
     >>> from skfedspd.classical import FederatedTangentSpaceLR
     >>> from skfedspd.datasets import make_spd_classification
     >>> X, y = make_spd_classification(n_matrices=40, n_channels=4, seed=0)
-    >>> subjects = np.repeat([1, 2, 3, 4], 10)
-    >>> clf = FederatedTangentSpaceLR().fit(X, y, groups=subjects)
-    >>> clf.n_clients_, clf.predict(X[:10]).shape  # the 10 trials of one subject, re-centred together
+    >>> clf = FederatedTangentSpaceLR().fit(X, y, groups=np.repeat([1, 2, 3, 4], 10))
+    >>> clf.n_clients_, clf.predict(X[:10]).shape
     (2, (10,))
     """
 
@@ -148,7 +124,7 @@ class FederatedTangentSpaceLR(ClassifierMixin, BaseEstimator):
         X : array-like of shape (n_matrices, n_channels, n_channels)
         y : array-like of shape (n_matrices,)
         groups, subjects : array-like of shape (n_matrices,)
-            The subject of each matrix (``subjects``: MOABB's key); required.
+            The subject of each matrix; required.
 
         Returns
         -------

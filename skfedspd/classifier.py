@@ -15,10 +15,11 @@ from .persistence import check_fitted_attributes
 from .renamed import DOMAIN_MERGES, DOMAIN_RENAMED, EPOCH_MERGES, EPOCH_RENAMED, accepts_renamed
 from .batchnorm import domain_codes
 from .nn import SPDNet
-from .online import (NO_PRIOR_WARNING, THIS_CALL, DomainAdaptation, DomainStatistics, adaptation_of, DomainStatisticsMixin, check_prior_statistics,
-                     domain_labels, drop_domain_requests, log_euclidean_sum)
+from .online import (NO_PRIOR_WARNING, DomainAdaptation, DomainStatistics, adaptation_of, DomainStatisticsMixin, check_prior_statistics,
+                     drop_domain_requests, log_euclidean_sum)
 from .stiefel import orthonormality_problem
 from .training import predict_logits
+from .transfer import adapt_target, call_labels, drop_target_requests, target_trials
 from .validation import (Count, Sequence, check_domain_sizes, check_groups, check_input_range, check_spd_batch,
                          check_training_spread, input_range, is_count, resolve_groups, spectral_summary)
 
@@ -39,10 +40,15 @@ HEAD_ON_RANDOM_WARNING = (
 
 _UNRESOLVED = object()
 
+#: ``fit`` got a new subject's calibration trials but the model has no domain statistics.
+TARGET_IGNORED_WARNING = (
+    "X_target_unlabeled / X_target_labeled ignored: this model has no domain statistics ({}), which only "
+    "SPDnetClassifier(batchnorm='domain') keeps ('auto' is 'domain' when fit is given the trials' groups or subjects)"
+)
+
 
 def resolve_batchnorm(batchnorm, groups):
-    """The batch norm ``fit`` builds: ``"auto"`` is ``"domain"`` when the trials come with
-    their domains (``groups``), None otherwise; any other value is itself.
+    """The batch norm ``fit`` builds: ``"auto"`` is ``"domain"`` given ``groups``, else None.
 
     Examples
     --------
@@ -58,12 +64,7 @@ def resolve_batchnorm(batchnorm, groups):
 def auto_hidden_dim(n_channels):
     """``hidden_dims="auto"``: ``min(n_channels, max(8, round(0.28 · n_channels)))``.
 
-    0.28 is the FedSPDnet paper's 18/64 (64 channels → 18, the paper's network); the floor
-    of 8 keeps at least the ~6 spatial directions CSP uses for two classes, so montages of
-    8 channels or fewer are not compressed (at C3, Cz, C4 the pure ratio's d = 1 lost 15
-    ROC-AUC points against d = 3); a BiMap cannot widen, hence the cap at ``n_channels``.
-    3 → 3, 8 → 8, 16 → 8, 22 → 8, 32 → 9, 60 → 17, 64 → 18, 128 → 36
-    (``docs/design-decisions.md``).
+    The ratio is the paper's 18/64; why the floor and the cap: ``docs/design-decisions.md``.
 
     Examples
     --------
@@ -77,210 +78,75 @@ def auto_hidden_dim(n_channels):
 class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     """SPDnet classifier for SPD matrices (e.g. EEG covariance matrices).
 
-    BiRe blocks (BiMap with a Stiefel weight trained by tangent-space local trivialization,
-    then ReEig), LogEig, vech and a linear softmax head, trained with Adam on the
-    cross-entropy loss. Defaults follow the FedSPDnet paper (PhysionetMI setting).
+    BiRe blocks (BiMap with a Stiefel weight, then ReEig), LogEig, vech and a softmax head,
+    trained with Adam (``docs/guide/model.md``; the defaults: ``docs/design-decisions.md``).
 
     Parameters
     ----------
     hidden_dims : "auto", int or tuple of int, default="auto"
-        Output size of each BiMap (one BiRe block per entry); positive and not increasing
-        from the number of channels. ``"auto"``: one BiRe block of size
-        ``min(n_channels, max(8, round(0.28 · n_channels)))`` (:func:`auto_hidden_dim`):
-        18 at 64 channels (the paper's network), every channel up to 8, 36 at 128.
+        Output size of each BiMap; ``"auto"``: one block of :func:`auto_hidden_dim`.
     eps : float, default=1e-2
-        ReEig threshold (applied after input scaling); finite and > 0.
+        ReEig threshold (after input scaling).
     scaling : {"auto", "trace"}, float or None, default="auto"
-        Input scaling. ``"auto"`` multiplies every matrix by one scalar fitted on the
-        training data, the inverse geometric mean of ``trace(X)/n``, so that raw MOABB
-        covariances (volts², eigenvalues ~1e-10) have eigenvalues of order 1 while the
-        power differences between trials are kept. ``"trace"`` divides each matrix by its
-        own ``trace/n``; a float multiplies by that constant; None leaves the input as is.
+        ``"auto"``: one scalar fitted on the training data; ``"trace"``: each matrix by its
+        own ``trace/n``; a float: that constant; None: none.
     lr : float, default=1e-2
-        Initial Adam learning rate (> 0); the learning rate of every ``partial_fit`` epoch
-        and of the clients of :class:`~skfedspd.FederatedSPDnetClassifier`. 1e-2 learns on
-        one subject's 36 trials and on 144 pooled ones (``docs/design-decisions.md``:
-        82.2 / 80.0 ROC-AUC against 81.0 / 78.3 at 1e-3, both with the validation rule
-        below); the paper's 1e-3 is what the Table I experiment
-        (``benchmarks/experiments/table_one_protocols.py``) pins.
+        Initial Adam learning rate.
     batch_size : int, default=64
     max_epochs : int, default=300
     validation_fraction : float, default=0.1
-        Stratified hold-out for early stopping, the LR schedule and restore-best, used only
-        when ``round(validation_fraction · n)`` is at least ``max(50, 2 · n_classes)``
-        (with 0.1: from about 500 training samples). A smaller part judges on noise: on one
-        subject (36 trials, a 4-trial split) or four (144 trials, 14) the split made the
-        default model stop early and restore a near-untrained epoch (chance level), while
-        training every sample for ``max_epochs`` at the constant ``lr`` and keeping the last
-        weights beat tangent space + logistic regression (``docs/design-decisions.md``).
-        ``validation_used_`` records which regime ran; 0 never splits.
+        Stratified hold-out for early stopping, the schedule and the checkpoint.
     early_stopping : "auto" or bool, default="auto"
-        Whether ``fit`` holds out ``validation_fraction`` for early stopping, the LR schedule
-        and restore-best. "auto": only when that part has at least ``max(50, 2 · n_classes)``
-        samples (:func:`skfedspd.validation.uses_validation`); True: whenever
-        ``validation_fraction > 0`` (the FedSPDnet paper's protocol); False: never.
+        Whether ``fit`` holds it out ("auto": :func:`skfedspd.validation.uses_validation`).
     validation_metric : {"loss", "f1"}, default="loss"
-        What the validation part judges: the loss (smoother on small parts), or the
-        macro-F1 with ties broken by the loss (the paper's protocol).
     checkpoint : {"auto", "best", "average"}, default="auto"
-        What ``fit`` keeps when it held out a validation part. "best": the weights of the
-        epoch with the lowest validation loss. "average": the average of every epoch whose
-        validation loss lies within one standard error of the lowest (``history_``'s
-        ``val_loss_se``), the epochs the validation part cannot tell apart from the best;
-        BiMap weights are averaged and projected back onto the Stiefel manifold, as
-        ProjAvg does. "auto": "average" for ``batchnorm="domain"`` fitted on several
-        domains, a model meant for new subjects, where a flat average generalizes across
-        domains better than one sharp epoch (Cha et al. 2021; measured on unseen subjects
-        in ``docs/benchmarks/unseen-subjects.md``); "best" otherwise.
-        ``averaged_epochs_`` records the epochs kept. A federation keeps its best round
-        (its own schedule; averaging the clients is its regularizer).
+        The best epoch, or the average of the epochs within one standard error of it
+        ("auto": "average" for ``batchnorm="domain"`` on several domains).
     schedule : EpochSchedule or None, default=None
-        The plateau schedule of ``fit`` with a validation part, counted in **epochs**
-        (:class:`~skfedspd.training.EpochSchedule`: ``patience``, early stopping after that
-        many epochs without a lower validation loss, the best epoch's weights restored;
-        ``lr_patience`` and ``lr_factor``, ReduceLROnPlateau); None: ``EpochSchedule()``
-        (75, 20, 0.5). The old flat ``patience``, ``lr_patience``, ``lr_factor`` still work,
-        with a ``FutureWarning``, until 0.4. (A federation's schedule counts rounds: set on
-        :class:`~skfedspd.FederatedSPDnetClassifier`.)
+        The plateau schedule in epochs (:class:`~skfedspd.training.EpochSchedule`).
     recenter_every : int, default=1
         Re-centre the Stiefel charts every this many optimizer steps.
     dtype : {"float64", "float32"}, default="float64"
     device : str, default="cpu"
-        torch device ("cpu", "cuda", "cuda:1"...).
     random_state : int, RandomState instance or None, default=None
-        Seeds initialisation, the validation split and the shuffling. torch's global RNG
-        is left untouched.
     verbose : bool, default=False
-        Show a progress bar per epoch with the training loss and validation macro-F1.
     warm_start : bool, default=False
-        When True, ``fit`` continues from the current weights (with a fresh optimizer).
     class_weight : None, "balanced" or dict, default=None
-        Weights of the classes in the loss, multiplied into ``sample_weight``: a dict
-        ``{label: weight}``, or ``"balanced"`` (``n / (n_classes · count(label))``, as
-        :func:`sklearn.utils.class_weight.compute_sample_weight`).
     batchnorm : {"auto", None, "spd", "domain"}, default="auto"
-        SPD batch normalization after each BiMap (see :class:`skfedspd.nn.SPDNet`).
-        ``"auto"``: ``"domain"`` when :meth:`fit` is given the trials' domains (``groups``
-        or ``subjects``, e.g. routed by a Pipeline or MOABB's ``CrossSubjectEvaluation``),
-        None otherwise (``batchnorm_`` records which; a federated site's network and a
-        first :meth:`partial_fit` have no groups: None). Given the subjects, domain batch
-        norm is the better model on the main job (``docs/design-decisions.md``, from its
-        record). Only an explicit ``"domain"`` requests
-        ``domain`` at prediction from metadata routing.
-        ``"spd"``: Riemannian batch norm (Brooks et al., 2019), batch means in training, the
-        running mean at prediction. ``"domain"``: domain-specific statistics (SPDDSMBN,
-        Kobler et al., 2022): in training, the matrices of each domain of a minibatch
-        (``groups`` of :meth:`fit`; one domain without them) are normalized by their own
-        mean. At prediction each domain keeps **persistent statistics** that adapt from its
-        unlabeled trials (:mod:`skfedspd.online`): ``predict(X, domain="s17")`` first adds
-        the trials of ``X``, in order, to the running Riemannian mean of domain ``"s17"``
-        at each batch-norm layer (a new domain starts from the prior, ``domain_prior_``,
-        weighing ``domain_adaptation.prior_weight`` trials), then predicts every trial of ``X`` with
-        the updated statistics **without the trial itself** (``domain_adaptation.include_self``). So
-        a whole subject in one call is whole-subject adaptation, and one trial per call is
-        online adaptation (a BCI): each trial scored with the statistics of the trials
-        before it, a new domain's first trial with the prior. :meth:`adapt` updates a
-        domain without predicting (calibration), :meth:`reset_domain` forgets one;
-        ``domain`` may also give one label per row. Without ``domain``, the data of the
-        call form a temporary domain that starts from the prior and is not kept: all of
-        ``X`` re-centred by (nearly) its own mean, and a single trial by the prior. Same in
-        ``decision_function`` and ``predict_proba``;
-        ``domain`` is requested from metadata routing by default, so a Pipeline passes
-        it on. Under MOABB's ``CrossSubjectEvaluation`` each test fold is one unseen
-        subject (MOABB routes the training subjects to ``fit(subjects=...)``, each a
-        domain). In federation every client's data form one domain (its minibatches), and
-        only the batch-norm biases are aggregated; ``"spd"`` running means stay on each
-        client.
+        SPD batch norm after each BiMap: ``"spd"`` (Brooks et al., 2019) or ``"domain"``
+        (SPDDSMBN, Kobler et al., 2022; prediction adapts each ``domain``'s statistics,
+        :mod:`skfedspd.online`). ``"auto"``: ``"domain"`` when ``fit`` gets ``groups``.
     domain_adaptation : DomainAdaptation or None, default=None
-        How each domain's statistics adapt at prediction (``batchnorm="domain"``):
-        :class:`~skfedspd.online.DomainAdaptation` (``prior_weight``, the prior's weight in
-        trials; ``memory``, how many recent trials the statistics remember; ``include_self``,
-        whether a trial is re-centred with itself; ``max_domains``, the most domains
-        stored); None: its defaults. Reachable as ``domain_adaptation__memory`` once set.
+        How domain statistics adapt at prediction (:class:`~skfedspd.online.DomainAdaptation`).
     trainable : {"all", "head"}, default="all"
-        Which weights training updates. ``"head"``: only the linear softmax head; the
-        BiMaps (and batch-norm biases) keep the weights the module starts from, e.g. a
-        public model's (``warm_start``: it applies from the next ``fit``; or
-        ``FederatedSPDnetClassifier(init=...)``). Frozen
-        weights get no gradient: under DP-SGD they are neither clipped nor noised, so the
-        privatized dimension shrinks to the head's and the noise per coordinate falls for
-        the same clip norm and budget (:mod:`skfedspd.privacy`). On a new model (``fit``
-        without a warm start, the first ``partial_fit``) it warns
-        (:data:`HEAD_ON_RANDOM_WARNING`) rather than refusing: a head on frozen random
-        BiMaps is a legitimate random-features baseline, but rarely what was meant.
-
-    Every parameter is validated at ``fit``, and those that prediction reads again at
-    every prediction; the parameters the network was built with (``fitted_params_``) are
-    checked before every use of a fitted model (``docs/guide/model.md``, "Checks").
+        Which weights training updates.
 
     Attributes
     ----------
     classes_ : ndarray of shape (n_classes,)
     n_features_in_ : int
-        Number of channels (matrix size).
     input_range_ : dict
-        The training matrices' range of :func:`~skfedspd.validation.spectral_summary` statistics:
-        ``{"log_scale": [low, high], "log_condition": [low, high]}`` (decades), set by
-        ``fit`` and ``partial_fit`` (it grows with warm-started fits and later batches) and
-        by :meth:`fit_domain_prior` (which a federated fit with ``batchnorm="domain"``
-        calls on its training data). Matrices beyond it by more than
-        :data:`~skfedspd.validation.INPUT_RANGE_MARGIN` are refused at prediction. Absent from a model without
-        it (saved before it existed, or federated without domain batch norm or from a
-        deployment whose data stay on the sites): only positive definiteness is then
-        checked.
+        The training matrices' :func:`~skfedspd.validation.spectral_summary` range.
     batchnorm_ : {None, "spd", "domain"}
-        The batch normalization the network has (``batchnorm``, with ``"auto"`` resolved
-        by :meth:`fit`).
     scale_ : float or None
-        Input scaling factor fitted with ``scaling="auto"`` (1.0 for a float/None scaling).
     fitted_params_ : dict
-        The parameters the network and input transform were built with (name → value),
-        checked before the model is used (see above).
     module_ : SPDNet
-        The trained torch module.
     history_ : list of dict
-        One record per epoch: ``train_loss``, ``val_loss``, ``val_loss_se`` (its standard
-        error), ``val_f1`` (macro), ``lr``, ``skipped_batches``.
+        One record per epoch.
     best_epoch_ : int
-        Index in ``history_`` of the epoch with the best validation score (the last epoch
-        without a validation part).
     averaged_epochs_ : list of int
-        Indices in ``history_`` of the epochs whose weights were kept: ``[best_epoch_]``,
-        or the epochs averaged (``checkpoint``).
     validation_used_ : bool
-        Whether the last ``fit`` held out a validation part (see ``validation_fraction``);
-        False: the last weights of ``max_epochs`` epochs were kept.
     n_iter_ : int
-        Epochs run on this model (``fit``, ``partial_fit`` and warm starts), as in
-        :class:`~sklearn.neural_network.MLPClassifier` (``n_epochs_``: a deprecated alias).
     domain_statistics_ : skfedspd.online.DomainStatistics or None
-        ``batchnorm="domain"``: the prior and the stored domains' running means (None:
-        neither yet). Read them through ``domains_`` (label → trials seen) and
-        ``domain_prior_`` (the prior at each batch-norm layer, or None).
 
     Examples
     --------
-    On SPD matrices (here synthetic ones; from EEG, ``pyriemann.estimation.Covariances``):
-
     >>> from skfedspd import SPDnetClassifier
     >>> from skfedspd.datasets import make_spd_classification
     >>> X, y = make_spd_classification(n_matrices=60, n_channels=6, n_classes=3, seed=0)
     >>> clf = SPDnetClassifier(max_epochs=5, random_state=0).fit(X[:45], y[:45])
     >>> clf.predict(X[45:]).shape, clf.predict_proba(X[45:]).shape
     ((15,), (15, 3))
-    >>> clf.n_iter_, clf.module_.bimaps[0].weight.shape  # "auto" keeps every channel up to 8
-    (5, torch.Size([6, 6]))
-
-    On EEG epochs, covariance estimation first:
-
-    >>> import numpy as np
-    >>> from pyriemann.estimation import Covariances
-    >>> from sklearn.pipeline import make_pipeline
-    >>> epochs = np.random.default_rng(0).standard_normal((40, 4, 128))  # trials, channels, times
-    >>> labels = np.arange(40) % 2
-    >>> pipe = make_pipeline(Covariances("oas"), SPDnetClassifier(max_epochs=3, random_state=0))
-    >>> pipe.fit(epochs, labels).predict(epochs[:5]).shape
-    (5,)
     """
 
     @accepts_renamed({**EPOCH_RENAMED, **DOMAIN_RENAMED}, {**EPOCH_MERGES, **DOMAIN_MERGES})  # the flat names of before
@@ -332,7 +198,8 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     # Domains of batchnorm="domain": requested from metadata routing by default, under
     # both keys (MOABB's CrossSubject routes the training subjects as "subjects").
-    __metadata_request__fit = {"groups": True, "subjects": True}
+    __metadata_request__fit = {"groups": True, "subjects": True, "X_target_unlabeled": True,
+                               "X_target_labeled": True}
     # The domain of the trials being predicted, passed on by a Pipeline (batchnorm="domain"
     # only: see _get_metadata_request).
     __metadata_request__predict = {"domain": True}
@@ -340,38 +207,33 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     __metadata_request__decision_function = {"domain": True}
 
     @_fit_context(prefer_skip_nested_validation=True)
-    def fit(self, X, y, groups=None, sample_weight=None, subjects=None):
-        """Train on ``(X, y)``; validation split and early stopping only on enough data.
-
-        See :meth:`TorchClassifierBase.fit` and ``validation_fraction``.
+    def fit(self, X, y, groups=None, sample_weight=None, subjects=None, X_target_unlabeled=None,
+            X_target_labeled=None):
+        """Train on ``(X, y)``; a validation split only on enough data (``early_stopping``).
 
         Parameters
         ----------
         X : array-like of shape (n_matrices, n_channels, n_channels)
             SPD matrices.
         y : array-like of shape (n_matrices,)
-            Labels of any type (str, int...).
         groups : array-like of shape (n_matrices,), default=None
-            Domain (subject, session) of each matrix, used by ``batchnorm="domain"`` (None:
-            one domain) and ignored otherwise. Requested from metadata routing by default.
+            Domain (subject, session) of each matrix, for ``batchnorm="domain"``.
         sample_weight : array-like of shape (n_matrices,), default=None
-            Non-negative weights: each minibatch's loss is ``Σ w_i l_i / Σ w_i`` and the
-            ``scaling="auto"`` statistic is their weighted mean (integer weights = repeated
-            matrices); multiplied by ``class_weight``. Under metadata routing, request it
-            with ``set_fit_request(sample_weight=True)``.
+            Non-negative weights of the loss, multiplied by ``class_weight``.
         subjects : array-like of shape (n_matrices,), default=None
-            Alias of ``groups``: MOABB's ``CrossSubjectEvaluation`` routes the training
-            subjects under this key, so each training subject is a domain there with no
-            ``set_fit_request`` call. Requested by default.
+            Alias of ``groups`` (MOABB's ``CrossSubjectEvaluation``).
+        X_target_unlabeled, X_target_labeled : array-like of shape (n_calibration, n_channels, n_channels), default=None
+            A new subject's calibration matrices (MOABB's ``cs_mode``; labels unused): with
+            domain batch norm, the domain ``"target"`` that prediction without ``domain``
+            starts from (:mod:`skfedspd.transfer`); otherwise ignored with a warning.
 
         Returns
         -------
         self
-            With ``batchnorm="domain"``: stored domains forgotten, the prior computed
-            (:meth:`fit_domain_prior` on ``X`` and ``groups``).
         """
         groups = resolve_groups(groups, subjects)
         groups = None if groups is None else check_groups(groups, _num_samples(X))
+        calibration = target_trials(X_target_unlabeled, X_target_labeled, n_channels=np.shape(X)[-1])
         warm = self.warm_start and self.__sklearn_is_fitted__()
         if self.trainable == "head" and not warm:
             warnings.warn(HEAD_ON_RANDOM_WARNING, UserWarning, stacklevel=2)
@@ -389,14 +251,15 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             self.domain_statistics_ = None
             if self._batchnorm_mode() == "domain":
                 self.fit_domain_prior(X, groups)
+                if calibration is not None:
+                    adapt_target(self, calibration)
+            elif calibration is not None:
+                warnings.warn(TARGET_IGNORED_WARNING.format(f"batchnorm_={self._batchnorm_mode()!r}"), UserWarning,
+                              stacklevel=2)
         return self
 
     def partial_fit(self, X, y, classes=None, sample_weight=None):
-        """One epoch over ``(X, y)``; see :meth:`TorchClassifierBase.partial_fit`.
-
-        The weights change, so stored domain statistics and the prior are dropped
-        (``batchnorm="domain"``): call :meth:`fit_domain_prior` on the training data before
-        predicting single trials.
+        """One epoch over ``(X, y)``; drops stored domain statistics and the prior.
 
         Returns
         -------
@@ -429,8 +292,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     }
 
     def check_params(self):
-        """Validate the hyper-parameters (see :meth:`TorchClassifierBase.check_params`);
-        ``hidden_dims`` must be "auto", a positive int or a non-empty sequence of positive ints."""
+        """Validate the hyper-parameters (see :meth:`TorchClassifierBase.check_params`)."""
         super().check_params()
         if not isinstance(self.hidden_dims, str):
             self._hidden_dims(None)
@@ -456,10 +318,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return X
 
     def _check_prediction_input(self, X):
-        """``X`` validated for prediction or adaptation: SPD at float64 precision, of the
-        fitted size, and within the training range (``input_range_``, :func:`~skfedspd.validation.check_input_range`);
-        the parameters used at prediction validated as :meth:`fit` does (they may have been
-        changed by ``set_params`` since). Runs before any domain statistic is touched."""
+        """``X`` validated for prediction: SPD, of the fitted size, within ``input_range_``."""
         self._check_prediction_params()
         X, summary = check_spd_batch(X, self.n_features_in_, return_summary=True)
         check_input_range(summary, getattr(self, "input_range_", None), scale_invariant=self.scaling == "trace")
@@ -472,14 +331,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         adaptation_of(self).check_params()
 
     def input_statistic(self, X, sample_weight=None):
-        """Mean over matrices of ``log(trace(X)/n)`` (weighted by ``sample_weight`` if given):
-        additive, so federated clients combine it by a weighted mean into exactly the pooled
-        value.
+        """Mean over matrices of ``log(trace(X)/n)`` (weighted by ``sample_weight``): additive
+        across clients.
 
         Parameters
         ----------
         X : ndarray of shape (n_matrices, n_channels, n_channels)
-            SPD matrices validated by :meth:`check_inputs`.
         sample_weight : ndarray of shape (n_matrices,) or None
 
         Returns
@@ -498,13 +355,11 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return float(np.average(log_traces, weights=sample_weight))
 
     def set_input_statistic(self, log_mean_trace):
-        """Set ``scale_``: ``exp(-log_mean_trace)`` for ``scaling="auto"``, the constant for a
-        float ``scaling``, 1.0 otherwise.
+        """Set ``scale_`` from the (pooled) :meth:`input_statistic`.
 
         Parameters
         ----------
         log_mean_trace : float or None
-            The (pooled) :meth:`input_statistic`; only used by ``scaling="auto"``.
         """
         if self.scaling == "auto":
             with np.errstate(over="ignore"):  # an infinite scale (subnormal input) is refused by to_tensor
@@ -519,8 +374,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return TorchClassifierBase._fitted_attributes() + ("scale_", "input_range_", "batchnorm_")
 
     def _batchnorm_mode(self):
-        """The batch norm the network has: ``batchnorm_`` once ``fit`` resolved it, else the
-        parameter (``"auto"``: None, as a federated site's network or a first ``partial_fit``)."""
+        """The batch norm the network has: ``batchnorm_`` once fitted, else the parameter."""
         resolved = self.__dict__.get("batchnorm_", _UNRESOLVED)
         if resolved is not _UNRESOLVED:
             return resolved
@@ -530,17 +384,13 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
                                                            "recenter_every")
 
     def federation_traits(self):
-        """:meth:`TorchClassifierBase.federation_traits`: domains with ``batchnorm="domain"``,
-        batch statistics with ``"spd"`` (``"auto"`` is None on a site: it has no groups),
-        head-only training with ``trainable="head"``."""
+        """:meth:`TorchClassifierBase.federation_traits` of this model's settings."""
         mode = self._batchnorm_mode()
         return dataclasses.replace(super().federation_traits(), domains=mode == "domain",
                                    batch_statistics=mode == "spd", head_only=self.trainable == "head")
 
     def federated_params(self, *, init=None, private=False):
-        """The input scaling of a federated fit: ``init``'s when it has one (``"trace"`` if it
-        used it, else its fitted ``scale_``, a public constant); in DP mode ``"auto"``
-        becomes ``"trace"`` (per matrix: no statistic of the sites); else this model's own.
+        """The input scaling of a federated fit (``init``'s, or ``"trace"`` in DP mode).
 
         Examples
         --------
@@ -553,33 +403,25 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return {"scaling": "trace" if private and self.scaling == "auto" else self.scaling}
 
     def domain_layer_sizes(self):
-        """The size of the matrices at each domain batch-norm layer (empty without domains):
-        the shapes of the domain statistics a federation sums or releases."""
+        """The matrix size at each domain batch-norm layer (empty without domains)."""
         if self._batchnorm_mode() != "domain":
             return ()
         return tuple(int(n) for n in self._hidden_dims(self.n_features_in_))
 
     def clear_domain_statistics(self):
-        """Forget every domain's statistics and the prior: they belong to earlier weights
-        (a federated fit clears its released model's before it sets the new prior)."""
+        """Forget every domain's statistics and the prior."""
         self.domain_statistics_ = None
         return self
 
     def release_domain_means(self, X, *, references, clip, noise_multiplier, generator):
-        """DP mode: the privatized means of the domains of ``X`` (a
-        :class:`~skfedspd.batchnorm.DomainBatch`) at every batch-norm layer, by
-        :func:`skfedspd.dp_sgd.release_domain_means`."""
+        """DP mode: privatized domain means (:func:`skfedspd.dp_sgd.release_domain_means`)."""
         from .dp_sgd import release_domain_means
 
         return release_domain_means(self.module_, X, references=references, clip=clip,
                                     noise_multiplier=noise_multiplier, generator=generator)
 
     def _check_module_values(self, arrays):
-        """:meth:`TorchClassifierBase._check_module_values`, and the SPDnet's own: every
-        BiMap's ``W_ref`` orthonormal (within the tolerance of the federated server's checks,
-        :func:`~skfedspd.stiefel.orthonormality_problem`; refused, never replaced by another
-        orthonormal matrix), every batch-norm bias ``exp(sym(log_bias))`` with eigenvalues
-        within ``e^±LOG_BIAS_BOUND`` and every running mean SPD."""
+        """The base checks, plus orthonormal BiMap weights and bounded SPD batch-norm values."""
         super()._check_module_values(arrays)
         for name, value in arrays.items():
             if name.endswith(".W_ref"):
@@ -598,9 +440,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
                     raise ValueError(f"module array {name!r} is not a symmetric positive definite matrix") from None
 
     def fitted_state(self):
-        """:meth:`TorchClassifierBase.fitted_state`, plus the domain statistics (the prior
-        and every stored domain: arrays ``"domain_statistics.<name>"``, their labels, weights
-        and counts in the JSON ``"domain_statistics"``)."""
+        """:meth:`TorchClassifierBase.fitted_state`, plus the domain statistics."""
         arrays, meta = super().fitted_state()
         stats = getattr(self, "domain_statistics_", None)
         if stats is not None:
@@ -609,8 +449,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return arrays, meta
 
     def restore_fitted_state(self, arrays, meta):
-        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics
-        (validated first, like everything else, before the network is built)."""
+        """:meth:`TorchClassifierBase.restore_fitted_state`, with the domain statistics."""
         prefix = "domain_statistics."
         stats_arrays = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
         stats_meta = meta.get("domain_statistics") if isinstance(meta, dict) else None
@@ -640,17 +479,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
             self.domain_statistics_ = stats
 
     def to_tensor(self, X):
-        """Scaled SPD matrices as a tensor of ``dtype`` on ``device``.
-
-        Parameters
-        ----------
-        X : ndarray of shape (n_matrices, n_channels, n_channels)
-            Validated by :meth:`check_inputs`.
-
-        Returns
-        -------
-        torch.Tensor
-        """
+        """Scaled SPD matrices as a tensor of ``dtype`` on ``device``."""
         self._check_working_range(X)
         if self.scaling == "trace":
             X = X * (X.shape[-1] / np.trace(X, axis1=1, axis2=2))[:, None, None]
@@ -659,12 +488,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return torch.as_tensor(X, dtype=self.torch_dtype_, device=self.device)
 
     def _check_working_range(self, X):
-        """Refuse matrices whose largest entry, once scaled, leaves the range in which
-        ``dtype`` computes eigenvalues without overflow or underflow (the square roots of its
-        largest and smallest normal numbers, as LAPACK's safe range): e.g. a 1e308 trial
-        with ``scaling=10``, which would overflow to infinity. Matrices too small for float64
-        itself (largest entry subnormal, below its smallest normal number) are refused as such
-        first: no scale could be derived from them."""
+        """Refuse matrices that, once scaled, leave the range where ``dtype`` eigenvalues are safe."""
         log_max = np.log10(np.abs(X).max(axis=(1, 2)))
         tiny = np.finfo(X.dtype).tiny
         if (log_max < np.log10(tiny)).any():
@@ -716,8 +540,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return "average" if self._batchnorm_mode() == "domain" and several else "best"
 
     def fit_domains(self, groups, n_samples):
-        """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise or
-        without groups (one domain). See :meth:`TorchClassifierBase.fit_domains`."""
+        """Domain codes of ``groups`` with ``batchnorm="domain"``; None otherwise."""
         if self._batchnorm_mode() != "domain" or groups is None:
             return None
         codes = domain_codes(groups, n_samples)
@@ -729,7 +552,10 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         requests = super()._get_metadata_request()
         # "auto" too: a Pipeline's predict-time domain (meant for Recenter) reaches only an
         # explicit "domain" model, or one whose request is set (set_predict_request)
-        return requests if self.batchnorm == "domain" else drop_domain_requests(self, requests)
+        if self.batchnorm != "domain":
+            requests = drop_domain_requests(self, requests)
+        # the calibration slice: to any model that may have domain statistics ("auto" with groups)
+        return requests if self.batchnorm in ("auto", "domain") else drop_target_requests(self, requests)
 
     def _check_domain_support(self, what):
         self.check_fitted_params()  # first: batchnorm may have been changed since fit
@@ -738,8 +564,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
                              f"batchnorm={self._batchnorm_mode()!r}): domain statistics live in its domain batch norms")
 
     def _domain_statistics(self):
-        """The stored statistics; an empty store without a prior for a model fitted before
-        they existed (built fresh, stored only by a call that updates it)."""
+        """The stored statistics (an empty store for an older model)."""
         stats = getattr(self, "domain_statistics_", None)
         if stats is None:
             stats = DomainStatistics([int(n) for n in self._hidden_dims(self.n_features_in_)], self.torch_dtype_,
@@ -747,12 +572,9 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return stats
 
     def _adapted_logits(self, X, domain, *, keep, predict=True):
-        """Update the domains of the trials of ``X`` (validated by
-        :meth:`_check_prediction_input`; ``domain`` None: one temporary domain), then the
-        logits of ``X`` (or None when not ``predict``). Everything is validated before any
-        statistic changes; ``keep`` stores the updated domains."""
-        labels = [THIS_CALL] * len(X) if domain is None else domain_labels(domain, len(X))
+        """Update the domains of the trials of ``X``, then their logits (None when not ``predict``)."""
         stats = self._domain_statistics()
+        labels = call_labels(stats, domain, len(X))
         adaptation = adaptation_of(self)
         update = stats.update(labels, float(adaptation.prior_weight), adaptation.memory)
         Xt = self.to_tensor(X)
@@ -776,18 +598,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return predict_logits(self.module_, self.to_tensor(X)).cpu().numpy()
 
     def decision_function(self, X, domain=None):
-        """Class scores: logits of shape ``(n_samples, n_classes)``; for two classes, the
-        1-D score of ``classes_[1]`` (logit difference).
+        """Class scores (for two classes, the 1-D score of ``classes_[1]``).
 
         Parameters
         ----------
         X : array-like of shape (n_matrices, n_channels, n_channels)
         domain : str, int or array-like of shape (n_matrices,), default=None
-            ``batchnorm="domain"``: the domain of the trials (one label, or one per row);
-            its statistics are updated with ``X`` (in order) first, then used for every
-            trial, without the trial itself (``domain_adaptation.include_self``). None: ``X`` is a
-            temporary domain started from the prior. Requested from metadata routing by
-            default.
+            ``batchnorm="domain"``: the trials' domain, updated with ``X`` first. None: a
+            temporary domain started from the prior.
 
         Returns
         -------
@@ -796,8 +614,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return decision_from_logits(self._logits(X, domain))
 
     def predict_proba(self, X, domain=None):
-        """Softmax class probabilities, columns ordered as ``classes_``; ``domain`` as in
-        :meth:`decision_function`.
+        """Softmax class probabilities; ``domain`` as in :meth:`decision_function`.
 
         Returns
         -------
@@ -808,11 +625,12 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     def predict(self, X, domain=None):
         """Most probable class label of each matrix; ``domain`` as in :meth:`decision_function`.
 
+        Returns
+        -------
+        ndarray of shape (n_matrices,)
+
         Examples
         --------
-        Online prediction, one trial per call, the new subject's statistics adapting as
-        its trials arrive:
-
         >>> from skfedspd import SPDnetClassifier
         >>> from skfedspd.datasets import make_spd_classification
         >>> X, y = make_spd_classification(n_matrices=40, n_channels=4, n_classes=2, seed=0)
@@ -821,10 +639,6 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         >>> labels = [clf.predict(X[i : i + 1], domain="s17")[0] for i in range(30, 40)]
         >>> clf.domains_
         {'s17': 10}
-
-        Returns
-        -------
-        ndarray of shape (n_matrices,)
         """
         logits = self._logits(X, domain)  # first: an unfitted model raises NotFittedError
         return self.classes_[np.argmax(logits, axis=1)]
@@ -832,26 +646,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     def adapt(self, X, domain):
         """Unlabeled calibration: add the trials of ``X``, in order, to ``domain``'s statistics.
 
-        A new domain starts from the prior. The learned weights never change (this is not
-        ``fit``). Adapting in several calls equals adapting at once (to rounding).
-
         Parameters
         ----------
         X : array-like of shape (n_matrices, n_channels, n_channels)
-            SPD matrices of the domain (no labels).
         domain : str, int or array-like of shape (n_matrices,)
-            The domain's label, or one label per row.
 
         Returns
         -------
         self
-
-        Raises
-        ------
-        ValueError
-            Without ``batchnorm="domain"``, for matrices that are not SPD or a ``domain``
-            of the wrong length; TypeError for a label that is not a str or an int. The
-            statistics are then unchanged.
         """
         check_is_fitted(self)
         self._check_domain_support("adapt")
@@ -862,21 +664,15 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
 
     @property
     def domain_prior_(self):
-        """The mean a new domain starts from at each batch-norm layer (list of ndarray), or
-        None when the model has none (see :meth:`fit_domain_prior`)."""
+        """The mean a new domain starts from at each batch-norm layer, or None."""
         check_is_fitted(self)
         self._check_domain_support("domain_prior_")
         prior = self._domain_statistics().prior
         return None if prior is None else [M.cpu().numpy() for M in prior]
 
     def domain_prior_statistics(self, X, groups=None):
-        """The additive statistics of the prior on ``X``: ``(log_sums, count)``.
-
-        ``log_sums[i]`` is ``Σ log Z`` over the inputs ``Z`` of batch-norm layer ``i``, the
-        matrices of each domain (``groups``; None: one domain) normalized by their own
-        means as in training. Sums and counts of several sites add up to the pooled ones:
-        a federated deployment sums the sites' statistics and calls
-        :meth:`set_domain_prior`.
+        """The additive statistics of the prior on ``X``: ``(log_sums, count)``; sums over sites
+        give the pooled prior (:meth:`set_domain_prior`).
 
         Returns
         -------
@@ -897,17 +693,7 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
         return [S.cpu().numpy() for S in sums], len(X)
 
     def set_domain_prior(self, log_sums, count):
-        """Set the prior to the log-Euclidean mean ``exp(log_sums[i] / count)`` at each
-        batch-norm layer (the statistics of :meth:`domain_prior_statistics`, possibly
-        summed over sites). Stored domains keep their statistics.
-
-        Raises
-        ------
-        ValueError
-            Naming ``log_sums[i]`` or ``count`` (:func:`~skfedspd.online.check_prior_statistics`):
-            one finite symmetric matrix per batch-norm layer, a whole count >= 1, a
-            log-mean within :data:`~skfedspd.online.PRIOR_LOG_BOUND`. The model is then
-            unchanged.
+        """Set the prior to ``exp(log_sums[i] / count)`` at each batch-norm layer.
 
         Returns
         -------
@@ -924,24 +710,14 @@ class SPDnetClassifier(DomainStatisticsMixin, TorchClassifierBase):
     def fit_domain_prior(self, X, groups=None):
         """(Re)compute the prior that new domains start from, from the training data.
 
-        The log-Euclidean mean of each batch-norm layer's inputs over ``X``, each domain of
-        ``groups`` normalized by its own means as in training (see :mod:`skfedspd.online`
-        for the choice). :meth:`fit` calls it at its end; call it on a model that has no
-        prior (saved before this feature, trained by :meth:`partial_fit`, deployed from a
-        federation that could not compute it).
-
         Parameters
         ----------
         X : array-like of shape (n_matrices, n_channels, n_channels)
-            The training matrices.
         groups : array-like of shape (n_matrices,), default=None
-            Their domains (None: one domain).
 
         Returns
         -------
         self
-            Its ``input_range_`` also covers ``X`` (a federated fit gets its training range
-            here, where the training data are in the process).
         """
         statistics = self.domain_prior_statistics(X, groups)  # validates X and groups
         summary = spectral_summary(X)

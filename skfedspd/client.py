@@ -1,11 +1,5 @@
-"""The client side of a federated run: one site's data and its replies.
-
-:class:`Site` is what every transport runs at a client: the local backend holds one per
-client in this process, a Flower SuperNode one for its site. It makes the site's
-train/validation split, declares its set-up (:class:`~skfedspd.messages.SetupReply`), and
-answers the train and validation messages with the local estimator's ``local_update``
-(the one local-training routine, :func:`client_update`) and
-:func:`~skfedspd.training.evaluate`. Nothing here sees another site's data.
+"""The client side of a federated run: one site's data and its replies (:class:`Site`), the
+same on every transport. Nothing here sees another site's data.
 """
 
 import numpy as np
@@ -24,8 +18,7 @@ DP_SAMPLE_WEIGHT_ERROR = ("sample_weight is not supported with privacy (DP-SGD):
 
 
 def client_statistic(est, X, sample_weight=None):
-    """A client's input statistic: the local estimator's ``input_statistic`` of its training
-    inputs, weighted by their sample weights when it has any.
+    """A client's input statistic (weighted by its sample weights when it has any).
 
     Examples
     --------
@@ -34,20 +27,16 @@ def client_statistic(est, X, sample_weight=None):
     >>> from skfedspd.client import client_statistic
     >>> est = SPDnetClassifier()
     >>> X = est.check_inputs(np.stack([np.eye(2), np.exp(2) * np.eye(2)]), reset=True)
-    >>> client_statistic(est, X), client_statistic(est, X, sample_weight=np.array([3.0, 1.0]))  # mean log(tr / n)
-    (1.0, 0.5)
+    >>> client_statistic(est, X)
+    1.0
     """
     # Estimators whose statistic ignores weights may omit the argument.
     return est.input_statistic(X) if sample_weight is None else est.input_statistic(X, sample_weight=sample_weight)
 
 
 def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp, optimizer_state=None, **kwargs):
-    """One client's local training as a :class:`~skfedspd.messages.TrainReply`: the local
-    estimator's ``local_update`` (the one local-training routine) from the broadcast, with
-    the client's sample weights (its reply's weight is their sum) or DP settings, resuming
-    its ``optimizer_state`` when given (a dict, ``{}`` on its first round; the reply's
-    ``optimizer_state`` is the state after the round, a new dict). ``kwargs``: ``lr``,
-    ``n_epochs``, ``n_threads``.
+    """One client's local training (the local estimator's ``local_update``) as a
+    :class:`~skfedspd.messages.TrainReply`; ``kwargs``: ``lr``, ``n_epochs``, ``n_threads``.
 
     Examples
     --------
@@ -59,9 +48,7 @@ def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp
     >>> X, y = make_spd_classification(n_matrices=12, n_channels=4, n_classes=2, seed=0)
     >>> est = SPDnetClassifier()
     >>> X = est.check_inputs(X, reset=True)
-    >>> est.set_classes(y)
-    >>> est.set_input_statistic(est.input_statistic(X))
-    >>> est.init_module(0)
+    >>> est.set_classes(y); est.set_input_statistic(est.input_statistic(X)); est.init_module(0)
     >>> weights = torch.as_tensor(np.repeat([1.0, 2.0], 6))
     >>> reply = client_update(est, est.get_parameters(), None, est.to_tensor(X), torch.as_tensor(est.encode_labels(y)),
     ...                       weights, seed=1, dp=None, lr=0.01, n_epochs=1)
@@ -76,11 +63,8 @@ def client_update(est, global_params, local_state, X, y, sample_weight, seed, dp
 
 
 def site_training_weights(est, y, sample_weight):
-    """A site's training weights: its ``sample_weight`` times the local estimator's
-    ``class_weight`` (a dict: the weight of each label); None when it has neither.
-    ``"balanced"`` needs every site's class counts, which no site knows: refused (the local
-    backend computes it on all the labels and hands each in-process site its share as
-    ``sample_weight``).
+    """A site's ``sample_weight`` times the local estimator's dict ``class_weight``; None when
+    it has neither (``"balanced"`` is refused: no site knows every class count).
 
     Examples
     --------
@@ -106,20 +90,14 @@ class Site:
     ----------
     client_id : int
     X, y : array-like
-        All the site's samples and labels (the split into training and validation is made here).
+        All the site's samples and labels.
     sample_weight : ndarray or None
-        The site's sample weights (None: unweighted).
     groups : array-like or None
-        The samples' groups (subjects, sessions): the domains of ``batchnorm="domain"``;
-        None: the site is one domain.
+        The samples' domains for ``batchnorm="domain"``; None: one domain.
     setup : dict
-        The run's set-up (:meth:`skfedspd.run.FederatedRun.site_setup`): ``seed``,
-        ``validation_fraction``, ``classes`` (agreed, or None), ``private``; and, once the
-        server has read every site's declaration (``ready``), the run's ``classes``,
-        ``input_statistic``.
+        The run's set-up (:meth:`skfedspd.run.FederatedRun.site_setup`).
     estimator : estimator
-        The unfitted local estimator (the site builds its model from the set-up). Sites of
-        one process may share it: every message loads the parameters it uses.
+        The unfitted local estimator.
 
     Attributes
     ----------
@@ -132,7 +110,6 @@ class Site:
 
     Examples
     --------
-    >>> import numpy as np
     >>> from skfedspd import SPDnetClassifier
     >>> from skfedspd.client import Site
     >>> from skfedspd.datasets import make_spd_classification
@@ -193,16 +170,8 @@ class Site:
         self.est = est
 
     def release_domain_means(self, global_params, dp, released=None):
-        """DP mode with ``batchnorm="domain"``: release the means of the site's domains at
-        the model ``global_params`` (:func:`skfedspd.dp_sgd.release_domain_means`, noise
-        seeded by the run's seed and the client id), once: every later training whitens the
-        site's trials by them. ``released`` (the arrays of an earlier release of this fit,
-        kept by the transport) is used as it is, spending nothing more.
-
-        Returns
-        -------
-        list of ndarray
-            ``M^{-1/2}`` per batch-norm layer and domain (what the transport keeps).
+        """DP mode with ``batchnorm="domain"``: release the site's domain means once (or reuse
+        ``released``); returns ``M^{-1/2}`` per layer and domain.
         """
         if not isinstance(self.X_train, DomainBatch):  # the site is one domain
             self.X_train = DomainBatch(self.X_train, np.zeros(len(self.X_train), dtype=np.intp))
@@ -219,14 +188,12 @@ class Site:
 
     def train_update(self, global_params, local_state, *, seed, lr, n_epochs, dp=None, optimizer_state=None,
                      n_threads=None):
-        """The site's :class:`~skfedspd.messages.TrainReply` to a train message (:func:`client_update`)."""
+        """The site's :class:`~skfedspd.messages.TrainReply` to a train message."""
         return client_update(self.est, global_params, local_state or None, self.X_train, self.y_train, self.w_train,
                              seed, dp, optimizer_state, lr=lr, n_epochs=n_epochs, n_threads=n_threads)
 
     def validate(self, params, local_state=None, *, load=True):
-        """The site's :class:`~skfedspd.messages.EvalReply` of the model ``params`` (with its
-        own ``local_state`` arrays, if any) on its validation part; ``load=False``: the
-        model is loaded already."""
+        """The site's :class:`~skfedspd.messages.EvalReply` of the model ``params`` on its validation part."""
         if load:
             self.est.set_parameters(params)
             if local_state:
@@ -235,7 +202,6 @@ class Site:
         return EvalReply(float(loss), float(f1), len(self.val))
 
     def prior_statistics(self, params):
-        """The additive statistics of the domain prior with the model ``params``, on all the
-        site's data (:meth:`~skfedspd.SPDnetClassifier.domain_prior_statistics`)."""
+        """The additive statistics of the domain prior with the model ``params``, on all the site's data."""
         self.est.set_parameters(params)
         return self.est.domain_prior_statistics(self.X, self.groups)

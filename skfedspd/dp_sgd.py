@@ -1,43 +1,11 @@
 """Sample-level differential privacy, the mechanism: DP-SGD on the Stiefel manifold.
 
-DP-SGD of Abadi et al., 2016, with the Riemannian steps of DP-RFedProj / Han et al., 2024.
-At each step of :func:`dp_train_epochs`:
-
-1. **Poisson sampling**: every training sample joins the minibatch independently with
-   probability ``q`` (``sample_rate``), as the accountants assume.
-2. **Per-sample gradients** (:func:`per_sample_gradients`) of the per-sample cross-entropy.
-   For a Stiefel weight (a :class:`~skfedspd.layers.BiMap`, trained by tangent-space local
-   trivialization ``W = uf(W_ref + P_{W_ref}(V))``) the gradient is taken at the chart
-   centre ``V = 0``, where the gradient of ``V`` is ``P_W(∇_W ℓ)``: the Riemannian gradient
-   (embedded metric) in the tangent space at the current ``W``. Euclidean for the others.
-3. **Joint clipping** (:func:`clip_and_sum`): each sample's gradients (Riemannian and
-   Euclidean together, one Frobenius norm over all parameters) are scaled to norm at most
-   ``C`` (``clip_norm``), then summed: adding or removing one sample moves the sum by at
-   most ``C``. Only the parameters that train (``requires_grad``) are privatized: frozen
-   ones (``SPDnetClassifier(trainable="head")``) get no gradient, no noise and no update,
-   so the noise ``σC`` spreads over fewer coordinates and the accounting is unchanged.
-4. **Gaussian noise** (:func:`add_gaussian_noise`) ``N(0, (σC)² I)`` on every coordinate;
-   for a Stiefel weight the noisy sum is then projected onto the tangent space (the sum
-   already lies there, so this only projects the noise: post-processing).
-5. The result divided by the **expected** batch size ``q·n`` is the gradient of a
-   torch optimizer step, then ``module.after_step_()`` and the charts are re-centred: with
-   SGD, ``W ← R_W(−lr·g)`` (polar retraction), the Euclidean weights ``θ ← θ − lr·g``.
-   Any optimizer (Adam...) only post-processes the privatized gradient, so the guarantee
-   is the same: ``optimizer="adam"`` is allowed.
-
-BatchNorm mixes the samples of a batch (its batch statistics and running averages depend
-on every sample), which breaks per-sample sensitivity: :func:`dp_train_epochs` runs every
-BatchNorm layer in evaluation mode (frozen running statistics, affine weights trained
-privately) and refuses BatchNorm layers without running statistics.
-
-Re-centring under DP (``SPDnetClassifier(batchnorm="domain")``): a domain's own mean mixes
-its samples too. :func:`release_domain_means` releases each domain's mean at every
-batch-norm layer once, by the Gaussian mechanism on a clipped log-Euclidean mean (one
-trial moves the released vector of its own domain by at most
-:func:`domain_mean_sensitivity`), and DP-SGD then trains on the trials whitened by the
-released means (post-processing: the samples of a batch no longer interact). What the
-mechanism spends is accounted in :mod:`skfedspd.privacy`; the guide
-(``docs/guide/privacy.md``) gives the sensitivity analysis.
+DP-SGD (Abadi et al., 2016) with Riemannian steps (Han et al., 2024): Poisson sampling,
+per-sample gradients (Riemannian for BiMap weights), joint clipping, Gaussian noise
+projected to the tangent space, an optimizer step and the retraction
+(:func:`dp_train_epochs`). BatchNorm runs frozen; domain means are released once by
+:func:`release_domain_means`. The accounting is :mod:`skfedspd.privacy`'s; the mechanism
+and its sensitivity analysis: ``docs/guide/privacy.md``.
 """
 
 import contextlib
@@ -71,9 +39,6 @@ __all__ = [
 
 def stiefel_charts(module):
     """``{torch parameter name: W_ref}`` for the tangent coordinates ``V`` of every BiMap.
-
-    These parameters hold Riemannian gradients at ``W_ref`` (when ``V = 0``); their noise is
-    projected onto the tangent space at ``W_ref``.
 
     Examples
     --------
@@ -153,13 +118,7 @@ def _loop_gradients(module, names, params, X, y):
 
 
 def _batched_backward_gradients(module, names, params, X, y):
-    """Per-sample gradients and losses, one forward and one vmapped backward per chunk.
-
-    ``autograd.grad`` of the chunk's per-sample losses with the identity as batched
-    cotangents (``is_grads_batched``): row ``j`` is the gradient of sample ``j``'s loss.
-    Only the backward runs under vmap (the forward is the module's own, with its
-    data-dependent branches), exact for any module whose samples do not interact.
-    """
+    """Per-sample gradients and losses: one forward and one vmapped backward per chunk."""
     chunks, losses = [], []
     with torch.enable_grad():
         for start in range(0, len(y), _BACKWARD_CHUNK):
@@ -189,42 +148,21 @@ def _vmap_gradients(module, names, params, X, y):
 
 
 def per_sample_gradients(module, X, y, *, method="auto"):
-    """Gradients of each sample's cross-entropy loss, Riemannian for the Stiefel weights.
+    """Gradients of each sample's cross-entropy loss, Riemannian for the Stiefel weights, as
+    ``({parameter name: (batch, *shape) tensor}, losses)``.
 
     Parameters
     ----------
     module : FederatedModule
-        Called as ``module(X_batch)`` → logits. Its BiMap charts must be centred
-        (``V = 0``: the gradient of ``V`` is then the Riemannian gradient
-        ``P_W(∇_W ℓ)`` at the current ``W``) and its BatchNorm layers in eval mode with
-        running statistics (batch statistics mix the samples); :func:`dp_train_epochs`
-        sees to both.
+        BiMap charts centred and BatchNorm in eval mode (as :func:`dp_train_epochs` sets them).
     X : torch.Tensor of shape (batch, ...)
     y : torch.Tensor of shape (batch,)
-        Integer class codes.
     method : {"auto", "vmap", "batched", "loop"}, default="auto"
-        "vmap": ``torch.func`` (``functional_call`` + ``vmap`` + ``grad``: one vectorized
-        pass; modules of standard torch layers such as EEGNet). "batched": one forward and
-        one vmapped backward per chunk of 8 samples (``autograd.grad(..., is_grads_batched=True)``;
-        any module whose backward vmaps, including SPDnet, whose custom autograd Functions
-        cannot run under ``torch.func`` transforms). "loop": one forward/backward per sample
-        (any module; the reference). "auto": "batched" for modules containing a BiMap,
-        "vmap" otherwise.
-
-    Returns
-    -------
-    grads : dict of str to torch.Tensor
-        ``{parameter name: tensor of shape (batch, *parameter.shape)}`` for every trainable
-        parameter of ``module`` (``named_parameters()``; buffers never get gradients). The
-        gradients of BiMap tangent coordinates are projected onto the tangent space at
-        ``W_ref`` (a no-op up to rounding at the chart centre, explicit here).
-    losses : torch.Tensor of shape (batch,)
-        The per-sample losses.
+        ``torch.func`` vmap, a vmapped backward per chunk, or one pass per sample
+        ("auto": "batched" with a BiMap, else "vmap").
 
     Examples
     --------
-    The mean of the per-sample gradients is the gradient of the mean loss:
-
     >>> import torch
     >>> import torch.nn.functional as F
     >>> from skfedspd.datasets import make_spd_classification
@@ -233,8 +171,6 @@ def per_sample_gradients(module, X, y, *, method="auto"):
     >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=8, n_channels=4, seed=0))
     >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
     >>> grads, losses = per_sample_gradients(module, X, y)
-    >>> grads["head.weight"].shape, losses.shape  # 8 samples; head: 3 classes x vech of 3 x 3
-    (torch.Size([8, 3, 6]), torch.Size([8]))
     >>> F.cross_entropy(module(X), y).backward()
     >>> torch.allclose(grads["head.weight"].mean(0), module.head.weight.grad)
     True
@@ -264,37 +200,17 @@ def per_sample_gradients(module, X, y, *, method="auto"):
 
 
 def clip_and_sum(grads, clip_norm):
-    """Clip each sample's gradients jointly to norm ``clip_norm`` and sum over the samples.
-
-    The norm of sample ``i`` is ``sqrt(Σ_params ‖g_i‖_F²)`` (the Riemannian gradients of the
-    Stiefel weights measured in the embedded metric, the Frobenius norm of the ambient
-    matrices); each sample is scaled by ``min(1, C / norm_i)``. A sample whose gradient is
-    not finite contributes zero (a per-sample decision: the sensitivity stays ``C``).
-
-    Parameters
-    ----------
-    grads : dict of str to torch.Tensor
-        Per-sample gradients, each of shape ``(batch, *shape)``.
-    clip_norm : float
-        ``C > 0``.
-
-    Returns
-    -------
-    summed : dict of str to torch.Tensor
-        ``Σ_i min(1, C / norm_i) g_i`` per parameter (shape ``shape``).
-    norms : torch.Tensor of shape (batch,)
-        The joint norms before clipping (``inf``/``nan`` for non-finite samples).
+    """Clip each sample's gradients jointly to norm ``clip_norm`` and sum over the samples (a
+    non-finite sample contributes zero); returns the sums and the norms before clipping.
 
     Examples
     --------
-    Two samples with joint norms 5 and 0.5: the first is scaled down to norm 1.
-
     >>> import torch
     >>> from skfedspd.dp_sgd import clip_and_sum
     >>> grads = {"w": torch.tensor([[3.0, 0.0], [0.3, 0.0]]), "b": torch.tensor([[4.0], [0.4]])}
     >>> summed, norms = clip_and_sum(grads, clip_norm=1.0)
-    >>> summed["w"], summed["b"], norms
-    (tensor([0.9000, 0.0000]), tensor([1.2000]), tensor([5.0000, 0.5000]))
+    >>> summed["w"], norms
+    (tensor([0.9000, 0.0000]), tensor([5.0000, 0.5000]))
     """
     check_positive(clip_norm, "clip_norm")
     flat = [g.flatten(1) for g in grads.values()]
@@ -310,37 +226,16 @@ def clip_and_sum(grads, clip_norm):
 
 
 def add_gaussian_noise(summed, *, std, charts, generator):
-    """``summed + N(0, std² I)`` per parameter; Stiefel sums projected to the tangent space.
-
-    Parameters
-    ----------
-    summed : dict of str to torch.Tensor
-        Clipped sums (:func:`clip_and_sum`).
-    std : float
-        Noise standard deviation ``σ·C`` (0: no noise).
-    charts : dict of str to torch.Tensor
-        :func:`stiefel_charts` of the module: for these parameters the noisy sum is
-        projected onto the tangent space at ``W_ref`` (the sum already lies there, so only
-        the noise is projected).
-    generator : torch.Generator
-        A CPU generator, the source of the noise (drawn on the CPU and moved to the
-        parameters' device: the same draws whatever the device).
-
-    Returns
-    -------
-    dict of str to torch.Tensor
+    """``summed + N(0, std² I)`` per parameter, drawn from the CPU ``generator``; the sums of
+    the ``charts`` (:func:`stiefel_charts`) projected to the tangent space.
 
     Examples
     --------
     >>> import torch
     >>> from skfedspd.dp_sgd import add_gaussian_noise
-    >>> from skfedspd.stiefel import random_stiefel
-    >>> W = torch.as_tensor(random_stiefel(4, 2, rng=0))
-    >>> summed = {"V": torch.zeros(4, 2, dtype=W.dtype), "b": torch.zeros(3, dtype=W.dtype)}
-    >>> noisy = add_gaussian_noise(summed, std=0.5, charts={"V": W}, generator=torch.Generator().manual_seed(0))
-    >>> xi = noisy["V"]  # noise on a Stiefel weight: in the tangent space at W
-    >>> torch.allclose(W.T @ xi + xi.T @ W, torch.zeros(2, 2, dtype=W.dtype)), noisy["b"].shape
-    (True, torch.Size([3]))
+    >>> summed = {"b": torch.zeros(3, dtype=torch.float64)}
+    >>> add_gaussian_noise(summed, std=0.5, charts={}, generator=torch.Generator().manual_seed(0))["b"].shape
+    torch.Size([3])
     """
     noisy = {}
     for name, s in summed.items():
@@ -353,14 +248,13 @@ def add_gaussian_noise(summed, *, std, charts, generator):
 
 
 def steps_per_epoch(sample_rate):
-    """Poisson-sampled steps in one epoch: ``ceil(1 / q)`` (``ceil(n / b)`` for ``q = b / n``),
-    so that the expected number of samples drawn per epoch is at least ``n``.
+    """Poisson-sampled steps in one epoch: ``ceil(1 / q)``.
 
     Examples
     --------
     >>> from skfedspd.dp_sgd import steps_per_epoch
-    >>> steps_per_epoch(16 / 120), steps_per_epoch(0.1), steps_per_epoch(1.0)
-    (8, 10, 1)
+    >>> steps_per_epoch(16 / 120), steps_per_epoch(1.0)
+    (8, 1)
     """
     if not (isinstance(sample_rate, numbers.Real) and 0 < sample_rate <= 1):
         raise ValueError(f"sample_rate must be in (0, 1], got {sample_rate!r}")
@@ -369,8 +263,7 @@ def steps_per_epoch(sample_rate):
 
 @contextlib.contextmanager
 def _frozen_batchnorm(module):
-    """``module.train()`` with every BatchNorm layer in eval mode (frozen running statistics);
-    the previous modes are restored on exit."""
+    """``module.train()`` with every BatchNorm layer in eval mode, restored on exit."""
     modes = {sub: sub.training for sub in module.modules()}
     norms = _batchnorms(module)
     unfrozen = [type(sub).__name__ for sub in norms if not getattr(sub, "track_running_stats", True)]
@@ -402,49 +295,34 @@ def _make_optimizer(optimizer, module, lr):
 
 def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_multiplier, lr, generator,
                     optimizer="sgd", method="auto"):
-    """Train ``module`` by DP-SGD (Riemannian for the Stiefel weights) for ``n_epochs`` epochs.
-
-    Each of the ``n_epochs · steps_per_epoch(sample_rate)`` steps draws a Poisson minibatch
-    (rate ``q``), computes per-sample gradients (Riemannian for the BiMap weights), clips them
-    jointly to ``clip_norm``, sums them, adds ``N(0, (σC)²)`` noise (projected to the tangent
-    space for the Stiefel weights), divides by the expected batch size ``q·n`` and applies
-    one optimizer step, ``module.after_step_()`` and a re-centring of the BiMap charts (the
-    polar retraction). The run spends ``epsilon_spent(noise_multiplier, delta, sample_rate,
-    n_epochs · steps_per_epoch(sample_rate))``. See the module docstring.
+    """Train ``module`` by DP-SGD (Riemannian for the Stiefel weights) for ``n_epochs`` epochs
+    of ``steps_per_epoch(sample_rate)`` steps, BatchNorm frozen.
 
     Parameters
     ----------
     module : FederatedModule
-        SPDNet, EEGNet or any module ``X_batch → logits``. BatchNorm layers run frozen
-        (eval mode) and are not updated; other layers in training mode (dropout on).
     X : torch.Tensor of shape (n, ...)
     y : torch.Tensor of shape (n,)
-        Integer class codes.
     n_epochs : int
     sample_rate : float
-        Poisson sampling rate ``q`` in (0, 1] (expected batch size ``q·n``).
+        Poisson sampling rate ``q`` in (0, 1].
     clip_norm : float
         ``C``: bound on each sample's joint gradient norm.
     noise_multiplier : float
-        ``σ ≥ 0`` (noise standard deviation ``σ·C``; 0 = clipping only, no privacy).
+        ``σ ≥ 0`` (noise standard deviation ``σ·C``).
     lr : float or None
-        Learning rate of a fresh ``optimizer`` ("sgd"/"adam"); None with an instance.
+        Learning rate of a fresh ``optimizer``.
     generator : torch.Generator
-        A CPU generator. Drives the Poisson sampling, the noise and (through a seed drawn
-        from it) dropout: the run is a deterministic function of the generator's state.
+        A CPU generator: the sampling, the noise and dropout.
     optimizer : {"sgd", "adam"} or torch.optim.Optimizer, default="sgd"
-        Post-processing of the privatized gradient: any optimizer keeps the guarantee.
-        "sgd" is the textbook Riemannian DP-SGD (retraction of ``−lr·g``).
     method : {"auto", "vmap", "batched", "loop"}, default="auto"
-        How per-sample gradients are computed (:func:`per_sample_gradients`).
 
     Returns
     -------
     mean_loss : float
-        Mean per-sample training loss over the drawn samples (a local diagnostic: it is a
-        function of the raw data, not covered by the guarantee; NaN if no sample was drawn).
+        Mean training loss (a local diagnostic, not private).
     n_dropped : int
-        Samples whose gradient was not finite and contributed zero.
+        Samples whose gradient was not finite.
 
     Examples
     --------
@@ -452,14 +330,12 @@ def dp_train_epochs(module, X, y, *, n_epochs, sample_rate, clip_norm, noise_mul
     >>> from skfedspd.datasets import make_spd_classification
     >>> from skfedspd.nn import SPDNet
     >>> from skfedspd.dp_sgd import dp_train_epochs
-    >>> from skfedspd.stiefel import orthonormality_error
     >>> X, y = map(torch.as_tensor, make_spd_classification(n_matrices=40, n_channels=4, seed=0))
-    >>> module = SPDNet(4, (3,), n_classes=3, seed=0)
-    >>> gen = torch.Generator().manual_seed(0)
-    >>> loss, dropped = dp_train_epochs(module, X, y, n_epochs=1, sample_rate=0.25, clip_norm=1.0,
-    ...                                 noise_multiplier=1.1, lr=0.05, generator=gen)
-    >>> dropped, bool(orthonormality_error(module.bimaps[0].weight.detach()) < 1e-12)
-    (0, True)
+    >>> loss, dropped = dp_train_epochs(SPDNet(4, (3,), n_classes=3, seed=0), X, y, n_epochs=1, sample_rate=0.25,
+    ...                                 clip_norm=1.0, noise_multiplier=1.1, lr=0.05,
+    ...                                 generator=torch.Generator().manual_seed(0))
+    >>> dropped
+    0
     """
     if len(X) != len(y):
         raise ValueError(f"X has {len(X)} samples but y has {len(y)}")
@@ -509,17 +385,13 @@ DOMAIN_COUNT_WEIGHT = 0.5
 
 
 def domain_mean_sensitivity(clip):
-    """L2 sensitivity of one domain's released vector ``(S, c·n)`` (:func:`release_domain_means`)
-    to adding or removing one trial: ``√(R² + c²)`` with ``c = DOMAIN_COUNT_WEIGHT · R``.
-
-    ``S = Σ_i clip_R(log Z_i − L_ref)`` is a sum of log-matrices, each clipped to Frobenius
-    norm ``R``; one trial adds or removes one such term in its own domain's ``S`` and one
-    ``c`` in its count, and changes no other domain's vector.
+    """L2 sensitivity of one domain's released vector to one trial: ``√(R² + c²)``,
+    ``c = DOMAIN_COUNT_WEIGHT · R``.
 
     Examples
     --------
     >>> from skfedspd.dp_sgd import domain_mean_sensitivity
-    >>> round(domain_mean_sensitivity(2.0), 4)  # 2 · √1.25
+    >>> round(domain_mean_sensitivity(2.0), 4)
     2.2361
     """
     check_positive(clip, "clip")
@@ -527,41 +399,23 @@ def domain_mean_sensitivity(clip):
 
 
 def _symmetric_gaussian(n_domains, n, std, generator, dtype):
-    """Symmetric ``n × n`` noise whose coordinates in an orthonormal basis of the symmetric
-    matrices (Frobenius inner product) are i.i.d. ``N(0, std²)``: the diagonal with ``std``,
-    each off-diagonal pair with ``std / √2``."""
+    """Symmetric ``n × n`` noise, i.i.d. ``N(0, std²)`` in an orthonormal basis."""
     Z = torch.randn((n_domains, n, n), generator=generator, dtype=dtype)
     upper = torch.triu(Z, diagonal=1) / math.sqrt(2.0)
     return std * (upper + upper.transpose(-1, -2) + torch.diag_embed(Z.diagonal(dim1=-2, dim2=-1)))
 
 
 def clipped_domain_sums(D, codes, n_domains, clip):
-    """Each domain's vector before the noise: ``S_k = Σ_i clip_R(D_i)`` over its trials and
-    its count ``n_k`` (:func:`release_domain_means`).
-
-    Parameters
-    ----------
-    D : torch.Tensor of shape (n, d, d)
-        The trials' symmetric deviations ``log Z_i − L_ref``.
-    codes : torch.Tensor of shape (n,)
-        Their domain codes in ``0..n_domains-1``.
-    n_domains : int
-    clip : float
-        ``R``: each ``D_i`` is scaled to Frobenius norm at most ``R``.
-
-    Returns
-    -------
-    sums : torch.Tensor of shape (n_domains, d, d)
-    counts : torch.Tensor of shape (n_domains,)
+    """Each domain's clipped sum ``S_k = Σ_i clip_R(D_i)`` of the deviations ``D`` and its
+    count: ``(sums, counts)``.
 
     Examples
     --------
     >>> import torch
     >>> from skfedspd.dp_sgd import clipped_domain_sums
-    >>> D = torch.stack([3 * torch.eye(2), 0.5 * torch.eye(2)]).double()  # Frobenius norms 4.24 and 0.71
-    >>> sums, counts = clipped_domain_sums(D, torch.tensor([0, 0]), 1, clip=1.0)
-    >>> round(float(torch.linalg.matrix_norm(sums[0])), 4), counts.tolist()  # 1 + 0.71
-    (1.7071, [2.0])
+    >>> D = torch.stack([3 * torch.eye(2), 0.5 * torch.eye(2)]).double()
+    >>> clipped_domain_sums(D, torch.tensor([0, 0]), 1, clip=1.0)[1].tolist()
+    [2.0]
     """
     check_positive(clip, "clip")
     D = D * torch.clamp(clip / torch.linalg.matrix_norm(D), max=1.0)[:, None, None]
@@ -570,45 +424,9 @@ def clipped_domain_sums(D, codes, n_domains, clip):
 
 
 def release_domain_means(module, X, *, references, clip, noise_multiplier, generator):
-    """Each domain's mean at every batch-norm layer of an ``SPDNet(batchnorm="domain")``,
-    released by the Gaussian mechanism: ``M^{-1/2}`` per layer and domain.
-
-    Layer by layer (the first BiMap's outputs, then each next layer's inputs whitened by the
-    means already released), for every trial ``Z_i`` of domain ``k``:
-
-    1. ``D_i = log Z_i − L_ref`` (``L_ref``: ``references[layer]``, public), scaled to
-       Frobenius norm at most ``R`` (``clip``);
-    2. the domain's vector ``(S_k, c·n_k)``, ``S_k = Σ_i D_i``, ``n_k`` its trials,
-       ``c = DOMAIN_COUNT_WEIGHT · R``, gets i.i.d. Gaussian noise of standard deviation
-       ``σ · Δ`` on every coordinate (``Δ``: :func:`domain_mean_sensitivity`; the
-       symmetric ``S_k`` in an orthonormal basis);
-    3. the released mean is ``exp(L_ref + S̃_k / max(ñ_k, 1))`` (post-processing).
-
-    One trial changes one domain's vector by at most ``Δ`` at each layer, so each layer is
-    one Gaussian mechanism of noise multiplier ``σ`` on the trial's site (add/remove-one
-    adjacency, as DP-SGD): ``len(references)`` of them compose with DP-SGD in
-    :func:`~skfedspd.privacy.plan_dp`. Training on trials whitened by the released means is post-processing.
-
-    Parameters
-    ----------
-    module : SPDNet
-        With ``batchnorm="domain"``; its current weights are those the means are taken at.
-    X : DomainBatch
-        The site's training trials and their domain codes.
-    references : sequence of array-like of shape (d_i, d_i)
-        ``L_ref`` per batch-norm layer: a public log-matrix (the public model's domain
-        prior, :meth:`skfedspd.SPDnetClassifier.domain_prior_`, or zeros).
-    clip : float
-        ``R > 0``, in log-Euclidean units.
-    noise_multiplier : float
-        ``σ ≥ 0`` (0: no noise, no privacy).
-    generator : torch.Generator
-        A CPU generator, the source of the noise.
-
-    Returns
-    -------
-    list of torch.Tensor of shape (n_domains, d_i, d_i)
-        ``M^{-1/2}`` per layer, indexed by the domain codes (``X.statistics`` for training).
+    """Each domain's mean at every batch-norm layer of ``module``, released by the Gaussian
+    mechanism on a log-Euclidean mean clipped to ``clip`` around the public ``references``:
+    ``M^{-1/2}`` per layer, of shape ``(n_domains, d_i, d_i)``.
 
     Examples
     --------
@@ -618,10 +436,9 @@ def release_domain_means(module, X, *, references, clip, noise_multiplier, gener
     >>> from skfedspd.dp_sgd import release_domain_means
     >>> X = torch.as_tensor(make_spd_classification(n_matrices=40, n_channels=4, seed=0)[0])
     >>> net = SPDNet(4, (3,), n_classes=2, seed=0, batchnorm="domain")
-    >>> batch = DomainBatch(X, [0] * 20 + [1] * 20)
-    >>> released = release_domain_means(net, batch, references=[torch.zeros(3, 3)], clip=2.0,
-    ...                                 noise_multiplier=1.0, generator=torch.Generator().manual_seed(0))
-    >>> [tuple(M.shape) for M in released]  # two domains, one 3 x 3 mean at the one layer
+    >>> released = release_domain_means(net, DomainBatch(X, [0] * 20 + [1] * 20), references=[torch.zeros(3, 3)],
+    ...                                 clip=2.0, noise_multiplier=1.0, generator=torch.Generator().manual_seed(0))
+    >>> [tuple(M.shape) for M in released]
     [(2, 3, 3)]
     """
     if getattr(module, "batchnorm", None) != "domain":

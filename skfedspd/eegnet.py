@@ -3,81 +3,25 @@
 Reference: V. J. Lawhern, A. J. Solon, N. R. Waytowich, S. M. Gordon, C. P. Hung and
 B. J. Lance, "EEGNet: a compact convolutional neural network for EEG-based brain–computer
 interfaces", J. Neural Eng. 15 (2018) 056013, and its Keras code (``arl-eegmodels``).
-braindecode is not used (it does not import with the CPU torch build).
 
-Architecture (input ``(batch, n_channels, n_times)``, z-scored raw EEG, viewed as an image
-``(batch, 1, n_channels, n_times)``; 'same' = zero padding that keeps the time length, the
-extra sample of an even kernel going on the right, as in Keras)::
+Architecture (input ``(batch, n_channels, n_times)``; 'same' padding as in Keras)::
 
     block 1  Conv2d(1 → F1, (1, Kt), 'same', bias=False)            F1·Kt
              BatchNorm2d(F1)                                         2·F1
-             depthwise Conv2d(F1 → F1·D, (C, 1), groups=F1,          F1·D·C
-                              bias=False, max-norm 1)
+             depthwise Conv2d(F1 → F1·D, (C, 1), max-norm 1)         F1·D·C
              BatchNorm2d(F1·D), ELU, AvgPool(1, p1), Dropout         2·F1·D
-    block 2  depthwise Conv2d(F1·D → F1·D, (1, Ks), 'same',          F1·D·Ks
-                              groups=F1·D, bias=False)
-             pointwise Conv2d(F1·D → F2, (1, 1), bias=False)         F1·D·F2
+    block 2  depthwise Conv2d(F1·D → F1·D, (1, Ks), 'same')          F1·D·Ks
+             pointwise Conv2d(F1·D → F2, (1, 1))                     F1·D·F2
              BatchNorm2d(F2), ELU, AvgPool(1, p2), Dropout           2·F2
-    head     Flatten, Linear(F2·T' → n_classes, bias, max-norm 0.25) (F2·T' + 1)·n_classes
+    head     Flatten, Linear(F2·T' → n_classes, max-norm 0.25)       (F2·T' + 1)·n_classes
 
 with ``Kt = max(round(fs / 2), 32)``, ``Ks = max(round(fs / (2·p1)), 8)`` and
-``T' = floor(floor(n_times / p1) / p2)`` (pooling floors, as Keras' 'valid' pooling does, so
-``n_times`` need not be a multiple of ``p1·p2``). The module returns **logits** (no softmax):
-use it with ``nn.CrossEntropyLoss``.
-
-Parameter counts (the values of the FedSPDnet paper, checked in ``tests/test_eegnet.py``):
-
-* PhysionetMI, C = 64, fs = 160 Hz, 4 classes, n_times = 480 (3 s): Kt = 80, Ks = 20,
-  T' = 15 → 640 + 16 + 1024 + 32 + 320 + 256 + 32 + 964 = **3 284**.
-* Weibo2014, C = 60, fs = 200 Hz, 7 classes: Kt = 100, Ks = 25, the convolutional part has
-  800 + 16 + 960 + 32 + 400 + 256 + 32 = 2 496 parameters, so 5 303 requires a dense layer of
-  2 807 = 16·T'·7 + 7 parameters, i.e. T' = 25, i.e. **n_times = 800** (4 s at 200 Hz; any
-  n_times in [800, 831] floors to the same T').
-
-Max-norm constraints: the method :meth:`EEGNet.apply_max_norm_` projects, in place, each
-spatial filter of the depthwise conv onto the ball of L2 norm 1 and each output row of the
-dense layer onto the ball of norm 0.25 (Keras ``max_norm(axis=0)`` semantics: one norm per
-output unit). The training loop must call it after every ``optimizer.step()``, exactly as Keras
-applies constraints after each update. A ``torch.nn.utils.parametrize`` parametrization was not
-used because (i) it is a reparametrization, not a projection: gradients flow through the
-normalisation, which is a different optimisation from Lawhern's; (ii) it renames the
-state_dict keys (``...parametrizations.weight.original``), which would leak into the
-federated aggregation code and into saved checkpoints. The constraint is also applied once at
-construction, so it holds from the start.
-
-Implementation of block 1: :meth:`EEGNet.forward` does not build the ``(batch, F1, C, T)``
-maps of the temporal conv. BN1 is affine per temporal filter and the depthwise spatial conv is
-linear over channels, so the spatial filters are applied first and the temporal conv runs, by
-FFT, on the ``F1·D`` spatially filtered signals; BN1's batch mean and variance come exactly
-from the input's lagged Gram matrix (see :meth:`EEGNet._block1_fast`). Same function, same
-gradients and running-statistics updates as the layer-by-layer
-:meth:`EEGNet._reference_forward` (up to rounding; checked in ``tests/test_eegnet.py``), about
-10× faster per CPU training step for PhysionetMI (``benchmarks/bench_eegnet.py``).
-
-Initialisation follows Keras: Glorot-uniform weights for every conv and for the dense layer,
-zero dense bias, BatchNorm weight 1 / bias 0, BatchNorm momentum 0.01 and eps 1e-3 (Keras'
-defaults momentum 0.99, eps 1e-3; torch's momentum is Keras' complement; braindecode's
-EEGNetv4 uses the same values).
-
-Federated learning: :meth:`EEGNet.parameter_kinds` maps every key of ``state_dict()`` to
-
-* ``"euclidean"`` for trainable tensors (conv/dense weights, dense bias, *and* BatchNorm
-  affine ``weight``/``bias``): they live in a Euclidean space and are averaged by FedAvg;
-* ``"local"`` for BatchNorm buffers ``running_mean``, ``running_var``,
-  ``num_batches_tracked``: they stay on each client and are never averaged, since they
-  encode each client's own feature statistics (in the spirit of FedBN, Li et al., 2021, which
-  also keeps the affine weight/bias local; here those are shared).
-
-GroupNorm variant (``norm="group"``): the three BatchNorm layers become
-``GroupNorm(1, channels)`` (Wu & He, 2018, with one group): each sample is normalised by its
-own mean and variance over all its feature maps, then scaled and shifted per map (the same
-``2·channels`` affine parameters, so the same parameter counts). No statistic mixes the
-samples of a batch and nothing is kept between batches (no buffers, no ``"local"``
-arrays): what per-sample differential privacy needs (:mod:`skfedspd.privacy`), and the
-same function in training and evaluation. One group, not one per map: per-map
-normalisation would divide each spatially filtered signal by its own power in every trial,
-erasing the band power that motor imagery is decoded from; one group keeps the maps'
-relative power (the input is already z-scored per trial).
+``T' = floor(floor(n_times / p1) / p2)``. The module returns logits. The paper's parameter
+counts: 3 284 for PhysionetMI (64 channels, 160 Hz, 4 classes, ``n_times=480``), 5 303 for
+Weibo2014 (60 channels, 200 Hz, 7 classes, ``n_times=800``). Initialisation follows Keras.
+In federation, trainable tensors are ``"euclidean"`` (FedAvg) and BatchNorm buffers
+``"local"``. ``norm="group"`` uses ``GroupNorm(1, channels)``: no buffers, per-sample
+statistics (for differential privacy). Design notes: ``docs/guide/model.md``.
 """
 
 from collections import OrderedDict
@@ -105,24 +49,14 @@ def _kernel_lengths(fs, p1):
 
 
 def _same_padding(kernel_length):
-    """(left, right) zero padding of a stride-1 'same' conv: TF/Keras and torch put the extra
-    sample of an even kernel on the right."""
+    """(left, right) zero padding of a stride-1 'same' conv (the extra sample on the right)."""
     left = (kernel_length - 1) // 2
     return left, kernel_length - 1 - left
 
 
 def _lagged_gram(x, kernel_length, left):
-    """Lagged Gram matrix of the windows of a 'same' conv, exact at the zero-padded edges.
-
-    ``G[i, j] = Σ_{b, c} Σ_{t < T} x_pad[b, c, t + i] · x_pad[b, c, t + j]`` for
-    ``x`` of shape ``(..., T)`` and ``x_pad`` = ``x`` zero-padded by ``left`` on the left and
-    ``K − 1 − left`` on the right (``K = kernel_length``, ``i, j < K``). With ``d = j − i ≥ 0``
-    and ``a = i − left``, ``G[i, j] = Σ_{a ≤ s < a + T} p_d[s]`` where
-    ``p_d[s] = Σ_{b,c} x[s] x[s + d]`` (``x`` zero outside ``[0, T)``): the full
-    autocorrelation ``Σ_s p_d[s]`` (by FFT, zero-padded to ``T + K`` so it does not wrap) minus
-    the sum over ``s < a`` (``a ≥ 0``, the first ``K − 1 − left`` samples) or over
-    ``s ≥ a + T`` (``a < 0``, the last ``left`` samples), which come from two small exact
-    Gram products of the edge samples. Cost: one FFT of the input plus ``O(K²·B·C)``.
+    """Lagged Gram matrix ``G[i, j] = Σ x_pad[..., t + i] x_pad[..., t + j]`` of the windows of a
+    'same' conv, exact at the zero-padded edges (FFT autocorrelation minus edge products).
     """
     x = x.reshape(-1, x.shape[-1])
     n_times, K = x.shape[-1], kernel_length
@@ -156,34 +90,21 @@ def _lagged_gram(x, kernel_length, left):
 
 
 def _window_moments(x, kernel_length, left):
-    """The two parameter-free summaries of the windows of a 'same' conv over ``x``
-    (``(..., C, T)``): ``m[i] = Σ x_pad[..., t + i]`` (shape ``(K,)``) and the lagged Gram
-    matrix ``G`` (:func:`_lagged_gram`, ``(K, K)``), sums over every sample, channel and
-    time. BN1's batch statistics and GroupNorm's per-sample ones (under ``vmap``) are
-    quadratic forms of the temporal kernels in them (:meth:`EEGNet._block1_fast`)."""
+    """The window sums ``m`` and lagged Gram matrix ``G`` of a 'same' conv over ``x``."""
     n_times = x.shape[-1]
     total = F.pad(x.sum(dim=tuple(range(x.dim() - 1))), (left, kernel_length - 1 - left))   # (T + K − 1,)
     return total.unfold(0, n_times, 1).sum(-1), _lagged_gram(x, kernel_length, left)
 
 
 def _normalized_block1(scale, shift, w, y, D):
-    """Block 1's output from the per-filter affine map ``y ↦ scale · y + shift`` of its
-    normalisation (``(F1,)`` or per sample ``(B, F1)``), the spatially filtered convolutions
-    ``y`` (``(B, F1·D, T)``) and the spatial filters ``w``: ``(B, F1·D, 1, T)``."""
+    """Block 1's output from its normalisation's affine map, the filtered signals and the spatial filters."""
     out = (scale.repeat_interleave(D, dim=-1)[..., None] * y
            + (shift.repeat_interleave(D, dim=-1) * w.sum(-1))[..., None])
     return out.unsqueeze(2)
 
 
 def _same_correlate_fft(s, kernels, left):
-    """'same' cross-correlation of each row ``s[..., o, :]`` with ``kernels[o]``, by FFT.
-
-    ``out[..., o, t] = Σ_i kernels[o, i] · s_pad[..., o, t + i]`` with ``s_pad`` zero-padded by
-    ``left`` on the left and ``K − 1 − left`` on the right: what ``Conv1d(groups=O)`` computes
-    after ``F.pad``. The FFT length ``T + K`` exceeds ``T + K − 1``, so the circular
-    correlation does not wrap; it is several times faster than the grouped conv (and its
-    backward) on CPU for kernels this long.
-    """
+    """'same' cross-correlation of each row ``s[..., o, :]`` with ``kernels[o]``, by FFT (no wrap)."""
     n_times, K = s.shape[-1], kernels.shape[-1]
     n = n_times + K
     padded = F.pad(s, (left, K - 1 - left))
@@ -192,47 +113,19 @@ def _same_correlate_fft(s, kernels, left):
 
 
 class EEGNet(FederatedModule):
-    """EEGNet-F1,D (default EEGNet-8,2) for ``(batch, n_channels, n_times)`` EEG.
-
-    Parameters
-    ----------
-    n_channels : int
-        Number of EEG channels C (height of the depthwise spatial filter).
-    n_times : int
-        Number of time samples per trial; must be at least ``p1 * p2``. Need not be a
-        multiple of ``p1 * p2`` (pooling floors).
-    n_classes : int
-        Number of output logits.
-    fs : float
-        Sampling frequency in Hz; sets ``Kt = max(round(fs/2), 32)`` and
-        ``Ks = max(round(fs/(2 p1)), 8)``.
-    F1, D, F2 : int
-        Temporal filters, depth multiplier, separable (pointwise) filters.
-    p1, p2 : int
-        Average-pooling factors along time after blocks 1 and 2.
-    dropout : float
-        Dropout rate (Lawhern: 0.5 within-subject, 0.25 cross-subject; default 0.25).
-    norm : {"batch", "group"}
-        Normalisation layers ``bn1``, ``bn2``, ``bn3``: ``BatchNorm2d`` (Lawhern) or
-        ``GroupNorm`` with one group (per sample; see the module docstring).
-
-    See the module docstring for the architecture, the parameter counts (3 284 for
-    PhysionetMI with n_times = 480, 5 303 for Weibo2014 with n_times = 800), the max-norm
-    constraints and the federated ``parameter_kinds``.
+    """EEGNet-F1,D (default EEGNet-8,2) for ``(batch, n_channels, n_times)`` EEG: ``n_channels``
+    EEG channels, ``n_times ≥ p1·p2`` samples at ``fs`` Hz (which sets the kernel lengths),
+    ``n_classes`` logits; ``F1`` temporal filters, depth ``D``, ``F2`` pointwise filters,
+    pooling ``p1``, ``p2``, ``dropout``; ``norm``: ``BatchNorm2d`` or one-group ``GroupNorm``
+    (see the module docstring).
 
     Examples
     --------
-    The PhysionetMI network (64 channels at 160 Hz, 3 s trials, 4 classes):
-
     >>> import torch
     >>> from skfedspd.eegnet import EEGNet
     >>> net = EEGNet(n_channels=64, n_times=480, n_classes=4, fs=160)
-    >>> sum(p.numel() for p in net.parameters())
-    3284
-    >>> net.eval()(torch.randn(2, 64, 480)).shape  # logits
-    torch.Size([2, 4])
-    >>> net.parameter_kinds()["bn1.running_mean"]  # BatchNorm statistics stay on each client
-    'local'
+    >>> sum(p.numel() for p in net.parameters()), net.eval()(torch.randn(2, 64, 480)).shape
+    (3284, torch.Size([2, 4]))
     """
 
     #: Keras ``max_norm`` values of Lawhern et al.
@@ -304,11 +197,8 @@ class EEGNet(FederatedModule):
 
     @torch.no_grad()
     def apply_max_norm_(self):
-        """Project the constrained weights back onto their max-norm balls, in place.
-
-        Depthwise spatial filters (one per output map, norm over the C channel weights)
-        to L2 norm ≤ 1; dense rows (one per class, norm over the inputs) to norm ≤ 0.25.
-        Call after each ``optimizer.step()``. Returns ``self``.
+        """Project the spatial filters to norm ≤ 1 and the dense rows to norm ≤ 0.25, in place;
+        call after each ``optimizer.step()``. Returns ``self``.
         """
         for weight, max_norm in ((self.depthwise_conv.weight, self.depthwise_max_norm),
                                  (self.classifier.weight, self.dense_max_norm)):
@@ -316,12 +206,7 @@ class EEGNet(FederatedModule):
         return self
 
     def parameter_kinds(self):
-        """Ordered ``{state_dict key: "euclidean" | "local"}``, in ``state_dict()`` order.
-
-        Trainable parameters (including BatchNorm affine weight/bias) are ``"euclidean"`` and
-        are averaged by FedAvg; buffers (BatchNorm running_mean, running_var,
-        num_batches_tracked) are ``"local"`` and stay on each client (FedBN).
-        """
+        """Ordered ``{state_dict key: "euclidean" | "local"}``: trainable tensors and BatchNorm buffers."""
         trainable = {name for name, _ in self.named_parameters()}
         return OrderedDict((key, "euclidean" if key in trainable else "local")
                            for key in self.state_dict())
@@ -332,13 +217,7 @@ class EEGNet(FederatedModule):
                              f"got {tuple(x.shape)}")
 
     def forward(self, x):
-        """Logits ``(batch, n_classes)`` of ``x`` of shape ``(batch, n_channels, n_times)``.
-
-        Block 1 (temporal conv → BN1 → depthwise spatial conv) is evaluated by
-        :meth:`_block1_fast`, on the ``F1·D`` spatially filtered signals instead of the
-        ``(batch, F1, C, T)`` feature maps; :meth:`_reference_forward` is the literal layer
-        by layer computation, equal up to rounding.
-        """
+        """Logits ``(batch, n_classes)`` of ``x`` of shape ``(batch, n_channels, n_times)``."""
         self._check_input(x)
         return self._head(self._block1_fast(x))
 
@@ -363,34 +242,11 @@ class EEGNet(FederatedModule):
     def _block1_fast(self, x):
         """``depthwise_conv(bn1(temporal_conv(pad(x))))`` without the ``(B, F1, C, T)`` maps.
 
-        Why it is the same function. Write ``y_f[b, c] = k_f ⋆ x[b, c]`` for the 'same'
-        temporal conv of channel ``c`` by filter ``f`` (kernel ``k_f``, length ``K``),
-        ``w_o`` for the spatial filter of output map ``o`` (which reads the maps of filter
-        ``f = o // D``) and ``μ_f, σ²_f`` for the statistics BN1 uses (batch statistics over
-        ``(b, c, t)`` in training, running statistics in eval). BN1 is per filter an affine
-        map ``y ↦ a_f (y − μ_f) + β_f`` with ``a_f = γ_f / sqrt(σ²_f + eps)``, the spatial conv
-        is linear over channels, and spatial and temporal filtering commute, so::
-
-            out_o[b] = Σ_c w_o[c] (a_f (y_f[b, c] − μ_f) + β_f)
-                     = a_f · k_f ⋆ (Σ_c w_o[c] x[b, c]) + (β_f − a_f μ_f) · Σ_c w_o[c].
-
-        The conv thus runs on the ``F1·D`` spatially filtered signals ``s_o = w_o · x``
-        (``C`` times less work). The batch statistics only need the input through two
-        parameter-free summaries (each window of the 'same' conv is the zero-padded
-        ``x_pad[b, c, t : t + K]``, ``N = B·C·T`` windows in all)::
-
-            μ_f      = k_fᵀ m / N,   m[i]    = Σ_{b,c,t} x_pad[b, c, t + i]
-            E[y_f²]  = k_fᵀ G k_f / N, G[i, j] = Σ_{b,c,t} x_pad[b, c, t + i] x_pad[b, c, t + j]
-
-        and ``σ²_f = E[y_f²] − μ_f²`` (biased, as BN normalises with); ``G`` is computed
-        exactly, zero-padding edges included, by :func:`_lagged_gram`. Every step is
-        differentiable, so autograd gives the exact gradients of the reference (through
-        the batch statistics too). Running statistics are updated as ``BatchNorm2d`` does
-        (momentum, unbiased ``σ² · N / (N − 1)``, ``num_batches_tracked``). The one
-        numerical difference: ``E[y²] − μ²`` cancels when ``|μ_f| ≫ σ_f``, which the
-        centred input of :class:`EEGNetClassifier` avoids (``μ_f ≈ 0``).
-        Forward hooks registered on ``temporal_conv``, ``bn1`` or ``depthwise_conv`` are
-        not called (those modules only hold the parameters and buffers).
+        With BN1 the per-filter affine map ``y ↦ a_f (y − μ_f) + β_f`` and ``s_o = w_o · x`` the
+        spatially filtered signals, ``out_o = a_f · k_f ⋆ s_o + (β_f − a_f μ_f) Σ_c w_o[c]``; the
+        batch statistics are ``μ_f = k_fᵀ m / N`` and ``E[y_f²] = k_fᵀ G k_f / N``
+        (:func:`_window_moments`). Running statistics are updated as ``BatchNorm2d`` does; forward
+        hooks on ``temporal_conv``, ``bn1`` or ``depthwise_conv`` are not called.
         """
         batch, n_channels, n_times = x.shape
         kernel, F1, D = self.kernel_length, self.F1, self.D
@@ -428,14 +284,7 @@ class EEGNet(FederatedModule):
         return _normalized_block1(scale, shift, w, y, D)
 
     def _group_norm_block1(self, x, k, w, y):
-        """:meth:`_block1_fast`'s end with ``norm="group"``: the same algebra with the
-        statistics of one sample instead of the batch's. ``bn1`` (one group) normalises
-        sample ``b`` by ``μ_b, σ²_b`` over all its ``(f, c, t)``; with ``n = F1·C·T``::
-
-            μ_b = Σ_f k_fᵀ m_b / n,   E_b[y²] = Σ_f k_fᵀ G_b k_f / n
-
-        (``m_b``, ``G_b``: the window sums and lagged Gram matrix of sample ``b`` alone, by
-        :func:`_window_moments` under ``vmap``), then ``a_{b,f} = γ_f / sqrt(σ²_b + eps)``."""
+        """:meth:`_block1_fast`'s end with ``norm="group"``: the statistics of each sample (``vmap``)."""
         batch, n_channels, n_times = x.shape
         kernel, F1, D, bn = self.kernel_length, self.F1, self.D, self.bn1
         left, _ = _same_padding(kernel)
@@ -461,11 +310,8 @@ _STANDARDIZE_AXES = {"trial": (-2, -1), "channel": -1}
 class EEGNetClassifier(TorchClassifierBase):
     """EEGNet-8,2 (Lawhern et al., 2018) as a scikit-learn classifier.
 
-    Input: raw EEG trials ``(n_trials, n_channels, n_times)``, z-scored trial by trial
-    before the network (``standardize``). Trained by the same routine, schedule and
-    early stopping as :class:`~skfedspd.SPDnetClassifier`, so it is also the local model of
-    federated EEGNet (``FederatedSPDnetClassifier(estimator=EEGNetClassifier(...))``: FedAvg
-    of the trainable weights, BatchNorm running statistics kept on each client).
+    Input: raw EEG trials ``(n_trials, n_channels, n_times)``, z-scored trial by trial. Trained
+    like :class:`~skfedspd.SPDnetClassifier`, so it is also a local model of a federation.
 
     Parameters
     ----------
@@ -474,47 +320,31 @@ class EEGNetClassifier(TorchClassifierBase):
     F1, D, F2, p1, p2, dropout
         See :class:`EEGNet`.
     norm : {"batch", "group"}, default="batch"
-        The normalisation layers: ``"batch"``, BatchNorm as in Lawhern et al. (running
-        statistics: client-local arrays in federation); ``"group"``, GroupNorm with one
-        group, each trial normalised by its own statistics (no running statistics, nothing
-        client-local, the same in training and prediction): the variant that trains under
-        per-sample differential privacy (``FederatedSPDnetClassifier(privacy=DPSGD(...))``),
-        where BatchNorm has to be frozen. See :class:`EEGNet`.
+        BatchNorm (running statistics, client-local in federation) or GroupNorm with one
+        group (per trial; what trains under differential privacy).
     standardize : {"trial", "channel"}, default="trial"
-        How each trial is z-scored. Both centre every channel over time. ``"trial"``
-        divides the whole trial by one standard deviation (over its channels and
-        samples), which keeps the channels' relative power, the lateralised band power
-        that motor imagery is decoded from. ``"channel"`` divides each channel by its
-        own standard deviation, which erases it (PhysionetMI figures for both in
-        ``docs/design-decisions.md``).
+        Each channel is centred; ``"trial"`` divides the trial by one standard deviation,
+        ``"channel"`` each channel by its own.
     lr, batch_size, max_epochs, validation_fraction, early_stopping, validation_metric, schedule, dtype, device,
     random_state, verbose, warm_start, class_weight
-        As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32 here, ``lr``
-        to the EEGNet paper's 1e-3). The same validation rule: a split only when it holds
-        at least ``max(50, 2 · n_classes)`` trials (``early_stopping="auto"``). ``fit(X, y, sample_weight=...)`` weights
-        the loss as SPDnet does; the BatchNorm layers normalize with the unweighted
-        statistics of each minibatch.
+        As in :class:`~skfedspd.SPDnetClassifier` (``dtype`` defaults to float32, ``lr`` to 1e-3).
 
     Attributes
     ----------
     classes_, n_features_in_ (channels), n_times_, module_, history_, best_epoch_, n_iter_,
     validation_used_, fitted_params_
-        As in :class:`~skfedspd.SPDnetClassifier`. As there, ``set_params`` stays permissive,
-        and a fitted model whose network or input parameters (``fs``, ``F1``, ``D``, ``F2``,
-        ``p1``, ``p2``, ``dropout``, ``standardize``, ``norm``, ``dtype``, ``device``) were
-        changed since ``fit`` is refused, naming the parameter, at prediction, ``partial_fit``,
-        a warm-started ``fit`` and saving: refit, or set it back.
+        As in :class:`~skfedspd.SPDnetClassifier`.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd import EEGNetClassifier
     >>> rng = np.random.default_rng(0)
-    >>> X = rng.standard_normal((24, 4, 128))  # trials, channels, times (1 s at 128 Hz)
+    >>> X = rng.standard_normal((24, 4, 128))  # trials, channels, times
     >>> y = np.array(["left", "right"] * 12)
     >>> clf = EEGNetClassifier(fs=128, max_epochs=2, random_state=0).fit(X, y)
-    >>> clf.predict(X[:3]).shape, clf.classes_.tolist(), clf.n_times_
-    ((3,), ['left', 'right'], 128)
+    >>> clf.predict(X[:3]).shape, clf.n_times_
+    ((3,), 128)
     """
 
     @accepts_renamed(EPOCH_RENAMED, EPOCH_MERGES)  # the flat names of before, until 0.4
@@ -575,17 +405,7 @@ class EEGNetClassifier(TorchClassifierBase):
         return X
 
     def to_tensor(self, X):
-        """Trials z-scored (``standardize``) as a tensor of ``dtype`` on ``device``.
-
-        Parameters
-        ----------
-        X : ndarray of shape (n_trials, n_channels, n_times)
-            Validated by :meth:`check_inputs`.
-
-        Returns
-        -------
-        torch.Tensor
-        """
+        """Trials z-scored (``standardize``) as a tensor of ``dtype`` on ``device``."""
         centred = X - X.mean(axis=-1, keepdims=True)
         std = centred.std(axis=_STANDARDIZE_AXES[self.standardize], keepdims=True)
         z = centred / np.where(std > 0, std, 1.0)

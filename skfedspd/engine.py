@@ -1,29 +1,13 @@
 """The server side of a federated run: :class:`FederatedEngine`, one class for every transport.
 
-:class:`FederatedEngine` owns the state of a federated run and every decision the server
-takes in a round: the global parameters, the clients' ``"local"`` arrays (FedBN: BatchNorm
-statistics, returned to their own client only, never given to the aggregation rule), the
-seeded choice of each round's clients, the aggregation rule and the server optimizer, the
-plateau schedule counted in rounds (learning rate, early stopping, best global model), the
-history, the failure policy and the validation of every reply before it reaches the
-aggregate. The run's set-up and end are :class:`skfedspd.run.FederatedRun`'s; the client
-side is :mod:`skfedspd.client`; a transport only moves the messages
-(:mod:`skfedspd.messages`). Every transport calls, each round, :meth:`FederatedEngine.select`,
-then :meth:`~FederatedEngine.aggregate` with the train replies, then
-:meth:`~FederatedEngine.finish_round` with the validation replies, so the same seed gives
-the same model bit for bit on every transport.
-
-Reply validation (:meth:`FederatedEngine.check_train_reply`,
-:meth:`~FederatedEngine.check_eval_reply`): array names exactly the model's, shapes,
-dtypes, finite values, Stiefel arrays orthonormal (``‖WᵀW − I‖_F ≤ tol·√k``, ``tol`` 1e-6
-in float64, 1e-3 in float32), an update no larger than ``max_update_norm·(1 + ‖θ‖)`` per
-array (``θ`` the broadcast), sample counts between 1 and the client's count declared at
-set-up, a finite non-negative loss (NaN only when every batch was skipped), an int number
-of skipped batches ≥ 0, a validation macro-F1 in [0, 1]. A reply that fails is a failed
-client: under ``on_client_error="raise"`` the round raises (the engine's state untouched);
-under ``"skip"`` it is left out and ``{"client", "stage", "reason"}`` joins the round's
-``failed_clients``. The output of the aggregation rule is checked the same way
-(:func:`check_aggregate`), and a bad one raises naming the rule.
+The engine owns the run's state and every server decision of a round: the global model,
+the clients' ``"local"`` arrays, the seeded choice of clients, the aggregation and the
+server optimizer, the plateau schedule in rounds, the history, the failure policy and the
+checks of every reply. Each round every transport calls :meth:`FederatedEngine.select`,
+:meth:`~FederatedEngine.aggregate` and :meth:`~FederatedEngine.finish_round`, so the same
+seed gives the same model on every transport. A reply that fails a check (names, shapes,
+dtypes, finite values, orthonormal Stiefel arrays, the update norm, sample counts, metrics
+in range) is a failed client, handled by ``on_client_error``.
 """
 
 import copy
@@ -86,23 +70,19 @@ def _is_real(value):
 
 
 def is_positive_weight(value):
-    """Whether ``value`` is a client weight the server accepts: a real number (not a
-    boolean), finite and > 0.
+    """Whether ``value`` is a finite real client weight > 0 (not a boolean).
 
     Examples
     --------
     >>> from skfedspd.engine import is_positive_weight
-    >>> is_positive_weight(12), is_positive_weight(0.5), is_positive_weight(0), is_positive_weight(True)
-    (True, True, False, False)
+    >>> is_positive_weight(12), is_positive_weight(0), is_positive_weight(True)
+    (True, False, False)
     """
     return is_positive(value)
 
 
 def within_declared_weight(weight, declared):
-    """Whether a client weight is at most the ``declared`` one, up to the rounding of its
-    sum (relative ``1e-9``: the site sums its weights at set-up with numpy and after
-    training with torch, in another order). The one check of a client weight, or of a sum
-    of them, against what was declared at set-up, in clear and under secure aggregation.
+    """Whether a client weight is at most the ``declared`` one, up to a relative 1e-9.
 
     Examples
     --------
@@ -114,10 +94,8 @@ def within_declared_weight(weight, declared):
 
 
 def declared_weights(n_train, train_weights):
-    """Each client's aggregation weight as declared at set-up: the sum of its training
-    sample weights (``train_weights``, None when no client has any, or None for a client
-    without), else its training size. What the input statistic is pooled by and what the
-    clients' replies are checked against, on every backend.
+    """Each client's aggregation weight declared at set-up: its sum of sample weights, else its
+    training size.
 
     Examples
     --------
@@ -137,8 +115,7 @@ def _as_number(weight):
 
 
 def _check_arrays(arrays, template, *, what):
-    """Reason why ``arrays`` do not match ``template`` (``{name: (shape, dtype or None)}``):
-    names, types, shapes, dtypes (when given), finiteness. None when they match."""
+    """Why ``arrays`` do not match ``template`` (names, types, shapes, dtypes, finiteness), or None."""
     if not isinstance(arrays, dict):
         return f"{what} are a {type(arrays).__name__}, not a dict of arrays"
     missing = [n for n in template if n not in arrays]
@@ -184,18 +161,13 @@ def _copies(arrays):
 
 
 def check_aggregate(name, output, template, kinds, *, previous=None, client_params=None):
-    """Raise ValueError (naming the rule and the array) if an aggregation rule's output is
-    not a valid global model: the non-local names exactly, their shapes, finite floating
-    arrays, orthonormal Stiefel arrays; with ``previous`` (the broadcast) and
-    ``client_params`` (what the rule aggregated), Euclidean arrays of norm at most
-    :data:`AGGREGATE_NORM_FACTOR` ``· (1 + ‖previous‖ + max_i ‖client_i‖)``.
+    """Raise ValueError (naming the rule and the array) if a rule's output is not a valid model.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.engine import check_aggregate
     >>> template, kinds = {"W": ((3, 2), np.float64)}, {"W": "stiefel"}
-    >>> check_aggregate("mean", {"W": np.eye(3)[:, :2]}, template, kinds)  # valid: returns None
     >>> check_aggregate("mean", {"W": np.ones((3, 2))}, template, kinds)
     Traceback (most recent call last):
     ...
@@ -219,8 +191,7 @@ def check_aggregate(name, output, template, kinds, *, previous=None, client_para
 
 
 def _pool_scores(scores):
-    """Validation ``(loss, macro-F1)`` of the global model: the clients' ``(n_val, loss,
-    f1)`` averaged with weights ``n_val`` (NaN when no client has validation data)."""
+    """Validation ``(loss, macro-F1)`` pooled by validation size (NaN without validation data)."""
     if not scores:
         return float("nan"), float("nan")
     n, loss, f1 = map(np.asarray, zip(*scores))
@@ -232,12 +203,9 @@ DOWNWEIGHT_RATIO = 0.5
 
 
 def _robustness_entries(clients, aggregate, kinds, diagnostics):
-    """The record's ``client_distance`` (each accepted client's :func:`~skfedspd.aggregation.client_distances`
-    to the rule's aggregate, before any server-optimizer step), ``effective_weights`` (a robust
-    rule's, else None), ``downweighted_clients`` (clients whose effective weight is below
-    ``DOWNWEIGHT_RATIO`` of their weight; None without effective weights) and
-    ``client_agreement`` (each client's agreement with the server's reference update, a rule
-    with one; else None); all None when the server saw only sums."""
+    """The record's ``client_distance``, ``effective_weights``, ``downweighted_clients`` and
+    ``client_agreement`` (all None when the server saw only sums).
+    """
     if diagnostics is None:
         return {"client_distance": None, "effective_weights": None, "downweighted_clients": None,
                 "client_agreement": None}
@@ -259,9 +227,7 @@ SUSPECT_DISTANCE = 1.5
 
 
 def distance_ratios(distance):
-    """One round's distance ratio of each site (:func:`client_trust`): its distance to the
-    aggregate over the round's median distance; None when that median is 0 (the round says
-    nothing).
+    """Each site's distance to the aggregate over the round's median distance (None if it is 0).
 
     Examples
     --------
@@ -275,41 +241,15 @@ def distance_ratios(distance):
 
 
 def client_trust(history, n_clients, weighting="n_samples"):
-    """Each site's trust over a fit, and why a site is suspect, from the rounds' records.
-
-    A site's trust is the inverse of its mean *distance ratio*: in each round, its distance to
-    the aggregate the rule built (``client_distance``) over the median distance of the round's
-    sites, averaged over the rounds it was aggregated in (NaN: never aggregated, or the server
-    saw only sums). 1: as close to the consensus as the typical site; 0.5: twice as far, round
-    after round. Sorting the sites by trust names the suspect ones first; a site whose trust
-    is below ``1 / SUSPECT_DISTANCE`` is *flagged*. Why distance over the fit and not the
-    rule's weights: a site with broken data (swapped labels, permuted channels, noise) sends
-    updates of ordinary size whose direction is wrong, which no single round's rule sees
-    reliably among heterogeneous honest sites, but which keep its models away from the honest
-    consensus round after round (``docs/benchmarks/robust-aggregation.md``); the rule's own
-    weights (``weight``) and agreements are in the summary beside it.
-
-    Parameters
-    ----------
-    history : list of dict
-        The fit's records (``history_``).
-    n_clients : int
-    weighting : {"n_samples", "uniform"}, default="n_samples"
-        How the run weighted the clients.
+    """Each site's trust over a fit (the inverse of its mean :func:`distance_ratios`; NaN if never
+    aggregated), and why a site is suspect (``docs/guide/robust-aggregation.md``).
 
     Returns
     -------
     trust : ndarray of shape (n_clients,)
     summary : list of dict
-        One per site: ``client``, ``rounds`` (rounds aggregated in), ``trust``,
-        ``distance_ratio`` (its mean distance ratio), ``flagged`` (trust below ``1 /
-        SUSPECT_DISTANCE``), ``weight`` (the rule's mean effective weight over the site's
-        weight: 1 under a plain rule, 0 when the rule kept leaving it out; None without
-        per-site records), ``downweighted`` (rounds in the record's
-        ``downweighted_clients``), ``failed`` (train replies refused), ``agreement`` (mean
-        agreement with the server's reference update; None without a reference) and
-        ``reason`` (why it is suspect, or why the rule left it out in most rounds; None
-        otherwise).
+        One per site: ``client``, ``rounds``, ``trust``, ``distance_ratio``, ``flagged``,
+        ``weight``, ``downweighted``, ``failed``, ``agreement`` and ``reason``.
 
     Examples
     --------
@@ -317,11 +257,8 @@ def client_trust(history, n_clients, weighting="n_samples"):
     >>> history = [{"clients": [0, 1, 2], "n_samples": [10, 10, 20], "effective_weights": [0.4, 0.0, 0.6],
     ...             "downweighted_clients": [1], "client_distance": [1.0, 3.0, 1.0],
     ...             "client_agreement": [0.7, -0.5, 0.8], "failed_clients": []}]
-    >>> trust, summary = client_trust(history, 3)
-    >>> trust.round(2).tolist()
+    >>> client_trust(history, 3)[0].round(2).tolist()
     [1.0, 0.33, 1.0]
-    >>> print(summary[1]["reason"])
-    its updates lay 3.00 times as far from the aggregate as the median site's (mean over 1 rounds); the rule down-weighted it in 1 of 1 rounds; mean agreement with the server's reference update -0.50 (median site 0.70)
     """
     ratios = [[] for _ in range(n_clients)]
     agreements, distances = [[] for _ in range(n_clients)], [[] for _ in range(n_clients)]
@@ -381,84 +318,40 @@ class FederatedEngine:
     Parameters
     ----------
     initial_params : dict of str to ndarray
-        The initial global model (``estimator.get_parameters()``), every name of
-        ``kinds``. Their shapes and dtypes are what replies must have.
+        The initial global model; its shapes and dtypes are what replies must have.
     kinds : dict of str to {"stiefel", "euclidean", "local"}
     n_train, n_val : sequence of int
-        Training and validation samples of each client, as declared at set-up (client ids
-        are the positions). A reply may not claim more.
+        Training and validation samples of each client declared at set-up.
     train_weights : sequence of (float or None) or None, default=None
-        The sum of each client's training sample weights, as declared at set-up (None for
-        a client without sample weights; None: no client has any). A client that declared
-        one must reply with a weight, at most this sum (its aggregation weight); a client
-        that declared none may not reply with one.
+        Each client's declared sum of training sample weights.
     seed : int
-        The run's seed (client sampling, local-training seeds).
     lr : float
-        Initial learning rate of the clients' optimizers.
-    clients_per_round, aggregation, weighting, on_client_error, max_update_norm
+    clients_per_round, aggregation, weighting, on_client_error, max_update_norm, schedule, server_optimizer
         As for :class:`~skfedspd.FederatedSPDnetClassifier`.
-    schedule : RoundSchedule or None
-        The plateau schedule, in rounds (None: ``RoundSchedule()``), as the estimator's.
-    server_optimizer : ServerMomentum or None
-        The server's step (None: the aggregate is the model), as the estimator's.
     input_statistic : float or None
-        The pooled input statistic the clients were set up with (kept for resuming).
 
     Attributes
     ----------
     global_params : dict
-        The current global model (``"local"`` names: training-size-weighted mean of the
-        clients' arrays, for the released model).
     local_states : dict of int to dict
         Each client's ``"local"`` arrays.
-    client_optimizer_states : dict of int to dict
-        The Adam state of each client simulated by the local backend with
-        ``client_optimizer_state="keep"`` (:func:`~skfedspd.training.optimizer_arrays`),
-        stored after each of its accepted rounds and handed back to it only. Not
-        aggregated, not in the global model; kept here during a fit so that a checkpoint
-        holds it (the local backend empties it when the fit ends). Empty on the Flower
-        backend (sites keep theirs).
-    server_momentum_buffer : dict
-        The server optimizer's momentum (:mod:`skfedspd.server_optimizer`), tangent at the
-        global model for Stiefel arrays; empty while it is zero or unused.
     history : list of dict
         One JSON-able record per finished round.
     reference_update : callable or None
-        ``reference_update(global_params, seed, lr) -> params``: the server's own local
-        training from the broadcast, for a rule that needs a reference update
-        (``needs_reference``, :class:`~skfedspd.aggregation.FLTrust`); set by
-        :meth:`skfedspd.run.FederatedRun.start`, where the server's estimator lives. None:
-        such a rule fails its first round.
+        The server's own update, for a rule that needs one (:class:`~skfedspd.aggregation.FLTrust`).
 
     Examples
     --------
-    One round by hand, with a model of one Stiefel and one Euclidean array and two
-    clients (a backend builds the replies from the clients' messages):
-
     >>> import numpy as np
     >>> from skfedspd.engine import FederatedEngine
     >>> from skfedspd.messages import EvalReply, TrainReply
-    >>> from skfedspd.stiefel import random_stiefel
-    >>> initial = {"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}
-    >>> engine = FederatedEngine(initial, {"W": "stiefel", "b": "euclidean"}, n_train=[30, 10],
-    ...                          n_val=[4, 4], seed=0, lr=0.01)
+    >>> engine = FederatedEngine({"b": np.zeros(2)}, {"b": "euclidean"}, n_train=[30, 10], n_val=[4, 4], seed=0, lr=0.01)
     >>> selected, seeds = engine.select(0)
-    >>> selected
-    [0, 1]
-    >>> replies = [TrainReply({"W": random_stiefel(4, 2, rng=cid + 1), "b": np.full(2, float(cid))},
-    ...                       loss=0.7, n_skipped=0, n_examples=engine.n_train[cid]) for cid in selected]
+    >>> replies = [TrainReply({"b": np.full(2, float(cid))}, 0.7, 0, engine.n_train[cid]) for cid in selected]
     >>> record = engine.aggregate(0, selected, replies)
-    >>> engine.global_params["b"]  # weighted by the training sizes 30 and 10
-    array([0.25, 0.25])
     >>> record = engine.finish_round(record, [EvalReply(0.6, 0.5, 4), EvalReply(0.8, 1.0, 4)])
-    >>> record["val_f1"], len(engine.history), engine.best_round
-    (0.75, 1, 0)
-
-    A reply that is not a valid model is refused, with the reason:
-
-    >>> engine.check_train_reply(0, TrainReply({"W": np.ones((4, 2)), "b": np.zeros(2)}, 0.5, 0, 30))
-    "arrays['W'] is not orthonormal: ‖WᵀW − I‖ = 7.07 > 1.41e-06"
+    >>> engine.global_params["b"], record["val_f1"]
+    (array([0.25, 0.25]), 0.75)
     """
 
     def __init__(self, initial_params, kinds, *, n_train, n_val, seed, lr, clients_per_round=None,
@@ -534,13 +427,7 @@ class FederatedEngine:
     # ------------------------------------------------------------------ privacy
     def plan_privacy(self, target_epsilon, delta, *, clip_norm, batch_size, local_epochs, n_rounds,
                      domain_release=None):
-        """Switch the run to DP-SGD: :func:`skfedspd.privacy.plan_dp` for the next ``n_rounds``
-        (with ``domain_release``: each site first releases its domains' means).
-
-        The per-site round counts are exact: the seeded schedule (:meth:`select`) does not
-        depend on the data, so it is enumerated in advance. Stored as :attr:`privacy`;
-        :meth:`dp_settings` gives each client its ``local_update(dp=...)``.
-        """
+        """Switch the run to DP-SGD (:func:`skfedspd.privacy.plan_dp`) for the next ``n_rounds``."""
         from .privacy import plan_dp
 
         counts = np.zeros(self.n_clients, dtype=int)
@@ -563,9 +450,7 @@ class FederatedEngine:
         return settings
 
     def privacy_report(self):
-        """:attr:`privacy` with each site's ``rounds_run`` (rounds it was sent a train
-        message in, from the history) and ``epsilon`` recomputed by the accountant for them;
-        None without DP."""
+        """:attr:`privacy` with each site's rounds run and ε spent; None without DP."""
         if self.privacy is None:
             return None
         from .privacy import epsilon_spent
@@ -600,12 +485,11 @@ class FederatedEngine:
         return dict(self.client_optimizer_states.get(int(cid), {}))
 
     def evaluation_params(self, cid):
-        """What client ``cid`` validates: the global model with its own ``"local"`` arrays
-        (the pooled ones while it has none)."""
+        """What client ``cid`` validates: the global model with its own ``"local"`` arrays."""
         return {**self.global_params, **self.local_state(cid)}
 
     def check_train_reply(self, cid, reply):
-        """Why client ``cid``'s train reply is unacceptable, or None (see module docstring)."""
+        """Why client ``cid``'s train reply is unacceptable, or None."""
         if not isinstance(reply, TrainReply):
             return f"not a train reply ({type(reply).__name__})"
         if not is_count(reply.n_examples) or not 1 <= reply.n_examples <= self.n_train[cid]:
@@ -632,8 +516,7 @@ class FederatedEngine:
                 or _check_stiefel(reply.params, self.kinds, "arrays") or self._update_problem(reply.params, "arrays"))
 
     def _update_problem(self, params, what):
-        """Why ``params`` moved farther than ``max_update_norm·(1 + ‖broadcast‖)`` from the
-        broadcast in some non-local array, or None (or None when that bound is off)."""
+        """Why ``params`` moved farther than ``max_update_norm·(1 + ‖broadcast‖)``, or None."""
         if self.max_update_norm is None:
             return None
         for name, kind in self.kinds.items():
@@ -679,12 +562,10 @@ class FederatedEngine:
         return accepted, failed
 
     def aggregate(self, t, selected, replies):
-        """Server step after local training: check each reply, apply the failure policy,
-        aggregate the accepted ones (in client-id order), keep their ``"local"`` arrays.
+        """Check the train replies, apply the failure policy and aggregate the accepted ones.
 
         ``replies[k]`` is client ``selected[k]``'s :class:`TrainReply` or the exception it
-        raised. The engine changes only if the round succeeds. Returns the round's record
-        (its validation entries are filled by :meth:`finish_round`).
+        raised. The engine changes only if the round succeeds. Returns the round's record.
         """
         accepted, failed = self._sort_replies(t, "train", selected, replies, self.check_train_reply)
         n_samples = [int(r.n_examples) if r.weight is None else _as_number(r.weight) for _, r in accepted]
@@ -719,23 +600,10 @@ class FederatedEngine:
                            n_skipped, pooled_local=None, total_weight=None):
         """:meth:`aggregate` when the server sees only sums (secure aggregation).
 
-        ``clients``: the selected clients whose replies the sum covers (the others dropped
-        out, ``reasons[cid]`` saying why when known; they are failed clients under the
-        failure policy). The sums over ``clients``: ``summed`` (``{name: Σ_i r_i θ_i}``,
-        non-local names), ``weight`` (``Σ_i r_i``, ``r_i`` the client's unnormalised
-        weight), ``n_examples``, ``loss`` (``Σ_i r_i loss_i``), ``n_nan_loss`` (clients with a
-        NaN loss), ``n_skipped``; and ``pooled_local`` (``{name: Σ_i n_i λ_i / Σ_i n_i}``, every
-        ``"local"`` name of the model): the clients' local arrays pooled by training size, the
-        released model's (the clients keep their own: the engine then holds none per client);
-        ``total_weight`` (with :attr:`train_weights`: the sum of the clients' training
-        sample weights, those without any counting their training size).
-        The rule must be a function of the weighted sum
-        (:data:`~skfedspd.aggregation.SUM_RULES`). The totals are checked (finite arrays of
-        the model's shapes, a positive weight, a total count between one per client and
-        the clients' declared total, a total weight in (0, their declared total],
-        orthonormal Stiefel arrays after the rule); a bad total cannot be traced to a
-        client, so the round raises whatever the policy. ``n_samples`` of the record is the
-        total only (a one-element list): ``total_weight`` when given, else the count.
+        ``summed`` is ``{name: Σ_i r_i θ_i}`` over ``clients``, with the sums ``weight``,
+        ``n_examples``, ``loss``, ``n_nan_loss``, ``n_skipped``, the pooled ``"local"`` arrays
+        ``pooled_local`` and ``total_weight``. The totals are checked; a bad one raises whatever
+        the policy.
         """
         from .aggregation import SUM_RULES
 
@@ -778,17 +646,14 @@ class FederatedEngine:
                             pooled_local=pooled_local, aggregated=[mean])
 
     def reference(self, t):
-        """The server's own update of round ``t`` (the parameters :attr:`reference_update`
-        trains from the broadcast, seeded by the run's seed and the round), for a rule that
-        needs one (:class:`~skfedspd.aggregation.FLTrust`)."""
+        """The server's own update of round ``t``, for a rule that needs one."""
         if self.reference_update is None:
             raise RuntimeError(f"aggregation {self.rule_name!r} needs the server's reference update, and this engine "
                                "has none: FederatedRun.start provides it from the rule's root set")
         return self.reference_update(dict(self.global_params), derive_seed(self.seed, 11, t), self.lr)
 
     def declared_weight(self, cid):
-        """Client ``cid``'s aggregation weight as declared at set-up: the sum of its
-        training sample weights, or its training size when it has none."""
+        """Client ``cid``'s aggregation weight declared at set-up."""
         return declared_weights(self.n_train, self.train_weights)[cid]
 
     def _previous(self):
@@ -796,13 +661,7 @@ class FederatedEngine:
 
     def _commit(self, t, new_global, clients, n_samples, failed, train_loss, skipped, local_states=None,
                 pooled_local=None, diagnostics=None, aggregated=()):
-        """Check the rule's output; only then make it the global model (with the clients'
-        new ``"local"`` arrays, or their ``pooled_local`` values); return the round's record.
-        ``diagnostics``: ``(client_params, weights, effective_weights or None, agreement or
-        None)`` of the accepted clients, for the record's robustness entries (None: only sums were seen);
-        ``aggregated``: what the rule aggregated (the clients' arrays, or their mean), which
-        bounds the size of its output (:func:`check_aggregate`). A refused output raises,
-        whatever the failure policy: it cannot be traced to a client."""
+        """Check the rule's output, then make it the global model; return the round's record."""
         previous = self._previous()
         check_aggregate(self.rule_name, new_global, self.template, self.kinds, previous=previous,
                         client_params=aggregated)
@@ -842,9 +701,7 @@ class FederatedEngine:
         return [cid for cid in range(self.n_clients) if self.n_val[cid] > 0]
 
     def finish_round(self, record, replies, wall_time=None):
-        """Server step after the validation of the new global model: check the replies
-        (one per :meth:`evaluated_clients`, an :class:`EvalReply` or an exception), pool
-        the scores by validation size, step the schedule, append the record."""
+        """Check the validation replies, pool the scores, step the schedule, append the record."""
         t = record["round"]
         clients = self.evaluated_clients()
         if len(replies) != len(clients):
@@ -854,12 +711,7 @@ class FederatedEngine:
         return self._close_round(record, failed, val_loss, val_f1, wall_time)
 
     def finish_round_from_sum(self, record, clients, reasons, *, n_examples, loss, f1, wall_time=None):
-        """:meth:`finish_round` from validation totals (secure aggregation): ``clients``
-        (those the sums cover; the other :meth:`evaluated_clients` dropped out, as failed
-        clients), their total validation size ``n_examples`` and pooled (size-weighted)
-        ``loss`` and ``f1``. Checked: a total count between one per client and their
-        declared total, a finite loss ≥ 0 and a macro-F1 in [0, 1] (up to the 1e-6 of the
-        quantization); a bad total raises whatever the policy."""
+        """:meth:`finish_round` from validation totals (secure aggregation), checked."""
         t = record["round"]
         expected, clients = self.evaluated_clients(), sorted(int(c) for c in clients)
         replies = [None if cid in clients else RuntimeError(
@@ -893,8 +745,7 @@ class FederatedEngine:
 
     # ------------------------------------------------------------------ state
     def state_dict(self):
-        """``(arrays, meta)``: the run's state as named arrays and a JSON-able dict (for
-        :func:`skfedspd.persistence.save_bundle`). Configuration is not part of it."""
+        """``(arrays, meta)``: the run's state (:func:`skfedspd.persistence.save_bundle`)."""
         arrays = {f"global/{n}": v for n, v in self.global_params.items()}
         arrays.update({f"momentum/{n}": v for n, v in self.server_momentum_buffer.items()})
         for cid, state in self.local_states.items():
@@ -912,8 +763,7 @@ class FederatedEngine:
         return arrays, meta
 
     def load_state_dict(self, arrays, meta):
-        """Inverse of :meth:`state_dict`; every name and shape is checked against this
-        engine's model first (ValueError saying what differs), then the state replaced."""
+        """Inverse of :meth:`state_dict`; names and shapes checked first."""
         if not isinstance(meta, dict) or meta.get("version") != STATE_VERSION:
             raise ValueError(f"engine state version {meta.get('version') if isinstance(meta, dict) else None!r}, "
                              f"expected {STATE_VERSION}")

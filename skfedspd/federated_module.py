@@ -1,8 +1,5 @@
-"""The torch side of the federated protocol: a module's state as named numpy arrays with kinds.
-
-Each array has a *kind*: ``"stiefel"`` (aggregated on the Stiefel manifold), ``"euclidean"``
-(aggregated by weighted mean) or ``"local"`` (never leaves a client); that is what the
-federation needs of a network.
+"""The torch side of the federated protocol: a module's state as named numpy arrays with
+kinds, ``"stiefel"``, ``"euclidean"`` or ``"local"`` (never leaves a client).
 """
 
 from collections import OrderedDict
@@ -21,8 +18,6 @@ class FederatedModule(nn.Module):
 
     Examples
     --------
-    A subclass says how the server treats each array (:meth:`parameter_kinds`):
-
     >>> import numpy as np
     >>> import torch
     >>> from skfedspd.federated_module import FederatedModule
@@ -38,10 +33,6 @@ class FederatedModule(nn.Module):
     >>> module.set_parameters({"fc.bias": np.ones(2, dtype=np.float32)})
     >>> module.get_parameters()["fc.bias"]
     array([1., 1.], dtype=float32)
-    >>> module.set_parameters({"fc.scale": np.ones(2)})
-    Traceback (most recent call last):
-    ...
-    KeyError: "unknown parameter names: ['fc.scale']"
     """
 
     def parameter_kinds(self):
@@ -59,14 +50,8 @@ class FederatedModule(nn.Module):
         )
 
     def set_parameters(self, arrays):
-        """Load named arrays (a subset of :meth:`parameter_kinds` is allowed).
-
-        Every array is checked before any is loaded, so a refused call changes nothing:
-        a known name, the parameter's shape, real finite values, and for a ``"stiefel"``
-        array orthonormal columns within :func:`~skfedspd.stiefel.stiefel_tolerance` of the
-        module's dtype (a non-orthonormal array would otherwise be silently replaced by its
-        polar factor). ``KeyError`` for an unknown name, ``ValueError`` naming the array
-        otherwise.
+        """Load named arrays (a subset of :meth:`parameter_kinds`), all checked before any is loaded
+        (name, shape, finite values, orthonormal ``"stiefel"`` arrays).
         """
         kinds = self.parameter_kinds()
         unknown = set(arrays) - set(kinds)

@@ -1,10 +1,5 @@
-"""The ``"local"`` transport of :class:`~skfedspd.FederatedSPDnetClassifier`: :func:`fit_local`.
-
-The clients are :class:`~skfedspd.client.Site` s in this process, trained serially or on
-``n_jobs`` joblib processes (their data memory-mapped once per fit), around one
-:class:`~skfedspd.run.FederatedRun`; with a :class:`~skfedspd.backends.LocalBackend` ``checkpoint_path`` the run is saved after every
-round and resumed from a checkpoint of the same configuration and data. The set-up, the
-engine and the end of the run are the run's: this module only moves the messages.
+"""The ``"local"`` transport of :class:`~skfedspd.FederatedSPDnetClassifier`: :func:`fit_local`,
+the sites in this process (serially or on joblib processes), with optional checkpoints.
 """
 
 import hashlib
@@ -34,10 +29,8 @@ CHECKPOINT_KIND = "federated-checkpoint"
 
 
 def site_estimator(run):
-    """The unfitted estimator of the sites of a fit in this process (one, shared: every
-    message loads the parameters it uses): the run's local estimator without its
-    ``class_weight``, which the fit's training weights already hold (computed on all the
-    labels).
+    """The shared unfitted estimator of the sites in this process (without ``class_weight``,
+    which the training weights hold).
 
     Examples
     --------
@@ -52,9 +45,7 @@ def site_estimator(run):
 
 
 def fit_local(run, data):
-    """The ``"local"`` transport: the clients of ``data`` as sites in this process (joblib
-    with the run's :class:`~skfedspd.backends.LocalBackend` ``n_jobs``, saved after every
-    round to its ``checkpoint_path``).
+    """The ``"local"`` transport: the clients of ``data`` as sites in this process.
 
     Parameters
     ----------
@@ -67,19 +58,16 @@ def fit_local(run, data):
 
     Examples
     --------
-    ``FederatedSPDnetClassifier(backend="local").fit`` prepares the run and the data and
-    calls this; by hand:
-
     >>> import numpy as np
     >>> from skfedspd import FederatedSPDnetClassifier
     >>> from skfedspd.datasets import make_spd_classification
     >>> from skfedspd.local import fit_local
     >>> from skfedspd.run import ClientData, FederatedRun
     >>> X, y = make_spd_classification(n_matrices=30, n_channels=4, n_classes=2, seed=1)
-    >>> run = FederatedRun(FederatedSPDnetClassifier(n_rounds=2, random_state=0), validation_fraction=0.0)
+    >>> run = FederatedRun(FederatedSPDnetClassifier(n_rounds=1, random_state=0), validation_fraction=0.0)
     >>> result = fit_local(run, ClientData(X, y, np.array_split(np.arange(30), 2), client_groups=[None, None]))
-    >>> result.engine.n_clients, len(result.engine.history), result.estimator.predict(X[:3]).shape
-    (2, 2, (3,))
+    >>> result.engine.n_clients, len(result.engine.history)
+    (2, 1)
     """
     fed = run.fed
     est = site_estimator(run)
@@ -103,8 +91,7 @@ def fit_local(run, data):
 
 
 def _run_rounds(fed, est, engine, clients, last_round, checkpoint, n_jobs):
-    """The rounds, serial or on ``n_jobs`` processes; with ``checkpoint`` ``(path, fingerprint)``
-    the state is saved after each."""
+    """The rounds, serial or on ``n_jobs`` processes, checkpointed after each when asked."""
     rounds = range(engine.next_round, last_round)
     if fed.verbose:
         from tqdm.auto import tqdm
@@ -133,24 +120,14 @@ def _run_rounds(fed, est, engine, clients, last_round, checkpoint, n_jobs):
 
 
 def _run_parallel_rounds(fed, est, engine, clients, rounds, close, n_jobs):
-    """The rounds on ``n_jobs`` processes: this one and ``n_jobs − 1`` joblib workers.
-
-    Each round's training is split into equal shares of the clients, one per process, and
-    only the workers' shares travel. This process trains its share instead of waiting, then
-    validates (a forward pass on a tenth of the data): it finishes last, so it does not wait
-    on joblib's 10 ms polling of the workers. The validation of round ``t``'s global model
-    rides with round ``t + 1``'s training, which starts from the same model: one dispatch
-    per round, and no serial validation while the workers wait. That training uses the
-    learning rate from before the validation, so it is speculative: when the validation
-    changes the rate (ReduceLROnPlateau), round ``t + 1`` is trained again at the new rate,
-    and when it stops the run (``patience``), its replies are dropped. The result is bit
-    for bit that of the serial loop.
+    """The rounds on ``n_jobs`` processes, bit for bit the serial loop's: each round's training in
+    equal shares, and round ``t``'s validation riding with round ``t + 1``'s training
+    (retrained when the validation changes the learning rate).
     """
     n_processes = effective_n_jobs(n_jobs)
 
     def run(pool, shared, train, seeds, validate, lr):
-        """Train replies of clients ``train`` (local-training seeds ``seeds``) and, if
-        ``validate``, every client's validation of the broadcast model."""
+        """Train replies of clients ``train`` and, if ``validate``, every client's validation."""
         shares = np.array_split(np.arange(len(train)), min(n_processes, max(len(train), 1)))
         kwargs = dict(lr=lr, n_epochs=fed.local_epochs, n_threads=1)
         remote = pool(delayed(_client_batch)(est, engine.global_params,
@@ -184,8 +161,7 @@ def _run_parallel_rounds(fed, est, engine, clients, rounds, close, n_jobs):
 
 
 def _train_tasks(fed, engine, clients, ids, seeds):
-    """Clients ``ids``' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)``
-    (the last None when clients reset their optimizer every round)."""
+    """Clients ``ids``' training arguments."""
     keep = fed.client_optimizer_state == "keep"
     return [(engine.local_state(i) or None, clients[i][0], clients[i][1], clients[i][4], seed, engine.dp_settings(i),
              engine.client_optimizer_state(i) if keep else None)
@@ -193,13 +169,7 @@ def _train_tasks(fed, engine, clients, ids, seeds):
 
 
 def _client_batch(est, global_params, tasks, **kwargs):
-    """Several clients' ``(local_state, X, y, sample_weight, seed, dp, optimizer_state)`` in turn, each a
-    :class:`~skfedspd.messages.TrainReply` (:func:`~skfedspd.client.client_update`) or the
-    exception it raised (joblib-safe: the server applies the failure policy).
-
-    Every client starts from the broadcast and its own seed, so running them in one job, on
-    one estimator, gives the same replies as one job each, with fewer, larger parallel tasks.
-    """
+    """Several clients' :class:`~skfedspd.messages.TrainReply` (or exception) in turn."""
     replies = []
     for local_state, X, y, w, seed, dp, optimizer_state in tasks:
         try:
@@ -211,10 +181,7 @@ def _client_batch(est, global_params, tasks, **kwargs):
 
 
 def _evaluate_clients(est, engine, clients, n_threads=None):
-    """Each evaluated client's validation of the new global model (its own local arrays
-    loaded; the loss weighted by the client's sample weights), an :class:`EvalReply` or the
-    exception it raised. Clients without local arrays of their own validate the same
-    model: it is loaded once for all of them."""
+    """Each evaluated client's :class:`EvalReply` (or exception) of the new global model."""
     replies, global_loaded = [], False
     with torch_threads(n_threads):
         for cid in engine.evaluated_clients():
@@ -233,8 +200,7 @@ def _evaluate_clients(est, engine, clients, n_threads=None):
 
 
 def _tensors(arrays):
-    """The tensors of one client's arrays: None (unweighted) has none, a DomainBatch two
-    (its matrices and their domain codes)."""
+    """The tensors of one client's arrays."""
     for a in arrays:
         if isinstance(a, DomainBatch):
             yield from (a.X, a.domains)
@@ -243,16 +209,8 @@ def _tensors(arrays):
 
 
 class _SharedClients:
-    """The clients' arrays as the workers get them (``shared[i]``, made when first asked):
-    each CPU tensor over 1 MiB as a memory-mapped ``.npy`` file, written once per fit and
-    removed after it.
-
-    joblib sends a memory-mapped array to its workers as a reference to its file, so no
-    round pickles client data. joblib would map large arrays itself, but it removes its
-    files when its ``Parallel`` context closes, waiting on its resource tracker (about
-    0.1 s per fit). Copy-on-write mode: a worker wraps the map in a tensor without a copy,
-    and nothing it does reaches the file. A client that always trains in this process is
-    never written.
+    """The clients' arrays as the workers get them: each large CPU tensor memory-mapped once per
+    fit (copy-on-write), removed after it.
     """
 
     def __init__(self, clients):
@@ -288,8 +246,7 @@ class _SharedClients:
 
 # ---------------------------------------------------------------------- checkpoints
 def _fingerprint(fed, clients, seed, first_round):
-    """SHA-256 of what determines the run: the parameters (a callable rule by its qualified
-    name, the seed instead of ``random_state``), the clients' data and the first round."""
+    """SHA-256 of what determines the run (parameters, seed, data, first round)."""
     params = {k: v for k, v in fed.get_params(deep=False).items()
               if k not in ("estimator", "verbose", "backend", "random_state", "warm_start", "init")}
     params["aggregation"] = rule_name(fed.aggregation)
@@ -311,8 +268,7 @@ def _fingerprint(fed, clients, seed, first_round):
 
 
 def _check_client_optimizer_states(path, engine, est):
-    """The clients' Adam states a checkpoint brought must fit the model's parameters: a bad
-    one is named now, not by a client failing in every round it trains."""
+    """The clients' Adam states a checkpoint brought must fit the model's parameters."""
     for cid, state in engine.client_optimizer_states.items():
         try:
             est.check_optimizer_state(state)

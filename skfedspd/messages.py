@@ -1,8 +1,5 @@
-"""The messages of a federated run: what a client replies to the server.
-
-A transport (the local backend's function calls, Flower's messages) only moves them; the
-client side (:mod:`skfedspd.client`) builds them and the server side
-(:mod:`skfedspd.engine`, :mod:`skfedspd.run`) checks every one before it is used.
+"""The messages of a federated run: what a client replies to the server (built by
+:mod:`skfedspd.client`, checked by :mod:`skfedspd.engine` and :mod:`skfedspd.run`).
 """
 
 from dataclasses import dataclass
@@ -12,11 +9,8 @@ __all__ = ["SetupReply", "TrainReply", "EvalReply"]
 
 @dataclass
 class SetupReply:
-    """One client's answer to the set-up: its ``client_id``, sample ``shape``, the
-    ``labels`` it holds (None when the classes were agreed in advance), its training and
-    validation sizes ``n_train`` and ``n_val``, ``weight`` (the sum of its training sample
-    weights; None without sample weights) and ``statistic`` (its input statistic; None when
-    the model has none or the run is private).
+    """One client's answer to the set-up: ``client_id``, sample ``shape``, ``labels`` (None when
+    agreed), ``n_train``, ``n_val``, ``weight`` and ``statistic``.
 
     Examples
     --------
@@ -36,24 +30,15 @@ class SetupReply:
 
 @dataclass
 class TrainReply:
-    """One client's answer to a train message: ``params`` (``{name: ndarray}``, every name
-    of the model, ``"local"`` ones included), ``loss`` (mean training loss), ``n_skipped``
-    (batches with a non-finite loss or gradient), ``n_examples`` (training samples) and
-    ``weight`` (the sum of its training samples' weights when it trained with
-    ``sample_weight``; None: ``n_examples``), its aggregation weight; and, from a client
-    simulated by the local backend that keeps its optimizer state, ``optimizer_state``
-    (its Adam state after the round), which no server step reads: the engine only keeps it
-    for that client (:attr:`~skfedspd.engine.FederatedEngine.client_optimizer_states`). A
-    Flower site keeps its own and never sends it.
+    """One client's answer to a train message: ``params``, ``loss``, ``n_skipped``,
+    ``n_examples``, ``weight`` (None: ``n_examples``) and, for a local client that keeps it,
+    its ``optimizer_state``.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.messages import TrainReply
-    >>> from skfedspd.stiefel import random_stiefel
-    >>> reply = TrainReply({"W": random_stiefel(4, 2, rng=0), "b": np.zeros(2)}, loss=0.69, n_skipped=0,
-    ...                    n_examples=30)
-    >>> reply.weight is None  # aggregated with weight n_examples
+    >>> TrainReply({"b": np.zeros(2)}, loss=0.69, n_skipped=0, n_examples=30).weight is None
     True
     """
 

@@ -1,7 +1,6 @@
-"""The ``SPDNet`` module: BiMap → (batch norm) → ReEig blocks, LogEig, vech and a linear head.
-
-Its state exports and imports as named numpy arrays with kinds
-(:class:`~skfedspd.federated_module.FederatedModule`), which is what the federation needs.
+"""The ``SPDNet`` module: BiMap → (batch norm) → ReEig blocks, LogEig, vech and a linear
+head, exporting its state as named arrays with kinds
+(:class:`~skfedspd.federated_module.FederatedModule`).
 """
 
 from collections import OrderedDict
@@ -21,17 +20,12 @@ __all__ = ["SPDNet"]
 class SPDNet(FederatedModule):
     """SPDnet (Huang & Van Gool, 2017): BiRe blocks → LogEig → vech → Linear.
 
-    Inputs are batches of symmetric (SPD) matrices: the BiMaps are built with
-    ``symmetric=True`` (exact weight gradients for symmetric inputs, see :class:`BiMap`), and
-    at the chart centre the last BiMap, ReEig, LogEig and vech form one autograd node.
-
     Parameters
     ----------
     n_channels : int
         Input matrix size ``d_0``.
     hidden_dims : sequence of int
-        Output size of each BiMap; one BiRe block (BiMap + ReEig) per entry. The last
-        block's ReEig and the LogEig share one eigendecomposition.
+        Output size of each BiMap; one BiRe block per entry.
     n_classes : int
         Number of outputs (logits).
     eps : float
@@ -39,14 +33,11 @@ class SPDNet(FederatedModule):
     recenter_every : int
         Re-centre the BiMap charts every this many optimizer steps.
     seed : int or None
-        Seed of the Stiefel initialisation (the linear head uses torch's default init,
-        drawn from the caller's RNG state).
+        Seed of the Stiefel initialisation.
     dtype : torch.dtype
     batchnorm : {None, "spd", "domain"}, default=None
-        SPD batch normalization after each BiMap (before its ReEig): ``"spd"``
-        (:class:`SPDBatchNorm`, running mean at evaluation) or ``"domain"``
-        (:class:`DomainSPDBatchNorm`, each domain of a call normalized by its own mean;
-        ``forward(X, domains)``). None keeps the network (and its fused fast path) as is.
+        SPD batch normalization after each BiMap: :class:`SPDBatchNorm` or
+        :class:`DomainSPDBatchNorm` (``forward(X, domains)``).
     bn_momentum : float, default=0.1
         Running-mean momentum of ``batchnorm="spd"``.
     karcher_steps : int, default=1
@@ -59,14 +50,10 @@ class SPDNet(FederatedModule):
     >>> from skfedspd.nn import SPDNet
     >>> X = torch.as_tensor(make_spd_classification(n_matrices=5, n_channels=6, seed=0)[0])
     >>> net = SPDNet(n_channels=6, hidden_dims=(4, 3), n_classes=2, seed=0)
-    >>> net(X).shape, net.features(X).shape  # logits; vech of a 3 x 3 logarithm
-    (torch.Size([5, 2]), torch.Size([5, 6]))
+    >>> net(X).shape
+    torch.Size([5, 2])
     >>> dict(net.parameter_kinds())
     {'bimaps.0.weight': 'stiefel', 'bimaps.1.weight': 'stiefel', 'head.weight': 'euclidean', 'head.bias': 'euclidean'}
-    >>> params = net.get_parameters()  # what a federated client sends
-    >>> params["bimaps.0.weight"].shape
-    (6, 4)
-    >>> net.set_parameters(params)  # what it loads from the server's broadcast
     """
 
     def __init__(
@@ -105,16 +92,13 @@ class SPDNet(FederatedModule):
 
     @staticmethod
     def state_shapes(n_channels, hidden_dims, n_classes, batchnorm=None):
-        """Name → shape of the ``state_dict`` of ``SPDNet(n_channels, hidden_dims,
-        n_classes, batchnorm=batchnorm)``, computed without building it (a saved file is
-        checked against it before its network is allocated).
+        """Name → shape of the ``state_dict`` of such an ``SPDNet``, without building it.
 
         Examples
         --------
         >>> from skfedspd.nn import SPDNet
-        >>> net = SPDNet(6, (4, 3), 2, batchnorm="spd")
-        >>> SPDNet.state_shapes(6, (4, 3), 2, "spd") == {k: tuple(v.shape) for k, v in net.state_dict().items()}
-        True
+        >>> SPDNet.state_shapes(6, (4,), 2, None)["bimaps.0.W_ref"]
+        (6, 4)
         """
         dims = (int(n_channels),) + tuple(int(d) for d in hidden_dims)
         shapes = {}
@@ -140,11 +124,7 @@ class SPDNet(FederatedModule):
             yield X
 
     def features(self, X, domains=None):
-        """Tangent-space features ``vech(log(ReEig(...)))``, shape ``(batch, d_L(d_L+1)/2)``.
-
-        ``domains`` (one label per matrix) is used by ``batchnorm="domain"`` only; ``X`` may
-        also be a :class:`DomainBatch` carrying them.
-        """
+        """Tangent-space features ``vech(log(ReEig(...)))``; ``domains`` for ``batchnorm="domain"``."""
         statistics = None
         if isinstance(X, DomainBatch):
             if domains is not None:
@@ -167,8 +147,7 @@ class SPDNet(FederatedModule):
         return self.head(self.features(X, domains))
 
     def batchnorm_inputs(self, X):
-        """The input of each batch-norm layer for the batch ``X``, each layer's output
-        normalized by the batch's own mean as in training (``X`` is one domain)."""
+        """The input of each batch-norm layer for ``X`` (one domain), normalized as in training."""
         inputs = []
 
         def record(i, bn, Z):
@@ -180,20 +159,9 @@ class SPDNet(FederatedModule):
         return inputs
 
     def adapted_forward(self, X, update, predict=True, include_self=False):
-        """Add the trials of ``X`` to their domains' running means, then their logits.
-
-        ``batchnorm="domain"`` only. Layer by layer, each trial ``X[t]`` updates the running
-        mean of its domain in ``update`` (a :class:`skfedspd.online.DomainUpdate`), in order,
-        and reaches the next layer re-centred by the statistics just after its own update:
-        the result after a trial depends only on the trials before it, so adapting in chunks
-        equals adapting at once. Then every trial is predicted with the final statistics,
-        without the trial itself (:meth:`~skfedspd.online.DomainUpdate.inv_halves`;
-        ``include_self``: with it).
-
-        Returns
-        -------
-        torch.Tensor of shape (len(X), n_classes) or None
-            The logits (None when ``predict`` is False: only ``update`` is updated).
+        """``batchnorm="domain"``: add the trials of ``X`` to their domains in ``update``, layer by
+        layer and in order, then their logits without each trial itself (None when ``predict`` is
+        False).
         """
         if self.batchnorm != "domain":
             raise ValueError(f"domain statistics need batchnorm='domain' (this network has batchnorm={self.batchnorm!r})")
@@ -225,8 +193,7 @@ class SPDNet(FederatedModule):
             self.recenter_()
 
     def parameter_kinds(self):
-        """BiMap weights ``"stiefel"``; head and batch-norm biases ``"euclidean"``; running
-        means (``batchnorm="spd"``) ``"local"``: a client's statistics never leave it."""
+        """BiMap weights ``"stiefel"``; head and batch-norm biases ``"euclidean"``; running means ``"local"``."""
         kinds = OrderedDict((f"bimaps.{i}.weight", "stiefel") for i in range(len(self.bimaps)))
         kinds["head.weight"] = "euclidean"
         kinds["head.bias"] = "euclidean"

@@ -1,13 +1,9 @@
 """Sample-level differential privacy, the accounting: what DP-SGD spends, and its settings.
 
-The mechanism (:mod:`skfedspd.dp_sgd`: Poisson-subsampled, clipped, noised Riemannian
-gradient steps, and the one-off release of each domain's mean) is accounted here as the
-composition of ``steps`` Poisson-subsampled Gaussian mechanisms
-(``PoissonSampledDpEvent(q, GaussianDpEvent(σ))``), add/remove-one adjacency, by Google's
-``dp-accounting`` (RDP accountant by default, PLD on request): :func:`epsilon_spent`,
-:func:`calibrate_noise` and, for a federated run, :func:`plan_dp`, which composes the
-release of the domain means and DP-SGD in one accountant. :class:`DPSGD` groups the
-settings a user gives a federated fit (``FederatedSPDnetClassifier(privacy=DPSGD(...))``).
+The mechanism (:mod:`skfedspd.dp_sgd`) is accounted as ``steps`` Poisson-subsampled
+Gaussian mechanisms (add/remove-one adjacency) by Google's ``dp-accounting`` (RDP by
+default, PLD on request): :func:`epsilon_spent`, :func:`calibrate_noise` and, for a
+federated run, :func:`plan_dp`. :class:`DPSGD` groups a federated fit's settings.
 """
 
 import contextlib
@@ -59,8 +55,7 @@ def _accountant(name):
 
 @contextlib.contextmanager
 def _quiet_absl():
-    """The RDP accountant logs a warning for each fractional order it skips (its result is
-    still a valid bound): keep the console clean while it runs."""
+    """Silence the RDP accountant's warnings about skipped fractional orders."""
     logger = logging.getLogger("absl")
     level = logger.level
     logger.setLevel(logging.ERROR)
@@ -99,36 +94,16 @@ def _check_domain(domain):
 
 
 def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rdp", domain=None):
-    """ε of ``steps`` Poisson-subsampled Gaussian mechanisms at ``δ`` (add/remove-one adjacency).
-
-    Parameters
-    ----------
-    noise_multiplier : float
-        ``σ ≥ 0`` (0: no privacy, ε = inf).
-    delta : float
-        In (0, 1).
-    sample_rate : float
-        Poisson sampling rate ``q`` in (0, 1].
-    steps : int
-        Number of DP-SGD steps (0: ε = 0).
-    accountant : {"rdp", "pld"}, default="rdp"
-        ``dp_accounting.rdp.RdpAccountant`` or ``dp_accounting.pld.PLDAccountant``.
-    domain : dict or None, default=None
-        The release of the domain means composed before the steps (:func:`~skfedspd.dp_sgd.release_domain_means`):
-        ``{"noise_multiplier": σ_s, "layers": L}``, ``L`` Gaussian mechanisms of
-        multiplier ``σ_s``.
-
-    Returns
-    -------
-    float
+    """ε of ``steps`` Poisson-subsampled (rate ``sample_rate``) Gaussian mechanisms of multiplier
+    ``noise_multiplier`` at ``delta`` (add/remove-one adjacency), by the ``"rdp"`` or ``"pld"``
+    accountant; ``domain``: a release of domain means composed before the steps
+    (``{"noise_multiplier": σ_s, "layers": L}``).
 
     Examples
     --------
     >>> from skfedspd.privacy import epsilon_spent
     >>> round(epsilon_spent(1.1, 1e-5, sample_rate=0.01, steps=1000), 1)
     1.7
-    >>> epsilon_spent(1.1, 1e-5, sample_rate=0.01, steps=0), epsilon_spent(0.0, 1e-5, sample_rate=0.01, steps=10)
-    (0.0, inf)
     """
     _check_accounting_args(delta, sample_rate, steps)
     check_positive(noise_multiplier, "noise_multiplier", allow_zero=True)
@@ -146,26 +121,13 @@ def epsilon_spent(noise_multiplier, delta, sample_rate, steps, *, accountant="rd
 
 
 def group_epsilon(noise_multiplier, delta, steps, group_size, *, accountant="rdp", domain=None):
-    """An upper bound on ε for a **group** of ``group_size`` samples of one site (a subject's
-    whole recording), at ``δ``, for a run that gives one sample ``(ε, δ)``.
-
-    At every step the group moves the clipped sum by at most ``k·C`` (``k = group_size``),
-    so each step is a Gaussian mechanism of noise multiplier ``σ / k`` for the group; the
-    bound leaves out the amplification by sampling (a group of ``k`` is drawn almost every
-    step) and composes the ``steps`` mechanisms, then, with ``domain``, the release of the
-    group's domain means (its vector moves by at most ``k·Δ``: multiplier ``σ_s / k`` per
-    layer).
+    """An upper bound on ε for a group of ``group_size`` samples of one site (a subject's
+    recording), without amplification by sampling.
 
     Examples
     --------
-    A site of 144 training trials, batches of 32 (``q = 0.22``), 150 steps at ε = 8: one
-    trial is protected at ε = 8, a subject's 36 trials only at an ε in the tens of thousands.
-
-    >>> from skfedspd.privacy import calibrate_noise, epsilon_spent, group_epsilon
-    >>> sigma = calibrate_noise(8.0, 1e-5, sample_rate=0.22, steps=150)
-    >>> round(epsilon_spent(sigma, 1e-5, sample_rate=0.22, steps=150), 1)
-    8.0
-    >>> group_epsilon(sigma, 1e-5, steps=150, group_size=36) > 10_000
+    >>> from skfedspd.privacy import group_epsilon
+    >>> group_epsilon(1.0, 1e-5, steps=10, group_size=4) > group_epsilon(1.0, 1e-5, steps=10, group_size=1)
     True
     """
     check_positive(noise_multiplier, "noise_multiplier")
@@ -182,15 +144,13 @@ def group_epsilon(noise_multiplier, delta, steps, group_size, *, accountant="rdp
 
 
 def calibrate_release_noise(target_epsilon, delta, *, layers, accountant="rdp", tol=1e-4):
-    """Smallest noise multiplier ``σ_s`` (within ``tol``) whose release of the domain means
-    (``layers`` Gaussian mechanisms, :func:`~skfedspd.dp_sgd.release_domain_means`) spends at most ``ε`` alone.
+    """Smallest noise multiplier ``σ_s`` whose release of the domain means spends at most ``ε``.
 
     Examples
     --------
-    >>> from skfedspd.privacy import calibrate_release_noise, epsilon_spent
-    >>> sigma = calibrate_release_noise(2.0, 1e-5, layers=1)
-    >>> round(sigma, 2), epsilon_spent(0.0, 1e-5, 1.0, 0, domain={"noise_multiplier": sigma, "layers": 1}) <= 2.0
-    (2.15, True)
+    >>> from skfedspd.privacy import calibrate_release_noise
+    >>> round(calibrate_release_noise(2.0, 1e-5, layers=1), 2)
+    2.15
     """
     if not (isinstance(target_epsilon, numbers.Real) and target_epsilon > 0):
         raise ValueError(f"target_epsilon must be positive (inf for no noise), got {target_epsilon!r}")
@@ -210,29 +170,8 @@ def calibrate_release_noise(target_epsilon, delta, *, layers, accountant="rdp", 
 
 
 def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rdp", tol=1e-4, domain=None):
-    """Smallest noise multiplier ``σ`` (within ``tol``) whose ``steps`` steps spend at most ``ε``.
-
-    ``dp_accounting.mechanism_calibration.calibrate_dp_mechanism`` (Brent's method on the
-    accountant's own ε, with its guarantee that the returned ``σ`` meets the target).
-
-    Parameters
-    ----------
-    target_epsilon : float
-        ``ε > 0``; ``inf`` returns 0 (no noise).
-    delta : float
-    sample_rate : float
-    steps : int
-    accountant : {"rdp", "pld"}, default="rdp"
-    tol : float, default=1e-4
-        Absolute tolerance on ``σ``.
-    domain : dict or None, default=None
-        A release of domain means composed with the steps (:func:`epsilon_spent`): the
-        steps get what it leaves of ``ε``.
-
-    Returns
-    -------
-    float
-        ``σ`` with ``epsilon_spent(σ, delta, sample_rate, steps, domain=domain) <= target_epsilon``.
+    """Smallest noise multiplier ``σ`` (within ``tol``) whose ``steps`` steps (and ``domain``
+    release, as in :func:`epsilon_spent`) spend at most ``target_epsilon`` (``inf``: 0).
 
     Examples
     --------
@@ -264,7 +203,7 @@ def calibrate_noise(target_epsilon, delta, *, sample_rate, steps, accountant="rd
 
 
 def default_delta(n_train_per_site):
-    """``min(1e-5, 1 / (10 · n_min))``: well below ``1 / n`` for the smallest site.
+    """``min(1e-5, 1 / (10 · n_min))``.
 
     Examples
     --------
@@ -292,71 +231,37 @@ def _rounds_per_site(participation, n_rounds, n_sites):
 
 def plan_dp(n_train_per_site, batch_size, local_epochs, n_rounds, participation, target_epsilon,
             delta=None, *, per_site_noise=True, accountant="rdp", domain_release=None):
-    """Noise multipliers so that every site's whole federated run meets ``(ε, δ)``.
-
-    Site ``i`` (``n_i`` training samples) trains with Poisson rate ``q_i = min(1, b / n_i)``,
-    ``steps_per_epoch(q_i) · local_epochs`` DP-SGD steps per round it takes part in; its
-    budget is the composition over all its rounds (adaptive composition: the broadcast
-    models it starts from are post-processing of earlier releases and of other sites'
-    data). The guarantee is per site, on its training samples (sample-level DP).
+    """Noise multipliers so that every site's whole federated run meets ``(ε, δ)`` on its
+    training samples (site ``i`` samples at ``q_i = min(1, batch_size / n_i)``).
 
     Parameters
     ----------
     n_train_per_site : sequence of int
-        Training-set size of each site (the data DP-SGD runs on; validation data is not
-        covered and must not leave the site, see docs/guide/privacy.md).
     batch_size : int
-        Expected batch size ``b`` (``q_i = b / n_i``).
     local_epochs, n_rounds : int
     participation : float or sequence of int
-        Fraction of sites drawn per round — the bound is then the worst case, every round
-        (the current schedule draws sites afresh each round, so no site has a smaller cap)
-        — or the exact number of rounds each site is drawn in by the seeded schedule (valid
-        because the schedule does not depend on the data; early stopping only lowers it).
+        Fraction of sites drawn per round, or each site's exact number of rounds.
     target_epsilon : float
-        ``ε > 0``; ``inf`` gives ``σ = 0`` (clipping only).
     delta : float or None
-        None: :func:`default_delta` (``min(1e-5, 1 / (10 n_min))``). Must be below
-        ``1 / n_min``.
+        None: :func:`default_delta`.
     per_site_noise : bool, default=True
-        True: each site gets its own ``σ_i`` meeting the target exactly (smaller sites,
-        with a larger ``q``, need more noise). False: one ``σ``, the largest of those, for
-        every site (each then spends at most ``ε``).
+        Each site its own ``σ_i``, or the largest for every site.
     accountant : {"rdp", "pld"}, default="rdp"
     domain_release : dict or None, default=None
-        Re-centring under DP: every site releases its domains' means once
-        (:func:`~skfedspd.dp_sgd.release_domain_means`), ``{"layers": L, "share": f, "clip": R}``. The
-        release's noise multiplier is calibrated to spend ``f · ε`` alone
-        (:func:`calibrate_release_noise`); each site's DP-SGD noise is then calibrated so
-        that the release and the steps together spend at most ``ε``.
+        ``{"layers": L, "share": f, "clip": R}``: a release of domain means spending ``f · ε``.
 
     Returns
     -------
     dict
-        JSON-able report: ``mechanism``, ``adjacency``, ``accountant`` (name, class and
-        dp-accounting version), ``target_epsilon``, ``delta``, ``rounds_bound``,
-        ``batch_size``, ``local_epochs``, ``n_rounds``, ``participation``,
-        ``per_site_noise``, ``domain_release`` (None, or its ``layers``, ``share``,
-        ``clip``, ``sensitivity``, ``noise_multiplier`` and ``epsilon`` spent alone) and
-        ``sites``: one dict per site with ``n_train``, ``sample_rate``,
-        ``steps_per_epoch``, ``rounds``, ``steps``, ``noise_multiplier``,
-        ``training_epsilon`` (DP-SGD alone) and ``epsilon`` (spent by the release and
-        DP-SGD together, by the accountant, ``<= target_epsilon``).
+        JSON-able report, one entry per site in ``sites``.
 
     Examples
     --------
-    Two sites, every round, ``ε = 1``: the smaller site samples a larger share of its data
-    per step, so it needs more noise.
-
     >>> from skfedspd.privacy import plan_dp
     >>> plan = plan_dp([200, 300], batch_size=20, local_epochs=1, n_rounds=5, participation=1.0,
     ...                target_epsilon=1.0)
-    >>> plan["delta"], [(site["sample_rate"], site["steps"]) for site in plan["sites"]]
-    (1e-05, [(0.1, 50), (0.06666666666666667, 75)])
     >>> [round(site["noise_multiplier"], 2) for site in plan["sites"]]
     [3.18, 2.64]
-    >>> all(site["epsilon"] <= 1.0 for site in plan["sites"])
-    True
     """
     if not len(n_train_per_site) or not all(is_count(n, 1) for n in n_train_per_site):
         raise ValueError(f"n_train_per_site must be positive integers, got {list(n_train_per_site)!r}")
@@ -424,36 +329,21 @@ MAX_EPSILON = 1e4
 
 
 class DPSGD(Settings):
-    """Sample-level differential privacy of a federated fit: DP-SGD at every site
-    (``FederatedSPDnetClassifier(privacy=DPSGD(epsilon=8.0))``, ``docs/guide/privacy.md``).
-
-    Every site's local training runs DP-SGD (:func:`~skfedspd.dp_sgd.dp_train_epochs`: Poisson sampling at
-    ``q = batch_size / n_site``, per-sample gradients, Riemannian for the Stiefel weights,
-    clipped jointly to ``clip_norm``, Gaussian noise projected to the tangent space, Adam,
-    retraction), with a noise multiplier per site calibrated by Google's ``dp-accounting``
-    (RDP) so that the whole run spends at most ``(epsilon, delta)`` on each site's training
-    samples (:func:`plan_dp`).
+    """Sample-level differential privacy of a federated fit: DP-SGD at every site, calibrated by
+    :func:`plan_dp` (``docs/guide/privacy.md``).
 
     Parameters
     ----------
     epsilon : float
-        ε of the guarantee, in ``(0, MAX_EPSILON]`` (:data:`MAX_EPSILON`: beyond it the
-        guarantee means nothing and the accountant cannot calibrate the noise).
+        ε of the guarantee, in ``(0, MAX_EPSILON]``.
     delta : float or None, default=None
-        δ of the guarantee; None: ``min(1e-5, 1 / (10 · n_min))`` (``n_min``: the smallest
-        site's training size). A δ not below ``1 / n_min`` is refused.
+        δ of the guarantee; None: :func:`default_delta`.
     clip_norm : float, default=1.0
         Bound ``C`` on each sample's joint gradient norm.
     domain_share : float, default=0.25
-        With a local ``SPDnetClassifier(batchnorm="domain")`` (re-centring each subject by
-        its own mean): the share of ``epsilon`` that each site's release of its domains'
-        means spends alone (:func:`~skfedspd.dp_sgd.release_domain_means`, once per fit, before DP-SGD);
-        DP-SGD is calibrated on what the composition leaves. Unused without domain batch
-        norm.
+        With ``batchnorm="domain"``: the share of ``epsilon`` spent releasing the domains' means.
     domain_clip : float, default=2.0
-        ``R``: each trial's log-matrix deviation from the public reference (the ``init``
-        model's domain prior) is clipped to this Frobenius norm before its domain's mean is
-        released (log-Euclidean units of the batch-norm layer's inputs).
+        ``R``: the clip of each trial's log-matrix deviation before that release.
 
     Examples
     --------
@@ -461,10 +351,6 @@ class DPSGD(Settings):
     >>> from skfedspd.privacy import DPSGD
     >>> clone(DPSGD(epsilon=8.0)).set_params(clip_norm=0.5)
     DPSGD(clip_norm=0.5, epsilon=8.0)
-    >>> DPSGD(epsilon=-1.0).check_params()  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    sklearn.utils._param_validation.InvalidParameterError: The 'epsilon' parameter of DPSGD must be ...
     """
 
     _parameter_constraints = {

@@ -1,9 +1,5 @@
-"""What a local model declares to the federation: :class:`FederationTraits`.
-
-The federation (:mod:`skfedspd.run`, the sites, the Flower apps) never reads a local
-model's hyper-parameters by name nor reaches into its network: it asks the model's
-:meth:`~skfedspd.base.TorchClassifierBase.federation_traits` what it needs to know, and
-calls the model's public methods (``docs/guide/protocol.md``).
+"""What a local model declares to the federation: :class:`FederationTraits`, read instead of
+its hyper-parameters (``docs/guide/protocol.md``).
 """
 
 from dataclasses import dataclass
@@ -18,35 +14,25 @@ class FederationTraits:
     Parameters
     ----------
     domains : bool, default=False
-        The model re-centres each domain (a subject, a session) by its own statistics
-        (domain batch norm): the sites pass their domains, the released model gets a domain
-        prior (:meth:`fit_domain_prior`, :meth:`set_domain_prior`), and in DP mode each site
-        first releases its domains' means (:meth:`release_domain_means`).
+        The model re-centres each domain by its own statistics (domain batch norm).
     batch_statistics : bool, default=False
-        The model normalizes each minibatch by statistics of that minibatch (SPD batch
-        norm), which mixes its samples: refused in DP mode, where one sample's gradient must
-        stay bounded.
+        The model normalizes each minibatch by its own statistics (refused in DP mode).
     class_weight : None, "balanced" or dict, default=None
         The class weights every site multiplies into its samples' weights.
     early_stopping : {"auto", True, False}, default="auto"
-        The rule by which a validation part is held out
-        (:func:`skfedspd.validation.uses_validation`), applied to the federation as a whole.
+        The rule by which a validation part is held out.
     head_only : bool, default=False
-        Only the head trains (meant for a model that starts from trained weights).
+        Only the head trains.
     lr : float or None, default=None
-        The learning rate of a site's first round (the federated schedule lowers it from
-        there).
+        The learning rate of a site's first round.
     batch_size : int or None, default=None
-        The minibatch size of local training: what DP mode plans its sampling rate from.
+        The minibatch size of local training.
 
     Examples
     --------
     >>> from skfedspd import SPDnetClassifier
     >>> SPDnetClassifier(batchnorm="domain").federation_traits().domains
     True
-    >>> from skfedspd.protocol import FederationTraits
-    >>> FederationTraits()
-    FederationTraits(domains=False, batch_statistics=False, class_weight=None, early_stopping='auto', head_only=False, lr=None, batch_size=None)
     """
 
     domains: bool = False

@@ -1,24 +1,15 @@
 """One federated run, whatever moves its messages: :class:`FederatedRun`.
 
-The run is built once from a :class:`~skfedspd.FederatedSPDnetClassifier`'s settings and
-owns every server-side step of a fit that is not a round: the seed, the local estimator
-(fresh, or the fitted one that ``warm_start`` continues), the set-up every site receives,
-the check of the sites' declarations, the agreed or pooled classes, the pooled input
-statistic, the initial model (seeded, or ``init``'s weights), the
-:class:`~skfedspd.engine.FederatedEngine` (resumed when continuing), and at the end the best
-global model with its domain prior, handed back as a :class:`FederatedResult`.
-
-A transport only moves messages between the run and its :class:`~skfedspd.client.Site` s:
-the local backend (:mod:`skfedspd.local`) calls them in this process, the Flower backend
-(:mod:`skfedspd.flower`) sends them to SuperNodes. Each transport does::
+The run owns every server-side step of a fit that is not a round: the seed, the local
+estimator, the sites' set-up and its checks, the classes, the pooled input statistic, the
+initial model, the :class:`~skfedspd.engine.FederatedEngine`, and at the end the best
+global model (:class:`FederatedResult`). A transport only moves messages between the run
+and its :class:`~skfedspd.client.Site` s::
 
     run = FederatedRun(fed)
-    replies = [site's SetupReply for each site of run.site_setup()]
-    engine = run.start(replies)              # the sites then get run.site_setup() again: ready
-    ... rounds: engine.select, train replies, engine.aggregate, validation replies, engine.finish_round
-    result = run.finish(prior)               # prior: how the domain prior reaches the model
-
-so a new transport (a Ray or Dask executor) writes the message moves and nothing else.
+    engine = run.start([each site's SetupReply to run.site_setup()])
+    ... rounds: engine.select, engine.aggregate, engine.finish_round
+    result = run.finish(prior)
 """
 
 import copy
@@ -55,12 +46,8 @@ __all__ = [
 
 @dataclass
 class ClientData:
-    """A fit's data in this process, split into clients: validated inputs ``X``, labels
-    ``y``, each client's sample ``indices``, the training weights (``sample_weight``: the
-    fit's times the local estimator's ``class_weight``, on all the labels; None: unweighted),
-    the samples' ``groups`` (the domains of ``batchnorm="domain"``; None: each client one
-    domain) and where the clients came from (``client_source``, ``client_groups``, as in
-    :class:`FederatedResult`).
+    """A fit's data in this process, split into clients (inputs, labels, each client's
+    ``indices``, training weights, groups and where the clients came from).
 
     Examples
     --------
@@ -97,10 +84,8 @@ class ClientData:
 
 @dataclass
 class FederatedResult:
-    """What a run hands back: the released local estimator (best global model loaded), the
-    engine, and where the clients came from (``client_source``: ``"groups"``,
-    ``"partition:<name>"`` or ``"flower:client-id"``; ``client_groups``: the groups of each
-    client or None).
+    """What a run hands back: the released estimator, the engine, ``client_source`` and
+    ``client_groups``.
 
     Examples
     --------
@@ -118,19 +103,14 @@ class FederatedResult:
 
 # ---------------------------------------------------------------------- settings
 def init_model(fed):
-    """The fitted local model ``fed.init`` names (a fitted federated model's global estimator), or None.
+    """The fitted local model ``fed.init`` names, or None.
 
     Examples
     --------
-    >>> from sklearn.linear_model import LogisticRegression
     >>> from skfedspd import FederatedSPDnetClassifier
     >>> from skfedspd.run import init_model
     >>> init_model(FederatedSPDnetClassifier()) is None
     True
-    >>> init_model(FederatedSPDnetClassifier(init=LogisticRegression()))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    ValueError: init must be a fitted local model of skfedspd (e.g. SPDnetClassifier) or a fitted ...
     """
     if fed.init is None:
         return None
@@ -147,22 +127,14 @@ def init_model(fed):
 
 
 def resolved_settings(fed, est=None):
-    """The settings a fresh fit of ``fed`` resolves from ``init`` and ``privacy``.
-
-    ``scaling`` (local estimators with that parameter): ``init``'s input scaling when
-    ``init`` is given (``"trace"`` if it used it, else its fitted ``scale_``, a public
-    constant); in DP mode ``"auto"`` becomes ``"trace"`` (per matrix, no statistic of the
-    sites); otherwise the local estimator's own. ``validation_fraction``: the share each
-    site holds out for validation, 0 in DP mode. DP mode records them in
-    ``privacy_["resolved"]``.
+    """The ``scaling`` and ``validation_fraction`` a fresh fit resolves from ``init`` and
+    ``privacy`` (DP mode: ``"trace"`` and 0).
 
     Examples
     --------
     >>> from skfedspd import FederatedSPDnetClassifier
-    >>> from skfedspd.run import resolved_settings
-    >>> resolved_settings(FederatedSPDnetClassifier())
-    {'validation_fraction': 0.1, 'scaling': 'auto'}
     >>> from skfedspd.privacy import DPSGD
+    >>> from skfedspd.run import resolved_settings
     >>> resolved_settings(FederatedSPDnetClassifier(privacy=DPSGD(epsilon=3.0)))
     {'validation_fraction': 0.0, 'scaling': 'trace'}
     """
@@ -187,23 +159,21 @@ def given_estimator(fed):
 
 
 def local_estimator(fed):
-    """The unfitted local estimator of a fresh fit: a clone of ``fed.estimator``
-    (``SPDnetClassifier()`` when None) with its :func:`resolved_settings` applied.
+    """The unfitted local estimator of a fresh fit, with its :func:`resolved_settings`.
 
     Examples
     --------
     >>> from skfedspd import FederatedSPDnetClassifier
     >>> from skfedspd.run import local_estimator
-    >>> from skfedspd.privacy import DPSGD
-    >>> local_estimator(FederatedSPDnetClassifier(privacy=DPSGD(epsilon=3.0))).scaling
-    'trace'
+    >>> local_estimator(FederatedSPDnetClassifier()).scaling
+    'auto'
     """
     est = clone(given_estimator(fed))
     return est.set_params(**est.federated_params(init=init_model(fed), private=fed.privacy is not None))
 
 
 def run_seed(fed):
-    """The run's seed: the fitted engine's when ``warm_start`` continues, else drawn from ``random_state``.
+    """The run's seed: the fitted engine's when ``warm_start`` continues, else drawn.
 
     Examples
     --------
@@ -220,10 +190,8 @@ def _continues(fed):
 
 
 def held_out_fraction(fed, est, n_samples, n_classes):
-    """The share of each client's data held out for validation in a fit on ``n_samples``
-    of ``n_classes`` classes: the local estimator's ``early_stopping`` rule applied to the
-    federation as a whole (:func:`skfedspd.validation.uses_validation`; a local estimator
-    without ``early_stopping`` counts as ``True``); 0 in DP mode.
+    """The share of each client's data held out for validation: the local estimator's
+    ``early_stopping`` rule on the whole federation; 0 in DP mode.
 
     Examples
     --------
@@ -241,7 +209,7 @@ def held_out_fraction(fed, est, n_samples, n_classes):
 
 # ---------------------------------------------------------------------- set-up
 def _label_kind(label):
-    """"str", "bool" or "number" (a finite int or float); None for anything else."""
+    """"str", "bool" or "number"; None for anything else."""
     if isinstance(label, (str, bool)):
         return type(label).__name__
     if isinstance(label, numbers.Real) and np.isfinite(label):
@@ -250,10 +218,8 @@ def _label_kind(label):
 
 
 def check_setup_replies(replies, *, with_labels=True):
-    """Check the sites' declarations (one :class:`~skfedspd.messages.SetupReply` per client
-    id, in order) and return their common sample shape. Any bad declaration raises a
-    ValueError naming the client: the federation's membership and data shape are settled
-    before any round. ``with_labels=False`` (agreed ``classes``): the sites declare none.
+    """Check the sites' declarations (one per client id) and return their common sample shape;
+    a ValueError names a bad client.
 
     Examples
     --------
@@ -261,10 +227,6 @@ def check_setup_replies(replies, *, with_labels=True):
     >>> from skfedspd.run import check_setup_replies
     >>> check_setup_replies([SetupReply(0, [4, 4], [0, 1], 20, 2), SetupReply(1, [4, 4], [1, 2], 10, 1)])
     (4, 4)
-    >>> check_setup_replies([SetupReply(0, [4, 4], [0, 1], 20, 2), SetupReply(1, [4, 4], [0, 1], 10, 1, weight=0.0)])
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_weight: the training samples of clients [1] all have weight 0
     """
     shapes, empty = set(), []
     for cid, reply in enumerate(replies):
@@ -297,16 +259,13 @@ def check_setup_replies(replies, *, with_labels=True):
 
 
 def pool_input_statistic(statistics, weights):
-    """Weighted mean of the clients' input statistics (None if the model has none). Raises
-    ValueError naming a client whose statistic is missing or not finite.
+    """Weighted mean of the clients' input statistics (None if the model has none).
 
     Examples
     --------
     >>> from skfedspd.run import pool_input_statistic
     >>> pool_input_statistic([1.0, 4.0], [30, 10])
     1.75
-    >>> pool_input_statistic([None, None], [30, 10]) is None
-    True
     """
     if all(s is None for s in statistics):
         return None
@@ -317,9 +276,8 @@ def pool_input_statistic(statistics, weights):
 
 
 def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weights=None):
-    """The :class:`~skfedspd.engine.FederatedEngine` of ``fed``'s round-level settings for the
-    initialised local estimator ``est`` (its model and learning rate); in DP mode with its
-    privacy plan.
+    """The :class:`~skfedspd.engine.FederatedEngine` of ``fed``'s settings for the initialised
+    local estimator ``est``.
 
     Examples
     --------
@@ -327,8 +285,7 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
     >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
     >>> from skfedspd.run import build_engine
     >>> est = SPDnetClassifier(hidden_dims=2)
-    >>> est.check_inputs(np.eye(4)[None], reset=True)[:0].shape
-    (0, 4, 4)
+    >>> _ = est.check_inputs(np.eye(4)[None], reset=True)
     >>> est.set_classes([0, 1]); est.set_input_statistic(0.0); est.init_module(0)
     >>> engine = build_engine(FederatedSPDnetClassifier(clients_per_round=1), est, n_train=[10, 12], n_val=[0, 0],
     ...                       seed=0, input_statistic=0.0)
@@ -356,8 +313,7 @@ def build_engine(fed, est, *, n_train, n_val, seed, input_statistic, train_weigh
 
 
 def _check_init(model, est):
-    """``init`` (a fitted local model) must fit the local estimator ``est`` (input shape and
-    classes set): same class, number of features and classes."""
+    """``init`` must match ``est``: same class, number of features and classes."""
     if type(model) is not type(est):
         raise ValueError(f"init is a fitted {type(model).__name__}, but the local estimator is a "
                          f"{type(est).__name__}")
@@ -370,9 +326,7 @@ def _check_init(model, est):
 
 
 def _probe(shape):
-    """A one-sample input of the sites' shape that the estimator's validation accepts
-    (identity matrices; ones for vectors), to set the server's shape attributes without any
-    site data."""
+    """A one-sample input of the sites' shape that the estimator's validation accepts."""
     if len(shape) < 2:
         return np.ones((1, *shape))
     return np.broadcast_to(np.eye(shape[-2], shape[-1]), (1, *shape)).copy()
@@ -381,17 +335,14 @@ def _probe(shape):
 class FederatedRun:
     """One federated fit of ``fed``'s configuration: its set-up and its end, for any transport.
 
-    ``fed`` is read, never changed (its fitted state when ``warm_start`` continues a fit).
-
     Parameters
     ----------
     fed : FederatedSPDnetClassifier
+        Read, never changed.
     seed : int or None, default=None
         The run's seed (None: :func:`run_seed`).
     validation_fraction : float or None, default=None
-        Share of each site's data held out for validation (a fit on data in this process
-        passes :func:`held_out_fraction` of the whole data); None: the resolved parameter
-        (a deployment's server does not see the data).
+        Share of each site's data held out for validation; None: the resolved parameter.
 
     Attributes
     ----------
@@ -403,9 +354,6 @@ class FederatedRun:
 
     Examples
     --------
-    A run whose two sites live in this process (what the local backend does, round loop aside):
-
-    >>> import numpy as np
     >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
     >>> from skfedspd.client import Site
     >>> from skfedspd.datasets import make_spd_classification
@@ -414,8 +362,8 @@ class FederatedRun:
     >>> run = FederatedRun(FederatedSPDnetClassifier(n_rounds=1, random_state=0), validation_fraction=0.0)
     >>> sites = [Site(i, X[i::2], y[i::2], None, None, run.site_setup(), SPDnetClassifier()) for i in range(2)]
     >>> engine = run.start([site.reply for site in sites])
-    >>> engine.n_clients, run.site_setup()["ready"], run.estimator.classes_.tolist()
-    (2, True, [0, 1])
+    >>> engine.n_clients, run.site_setup()["ready"]
+    (2, True)
     """
 
     def __init__(self, fed, *, seed=None, validation_fraction=None):
@@ -437,8 +385,7 @@ class FederatedRun:
                        "client_optimizer_state": fed.client_optimizer_state}
 
     def _agreed_classes(self):
-        """``fed.classes`` applied to the estimator: set on a fresh fit, checked against the
-        fitted ``classes_`` of a continued one; a JSON-able list, or None without ``classes``."""
+        """``fed.classes`` set on a fresh fit or checked on a continued one; None without it."""
         classes, est = self.fed.classes, self.estimator
         if classes is None:
             return None
@@ -450,16 +397,15 @@ class FederatedRun:
         return est.classes_.tolist()
 
     def site_setup(self):
-        """The set-up every site receives (a JSON-able dict): ``seed``,
-        ``validation_fraction``, ``classes`` (agreed, or None), ``private``,
-        ``client_optimizer_state``; once :meth:`start` has run, ``ready`` with the run's
-        ``classes`` and ``input_statistic``."""
+        """The JSON-able set-up every site receives (``ready`` with the classes and input statistic
+        once :meth:`start` has run).
+        """
         return dict(self._setup)
 
     def start(self, replies):
-        """Read the sites' declarations (:class:`~skfedspd.messages.SetupReply`, one per
-        client id in order), set the classes, the pooled input statistic and the initial
-        model, and build the engine (resumed when continuing). Returns the engine."""
+        """Read the sites' declarations, set the classes, the input statistic and the initial model,
+        and build the engine. Returns the engine.
+        """
         fed, est = self.fed, self.estimator
         agreed = self._setup["classes"]
         shape = check_setup_replies(replies, with_labels=agreed is None)
@@ -498,12 +444,9 @@ class FederatedRun:
         return engine
 
     def reference_update(self, rule, client_id, shape):
-        """The server's own local training on ``rule``'s root set (``rule.X``, ``rule.y``):
-        ``update(global_params, seed, lr) -> params``, a client's training (a
-        :class:`~skfedspd.client.Site` of the root set, numbered ``client_id``, on a clone of
-        the server's local estimator: the same epochs, batches, seeding and class weights,
-        no DP-SGD: the root set is public). The root set must hold matrices of the sites'
-        ``shape`` and labels among the classes (a ValueError naming the rule otherwise)."""
+        """``update(global_params, seed, lr) -> params``: the server's own training on ``rule``'s
+        public root set, as a client's.
+        """
         y = np.asarray(rule.y)
         # the root set is all the server's data: its class weights are computed on it, once
         weights = training_weights(self.estimator.federation_traits().class_weight, y, None)
@@ -541,8 +484,7 @@ class FederatedRun:
         est.set_parameters(params)
 
     def release_domain_means(self, sites):
-        """DP mode with domain batch norm: every site of this process releases its domains'
-        means, once, at the initial model (:meth:`skfedspd.client.Site.release_domain_means`)."""
+        """DP mode with domain batch norm: every site of this process releases its domains' means."""
         dp = self.engine.dp_settings
         for cid, site in enumerate(sites):
             settings = dp(cid)
@@ -551,16 +493,13 @@ class FederatedRun:
 
     @property
     def wants_domain_prior(self):
-        """Whether the released model gets a domain prior: ``batchnorm="domain"``, outside DP
-        mode (a statistic of the sites' data outside the privacy budget)."""
+        """Whether the released model gets a domain prior (``batchnorm="domain"``, outside DP mode)."""
         return self.estimator.federation_traits().domains and self.fed.privacy is None
 
     def finish(self, client_source, client_groups, prior=None):
-        """Load the best global model into the estimator and return the
-        :class:`FederatedResult`. ``prior(estimator)``, when given and
-        :attr:`wants_domain_prior`, sets the domain prior (from the data in this process, or
-        summed from the sites); stored domain statistics of a continued model belong to its
-        old weights and are forgotten."""
+        """Load the best global model into the estimator (with the domain prior from ``prior``)
+        and return the :class:`FederatedResult`.
+        """
         est, engine = self.estimator, self.engine
         engine.client_optimizer_states.clear()  # the clients' own, for this fit only
         est.set_parameters(engine.best_params)
@@ -574,9 +513,8 @@ class FederatedRun:
 
 
 def public_domain_references(model, est):
-    """The public reference of each batch-norm layer around which the sites clip their trials
-    before releasing their domains' means (JSON-able log-matrices): the log of ``init``'s
-    domain prior (public data, no budget), zeros without one.
+    """The public log-matrix around which sites clip their trials before releasing domain
+    means: the log of ``init``'s prior, zeros without one.
 
     Examples
     --------
@@ -584,8 +522,7 @@ def public_domain_references(model, est):
     >>> from skfedspd import SPDnetClassifier
     >>> from skfedspd.run import public_domain_references
     >>> est = SPDnetClassifier(hidden_dims=2, batchnorm="domain")
-    >>> est.check_inputs(np.eye(4)[None], reset=True)[:0].shape
-    (0, 4, 4)
+    >>> _ = est.check_inputs(np.eye(4)[None], reset=True)
     >>> est.set_classes([0, 1]); est.set_input_statistic(0.0); est.init_module(0)
     >>> public_domain_references(None, est)
     [[[0.0, 0.0], [0.0, 0.0]]]
@@ -607,16 +544,14 @@ def _public_prior_logs(model):
 
 
 def _public_prior(model, est):
-    """The released model of a private fit starts new domains from ``init``'s prior (public)."""
+    """A private fit's released model starts new domains from ``init``'s (public) prior."""
     logs = _public_prior_logs(model)
     if logs is not None:
         est.set_domain_prior(logs, 1)
 
 
 def domain_prior_from_data(data):
-    """The ``prior`` of :meth:`FederatedRun.finish` when the training data are in this
-    process: :meth:`~skfedspd.SPDnetClassifier.fit_domain_prior` on all of them, each
-    training domain (a group, or without groups a client) normalized by its own means.
+    """The ``prior`` of :meth:`FederatedRun.finish` from the training data in this process.
 
     Examples
     --------

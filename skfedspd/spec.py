@@ -1,17 +1,9 @@
 """Estimators as JSON: how a configuration reaches a ServerApp, the sites, and saved files.
 
-Only the estimators of this package can be rebuilt (an allow-list, no pickle), from their
-``get_params(deep=False)``: JSON values, tuples and dicts (tagged: a dict's keys keep their
-type, e.g. the labels of a ``class_weight``), and nested estimators, among them the robust
-aggregation rules (``aggregation=TrimmedMean(trim=0.2)``; :class:`~skfedspd.aggregation.FLTrust` with its
-root set, written as nested lists: public data, and its size is the spec's) and the settings objects
-(``schedule=RoundSchedule(...)``, ``server_optimizer=ServerMomentum(...)``, ``privacy=DPSGD(...)``). Any other callable
-``aggregation`` or a ``RandomState`` cannot travel: use a rule's name and an int seed.
-A fitted model as a parameter (``FederatedSPDnetClassifier(init=...)``, where a fit starts)
-is no JSON value: a class lists such parameters in ``_params_not_in_spec`` and they are
-written as None (a saved fitted model holds everything they contributed).
-The allow-list names each class by module and is resolved when used, so this module imports
-no estimator module (no import cycle with the modules that use it).
+Only this package's estimators can be rebuilt (an allow-list, no pickle), from their
+``get_params(deep=False)``: JSON values, tagged tuples and dicts, and nested estimators
+(aggregation rules, settings objects). A callable ``aggregation`` or a ``RandomState``
+cannot travel; parameters in ``_params_not_in_spec`` (a fitted ``init``) are written as None.
 """
 
 import importlib
@@ -94,17 +86,10 @@ def estimator_to_spec(estimator):
 
     Examples
     --------
-    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+    >>> from skfedspd import SPDnetClassifier
     >>> from skfedspd.spec import estimator_to_spec
-    >>> spec = estimator_to_spec(FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(8, 4))))
-    >>> spec["class"], spec["params"]["estimator"]["__estimator__"]["params"]["hidden_dims"]
-    ('FederatedSPDnetClassifier', {'__tuple__': [8, 4]})
     >>> estimator_to_spec(SPDnetClassifier(class_weight={0: 1.0, 1: 3.0}))["params"]["class_weight"]
     {'__dict__': [[0, 1.0], [1, 3.0]]}
-    >>> estimator_to_spec(FederatedSPDnetClassifier(aggregation=lambda *args: None))  # doctest: +ELLIPSIS
-    Traceback (most recent call last):
-    ...
-    TypeError: FederatedSPDnetClassifier.aggregation=<function <lambda> at ...> cannot be written as JSON: ...
     """
     return _to_spec(estimator, _classes())
 
@@ -123,16 +108,9 @@ def estimator_from_spec(spec):
 
     Examples
     --------
-    >>> from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
-    >>> from skfedspd.spec import estimator_from_spec, estimator_to_spec
-    >>> fed = FederatedSPDnetClassifier(SPDnetClassifier(hidden_dims=(8, 4)), n_rounds=30)
-    >>> rebuilt = estimator_from_spec(estimator_to_spec(fed))
-    >>> rebuilt.n_rounds, rebuilt.estimator.hidden_dims
-    (30, (8, 4))
-
-    A robust aggregation rule travels with its parameters:
-
+    >>> from skfedspd import FederatedSPDnetClassifier
     >>> from skfedspd.aggregation import TrimmedMean
+    >>> from skfedspd.spec import estimator_from_spec, estimator_to_spec
     >>> estimator_from_spec(estimator_to_spec(FederatedSPDnetClassifier(aggregation=TrimmedMean(trim=0.3)))).aggregation
     TrimmedMean(trim=0.3)
     """
@@ -146,37 +124,26 @@ def _from_spec(spec, classes):
 
 
 def dumps(obj):
-    """JSON text of a spec (sorted keys; NaN and infinity allowed), as the Flower run
-    configuration carries it.
+    """JSON text of a spec (sorted keys; NaN and infinity allowed).
 
     Examples
     --------
     >>> from skfedspd import SPDnetClassifier
     >>> from skfedspd.spec import dumps, estimator_to_spec
-    >>> dumps(estimator_to_spec(SPDnetClassifier()))[:60]
-    '{"class": "SPDnetClassifier", "params": {"batch_size": 64, "'
+    >>> dumps(estimator_to_spec(SPDnetClassifier()))[:30]
+    '{"class": "SPDnetClassifier", '
     """
     return json.dumps(obj, sort_keys=True, allow_nan=True)
 
 
 def parse_json(text, what="the JSON text"):
-    """``json.loads(text)``, after checking that ``text`` nests no deeper than
-    :data:`MAX_JSON_DEPTH` (counted without parsing, strings skipped).
-
-    Raises
-    ------
-    ValueError
-        Naming ``what``: not JSON, or nested too deep.
+    """``json.loads(text)`` after checking that it nests no deeper than :data:`MAX_JSON_DEPTH`.
 
     Examples
     --------
     >>> from skfedspd.spec import parse_json
     >>> parse_json('{"a": [1, "]]"]}')
     {'a': [1, ']]']}
-    >>> parse_json("[" * 100_000 + "]" * 100_000, "the header")
-    Traceback (most recent call last):
-    ...
-    ValueError: the header nests arrays and objects 100000 deep; at most 64 are allowed
     """
     if not isinstance(text, str):
         raise ValueError(f"{what} is a {type(text).__name__}, not JSON text")
@@ -193,15 +160,13 @@ def parse_json(text, what="the JSON text"):
 
 
 def loads(text):
-    """Inverse of :func:`dumps` (:func:`parse_json`: a ValueError for text that is not JSON or
-    nests too deep).
+    """Inverse of :func:`dumps` (:func:`parse_json`).
 
     Examples
     --------
     >>> from skfedspd import SPDnetClassifier
     >>> from skfedspd.spec import dumps, estimator_from_spec, estimator_to_spec, loads
-    >>> text = dumps(estimator_to_spec(SPDnetClassifier(lr=0.05)))
-    >>> estimator_from_spec(loads(text)).lr
+    >>> estimator_from_spec(loads(dumps(estimator_to_spec(SPDnetClassifier(lr=0.05))))).lr
     0.05
     """
     return parse_json(text, "the estimator spec")

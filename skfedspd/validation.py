@@ -1,23 +1,9 @@
 """The checks of what enters the package: parameters, inputs, labels, groups and weights.
 
 The estimators, :class:`~skfedspd.Recenter`, the federation and the sites import them from
-here, so that one value is refused with the same message wherever it enters.
-
-A bool is an :class:`numbers.Integral` in Python, so scikit-learn's
-``Interval(Integral, 1, None)`` takes ``batch_size=True`` as 1, and its ``"array-like"``
-takes a dict (it has a length). :func:`is_count` is the one test of a count (an int,
-Python or numpy, never a bool); :class:`Count` is that test as a ``_parameter_constraints``
-entry and :func:`check_count` as a check of a plain function's argument or of a value read
-from a command line, a node config or a message. :class:`Sequence` is a parameter that
-takes a tuple: a list, tuple or array, never a mapping, a set or a string.
-
-Examples
---------
->>> from skfedspd.validation import Count, is_count
->>> is_count(3), is_count(True), is_count(-1, minimum=None)
-(True, False, True)
->>> Count(1).is_satisfied_by(True), str(Count(1))
-(False, 'an int (not a bool) in the range [1, inf)')
+here, so that a value is refused with the same message wherever it enters. A count is an
+int and never a bool (:func:`is_count`, :class:`Count`), unlike scikit-learn's
+``Interval(Integral, ...)``.
 """
 
 import math
@@ -42,8 +28,7 @@ __all__ = ["is_count", "check_count", "is_positive", "check_positive", "Count", 
 
 
 def is_count(value, minimum=0):
-    """Whether ``value`` is an int (Python or numpy, never a bool) ``>= minimum``
-    (None: any int).
+    """Whether ``value`` is an int (Python or numpy, never a bool) ``>= minimum`` (None: any int).
 
     Examples
     --------
@@ -57,18 +42,13 @@ def is_count(value, minimum=0):
 
 
 def check_count(value, name, minimum=0):
-    """``value`` as an int, or a ValueError naming ``name`` if it is no count ``>= minimum``
-    (see :func:`is_count`).
+    """``value`` as an int, or a ValueError naming ``name`` if it is no count ``>= minimum``.
 
     Examples
     --------
     >>> from skfedspd.validation import check_count
     >>> check_count(3, "n_sites", 1)
     3
-    >>> check_count(True, "n_sites", 1)
-    Traceback (most recent call last):
-    ...
-    ValueError: n_sites must be an int >= 1 (not a bool), got True
     """
     if not is_count(value, minimum):
         bound = "" if minimum is None else f" >= {minimum}"
@@ -77,8 +57,7 @@ def check_count(value, name, minimum=0):
 
 
 def is_positive(value, allow_zero=False):
-    """Whether ``value`` is a real number (never a bool), finite and > 0 (>= 0 with
-    ``allow_zero``).
+    """Whether ``value`` is a finite real number > 0 (>= 0 with ``allow_zero``), never a bool.
 
     Examples
     --------
@@ -98,10 +77,6 @@ def check_positive(value, name, allow_zero=False):
     >>> from skfedspd.validation import check_positive
     >>> check_positive(2, "round_timeout")
     2.0
-    >>> check_positive(float("inf"), "round_timeout")
-    Traceback (most recent call last):
-    ...
-    ValueError: round_timeout must be a finite positive number (not a bool), got inf
     """
     if not is_positive(value, allow_zero):
         raise ValueError(f"{name} must be a finite {'non-negative' if allow_zero else 'positive'} number (not a bool), "
@@ -110,17 +85,13 @@ def check_positive(value, name, allow_zero=False):
 
 
 class Count(Interval):
-    """A ``_parameter_constraints`` entry: an int in ``[left, right]`` (None: unbounded),
-    never a bool (:func:`is_count`).
+    """A ``_parameter_constraints`` entry: an int in ``[left, right]``, never a bool.
 
     Examples
     --------
-    >>> from sklearn.utils._param_validation import validate_parameter_constraints
     >>> from skfedspd.validation import Count
-    >>> validate_parameter_constraints({"n_rounds": [Count(1)]}, {"n_rounds": True}, caller_name="fit")
-    Traceback (most recent call last):
-    ...
-    sklearn.utils._param_validation.InvalidParameterError: The 'n_rounds' parameter of fit must be an int (not a bool) in the range [1, inf). Got True instead.
+    >>> Count(1).is_satisfied_by(True), str(Count(1))
+    (False, 'an int (not a bool) in the range [1, inf)')
     """
 
     def __init__(self, left=1, right=None):
@@ -135,8 +106,8 @@ class Count(Interval):
 
 
 class Sequence(HasMethods):
-    """A ``_parameter_constraints`` entry for a parameter that takes a tuple: a list, tuple
-    or array (a length and items by position), never a mapping, a set or a string.
+    """A ``_parameter_constraints`` entry for a tuple: a list, tuple or array, never a mapping,
+    a set or a string.
 
     Examples
     --------
@@ -157,23 +128,12 @@ class Sequence(HasMethods):
 
 
 def check_device(device, name="device"):
-    """Refuse a torch ``device`` that cannot hold a model on this machine: not a device name,
-    a CUDA (or MPS) device this machine does not have, or a device of another type
-    (``"meta"`` holds no values).
-
-    Raises
-    ------
-    ValueError
-        Naming ``name``, the value and what this machine offers.
+    """Refuse (ValueError) a torch ``device`` that cannot hold a model on this machine.
 
     Examples
     --------
     >>> from skfedspd.validation import check_device
     >>> check_device("cpu")
-    >>> check_device("meta")
-    Traceback (most recent call last):
-    ...
-    ValueError: device='meta' cannot hold a model: use 'cpu', 'cuda[:index]' (when this machine has one) or 'mps'
     """
     try:
         parsed = torch.device(device)
@@ -202,20 +162,13 @@ MIN_VALIDATION_SAMPLES = 50
 def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
     """Whether ``fit`` holds out a validation part: ``round(fraction · n) ≥ max(50, 2 · n_classes)``
     under ``early_stopping="auto"``; with ``True`` / ``False``, whenever ``fraction > 0`` / never.
-
-    A smaller part judges early stopping, the learning-rate schedule and restore-best on
-    noise: on 36 and 144 training trials (split of 4 and 14) the 10 % split restored a
-    near-untrained epoch and scored at chance, while training the fixed budget with the last
-    weights scored above tangent space + logistic regression (``docs/design-decisions.md``).
-    50 samples bound the standard error of a validation accuracy by 0.07.
+    Why: ``docs/design-decisions.md``.
 
     Examples
     --------
     >>> from skfedspd.validation import uses_validation
-    >>> uses_validation(144, 4, 0.1), uses_validation(500, 4, 0.1), uses_validation(500, 4, 0.0)
-    (False, True, False)
-    >>> uses_validation(144, 4, 0.1, early_stopping=True), uses_validation(500, 4, 0.1, early_stopping=False)
-    (True, False)
+    >>> uses_validation(144, 4, 0.1), uses_validation(500, 4, 0.1), uses_validation(144, 4, 0.1, early_stopping=True)
+    (False, True, True)
     """
     if early_stopping != "auto":
         return fraction > 0 and bool(early_stopping)
@@ -224,32 +177,15 @@ def uses_validation(n_samples, n_classes, fraction, early_stopping="auto"):
 
 
 def check_sample_weight(sample_weight, n_samples, *, scalar=True, name="sample_weight"):
-    """``sample_weight`` as a float64 array of ``n_samples`` non-negative finite weights with
-    a positive sum (a scalar: the same weight for every sample, unless ``scalar=False``), or
-    None. The sum must be a finite normal float64 number: a sum that overflows (weights of
-    1e308) or is subnormal (weights of 1e-320) makes every minibatch's weighted loss
-    ``Σ w_i l_i / Σ w_i`` NaN, so nothing would train. Only the weights' ratios matter:
-    rescale them.
-
-    Raises
-    ------
-    ValueError
-        Naming ``name`` (``sample_weight``; ``class_weight`` or both for the weights they
-        give) and what is wrong.
+    """``sample_weight`` as a float64 array of ``n_samples`` non-negative finite weights with a
+    finite positive sum (a scalar: the same weight for every sample, unless ``scalar=False``),
+    or None.
 
     Examples
     --------
     >>> from skfedspd.validation import check_sample_weight
     >>> check_sample_weight(2, 3)
     array([2., 2., 2.])
-    >>> check_sample_weight([1, -1, 0], 3)
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_weight contains negative weights (first at sample 1)
-    >>> check_sample_weight(2, 3, scalar=False)  # e.g. a site's data file: one weight per sample
-    Traceback (most recent call last):
-    ...
-    ValueError: sample_weight must be a 1-D array of 3 weights (one per sample), got shape ()
     """
     if sample_weight is None:
         return None
@@ -278,14 +214,7 @@ def check_sample_weight(sample_weight, n_samples, *, scalar=True, name="sample_w
 
 
 def check_class_weight(class_weight):
-    """Validate a dict ``class_weight`` (label → weight): real, finite, non-negative
-    weights (``"balanced"`` and None pass through). The one check of its values, where it
-    enters a fit.
-
-    Raises
-    ------
-    ValueError
-        Naming ``class_weight`` and the class whose weight is wrong.
+    """Validate a dict ``class_weight`` (finite non-negative weights); ``"balanced"`` and None pass.
 
     Examples
     --------
@@ -305,22 +234,15 @@ def check_class_weight(class_weight):
 
 
 def training_weights(class_weight, y, sample_weight, *, all_data=True):
-    """Per-sample training weights: ``sample_weight`` (validated) times the weight of each
-    sample's class under ``class_weight`` (None, ``"balanced"`` or a dict label → weight, as
-    in scikit-learn); None when both are None (unweighted). ``all_data`` (a ``fit``, not a
-    ``partial_fit`` batch): at least two classes must keep a positive weight.
+    """Per-sample training weights: ``sample_weight`` times the weight of each sample's class
+    under ``class_weight``; None when both are None.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.validation import training_weights
-    >>> y = np.array(["a", "a", "a", "b"])
-    >>> training_weights("balanced", y, None)
-    array([0.66666667, 0.66666667, 0.66666667, 2.        ])
-    >>> training_weights({"a": 1.0, "b": 3.0}, y, [1, 1, 0, 1])
+    >>> training_weights({"a": 1.0, "b": 3.0}, np.array(["a", "a", "a", "b"]), [1, 1, 0, 1])
     array([1., 1., 0., 3.])
-    >>> training_weights(None, y, None) is None
-    True
     """
     w = check_sample_weight(sample_weight, len(y))
     name = "sample_weight"
@@ -349,35 +271,17 @@ def _kind(value):
 
 
 def check_label_values(values, name):
-    """Refuse label arrays (``y``, ``groups``) holding NaN, None or a mix of types
-    (strings with numbers, say): sorting them fails or, worse, makes a NaN a label of its
-    own (a federated client of NaN-labelled samples). A list is inspected as given, before
-    numpy would turn ``["a", 1]`` into strings.
+    """Refuse label arrays (``y``, ``groups``) holding NaN, None or a mix of types.
 
     Parameters
     ----------
     values : array-like
     name : str
-        What the values are (``"y"``, ``"groups"``), for the error message.
-
-    Raises
-    ------
-    ValueError
-        Naming ``name``, what is wrong and where (the first positions and values).
+        What the values are, for the error message.
 
     Examples
     --------
-    >>> import numpy as np
     >>> from skfedspd.validation import check_label_values
-    >>> check_label_values([1, 2, 2], "groups")
-    >>> check_label_values([1.0, np.nan, np.nan], "groups")
-    Traceback (most recent call last):
-    ...
-    ValueError: groups contains NaN at samples [1, 2]: every sample needs a label
-    >>> check_label_values(["s1", 2, None], "groups")
-    Traceback (most recent call last):
-    ...
-    ValueError: groups contains None at samples [2]: every sample needs a label
     >>> check_label_values(["s1", 2], "y")
     Traceback (most recent call last):
     ...
@@ -409,23 +313,14 @@ def check_label_values(values, name):
 
 
 def check_groups(groups, n_samples):
-    """``groups`` (a domain or client label per sample) as a 1-D array of ``n_samples``
-    labels of one type, without NaN or None (:func:`check_label_values`); None passes.
-
-    Raises
-    ------
-    ValueError
-        Naming ``groups`` and what is wrong.
+    """``groups`` as a 1-D array of ``n_samples`` labels of one type (:func:`check_label_values`);
+    None passes.
 
     Examples
     --------
     >>> from skfedspd.validation import check_groups
     >>> check_groups(["s1", "s2"], 2)
     array(['s1', 's2'], dtype='<U2')
-    >>> check_groups([1, 1, 2], 2)
-    Traceback (most recent call last):
-    ...
-    ValueError: groups has 3 entries but X has 2 samples
     """
     if groups is None:
         return None
@@ -439,29 +334,14 @@ def check_groups(groups, n_samples):
 
 
 def check_domain_sizes(groups, what):
-    """Refuse (ValueError) domains that all hold a single trial, warn (UserWarning) when
-    some do. ``groups``: the validated domain labels of a fit; ``what``: the step, for the
-    message.
-
-    A domain is re-centred by its own mean (domain batch norm, :class:`~skfedspd.Recenter`),
-    and the mean of one trial is that trial: it maps to the identity (to the batch norm's
-    bias), and everything it held is lost. When every domain is one trial nothing at all
-    reaches the layers after it (a BiMap before a domain batch norm never gets a gradient,
-    a re-centred set is all identities): the fit is refused, as it could only return its
-    starting point. When only some are, the others still train and the call goes on, with a
-    warning naming them.
+    """Refuse domains that all hold a single trial (re-centred, each would be the identity),
+    warn when some do.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.validation import check_domain_sizes
-    >>> check_domain_sizes(np.array([0, 0, 1, 1]), "Recenter")  # nothing to say
-    >>> check_domain_sizes(np.arange(3), "Recenter")
-    Traceback (most recent call last):
-    ...
-    ValueError: groups gives each of the 3 domains a single trial: Recenter re-centres a domain by its own mean, \
-which maps a single trial to the identity, so nothing of the data would remain; group the trials by subject or \
-session (or pass groups=None: one domain)
+    >>> check_domain_sizes(np.array([0, 0, 1, 1]), "Recenter")
     """
     labels, counts = np.unique(groups, return_counts=True)
     single = labels[counts == 1]
@@ -477,18 +357,13 @@ session (or pass groups=None: one domain)
 
 
 def resolve_groups(groups, subjects):
-    """``groups``, or its alias ``subjects`` (MOABB's ``CrossSubjectEvaluation`` routes the
-    training subjects to ``fit`` under that key). Both given: they must be equal.
+    """``groups``, or its alias ``subjects``; both given, they must be equal.
 
     Examples
     --------
     >>> from skfedspd.validation import resolve_groups
     >>> resolve_groups(None, [1, 1, 2])
     [1, 1, 2]
-    >>> resolve_groups([1, 2], [2, 1])
-    Traceback (most recent call last):
-    ...
-    ValueError: groups and subjects (its alias) differ: pass one of them
     """
     if groups is None:
         return subjects
@@ -498,11 +373,7 @@ def resolve_groups(groups, subjects):
 
 
 def check_nested_params(est, params, resolve=None):
-    """``params`` (of ``set_params``), refused with a ValueError before anything is set when a
-    nested name ``name__field`` reaches a value with no parameters (None, a rule's name): the
-    error names the parameter and the object to pass instead, e.g. ``schedule is None: pass
-    schedule=EpochSchedule(patience=5)``. ``resolve[name](value)`` gives the object such a
-    value stands for (a rule's name, a default estimator), whose class the error suggests.
+    """Refuse ``set_params`` names ``name__field`` that reach a value with no parameters.
 
     Examples
     --------
@@ -528,10 +399,8 @@ def check_nested_params(est, params, resolve=None):
 
 
 def stratified_split(y, fraction, seed):
-    """Indices ``(train, validation)``, stratified when every class allows it.
-
-    The validation part gets ``round(fraction * n)`` samples (at least one per class when
-    stratified). Too few samples for a validation part at all → it is empty.
+    """Indices ``(train, validation)`` with ``round(fraction * n)`` validation samples, stratified
+    when every class allows it.
     """
     n = len(y)
     idx = np.arange(n)
@@ -555,51 +424,19 @@ def check_labels(y, n_samples):
 
 
 def check_spd_batch(X, n_channels=None, sym_rtol=1e-6, *, return_summary=False):
-    """Validate a batch of SPD matrices; return it as a float64 array.
-
-    Raises ``ValueError`` naming the problem and the index of the first bad matrix: not 3-D,
-    not square, wrong size (``n_channels``), not finite, not symmetric (relative tolerance
-    ``sym_rtol`` of the matrix's largest entry), not positive definite **at float64
-    precision**: its Cholesky factorization must succeed and LAPACK's estimate of its
-    reciprocal condition number (``dpocon``, 1-norm) must exceed ``n · eps`` (``eps`` =
-    2.2e-16). A matrix with an eigenvalue of 0, of -1e-16 or of 1e-20 relative to its
-    largest (rank-deficient, or rounded to singular) is refused although its factorization
-    may succeed: everything computed from it (its logarithm, a running mean, a re-centring)
-    would be rounding noise. Each matrix is checked divided by its largest entry, so
-    matrices of any finite scale are checked without overflow. The cost is a Cholesky
-    factorization and an ``O(n²)`` estimate per matrix.
-
-    Parameters
-    ----------
-    X : array-like of shape (n_matrices, n, n)
-    n_channels : int or None
-        The size the matrices must have (None: any).
-    sym_rtol : float
-    return_summary : bool, default=False
-        Also return :func:`spectral_summary`'s statistics of each matrix (computed from the
-        same factorization).
-
-    Returns
-    -------
-    X : ndarray of float64 of shape (n_matrices, n, n)
-    summary : ndarray of shape (n_matrices, 2)
-        Only with ``return_summary``: see :func:`spectral_summary`.
+    """Validate a batch of SPD matrices (square, of ``n_channels``, finite, symmetric to
+    ``sym_rtol``, positive definite at float64 precision); return it as float64, with
+    ``return_summary`` also its :func:`spectral_summary`. A ValueError names the first bad
+    matrix.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.validation import check_spd_batch
-    >>> check_spd_batch([np.eye(2), 2 * np.eye(2)]).dtype
-    dtype('float64')
     >>> check_spd_batch([np.eye(2), np.diag([1.0, -1.0])])
     Traceback (most recent call last):
     ...
     ValueError: X matrix 1 is not positive definite
-    >>> check_spd_batch([np.eye(2), np.diag([1.0, 1e-20])])
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrix 1 is not numerically positive definite: its condition number is about 1e+20, beyond \
-1 / (2 · eps(float64)) = 2.3e+15 (a rank-deficient or singular matrix)
     """
     X = np.asarray(X)
     if X.dtype == object or not np.issubdtype(X.dtype, np.number) or np.iscomplexobj(X):
@@ -661,21 +498,12 @@ def _cholesky_succeeds(M):
 
 
 def spectral_summary(X):
-    """Two statistics of each SPD matrix that no EEG recording in fixed units moves far:
-    ``log10`` of the geometric mean of its eigenvalues (``log10 det(X) / n``: its scale,
-    e.g. +12 for a covariance in µV² when the model was fitted in V²) and ``log10`` of its
-    condition number (LAPACK's 1-norm estimate from the Cholesky factor, within a small
-    factor of its largest over its smallest eigenvalue).
-
-    :class:`SPDnetClassifier` and :class:`~skfedspd.Recenter` record their range over the
-    training matrices (``input_range_``) and refuse a matrix beyond it by more than
-    :data:`INPUT_RANGE_MARGIN` before it reaches any domain's statistics
-    (:func:`check_input_range`).
+    """``log10`` scale (``log10 det(X) / n``) and ``log10`` condition number of each SPD matrix:
+    what ``input_range_`` records and :func:`check_input_range` checks.
 
     Parameters
     ----------
     X : array-like of shape (n_matrices, n, n)
-        SPD matrices (validated by :func:`check_spd_batch`).
 
     Returns
     -------
@@ -709,19 +537,14 @@ _SUMMARY_NAMES = {"log_scale": "scale (log10 of the geometric mean of its eigenv
 
 
 def input_range(summary, previous=None):
-    """The ``input_range_`` of training matrices (their :func:`spectral_summary`), the
-    union with a ``previous`` range when given: ``{"log_scale": [low, high],
-    "log_condition": [low, high]}`` (plain floats: saved as JSON).
+    """The ``input_range_`` of training matrices' :func:`spectral_summary`, united with ``previous``.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.validation import input_range, spectral_summary
-    >>> first = input_range(spectral_summary([np.eye(2), np.diag([10.0, 1000.0])]))
-    >>> first
+    >>> input_range(spectral_summary([np.eye(2), np.diag([10.0, 1000.0])]))
     {'log_scale': [0.0, 2.0], 'log_condition': [0.0, 2.0]}
-    >>> input_range(spectral_summary([1e-4 * np.eye(2)]), first)  # a partial_fit batch widens it
-    {'log_scale': [-4.0, 2.0], 'log_condition': [0.0, 2.0]}
     """
     summary = np.asarray(summary, dtype=np.float64)
     result = {name: [float(summary[:, j].min()), float(summary[:, j].max())] for j, name in enumerate(_SUMMARY_NAMES)}
@@ -740,28 +563,14 @@ TRAINING_SCALE_SPREAD = 2 * INPUT_RANGE_MARGIN["log_scale"]
 
 
 def check_training_spread(summary, *, scale_invariant=False, what="X"):
-    """Refuse training matrices whose scales spread over more than
-    :data:`TRAINING_SCALE_SPREAD` decades (nothing is checked when ``scale_invariant``:
-    ``scaling="trace"`` divides each matrix by its trace).
-
-    Refused rather than warned about, for the reason prediction refuses a matrix beyond the
-    training range by more than :data:`INPUT_RANGE_MARGIN` (:func:`check_input_range`): one
-    scale (``scale_``) serves every matrix, so at such a spread no scale keeps all of them
-    within the margin of it, and ReEig clamps every eigenvalue of the smallest ones (their
-    trials train nothing) while the largest dominate: the data are in several units, or
-    some trials are faulty. Rescale them, or use ``scaling="trace"``.
+    """Refuse training matrices whose scales spread over more than :data:`TRAINING_SCALE_SPREAD`
+    decades (one ``scale_`` cannot serve them); nothing is checked when ``scale_invariant``.
 
     Examples
     --------
     >>> import numpy as np
     >>> from skfedspd.validation import check_training_spread, spectral_summary
     >>> check_training_spread(spectral_summary(np.stack([np.eye(2), 1e5 * np.eye(2)])))
-    >>> check_training_spread(spectral_summary(np.stack([np.eye(2), 1e12 * np.eye(2)])))
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrices 0 and 1 differ in scale (log10 of the geometric mean of their eigenvalues) by 12 \
-decades, more than the 6 accepted in one fit (TRAINING_SCALE_SPREAD): the data mix units (e.g. V² and µV²) or \
-hold faulty trials, and one scale cannot serve them all; rescale them, or use scaling='trace'
     """
     if scale_invariant:
         return
@@ -776,17 +585,8 @@ hold faulty trials, and one scale cannot serve them all; rescale them, or use sc
 
 
 def check_input_range(summary, fitted_range, *, scale_invariant=False, what="X"):
-    """Refuse matrices whose :func:`spectral_summary` lies beyond ``fitted_range`` (an
-    ``input_range_``) by more than :data:`INPUT_RANGE_MARGIN`. Only the upper end of the
-    condition number is checked; the scale is not when ``scale_invariant`` (a model that
-    divides each matrix by its trace). ``fitted_range`` None (a model saved before the
-    range existed): nothing is checked.
-
-    Raises
-    ------
-    ValueError
-        Naming the first matrix out of range, its statistic, the training range and the
-        accepted one.
+    """Refuse matrices whose :func:`spectral_summary` lies beyond ``fitted_range`` by more than
+    :data:`INPUT_RANGE_MARGIN` (None: nothing is checked).
 
     Examples
     --------
@@ -794,13 +594,6 @@ def check_input_range(summary, fitted_range, *, scale_invariant=False, what="X")
     >>> from skfedspd.validation import check_input_range, input_range, spectral_summary
     >>> fitted = input_range(spectral_summary(np.stack([np.eye(3), 2 * np.eye(3)])))
     >>> check_input_range(spectral_summary(100 * np.eye(3)[None]), fitted)
-    >>> check_input_range(spectral_summary(1e30 * np.eye(3)[None]), fitted)  # doctest: +NORMALIZE_WHITESPACE
-    Traceback (most recent call last):
-    ...
-    ValueError: X matrix 0 is far outside the matrices the model was fitted on: its scale (log10 of the geometric \
-mean of its eigenvalues) is 30, the training matrices span [0, 0.301] and up to 3 decades beyond are \
-accepted ([-3, 3.3]). A matrix in other units (e.g. µV² for V²), an amplifier fault or a wrong \
-scaling would corrupt the statistics of its domain: rescale it, or refit on such data.
     """
     if fitted_range is None:
         return

@@ -1495,7 +1495,8 @@ def test_groups_routed_through_pipeline_and_cross_validate(spd_domains):
 
     X, y, groups = spd_domains(n_groups=3, n_per_group=20)
     clf = SPDnetClassifier(batchnorm="domain", **{**BN, "max_epochs": 3})
-    assert clf.get_metadata_routing().fit.requests == {"groups": True, "sample_weight": None, "subjects": True}
+    assert clf.get_metadata_routing().fit.requests == {"groups": True, "sample_weight": None, "subjects": True,
+                                                       "X_target_unlabeled": True, "X_target_labeled": True}
     result = cross_validate(make_pipeline(Recenter(), clf), X, y, cv=GroupKFold(n_splits=3),
                             params={"groups": groups}, return_estimator=True)
     _, first_test = next(GroupKFold(n_splits=3).split(X, y, groups))

@@ -153,7 +153,7 @@ LAYERS = [
     {"functional", "stiefel", "messages", "spec", "training", "datasets",
      "flower.records", "flower.progress", "flower.runtime", "flower.simulation"},
     {"layers", "federated_module", "aggregation", "server_optimizer", "online", "persistence", "clients", "backends"},
-    {"batchnorm", "renamed"},
+    {"batchnorm", "renamed", "transfer"},
     {"nn"},
     {"dp_sgd"},
     {"privacy"},

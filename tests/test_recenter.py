@@ -178,7 +178,8 @@ def routing():
 
 def test_requests_groups_and_domain_by_default():
     routing = Recenter().get_metadata_routing()
-    assert routing.fit.requests == {"groups": True, "subjects": True}
+    assert routing.fit.requests == {"groups": True, "subjects": True, "X_target_unlabeled": True,
+                                    "X_target_labeled": True}
     assert routing.transform.requests == {"groups": True, "domain": True}
 
 
@@ -286,4 +287,5 @@ def test_clone_and_pickle(spd_domains):
     assert not hasattr(clone(rc), "n_features_in_")
     restored = pickle.loads(pickle.dumps(rc))
     np.testing.assert_array_equal(restored.transform(X, groups=groups), rc.transform(X, groups=groups))
-    assert restored.get_metadata_routing().fit.requests == {"groups": True, "subjects": True}
+    assert restored.get_metadata_routing().fit.requests == {"groups": True, "subjects": True,
+                                                            "X_target_unlabeled": True, "X_target_labeled": True}

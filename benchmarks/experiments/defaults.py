@@ -260,8 +260,8 @@ def write_setting_record(name, title, rules, folds, paired_by, elapsed, cached, 
     criterion)]``, TS+LR first, the reference) per unit (:func:`unit_scores`), from ``folds``
     (``{rule key: {unit: [fold records]}}``, as :func:`evaluate_setting` returns them).
 
-    Its time is the setting's wall time plus the fit time of the folds read from the cache
-    (:func:`.report.record_seconds`)."""
+    Its time is the setting's wall time (``elapsed``); ``fit_cpu_minutes`` sums the CPU time of
+    every fold, cached ones included."""
     rows = {key: {"label": label, "scores": unit_scores(folds[key], paired_by)} for key, label, _, _ in rules}
     recs = {key: [r for unit in folds[key].values() for r in unit] for key, _, _, _ in rules}
     every = [r for rs in recs.values() for r in rs]
@@ -271,7 +271,7 @@ def write_setting_record(name, title, rules, folds, paired_by, elapsed, cached, 
         facts.update(rule_facts(key, rs))
     return write_record(name, title=title, command=report.command_line(), rows=rows, metrics=METRICS,
                         reference=rules[0][0], paired_by=paired_by,
-                        wall_seconds=report.record_seconds(elapsed, [r["time"] for r in cached]), facts=facts)
+                        wall_seconds=elapsed, facts=facts)
 
 
 COUNTS = {"fitted": 0, "cached": 0, "fit_seconds": 0.0}

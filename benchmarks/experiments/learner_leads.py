@@ -10,7 +10,9 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   (8-12, 12-16, 16-24, 24-32 Hz, the 8-32 Hz trials filtered again, one BiMap 64 to 18 and
   domain batch norm per band, their tangent vectors concatenated into one linear head),
   against the same model on the 8-32 Hz band alone, and that model with the dispersion of
-  each domain normalized as well (SPDDSMBN's scalar variance, learned target);
+  each domain normalized as well (SPDDSMBN's scalar variance, learned target), and that model
+  trained on TSMNet's minibatches of 4 subjects x 16 trials, with or without running domain
+  means (momentum decaying from 1 to 16/64 over 50 epochs);
 - the recommended federation (``SPDnetClassifier(batchnorm="domain")`` on the paper's clients
   of 2 subjects, server momentum, a fresh client Adam every round; each test subject
   predicted in its own call), with each client's data one domain (the default) or each
@@ -44,7 +46,7 @@ from skfedspd.aggregation import projavg
 from skfedspd.batchnorm import DomainBatch, DomainSPDBatchNorm
 from skfedspd.datasets import sample_covariance
 from skfedspd.federated_module import FederatedModule
-from skfedspd.functional import expm_sym, logeig, sqrtm_invsqrtm
+from skfedspd.functional import expm_sym, logeig, spd_geodesic, sqrtm_invsqrtm
 from skfedspd.nn import SPDNet
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads, train_epochs
@@ -70,6 +72,9 @@ ROWS = {
     "study model, 8-32 Hz": ("study", {"bands": BROAD}),
     "study model, 4 sub-bands, one BiMap each": ("study", {"bands": SUB_BANDS}),
     "study model, 8-32 Hz, dispersion normalized": ("study", {"bands": BROAD, "dispersion": True}),
+    "study model, 8-32 Hz, minibatches of 4 subjects x 16 trials": ("study", {"bands": BROAD, "mixed": True}),
+    "study model, 8-32 Hz, minibatches of 4 subjects x 16 trials, running domain means":
+        ("study", {"bands": BROAD, "mixed": True, "running": True}),
     "FedSPDnet + domain BN + server momentum": ("federated", {"domains": "client", "rounds": 150}),
     "FedSPDnet + domain BN + server momentum, subject domains": ("federated", {"domains": "group", "rounds": 150}),
     "FedSPDnet + domain BN + server momentum, 300 rounds": ("federated", {"domains": "client", "rounds": 300}),
@@ -101,17 +106,76 @@ class DispersionBatchNorm(DomainSPDBatchNorm):
         return half @ expm_sym(power * L) @ half.transpose(-1, -2)
 
 
+class RunningDomainBatchNorm(DomainSPDBatchNorm):
+    """Domain batch norm with running domain means in training (SPDDSMBN): each domain of a
+    minibatch is re-centred by its running mean moved towards the minibatch's mean by the
+    momentum ``eta`` (the gradient flows through the minibatch's part), set once per epoch;
+    in evaluation each domain of a call is re-centred by its own mean, as in the package."""
+
+    def __init__(self, n, karcher_steps=1, dtype=torch.float64):
+        super().__init__(n, karcher_steps=karcher_steps, dtype=dtype)
+        self.eta, self.running = 1.0, {}
+
+    def forward(self, X, domains=None):
+        if not self.training or domains is None:
+            return super().forward(X, domains)
+        parts, rows = [], []
+        for code in torch.unique(domains).tolist():
+            idx = torch.nonzero(domains == code).flatten()
+            mean = self.batch_mean(X[idx])
+            if code in self.running and self.eta < 1:
+                mean = spd_geodesic(self.running[code], mean, self.eta)
+            self.running[code] = mean.detach()
+            parts.append(self.normalize(X[idx], mean))
+            rows.append(idx)
+        return torch.cat(parts)[torch.argsort(torch.cat(rows))]
+
+
+def momentum_schedule(epoch, horizon=50, final=16 / 64):
+    """TSMNet's running-mean momentum at ``epoch`` (from 0): 1 at the first epoch, decaying
+    geometrically to ``final`` (trials of a domain / trials of a minibatch) at ``horizon``."""
+    rho = final ** (1 / horizon)
+    return 1 - (rho ** (horizon * max(horizon - 1 - epoch, 0) / (horizon - 1)) - rho**horizon)
+
+
+def mixed_minibatches(domains, per_domain, domains_per_batch, generator):
+    """One epoch's minibatches of ``domains_per_batch`` chunks of about ``per_domain`` trials,
+    each chunk one domain's (TSMNet's stratified domain batches); index tensors."""
+    chunks = []
+    for code in torch.unique(domains):
+        idx = torch.nonzero(domains == code).flatten()
+        idx = idx[torch.randperm(len(idx), generator=generator)]
+        chunks += list(torch.tensor_split(idx, max(1, round(len(idx) / per_domain))))
+    order = torch.randperm(len(chunks), generator=generator).tolist()
+    return [torch.cat([chunks[j] for j in order[i:i + domains_per_batch]])
+            for i in range(0, len(order), domains_per_batch)]
+
+
+def train_mixed_epoch(model, optimizer, batch, labels, epoch, generator):
+    """One epoch on mixed-domain minibatches, the running-mean momentum of the epoch set."""
+    for bn in model.modules():
+        if isinstance(bn, RunningDomainBatchNorm):
+            bn.eta = momentum_schedule(epoch)
+    with torch.enable_grad():
+        for idx in mixed_minibatches(batch.domains, 16, 4, generator):
+            optimizer.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(model(batch[idx]), labels[idx]).backward()
+            optimizer.step()
+            model.after_step_()
+
+
 class BandSPDNet(FederatedModule):
     """One SPDnet (BiMap, domain batch norm, ReEig, LogEig) per band of ``(n, bands, C, C)``
     inputs, their tangent vectors concatenated into one linear head."""
 
-    def __init__(self, n_bands, n_channels, hidden_dim, n_classes, seed, dispersion=False):
+    def __init__(self, n_bands, n_channels, hidden_dim, n_classes, seed, dispersion=False, running=False):
         super().__init__()
         self.nets = nn.ModuleList(SPDNet(n_channels, (hidden_dim,), n_classes, eps=1e-2, seed=seed * 100 + band,
                                          batchnorm="domain") for band in range(n_bands))
-        if dispersion:
+        layer = DispersionBatchNorm if dispersion else RunningDomainBatchNorm if running else None
+        if layer is not None:
             for net in self.nets:
-                net.batchnorms = nn.ModuleList(DispersionBatchNorm(hidden_dim) for _ in net.batchnorms)
+                net.batchnorms = nn.ModuleList(layer(hidden_dim) for _ in net.batchnorms)
         self.head = nn.Linear(n_bands * hidden_dim * (hidden_dim + 1) // 2, n_classes, dtype=torch.float64)
 
     def forward(self, batch):
@@ -152,19 +216,24 @@ def band_covariances(X_raw, bands, fs):
     return np.stack([sample_covariance(band(lo, hi)) for lo, hi in bands], 1)
 
 
-def fit_study(X, y, domains, seed, dispersion, hidden_dim=18, max_epochs=150, patience=25):
-    """The study model fitted as the estimator fits with a validation part; returns it."""
+def fit_study(X, y, domains, seed, dispersion=False, mixed=False, running=False, hidden_dim=18, max_epochs=150,
+              patience=25):
+    """The study model fitted as the estimator fits with a validation part; returns it.
+    ``mixed``: minibatches of 4 domains x 16 trials (else one domain each, as the package)."""
     torch.manual_seed(seed)
     train, val = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=seed)
-    model = BandSPDNet(X.shape[1], X.shape[-1], hidden_dim, int(y.max()) + 1, seed, dispersion)
+    model = BandSPDNet(X.shape[1], X.shape[-1], hidden_dim, int(y.max()) + 1, seed, dispersion, running)
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
     generator = torch.Generator().manual_seed(seed)
     batch, labels = DomainBatch(torch.as_tensor(X), domains), torch.as_tensor(y)
     checkpoints, losses = [], []
-    for _ in range(max_epochs):
+    for epoch in range(max_epochs):
         model.train()
-        train_epochs(model, optimizer, batch[torch.as_tensor(train)], labels[train], n_epochs=1, batch_size=64,
-                     generator=generator)
+        if mixed:
+            train_mixed_epoch(model, optimizer, batch[torch.as_tensor(train)], labels[train], epoch, generator)
+        else:
+            train_epochs(model, optimizer, batch[torch.as_tensor(train)], labels[train], n_epochs=1, batch_size=64,
+                         generator=generator)
         model.eval()
         with torch.no_grad():  # each validation domain re-centred by its own trials, as a test subject
             per_trial = torch.cat([nn.functional.cross_entropy(model(batch[torch.as_tensor(part)]), labels[part],
@@ -209,7 +278,8 @@ def fit_row(name, data, seed):
         X = bands[:, 1:] if settings["bands"] == SUB_BANDS else bands[:, :1]
         X = X / np.trace(X[train], axis1=-2, axis2=-1).mean(0)[None, :, None, None] * X.shape[-1]
         _, codes = np.unique(subjects, return_inverse=True)
-        net = fit_study(X[train], y[train], codes[train], seed, settings.get("dispersion", False))
+        net = fit_study(X[train], y[train], codes[train], seed, **{key: settings.get(key, False)
+                                                                    for key in ("dispersion", "mixed", "running")})
         with torch.no_grad():
             proba = per_subject(lambda Xs: torch.softmax(net(DomainBatch(torch.as_tensor(Xs), np.zeros(len(Xs)))), 1)
                                 .numpy(), X[test], subjects[test])
@@ -279,7 +349,7 @@ def run(args):
         path = write_record(
             args.record, title="The learner's leads on PhysionetMI, 4 classes, the main job's splits, against TS+LR",
             command=command, rows=rows, metrics=SEED_METRICS, reference=report.row_key("TS+LR"),
-            paired_by="seed", wall_seconds=report.record_seconds(elapsed, [r["fit_seconds"] for r in cached]),
+            paired_by="seed", wall_seconds=elapsed,
             facts={"seeds": args.seeds, "subjects": list(QUICK_SUBJECTS), "dataset": protocol.name,
                    "bands_hz": [list(b) for b in SUB_BANDS], "runs_cached_at_start": len(cached),
                    "training_trials": {name: sorted({r["n_train"] for r in runs}) for name, runs in results.items()},

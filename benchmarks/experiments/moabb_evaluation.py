@@ -240,12 +240,12 @@ PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "Recenter+TS+LR", "SPDnet", "FedSPDn
                   "FedSPDnet + domain BN", "EEGNet"]
 
 
-def subject_frame(scores, task):
-    """One row per (pipeline, subject) of one evaluation: every metric of ``task`` in %
-    (MOABB's sessions averaged)."""
+def subject_frame(scores, task, metrics=None):
+    """One row per (pipeline, subject) of one evaluation: every metric of ``task`` (or of
+    ``metrics``) in % (MOABB's sessions averaged)."""
     import pandas as pd
 
-    columns = {m: per_subject(scores, m).droplevel("evaluation") for m in METRICS[task]}
+    columns = {m: per_subject(scores, m).droplevel("evaluation") for m in (metrics or METRICS[task])}
     frame = pd.DataFrame(columns).reset_index()
     names = [n for n in PIPELINE_ORDER if n in set(scores["pipeline"])]
     order = {name: k for k, name in enumerate(names + sorted(set(scores["pipeline"]) - set(names)))}
@@ -307,13 +307,14 @@ def write_records(folders, prefix="moabb", command=None, figures=None):
         if evaluation == "CrossSubject" and cross_folds is not None:
             paired_by = "fold"
             facts["unit"] = "a test fold of subjects scored as one, named by its first subject"
-        if len(used) > 1:
+        if len(used) > 1:  # separate runs: their wall times, no wall time of one run
             facts["run_commands"] = [r["command"] for r in used]
+            facts["run_wall_seconds"] = [r["wall_seconds"] for r in used]
         title = f"MOABB {evaluation}, PhysionetMI {task}, {len(facts['subjects'])} subjects, {facts['split']}"
         reference = RECORD_REFERENCE if RECORD_REFERENCE in set(frame["pipeline"]) else frame["pipeline"].iloc[0]
         metrics = {m: f"{label} (%)" for m, label in METRICS[task].items()}
         paths.append(records_report.write_subject_record(
-            name, title, frame, reference, sum(r["wall_seconds"] for r in used), facts, metrics=metrics,
+            name, title, frame, reference, used[0]["wall_seconds"] if len(used) == 1 else None, facts, metrics=metrics,
             command=used[0]["command"] if len(used) == 1 else command, paired_by=paired_by,
             measured_on=used[-1].get("machine")))
         if figures is not None:

@@ -188,7 +188,10 @@ def run(args):
         f"online-{args.cv}", f"Unseen subjects online, trial by trial, {args.cv}",
         scores[scores["pipeline"].map(recorded)],
         "Recenter+TS+LR | online", time.perf_counter() - start,
-        {"subjects": scores["subject"].nunique(), "cv": args.cv, "warmup": args.warmup})
+        {"subjects": scores["subject"].nunique(), "cv": args.cv, "warmup": args.warmup,
+         # the networks are the unseen-subjects run's, each trained from one seed
+         "one_training_seed": sorted(report.row_key(p) for p in scores["pipeline"].unique()
+                                     if recorded(p) and p.split(" | ")[0].split(" (")[0] in MODELS)})
     print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall)")
 
 

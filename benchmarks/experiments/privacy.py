@@ -136,6 +136,7 @@ def run_one(protocol, data, model, epsilon, seed, rounds, n_threads, subjects_pe
     return {"model": model, "epsilon": eps_key(epsilon), "seed": seed,
             "setup": setup(rounds, subjects_per_site, channels),
             "f1": float(f1_score(y[test], pred, average="macro")), "rounds": rounds,
+            "classes_predicted": int(len(np.unique(pred))),
             "chance_f1": chance_f1(y[test], seed),
             "fit_seconds": time.perf_counter() - start,
             "target_epsilon": None if privacy is None else privacy["target_epsilon"],
@@ -344,13 +345,16 @@ def span(values, digits):
     return low if low == high else f"{low}–{high}"
 
 
-def write_record(name, results, reference, diagnoses, command, facts, site_trials, folder=None):
+def write_record(name, results, reference, diagnoses, command, facts, site_trials, wall_seconds, folder=None):
     """The tracked record of a run: test macro-F1 (%) per seed of every fitted (model, ε)
     cell, of uniform guessing on the same test sets, and of the non-private centralized
     TS+LR (``reference``: its macro-F1 per seed, the record's reference row); the budget
     check, the seed-0 plan of the DP runs (sample rate, σ per site) and the signal-to-noise
     of one DP step (``diagnoses``: :func:`signal_to_noise`) as facts; ``site_trials``: the
-    sites' training trials at seed 0, in the order of ``privacy_["sites"]``. Returns its path."""
+    sites' training trials at seed 0, in the order of ``privacy_["sites"]``; ``wall_seconds``: the
+    run's wall time (the fact ``fit_minutes`` sums the runs' fit times); the rows whose model
+    predicted one class for every test trial of every seed as the fact ``predicts_one_class``
+    (:mod:`benchmarks.records.render` reads them as chance, not as a score). Returns its path."""
     rows = {"tslr": {"label": "TS+LR, centralized, no DP", "scores": {"macro_f1": {
         s: 100 * f for s, f in enumerate(reference)}}}}
     chance, high = {}, []
@@ -365,7 +369,11 @@ def write_record(name, results, reference, diagnoses, command, facts, site_trial
                 high.append((r["seed"], 100 * r["chance_f1"][1]))
     rows["chance"] = {"label": "uniform guessing (mean over draws)", "scores": {"macro_f1": dict(sorted(chance.items()))}}
     runs = [r for rs in results.values() for r in rs]
-    facts = dict(facts, seeds=max(len(rs) for rs in results.values()), dp_runs=0,
+    # A model that predicts one class on every seed has a chance score, not a utility (runs
+    # cached before the count was kept say nothing).
+    one_class = sorted(f"{model}/{key}" for (model, key), rs in results.items()
+                       if rs and all(r.get("classes_predicted") == 1 for r in rs))
+    facts = dict(facts, predicts_one_class=one_class, seeds=max(len(rs) for rs in results.values()), dp_runs=0,
                  site_train_trials=span(site_trials, 0),
                  fit_minutes=round(sum(r["fit_seconds"] for r in runs) / 60, 1),
                  chance_p95=f"{np.mean(list(dict(high).values())):.1f}")
@@ -393,7 +401,7 @@ def write_record(name, results, reference, diagnoses, command, facts, site_trial
                       f"{prefix}_signal_to_noise": f"{g['signal'] / g['noise']:.3f}"})
     title = f"Privacy-utility trade-off: DP-FedSPDnet and DP-FedEEGNet, {facts.get('sites')} sites"
     return store.write_record(name, title=title, command=command, rows=rows, metrics={"macro_f1": "test macro-F1 (%)"},
-                              reference="tslr", paired_by="seed", wall_seconds=facts["fit_minutes"] * 60,
+                              reference="tslr", paired_by="seed", wall_seconds=wall_seconds,
                               facts=facts, folder=store.RECORDS if folder is None else folder)
 
 
@@ -540,6 +548,6 @@ def run(args, argv=None):
         facts = dict(setup(budget["rounds"], k, channels), profile=profile, subjects=len(np.unique(subjects)),
                      sites=n_clients, subjects_per_site=k, channels=X_raw.shape[1], trials=len(y), train_trials=n_train)
         path = write_record(record_name(profile, k, channels, args.rounds), results, reference, diagnoses, command,
-                            facts, site_trials)
+                            facts, site_trials, time.perf_counter() - start)
         report.append(f"Record: `{path}`")
     write_report(report, out, figure, args.docs)

@@ -470,11 +470,12 @@ def subject_epsilons(records, site_trials, subject_trials):
 
 
 def write_record(results, rows, epsilons, seeds, settings, command, unseen, site_trials, subject_trials,
-                 folder=store.RECORDS):
+                 wall_seconds, folder=store.RECORDS):
     """The tracked record of a complete run (every cell of ``rows`` at every seed; None
     otherwise): per-seed scores (mean over the test subjects, %), the ε split of the DP
     rows with released means, the budget check, and the group-privacy bound of one
-    subject's ``subject_trials`` training trials (sites of ``site_trials`` trials)."""
+    subject's ``subject_trials`` training trials (sites of ``site_trials`` trials); ``wall_seconds``:
+    the run's wall time (the fact ``fit_minutes`` sums the runs' fit times)."""
     cells = [(row, math.inf) for row in rows if not ROWS[row][1]] + [(row, e) for row in rows if ROWS[row][1]
                                                                        for e in epsilons]
     if any(len(scores(results, row, e)) < seeds for row, e in cells):
@@ -506,7 +507,7 @@ def write_record(results, rows, epsilons, seeds, settings, command, unseen, site
              f"sites of {settings['site_size']}"))
     return store.write_record(record_name(settings.get("profile", "quick"), settings["site_size"], unseen),
                               title=title, command=command, rows=table, metrics=metrics, reference=reference,
-                              paired_by="seed", wall_seconds=facts["fit_minutes"] * 60, facts=facts, folder=folder)
+                              paired_by="seed", wall_seconds=wall_seconds, facts=facts, folder=folder)
 
 
 PROG = "python -m benchmarks.experiments privacy-pretrain"
@@ -591,7 +592,7 @@ def run(args, argv=None):
     site_trials = [sum(ordered[i:i + args.site_size]) for i in range(0, len(ordered), args.site_size)]
     path = None if profile == "smoke" else write_record(  # the smoke profile tests the plumbing, not the science
         results, args.rows, args.epsilons, seeds, dict(settings, profile=profile), command, args.unseen,
-        site_trials, int(np.median(ordered)))
+        site_trials, int(np.median(ordered)), time.perf_counter() - start)
     report.append(f"Record: `{path}`" if path else "No record written: " + (
         "the smoke profile." if profile == "smoke" else "the run is incomplete."))
     write_report(report, out, figure, args.docs)

@@ -57,13 +57,6 @@ def write_subject_record(name, title, scores, reference, wall_seconds, facts, *,
                         measured_on=measured_on)
 
 
-def record_seconds(elapsed, cached_fit_seconds):
-    """A record's time: this run's wall time plus the fit time of what it read from a cache
-    (``cached_fit_seconds``, one per cached fit), so that a record written from cached fits
-    still says what its fits took (their sum: with parallel workers, more than their wall)."""
-    return elapsed + float(sum(cached_fit_seconds))
-
-
 def resolve_profile(args, profiles):
     """``(profile name, budget, number of seeds)`` from ``--profile``/``--quick``, ``--rounds``
     and ``--seeds`` (each overriding the profile's)."""

@@ -331,6 +331,7 @@ def flagged(fit, clients, trust=None, below=1 / SUSPECT_DISTANCE):
 
 
 def run(args):
+    start = time.perf_counter()
     data, setting = None, SETTINGS[args.setting]
     args.faulty = args.faulty or [setting.faulty]
     for n_faulty in args.faulty:
@@ -352,7 +353,7 @@ def run(args):
                   f"{fit['cpu_seconds']:.0f} s CPU{diag}", flush=True)
     if args.record:
         for n_faulty in args.faulty:
-            path = record(args, n_faulty)
+            path = record(args, n_faulty, time.perf_counter() - start)
             print(f"record: {path}")
         if args.setting == "left-right":
             figure(read_record(setting.record_name(args.faulty[0])), FIGURE)
@@ -367,9 +368,10 @@ def plan(rules, faults, n_faulty, seeds):
             if (fault != DROPPED or rule == "projavg") and (fault == "none" or rule != "ts-lr")]
 
 
-def record(args, n_faulty):
+def record(args, n_faulty, elapsed):
     """Write the setting's record (``robust-aggregation-f{n_faulty}`` on left/right) from the fits
-    in ``args.out``."""
+    in ``args.out``; ``elapsed``: the run's wall time (the fits' summed CPU time is the fact
+    ``fits_cpu_minutes``)."""
     fits, setting = {}, SETTINGS[args.setting]
     for rule, fault, n, seed in plan(args.rules, args.faults, n_faulty, args.seeds):
         path = fit_path(args.out, rule, fault, n, seed, args.rounds, args.root_size, args.setting)
@@ -436,14 +438,13 @@ def record(args, n_faulty):
     command = (f"python -m benchmarks.experiments robust-aggregation{setting_option} --seeds "
                + " ".join(map(str, args.seeds))
                + f" --rounds {args.rounds} --faulty {' '.join(map(str, args.faulty))} --faults {' '.join(args.faults)}"
-               + f" --rules {' '.join(args.rules)} --root-size {args.root_size} --record")
+               + f" --rules {' '.join(args.rules)} --root-size {args.root_size}"
+               + (" --report-only" if args.report_only else "") + " --record")
     metric = setting.metric
     return write_record(
         setting.record_name(n_faulty),
         title=f"Robust aggregation, {setting.title}, {n_faulty} faulty",
-        # the fits' time (one process each): a record written from cached fits took them too
-        command=command, rows=rows, reference="projavg/none", paired_by="seed",
-        wall_seconds=sum(f["cpu_seconds"] for f in all_fits),
+        command=command, rows=rows, reference="projavg/none", paired_by="seed", wall_seconds=elapsed,
         metrics={"honest": f"{metric} on the honest sites' subjects",
                  "faulty": f"{metric} on the faulty sites' subjects",
                  "all": f"{metric} on every subject"},

@@ -156,7 +156,7 @@ def write_ablation_record(name, rows, command, elapsed, cached, facts):
     paired by seed with the protocol's centralized SPDnet (the first row when it did not run).
 
     ``cached``: the run records read from a cache. The record's time is the run's wall time
-    plus their fit time (:func:`.report.record_seconds`)."""
+    (``elapsed``); ``fit_minutes`` sums the fit time of every run, cached ones included."""
     keys = {row_key(variant, cell): (variant, cell, runs) for variant, cell, runs in rows}
     reference = row_key("protocol", CENTRALIZED_SPDNET)
     runs = [r for _, _, rs in keys.values() for r in rs]
@@ -165,7 +165,7 @@ def write_ablation_record(name, rows, command, elapsed, cached, facts):
         rows={key: {"label": f"{variant}: {cell.label}", "scores": seed_scores(rs)}
               for key, (variant, cell, rs) in keys.items()},
         metrics=SEED_METRICS, reference=reference if reference in keys else next(iter(keys)), paired_by="seed",
-        wall_seconds=report.record_seconds(elapsed, [r["fit_seconds"] for r in cached]),
+        wall_seconds=elapsed,
         facts={**facts, "runs": len(runs), "runs_cached_at_start": len(cached),
                "variants": list(dict.fromkeys(v for v, _, _ in rows)),
                "fit_minutes": round(sum(r["fit_seconds"] for r in runs) / 60, 1),

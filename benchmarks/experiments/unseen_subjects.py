@@ -56,6 +56,13 @@ def build(name, seed):
     return {**PIPELINES, **ABLATIONS}[name](seed)
 
 
+def networks(names, seed):
+    """The row keys of the pipelines among ``names`` that train a network from ``seed``: each is
+    one training seed, whatever the number of subjects its scores are paired over."""
+    return sorted(report.row_key(name) for name in names
+                  if isinstance(build(name, seed), (SPDnetClassifier, FederatedSPDnetClassifier)))
+
+
 def predict_subjects(model, X, y, groups, classes):
     """One call per subject; a DataFrame of its trials' labels, decisions and scores."""
     rows = []
@@ -102,7 +109,8 @@ def run(args):
             f"unseen-subjects-{args.cv}", f"Unseen subjects, whole-subject adaptation, {args.cv}", scores,
             "Recenter+TS+LR" if "Recenter+TS+LR" in set(scores["pipeline"]) else scores["pipeline"].iloc[0],
             time.perf_counter() - start, {"subjects": scores["subject"].nunique(), "cv": args.cv,
-                                          "predictions_cached_at_start": cached_at_start})
+                                          "predictions_cached_at_start": cached_at_start,
+                                          "one_training_seed": networks(scores["pipeline"].unique(), args.seed)})
         print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall, {cached_at_start} "
               f"(pipeline, fold) predictions cached at the start)")
 

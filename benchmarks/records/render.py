@@ -59,6 +59,25 @@ def units(record, row, metric=None):
     return str(len(scores(record, row, metric_of(record, metric))))
 
 
+#: The reading of a row whose model predicted one class for every trial (the record's fact
+#: ``predicts_one_class`` lists it): its score is chance, not a utility to compare.
+ONE_CLASS = "predicts one class (chance)"
+
+
+def predicts_one_class(record, *rows):
+    """Whether the record's fact ``predicts_one_class`` lists any of ``rows``."""
+    return any(row in record["facts"].get("predicts_one_class", ()) for row in rows)
+
+
+def worded(record, word, *rows):
+    """``word`` ("higher" or "lower") with ``", one training seed"`` when a row is a model
+    trained from one seed (the record's fact ``one_training_seed``) and the units are not
+    seeds: its standard error is over subjects or folds, not over trainings."""
+    seeded = record["facts"].get("one_training_seed", ())
+    one_seed = record["paired_by"] != "seed" and any(row in seeded for row in rows)
+    return f"{word}, one training seed" if one_seed and word in ("higher", "lower") else word
+
+
 def versus_reference(record, row, metric=None):
     metric = metric_of(record, metric)
     return paired_difference(scores(record, row, metric), scores(record, record["reference"], metric))
@@ -86,9 +105,14 @@ def wilcoxon_text(p):
 
 def reading(record, row, metric=None):
     """``level``, ``higher`` or ``lower`` than the reference (beyond the t critical value times the
-    standard error, :func:`~.paired.t_critical`)."""
+    standard error, :func:`~.paired.t_critical`); :data:`ONE_CLASS` when either row's model
+    predicted one class."""
+    if predicts_one_class(record, row, record["reference"]):
+        return ONE_CLASS
     d = versus_reference(record, row, metric)
-    return f"one {record['paired_by']}, not resolved" if d.reading == "one unit" else d.reading
+    if d.reading == "one unit":
+        return f"one {record['paired_by']}, not resolved"
+    return worded(record, d.reading, row, record["reference"])
 
 
 def versus(record, row, metric=None):
@@ -97,7 +121,8 @@ def versus(record, row, metric=None):
     label = record["rows"][record["reference"]]["label"]
     if word == "level":
         return f"level with {label}"
-    return f"{word} than {label}" if word in ("higher", "lower") else word
+    head, comma, tail = word.partition(",")  # "higher, one training seed"
+    return f"{head} than {label}{comma}{tail}" if head in ("higher", "lower") else word
 
 
 def comparison(record, row, metric=None):
@@ -116,7 +141,7 @@ def pair(record, row, other, metric=None):
     d = paired_difference(scores(record, row, metric), scores(record, other, metric))
     if d.n < 2:
         return f"{signed(d.mean)} (1 {record['paired_by']}): one {record['paired_by']}, not resolved"
-    word = d.reading
+    word = ONE_CLASS if predicts_one_class(record, row, other) else worded(record, d.reading, row, other)
     return (f"{signed(d.mean)} ± {d.se:.1f}, higher on {d.higher} of {d.n} {record['paired_by']}s, "
             f"{wilcoxon_text(d.p)}: {word}")
 
@@ -150,7 +175,10 @@ def paired_table(record, metric=None):
 
 
 def wall(record):
-    """``12.3 min``: the wall time of the run that wrote the record."""
+    """``12.3 min``: the wall time of the run that wrote the record (``wall time not recorded``
+    for a record that kept only a sum of fit times)."""
+    if record.get("wall_seconds") is None:
+        return "wall time not recorded"
     return f"{record['wall_seconds'] / 60:.1f} min"
 
 
@@ -163,11 +191,30 @@ def machine(record):
     return f"{m['cpu']}, {m['cores']} cores, Python {m['python']}, torch {m['torch']}"
 
 
+def commit(record):
+    """``commit 04717d397e08`` (``, with uncommitted changes`` when its tree was dirty), ``not a
+    git checkout``, or ``commit not recorded`` for a record written before records kept it."""
+    if "commit" not in record:
+        return "commit not recorded"
+    if record["commit"] is None:
+        return "not a git checkout"
+    return f"commit {record['commit']['sha'][:12]}" + (", with uncommitted changes" if record["commit"]["dirty"] else "")
+
+
+def versions(record):
+    """``numpy 2.4.6, ..., Flower not installed``, or ``library versions not recorded``."""
+    if "versions" not in record:
+        return "library versions not recorded"
+    return ", ".join(f"{name} {version or 'not installed'}" for name, version in record["versions"].items())
+
+
 def provenance(record):
-    """One line: command, wall time, date, package version, machine and its load."""
-    return (f"Record `{record['name']}`: {command(record)}, {wall(record)} wall, {record['date'][:10]}, "
-            f"skfedspd {record['package']}, {machine(record)} (load average {record['machine']['load_average']} "
-            f"when it finished).")
+    """One line: command, wall time, date, package version and commit, library versions, machine
+    and its load."""
+    time = wall(record) if record.get("wall_seconds") is None else f"{wall(record)} wall"
+    return (f"Record `{record['name']}`: {command(record)}, {time}, {record['date'][:10]}, "
+            f"skfedspd {record['package']} ({commit(record)}; {versions(record)}), {machine(record)} "
+            f"(load average {record['machine']['load_average']} when it finished).")
 
 
 def fact(record, name):
@@ -231,9 +278,9 @@ def reached(record, target, view, *args):
 
 #: view name -> function(record, *args) -> text.
 VIEWS = {"mean": mean, "mean-sd": mean_sd, "units": units, "difference": difference, "reading": reading,
-         "versus": versus, "pair": pair, "comparison": comparison, "paired-table": paired_table, "wall": wall, "command": command,
-         "machine": machine, "provenance": provenance, "fact": fact, "median": median, "ratio": ratio,
-         "median-table": median_table, "reached": reached}
+         "versus": versus, "pair": pair, "comparison": comparison, "paired-table": paired_table, "wall": wall,
+         "command": command, "commit": commit, "versions": versions, "machine": machine, "provenance": provenance,
+         "fact": fact, "median": median, "ratio": ratio, "median-table": median_table, "reached": reached}
 
 
 def render_block(match, records=None):

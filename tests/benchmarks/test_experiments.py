@@ -7,7 +7,8 @@ import pytest
 from sklearn import config_context
 from sklearn.utils.metadata_routing import get_routing_for_object
 
-from benchmarks.experiments import client_optimizer_state, defaults, online, pipelines, report, table_one_ablation
+from benchmarks.experiments import (client_optimizer_state, defaults, online, pipelines, report, table_one_ablation,
+                                   unseen_subjects)
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
 
 
@@ -98,7 +99,7 @@ def test_the_command_line_refuses_unknown_names(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "online", "table-one-ablation",
+@pytest.mark.parametrize("name", ["table-one", "flower-table-one", "moabb", "moabb-transfer", "online", "table-one-ablation",
                                   "learner-ablation", "learner-leads"])
 def test_every_experiment_has_its_help(name, capsys):
     from benchmarks.experiments.__main__ import EXPERIMENTS, main
@@ -258,3 +259,8 @@ def test_unseen_subjects_reuses_a_saved_model_and_refits_the_others(spd_domains,
     np.testing.assert_array_equal(model.predict_proba(X), saved.predict_proba(X))
     refitted, seconds = unseen_subjects.trained(args, "TS+LR", 0, X, y, groups)
     assert seconds > 0 and hasattr(refitted, "classes_")
+
+
+def test_the_unseen_subjects_record_names_its_networks_as_one_training_seed_each():
+    names = ["TS+LR", "Recenter+TS+LR", "FedRecenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN"]
+    assert unseen_subjects.networks(names, 0) == ["fedspdnet-dbn", "spdnet-dbn"]

@@ -160,12 +160,13 @@ def test_a_complete_run_writes_its_record(tmp_path):
     for r in records:
         r.setdefault("fit_seconds", 30.0)
     settings = dict(pp.setup(pp.PROFILES["quick"], 4, "sensorimotor"), profile="quick")
-    args = (["dp-dbn", "recenter-tslr"], [8.0], 2, settings, "cmd", False, [144, 144], 36)
+    args = (["dp-dbn", "recenter-tslr"], [8.0], 2, settings, "cmd", False, [144, 144], 36, 50.0)
     assert pp.write_record(results_of(records[:-1]), *args, folder=tmp_path) is None
     path = pp.write_record(results_of(records), *args, folder=tmp_path)
     saved = json.loads(path.read_text())
     assert path.name == "privacy-pretrain-quick-sites-of-4.json" and saved["reference"] == "recenter-tslr/inf"
     assert saved["rows"]["dp-dbn/8"]["scores"]["balanced_accuracy"] == {"0": 62.0, "1": 62.0}
+    assert saved["wall_seconds"] == 50.0 and saved["facts"]["fit_minutes"] == 2.0  # wall time, summed fit time
     facts = saved["facts"]
     assert facts["release_epsilon_8"] == "2.00" and facts["training_epsilon_8"] == "7.60"
     assert facts["largest_spent_ratio"] == "0.9900" and float(facts["subject_epsilon_8"]) > 8

@@ -145,12 +145,13 @@ def test_a_run_writes_its_record(tmp_path):
                                    ("eegnet", 8.0, 0.14)):
             r = record(model, epsilon, f1 + 0.01 * seed, seed=seed, chance=(0.24 + 0.01 * seed, 0.3))
             r.update(fit_seconds=60.0, sample_rates=[0.5, 0.64] if r["target_epsilon"] else None,
-                     noise_multipliers=[3.2, 3.0] if r["target_epsilon"] else None)
+                     noise_multipliers=[3.2, 3.0] if r["target_epsilon"] else None,
+                     classes_predicted=1 if model == "eegnet" or seed == 0 else 4)
             records.append(r)
     diagnoses = {"spdnet-projavg": dict(d=1840, median_norm=9.46, clipped=1.0, signal=0.12, noise=3.7)}
     facts = dict(pu.setup(70), sites=2)
     path = pu.write_record("privacy-test", results_of(records), np.array([0.57, 0.58]), diagnoses, "cmd", facts,
-                           [128, 100], folder=tmp_path)
+                           [128, 100], 95.0, folder=tmp_path)
     saved = json.loads(path.read_text())
     assert path.name == "privacy-test.json" and saved["reference"] == "tslr" and saved["paired_by"] == "seed"
     rows = saved["rows"]
@@ -170,7 +171,8 @@ def test_a_run_writes_its_record(tmp_path):
     assert facts["spdnet_private_coordinates"] == 1840 and facts["spdnet_gradient_norm"] == "9.5"
     assert facts["spdnet_clipped_mean_norm"] == "0.12" and facts["spdnet_step_noise"] == "3.7"
     assert "eegnet_private_coordinates" not in facts
-    assert saved["wall_seconds"] == 360.0
+    assert facts["predicts_one_class"] == ["eegnet/8"]  # one class on every seed, not on one of them
+    assert saved["wall_seconds"] == 95.0  # the run's wall time; the 6 runs' summed fit time is fit_minutes
 
 
 def test_gaussian_dp_mu_is_the_gdp_curve_through_epsilon_delta():

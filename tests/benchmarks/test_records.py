@@ -7,7 +7,7 @@ import pytest
 from scipy.stats import wilcoxon
 
 from benchmarks.records import paired, render, store
-from benchmarks.records.quotes import quoted_figures, unbacked_figures
+from benchmarks.records.quotes import mismatched_commands, quoted_figures, unbacked_figures
 
 
 def write(folder, rows=None, name="demo"):
@@ -67,6 +67,35 @@ def test_views_compute_every_figure_from_the_record(tmp_path):
     table = render.paired_table(record)
     assert "| SPDnet | 62.0 ± 1.8 | 4 | +1.0 ± 0.7 | 3 of 4 |" in table and "| level |" in table
     assert render.wall(record) == "1.5 min"
+
+
+def test_a_row_that_predicts_one_class_reads_as_chance_not_as_a_score(tmp_path):
+    rows = {"ref": {"label": "TS+LR", "scores": {"f1": {0: 60.0, 1: 62.0, 2: 64.0}}},
+            "dp": {"label": "DP model", "scores": {"f1": {0: 12.8, 1: 12.8, 2: 12.8}}},
+            "net": {"label": "SPDnet", "scores": {"f1": {0: 20.0, 1: 22.0, 2: 21.0}}}}
+    store.write_record("demo", title="demo", command="c", rows=rows, metrics={"f1": "F1 (%)"}, reference="ref",
+                       paired_by="seed", wall_seconds=1, folder=tmp_path, facts={"predicts_one_class": ["dp"]})
+    record = store.read_record("demo", tmp_path)
+    assert render.reading(record, "dp") == render.versus(record, "dp") == render.ONE_CLASS
+    assert render.comparison(record, "dp").endswith(": predicts one class (chance)")
+    assert render.pair(record, "net", "dp").endswith(": predicts one class (chance)")
+    assert render.reading(record, "net") == "lower" and render.pair(record, "net", "ref").endswith(": lower")
+    assert "| 0 of 3 | 0.250 | predicts one class (chance) |" in render.paired_table(record)
+
+
+def test_a_reading_from_one_training_seed_says_so_when_the_units_are_subjects(tmp_path):
+    subjects = range(12)
+    rows = {"ref": {"label": "Recenter+TS+LR", "scores": {"f1": {s: 60.0 + s for s in subjects}}},
+            "net": {"label": "SPDnet", "scores": {"f1": {s: 64.0 + s + 0.5 * (s % 2) for s in subjects}}},
+            "ts": {"label": "TS+LR", "scores": {"f1": {s: 55.0 + s + 0.5 * (s % 2) for s in subjects}}}}
+    store.write_record("demo", title="demo", command="c", rows=rows, metrics={"f1": "F1 (%)"}, reference="ref",
+                       paired_by="subject", wall_seconds=1, folder=tmp_path, facts={"one_training_seed": ["net"]})
+    record = store.read_record("demo", tmp_path)
+    assert render.reading(record, "net") == "higher, one training seed"
+    assert render.versus(record, "net") == "higher than Recenter+TS+LR, one training seed"
+    assert render.pair(record, "ts", "net").endswith(": lower, one training seed")
+    assert render.reading(record, "ts") == "lower"  # no network in the pair: no training seed
+    assert render.comparison(record, "net").endswith(": higher, one training seed")
 
 
 def test_blocks_are_rendered_from_their_record_and_stale_ones_found(tmp_path, monkeypatch):
@@ -202,3 +231,89 @@ def test_a_median_table_shows_part_of_the_rows_against_the_first_one(tmp_path):
     record = store.read_record("speed-demo", tmp_path)
     table = render.median_table(record, "ms", "ours")
     assert "/ skfedspd |" in table and "| skfedspd | 4.05 | 3.98–4.12 | 4 | 1.00× |" in table and "theirs" not in table
+
+
+def test_a_record_carries_the_commit_and_the_library_versions(tmp_path):
+    from benchmarks._machine import LIBRARIES, git_commit
+
+    record = store.read_record("demo", write(tmp_path).parent)
+    assert list(record["versions"]) == list(LIBRARIES.values())
+    assert record["versions"]["numpy"] == np.__version__ and record["versions"]["scikit-learn"]
+    assert record["commit"] == git_commit()
+    assert record["commit"] is None or (len(record["commit"]["sha"]) == 40 and isinstance(record["commit"]["dirty"], bool))
+
+
+def test_the_commit_is_the_checkouts_and_says_whether_its_tracked_files_changed(tmp_path):
+    import subprocess
+
+    from benchmarks._machine import git_commit
+
+    assert git_commit(tmp_path) is None  # not a git checkout
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), "-c", "user.name=t", "-c", "user.email=t@t", *args], check=True,
+                       capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "code.py").write_text("a = 1\n")
+    (tmp_path / "benchmarks" / "records" / "data").mkdir(parents=True)
+    (tmp_path / "benchmarks" / "records" / "data" / "r.json").write_text("{}\n")
+    git("add", ".")
+    git("commit", "-q", "-m", "first")
+    sha = subprocess.run(["git", "-C", str(tmp_path), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
+    assert git_commit(tmp_path) == {"sha": sha, "dirty": False}
+    (tmp_path / "benchmarks" / "records" / "data" / "r.json").write_text("{\"new\": 1}\n")
+    (tmp_path / "untracked.txt").write_text("x\n")
+    assert git_commit(tmp_path) == {"sha": sha, "dirty": False}  # a rewritten record, an untracked file
+    (tmp_path / "code.py").write_text("a = 2\n")
+    assert git_commit(tmp_path) == {"sha": sha, "dirty": True}
+    assert git_commit(tmp_path / "benchmarks") is None  # inside a checkout, not one
+
+
+def test_provenance_shows_commit_and_versions_or_says_they_were_not_recorded(tmp_path):
+    record = store.read_record("demo", write(tmp_path).parent)
+    record["commit"] = {"sha": "0123456789abcdef" * 2 + "01234567", "dirty": True}
+    record["versions"] = {"numpy": "2.4.6", "Flower": None}
+    line = render.provenance(record)
+    assert "commit 0123456789ab, with uncommitted changes; numpy 2.4.6, Flower not installed" in line
+    assert "1.5 min wall" in line
+    old = {key: value for key, value in record.items() if key not in ("commit", "versions")}
+    old["wall_seconds"] = None  # a record that kept a sum of fit times, not a wall time
+    line = render.provenance(old)
+    assert "(commit not recorded; library versions not recorded)" in line and "wall time not recorded, " in line
+    assert render.wall(old) == "wall time not recorded" and render.commit(dict(record, commit=None)) == "not a git checkout"
+
+
+def test_a_command_beside_a_block_must_be_its_records(tmp_path, monkeypatch):
+    write(tmp_path)  # command: python -m demo
+    write_speed(tmp_path)  # command: python benchmarks/bench_demo.py --reps 4
+    read_records_from(tmp_path, monkeypatch)
+    block = "<!-- record:speed-demo median ours -->4.05<!-- /record -->"
+    table = "<!-- record:speed-demo median-table -->\n\n| a |\n\n<!-- /record -->"
+    assert mismatched_commands(f"Run `python benchmarks/bench_demo.py --reps 4`: {block} ms.") == []
+    assert mismatched_commands(f"Run `python -m benchmarks.bench_demo  --reps 4`: {block} ms.") == []
+    assert mismatched_commands(f"Run ``python benchmarks/bench_demo.py``: {block} ms.") == [
+        ("python benchmarks/bench_demo.py", {"speed-demo": "python benchmarks/bench_demo.py --reps 4"})]
+    # a code block just before or after a block that stands alone, and a row of a table
+    fenced = "```sh\nnice python benchmarks/bench_demo.py \\\n  --reps 5  # five\n```"
+    assert [c for c, _ in mismatched_commands(f"{table}\n\n{fenced}\n")] == ["python benchmarks/bench_demo.py --reps 5"]
+    assert [c for c, _ in mismatched_commands(f"| x | {block} |\n| y | `python benchmarks/bench_demo.py` |")] == []
+    assert [c for c, _ in mismatched_commands(f"| x | {block} `python benchmarks/bench_demo.py` |")] == [
+        "python benchmarks/bench_demo.py"]
+    # another script, or a paragraph away from the block: not a command of its figures
+    assert mismatched_commands(f"`python benchmarks/bench_other.py` {block}\n\nThen `python benchmarks/bench_demo.py`.") == []
+
+
+def test_whole_numbers_and_number_words_that_state_results_are_figures():
+    text = ("SPDnet is five points higher (+7 points; 3 points), three times faster, 2× the memory; a round in "
+            "25 s and 550 MiB. Not results: 16 subjects, 8-32 Hz, 64 channels, 2026, 8×8 and 18 × 18 matrices, "
+            "8 × St(64, 18), section 3, eight times the fits, Python 3.11.7, a 2-core VM, 24 GiB of it.")
+    assert quoted_figures(text) == ["five", "+7", "3", "three", "2", "25", "550"]
+
+
+def test_a_whole_number_is_backed_by_a_value_that_rounds_to_it(tmp_path, monkeypatch):
+    write(tmp_path)  # SPDnet − TS+LR: +1.0 ± 0.7; means 61.0 and 62.0
+    read_records_from(tmp_path, monkeypatch)
+    block = "<!-- record:demo difference net -->+1.0 ± 0.7<!-- /record -->"
+    assert unbacked_figures(f"SPDnet {block}: one point higher, +1 point, 62 points of F1.") == []
+    assert unbacked_figures(f"SPDnet {block}: five points higher, +7 points, −1 point.") == ["five", "+7", "−1"]

@@ -161,7 +161,8 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     monkeypatch.setattr(experiment, "RECORDS", tmp_path)
     monkeypatch.setattr(experiment, "costs", lambda root_size: {"reference_step_ms": "12"})
     args = argparse.Namespace(setting="left-right", seeds=[0, 1], rounds=3, faulty=[4], faults=["labels"],
-                              rules=["projavg", "fltrust"], root_size=16, out=tmp_path / "fits")
+                              rules=["projavg", "fltrust"], root_size=16, out=tmp_path / "fits",
+                              report_only=True)
     args.out.mkdir()
     honest_trust, suspects = [1.0] * 20, [0.1, 0.2, 0.3, 0.2] + [1.2] * 16
     fits = [_fit("projavg", "none", 0, s, [2] * 20, honest_trust) for s in (0, 1)]
@@ -172,9 +173,10 @@ def test_record_pairs_the_honest_subjects_with_fault_free_projavg(tmp_path, monk
     for fit in fits:
         path = experiment.fit_path(args.out, fit["rule"], fit["fault"], fit["n_faulty"], fit["seed"], 3, 16)
         path.write_text(json.dumps(fit))
-    experiment.record(args, 4)
+    experiment.record(args, 4, 12.5)
     record = read_record("robust-aggregation-f4", folder=tmp_path)
-    assert record["reference"] == "projavg/none" and record["paired_by"] == "seed"
+    assert record["reference"] == "projavg/none" and record["paired_by"] == "seed" and record["wall_seconds"] == 12.5
+    assert record["command"].endswith("--root-size 16 --report-only --record")  # what it ran: no fit
     rows = record["rows"]
     assert rows["projavg/labels"]["scores"]["honest"] == {"0": 100.0, "1": 100.0}
     assert rows["projavg/labels"]["scores"]["faulty"] == {"0": 0.0, "1": 0.0}
