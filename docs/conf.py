@@ -64,7 +64,7 @@ myst_heading_anchors = 3
 # -- gallery ------------------------------------------------------------------------------
 # The examples on the offline PhysioNet EEG run only where the data are (they exit with a
 # message when run by hand elsewhere): the build lists them without executing them.
-_REAL_EEG_EXAMPLES = ["plot_07_physionet_federated.py"]
+_REAL_EEG_EXAMPLES = ["plot_01_quickstart.py", "plot_07_physionet_federated.py", "plot_11_robust_aggregation.py"]
 _filename_pattern = r"/plot_"
 if find_physionet_root() is None:
     print("skfedspd docs: PhysioNet EEG data not found (SKFEDSPD_DATA, <ancestor>/shared/data): "

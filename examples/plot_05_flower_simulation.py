@@ -46,13 +46,16 @@ for backend in ["local", "flower"]:
 # Bit-identical models
 # --------------------
 # The global parameters (BiMap Stiefel weights, the linear head) and the round history agree
-# exactly: same clients drawn, same local minibatches, same aggregation.
+# exactly: same clients drawn, same local minibatches, same aggregation. With 160 trials no
+# validation part is held out (below 50 validation trials, see
+# :func:`~skfedspd.validation.uses_validation`): the rounds' validation scores are NaN on both
+# backends, so the history is compared on the clients drawn and the training losses.
 local, flower = (fits[b].global_estimator_.module_.get_parameters() for b in ["local", "flower"])
 print("parameters identical:", all(np.array_equal(local[name], flower[name]) for name in local))
 print("clients per round:   ", [r["clients"] for r in fits["flower"].history_])
-print("same history:        ", [r["clients"] for r in fits["local"].history_]
-      == [r["clients"] for r in fits["flower"].history_]
-      and [r["val_f1"] for r in fits["local"].history_] == [r["val_f1"] for r in fits["flower"].history_])
+same_clients = [r["clients"] for r in fits["local"].history_] == [r["clients"] for r in fits["flower"].history_]
+losses = {b: np.array([r["train_loss"] for r in fits[b].history_], dtype=float) for b in fits}
+print("same history:        ", same_clients and np.array_equal(losses["local"], losses["flower"], equal_nan=True))
 
 # %%
 # What the Flower run adds is the message passing: the server only ever receives each
