@@ -1,14 +1,18 @@
 """The harness of ``python -m benchmarks.experiments moabb-transfer`` (no EEG needed)."""
 
+import importlib.util
+
 import numpy as np
 import pandas as pd
 import pytest
 import sklearn
 from sklearn.utils.metadata_routing import get_routing_for_object
 
-pytest.importorskip("moabb")
+from benchmarks.experiments import moabb_transfer
 
-from benchmarks.experiments import moabb_transfer  # noqa: E402
+# Checked without importing MOABB: importing it at collection sets up MNE's logger under
+# pytest's own handlers, which the main job's entry-point test then finds there.
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("moabb") is None, reason="MOABB is not installed")
 
 
 def test_every_preset_of_moabb_is_run_by_default():
