@@ -46,3 +46,9 @@ def test_installed_distribution_has_the_package_version():
     assert distribution.version == skfedspd.__version__, (
         f"installed metadata says {distribution.version}, the package {skfedspd.__version__}: reinstall "
         "(pip install -e . --no-deps)")
+
+
+def test_citation_file_cites_the_package_version_and_the_paper():
+    text = (ROOT / "CITATION.cff").read_text()
+    assert re.search(r"^version: (\S+)$", text, re.M).group(1) == skfedspd.__version__
+    assert "arXiv:2604.22494" in text and "license: BSD-3-Clause" in text
