@@ -79,3 +79,15 @@ def git_commit(root=None, ignore=("benchmarks/records/data/",)):
     except (OSError, subprocess.CalledProcessError):
         return None
     return {"sha": sha, "dirty": any(not path.startswith(ignore) for path in changed)}
+
+
+_CODE_COMMIT = []
+
+
+def code_commit():
+    """:func:`git_commit` of this repository when the process first asked: the code it runs.
+    An experiment asks at its start (``benchmarks.experiments.main``), so a commit made while
+    it runs is not put on its records."""
+    if not _CODE_COMMIT:
+        _CODE_COMMIT.append(git_commit())
+    return _CODE_COMMIT[0]

@@ -11,6 +11,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 
 import torch  # noqa: E402
 
+from .._machine import code_commit  # noqa: E402
 from . import (  # noqa: E402
     client_optimizer_state,
     defaults,
@@ -56,6 +57,7 @@ def main(argv=None):
                                                  description=module.__doc__,
                                                  formatter_class=argparse.RawDescriptionHelpFormatter))
     args = parser.parse_args(argv)
+    code_commit()  # the commit its records name: the code as the run starts
     torch.set_num_threads(1)
     # Library noise (MNE's per-recording montage warnings, MOABB's logging) stays out of the console.
     logging.getLogger("mne").setLevel(logging.ERROR)

@@ -24,7 +24,7 @@ import datetime
 import json
 from pathlib import Path
 
-from .._machine import git_commit, library_versions, machine_facts
+from .._machine import code_commit, library_versions, machine_facts
 
 #: Where the tracked records live.
 RECORDS = Path(__file__).parent / "data"
@@ -43,7 +43,7 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
     ``reference``: the row every other row is compared with, unit by unit; ``wall_seconds``:
     the run's elapsed wall time (a sum of fit times belongs in ``facts``, under its own name;
     None where no one run made the record, such as a combination of separate runs).
-    The commit (:func:`~benchmarks._machine.git_commit`) and the library versions
+    The commit (:func:`~benchmarks._machine.code_commit`, taken when the run started) and the library versions
     (:func:`~benchmarks._machine.library_versions`) are those of the running checkout.
     """
     import skfedspd
@@ -52,7 +52,7 @@ def write_record(name, *, title, command, rows, metrics, reference, paired_by, w
         raise ValueError(f"reference row {reference!r} is not among the rows {sorted(rows)}")
     record = {
         "name": name, "title": title, "command": command, "package": skfedspd.__version__,
-        "commit": git_commit(), "versions": library_versions(),
+        "commit": code_commit(), "versions": library_versions(),
         "date": datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat(),
         "machine": measured_on or machine_facts(),
         "wall_seconds": None if wall_seconds is None else round(float(wall_seconds), 1),

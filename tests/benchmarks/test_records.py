@@ -243,6 +243,16 @@ def test_a_record_carries_the_commit_and_the_library_versions(tmp_path):
     assert record["commit"] is None or (len(record["commit"]["sha"]) == 40 and isinstance(record["commit"]["dirty"], bool))
 
 
+def test_a_run_names_the_commit_it_started_from(monkeypatch):
+    from benchmarks import _machine
+
+    monkeypatch.setattr(_machine, "_CODE_COMMIT", [])
+    commits = iter([{"sha": "a" * 40, "dirty": False}, {"sha": "b" * 40, "dirty": False}])
+    monkeypatch.setattr(_machine, "git_commit", lambda: next(commits))
+    assert _machine.code_commit()["sha"] == "a" * 40
+    assert _machine.code_commit()["sha"] == "a" * 40  # a commit made during the run is not its
+
+
 def test_the_commit_is_the_checkouts_and_says_whether_its_tracked_files_changed(tmp_path):
     import subprocess
 
