@@ -170,8 +170,9 @@ def paired_table(tables):
                          f"{fmt(records)} | {len(records)} | {mean:+.1f}{spread} | {wins} of {n} |")
     lines += ["", "Each seed is one split (every client's own stratified 85/15 split) and one initialization; "
                   "a row's difference to TS+LR is paired over the seeds both have, mean ± standard error. "
-                  "Recommended configuration: `SPDnetClassifier()` as shipped; with `batchnorm=\"domain\"`, each "
-                  "subject a domain and each test subject predicted in its own call; federated, the same local "
+                  "Recommended configuration: `SPDnetClassifier()` given the subjects (its `\"auto\"` batch "
+                  "norm is then domain batch norm: each subject a domain, each test subject predicted in its own "
+                  "call), beside it the same estimator fitted without them; federated, the domain-BN local "
                   "model on the paper's clients with server momentum "
                   f"(ServerMomentum(lr={SERVER_MOMENTUM['lr']}, momentum={SERVER_MOMENTUM['momentum']})) "
                   "and a fresh client Adam every round (`client_optimizer_state=\"reset\"`), the rest the "
@@ -190,9 +191,10 @@ def headline(name, results, seeds):
             f"Paper protocol: FedSPDnet (full, ProjAvg) {v(FED['full', 'projavg'])}{momentum}, centralized SPDnet "
             f"{v(SPDNET)}, FedEEGNet (full) {v(FEDEEG['full'])}.")
     if any(cell in results for cell in RECOMMENDED.values()):
-        line += (f" Recommended configuration: SPDnetClassifier() {v(RECOMMENDED['spdnet'])}, with domain BN "
+        line += (f" Recommended configuration: SPDnetClassifier() given the subjects (domain BN) "
                  f"{v(RECOMMENDED['domain'])}, FedSPDnet + domain BN + server momentum "
-                 f"{v(RECOMMENDED['federated'])}.")
+                 f"{v(RECOMMENDED['federated'])}; SPDnetClassifier() without the subjects "
+                 f"{v(RECOMMENDED['spdnet'])}.")
     if FED_TS_LR in results:
         line += f" Federated classical baseline: FedRecenter+TS+LR {v(FED_TS_LR)}."
     n = len(results.get(TS_LR, ()))
