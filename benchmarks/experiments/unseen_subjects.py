@@ -7,9 +7,13 @@ each test subject in one call, so domain batch norm and ``Recenter`` re-centre t
 subject with all of its unlabeled trials (whole-subject adaptation). Reported per subject in
 balanced accuracy, ROC-AUC beside it, with paired differences ± standard error.
 
+A network is trained once per seed of ``--seeds``; its score on a subject is the mean over
+those trainings, so with several seeds the standard error over subjects includes the spread of
+training. The classical pipelines have no seed and are fitted once.
+
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
-for the ``online`` experiment. Each (pipeline, fold) is one file of predictions: a run can be
-split over processes with ``--folds`` and resumed; the report covers what is there.
+for the ``online`` experiment. Each (pipeline, fold, seed) is one file of predictions: a run
+can be split over processes with ``--folds`` and resumed; the report covers what is there.
 """
 
 import time
@@ -37,7 +41,8 @@ def add_arguments(parser):
     parser.add_argument("--folds", type=int, nargs="+", default=None, help="run only these fold indices")
     parser.add_argument("--pipelines", nargs="+", default=DEFAULT_PIPELINES,
                         choices=list(PIPELINES) + list(ABLATIONS))
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="training seeds of the networks (their scores are averaged per subject)")
     parser.add_argument("--out", type=Path, default=Path("results/unseen-subjects"))
     parser.add_argument("--models", type=Path, default=None,
                         help="an earlier run's folder: its saved models predict again instead of being refitted "
@@ -61,6 +66,20 @@ def networks(names, seed):
     one training seed, whatever the number of subjects its scores are paired over."""
     return sorted(report.row_key(name) for name in names
                   if isinstance(build(name, seed), (SPDnetClassifier, FederatedSPDnetClassifier)))
+
+
+def is_network(model):
+    return isinstance(model, (SPDnetClassifier, FederatedSPDnetClassifier))
+
+
+def runs(name, seeds):
+    """``(seed, file stem)`` of each training of pipeline ``name``: one per seed for a network,
+    one for a classical pipeline (no seed); the first seed's stem carries no seed, as the
+    ``online`` experiment reads it."""
+    stem = name + "-fold{k}"
+    if not is_network(build(name, seeds[0])):
+        return [(seeds[0], stem)]
+    return [(seed, stem if i == 0 else f"{stem}-seed{seed}") for i, seed in enumerate(seeds)]
 
 
 def predict_subjects(model, X, y, groups, classes):
@@ -87,66 +106,82 @@ def run(args):
             if args.folds is not None and k not in args.folds:
                 continue
             for name in args.pipelines:
-                path = args.out / "predictions" / f"{name}-fold{k}.csv"
-                if path.exists():
-                    continue
-                model, seconds = trained(args, name, k, X[train], y[train], groups[train])
-                frame = predict_subjects(model, X[test], y[test], groups[test], model.classes_)
-                frame.insert(0, "pipeline", name)
-                frame["fold"] = k
-                frame["fit_seconds"] = seconds
-                path.parent.mkdir(exist_ok=True)
-                if isinstance(model, (SPDnetClassifier, FederatedSPDnetClassifier)):
-                    (args.out / "models").mkdir(exist_ok=True)
-                    save_estimator(model, args.out / "models" / f"{name}-fold{k}.skfedspd")
-                frame.to_csv(path, index=False)
-                print(f"fold {k} {name}: balanced accuracy "
-                      f"{report.subject_scores(frame)['balanced_accuracy'].mean():.1f} ({seconds:.0f} s)",
-                      flush=True)
-    scores = write_report(args)
+                for seed, stem in runs(name, args.seeds):
+                    stem = stem.format(k=k)
+                    path = args.out / "predictions" / f"{stem}.csv"
+                    if path.exists():
+                        continue
+                    model, seconds = trained(args, name, stem, seed, X[train], y[train], groups[train])
+                    frame = predict_subjects(model, X[test], y[test], groups[test], model.classes_)
+                    frame.insert(0, "pipeline", name)
+                    frame["fold"], frame["seed"], frame["fit_seconds"] = k, seed, seconds
+                    path.parent.mkdir(exist_ok=True)
+                    if is_network(model):
+                        (args.out / "models").mkdir(exist_ok=True)
+                        save_estimator(model, args.out / "models" / f"{stem}.skfedspd")
+                    frame.to_csv(path, index=False)
+                    print(f"fold {k} {name} seed {seed}: balanced accuracy "
+                          f"{report.subject_scores(frame)['balanced_accuracy'].mean():.1f} ({seconds:.0f} s)",
+                          flush=True)
+    scores, seeds = write_report(args)
     if scores is not None and args.folds is None and args.models is None and not args.report_only:
         path = report.write_subject_record(
             f"unseen-subjects-{args.cv}", f"Unseen subjects, whole-subject adaptation, {args.cv}", scores,
             "Recenter+TS+LR" if "Recenter+TS+LR" in set(scores["pipeline"]) else scores["pipeline"].iloc[0],
             time.perf_counter() - start, {"subjects": scores["subject"].nunique(), "cv": args.cv,
                                           "predictions_cached_at_start": cached_at_start,
-                                          "one_training_seed": networks(scores["pipeline"].unique(), args.seed)})
+                                          "training_seeds": seeds,
+                                          **({"one_training_seed": networks(scores["pipeline"].unique(), seeds[0])}
+                                             if len(seeds) == 1 else {})})
         print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall, {cached_at_start} "
               f"(pipeline, fold) predictions cached at the start)")
 
 
-def trained(args, name, k, X, y, groups):
+def trained(args, name, stem, seed, X, y, groups):
     """``(model, fit seconds)``: the model of ``--models`` (with that run's fit time) when
-    it saved one for this pipeline and fold, else a new one fitted here."""
-    saved = None if args.models is None else args.models / "models" / f"{name}-fold{k}.skfedspd"
+    it saved one for this training (file ``stem``), else a new one fitted here from ``seed``."""
+    saved = None if args.models is None else args.models / "models" / f"{stem}.skfedspd"
     if saved is not None and saved.exists():
-        earlier = pd.read_csv(args.models / "predictions" / f"{name}-fold{k}.csv")
+        earlier = pd.read_csv(args.models / "predictions" / f"{stem}.csv")
         return load_estimator(saved), float(earlier["fit_seconds"].iloc[0])
-    model = build(name, args.seed)
+    model = build(name, seed)
     start = time.perf_counter()
     fit(model, X, y, groups)
     return model, time.perf_counter() - start
 
 
 def write_report(args):
-    """Print and write the report of the predictions in ``args.out``; their per-subject
-    scores (None when there are none)."""
+    """Print and write the report of the predictions in ``args.out``; ``(per-subject scores,
+    the networks' training seeds)``, ``(None, [])`` when there are none."""
     files = sorted((args.out / "predictions").glob("*.csv"))
     if not files:
         print("no predictions yet")
-        return None
+        return None, []
     predictions = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
-    scores = report.subject_scores(predictions)
+    if "seed" not in predictions:  # predictions of a run before seeds were recorded: seed 0
+        predictions["seed"] = 0
+    predictions["seed"] = predictions["seed"].fillna(0).astype(int)
+    scores = seed_averaged_scores(predictions)
+    seeds = sorted(predictions.loc[predictions["pipeline"].map(lambda n: is_network(build(n, 0))), "seed"].unique())
     present = list(dict.fromkeys(scores["pipeline"]))
     known = list(PIPELINES) + list(ABLATIONS)
     order = [n for n in known if n in present] + sorted(n for n in present if n not in known)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv}, "
-        "each test subject predicted in one call", ""]
+        f"each test subject predicted in one call; networks trained from seeds {[int(s) for s in seeds]}, "
+        "their scores averaged per subject", ""]
     lines += report.score_table(scores, order) + [""] + report.paired_lines(scores, PAIRS)
-    fit_time = predictions.groupby(["pipeline", "fold"])["fit_seconds"].first().groupby("pipeline").mean()
+    fit_time = predictions.groupby(["pipeline", "fold", "seed"])["fit_seconds"].first().groupby("pipeline").mean()
     lines += ["", "mean fit time per fold (s): " + ", ".join(f"{n} {fit_time[n]:.0f}" for n in order)]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     scores.to_csv(args.out / "subject_scores.csv", index=False)
     print("\n".join(lines))
-    return scores
+    return scores, [int(s) for s in seeds]
+
+
+def seed_averaged_scores(predictions):
+    """One row per (pipeline, subject): :func:`~.report.subject_scores` of each training seed,
+    averaged over the seeds."""
+    per_seed = pd.concat([report.subject_scores(part) for _, part in predictions.groupby("seed")],
+                         ignore_index=True)
+    return per_seed.groupby(["pipeline", "subject"], sort=False, as_index=False).mean()

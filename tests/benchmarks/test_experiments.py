@@ -253,12 +253,34 @@ def test_unseen_subjects_reuses_a_saved_model_and_refits_the_others(spd_domains,
     (tmp_path / "predictions").mkdir()
     save_estimator(saved, tmp_path / "models" / "SPDnet+dBN-fold0.skfedspd")
     pd.DataFrame({"fit_seconds": [12.5, 12.5]}).to_csv(tmp_path / "predictions" / "SPDnet+dBN-fold0.csv")
-    args = SimpleNamespace(models=tmp_path, seed=0)
-    model, seconds = unseen_subjects.trained(args, "SPDnet+dBN", 0, X, y, groups)
+    args = SimpleNamespace(models=tmp_path)
+    model, seconds = unseen_subjects.trained(args, "SPDnet+dBN", "SPDnet+dBN-fold0", 0, X, y, groups)
     assert seconds == 12.5 and model.get_params()["max_epochs"] == 2
     np.testing.assert_array_equal(model.predict_proba(X), saved.predict_proba(X))
-    refitted, seconds = unseen_subjects.trained(args, "TS+LR", 0, X, y, groups)
+    refitted, seconds = unseen_subjects.trained(args, "TS+LR", "TS+LR-fold0", 0, X, y, groups)
     assert seconds > 0 and hasattr(refitted, "classes_")
+
+
+def test_unseen_subjects_trains_a_network_per_seed_and_a_classical_pipeline_once():
+    from benchmarks.experiments import unseen_subjects
+
+    assert unseen_subjects.runs("SPDnet+dBN", [0, 1, 2]) == [
+        (0, "SPDnet+dBN-fold{k}"), (1, "SPDnet+dBN-fold{k}-seed1"), (2, "SPDnet+dBN-fold{k}-seed2")]
+    assert unseen_subjects.runs("Recenter+TS+LR", [0, 1, 2]) == [(0, "Recenter+TS+LR-fold{k}")]
+
+
+def test_unseen_subjects_averages_each_subjects_scores_over_the_training_seeds():
+    from benchmarks.experiments import unseen_subjects
+
+    y = [0, 0, 1, 1]
+    rows = [("net", 0, [0, 0, 1, 1]), ("net", 1, [0, 1, 1, 1]), ("TS+LR", 0, [1, 1, 1, 1])]
+    predictions = pd.concat([pd.DataFrame({"pipeline": name, "subject": 7, "seed": seed, "y": y, "pred": pred,
+                                           "score": np.array(pred, dtype=float) + [0.1, 0.2, 0.3, 0.4]})
+                             for name, seed, pred in rows], ignore_index=True)
+    scores = unseen_subjects.seed_averaged_scores(predictions).set_index("pipeline")
+    assert scores.loc["net", "balanced_accuracy"] == pytest.approx((100 + 75) / 2)
+    assert scores.loc["TS+LR", "balanced_accuracy"] == pytest.approx(50)
+    assert list(scores.index) == ["net", "TS+LR"] and (scores["subject"] == 7).all()
 
 
 def test_the_unseen_subjects_record_names_its_networks_as_one_training_seed_each():
