@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import torch
+from joblib import Parallel, delayed
 from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
@@ -43,6 +45,7 @@ def add_arguments(parser):
                         choices=list(PIPELINES) + list(ABLATIONS))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="training seeds of the networks (their scores are averaged per subject)")
+    parser.add_argument("--jobs", type=int, default=1, help="trainings run in parallel, one process each")
     parser.add_argument("--out", type=Path, default=Path("results/unseen-subjects"))
     parser.add_argument("--models", type=Path, default=None,
                         help="an earlier run's folder: its saved models predict again instead of being refitted "
@@ -102,27 +105,15 @@ def run(args):
         X, y, groups = load_left_right(args.subjects)
         splits = folds(groups, args.cv)
         np.save(args.out / "groups.npy", groups)
-        for k, (train, test) in enumerate(splits):
-            if args.folds is not None and k not in args.folds:
-                continue
-            for name in args.pipelines:
-                for seed, stem in runs(name, args.seeds):
-                    stem = stem.format(k=k)
-                    path = args.out / "predictions" / f"{stem}.csv"
-                    if path.exists():
-                        continue
-                    model, seconds = trained(args, name, stem, seed, X[train], y[train], groups[train])
-                    frame = predict_subjects(model, X[test], y[test], groups[test], model.classes_)
-                    frame.insert(0, "pipeline", name)
-                    frame["fold"], frame["seed"], frame["fit_seconds"] = k, seed, seconds
-                    path.parent.mkdir(exist_ok=True)
-                    if is_network(model):
-                        (args.out / "models").mkdir(exist_ok=True)
-                        save_estimator(model, args.out / "models" / f"{stem}.skfedspd")
-                    frame.to_csv(path, index=False)
-                    print(f"fold {k} {name} seed {seed}: balanced accuracy "
-                          f"{report.subject_scores(frame)['balanced_accuracy'].mean():.1f} ({seconds:.0f} s)",
-                          flush=True)
+        todo = [(k, name, seed, stem.format(k=k)) for k in range(len(splits))
+                if args.folds is None or k in args.folds
+                for name in args.pipelines for seed, stem in runs(name, args.seeds)]
+        todo = [task for task in todo if not (args.out / "predictions" / f"{task[3]}.csv").exists()]
+        # each training in its own process (one thread each): the fits are independent
+        for line in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
+                delayed(fit_and_predict)(args, name, stem, seed, k, X, y, groups, splits[k])
+                for k, name, seed, stem in todo):
+            print(line, flush=True)
     scores, seeds = write_report(args)
     if scores is not None and args.folds is None and args.models is None and not args.report_only:
         path = report.write_subject_record(
@@ -135,6 +126,25 @@ def run(args):
                                              if len(seeds) == 1 else {})})
         print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall, {cached_at_start} "
               f"(pipeline, fold) predictions cached at the start)")
+
+
+def fit_and_predict(args, name, stem, seed, k, X, y, groups, split):
+    """Train pipeline ``name`` from ``seed`` on fold ``k``'s training subjects, predict each of
+    its test subjects in one call, write the predictions (and a network's model) under
+    ``args.out`` as ``stem``; a line for the console."""
+    torch.set_num_threads(1)
+    train, test = split
+    model, seconds = trained(args, name, stem, seed, X[train], y[train], groups[train])
+    frame = predict_subjects(model, X[test], y[test], groups[test], model.classes_)
+    frame.insert(0, "pipeline", name)
+    frame["fold"], frame["seed"], frame["fit_seconds"] = k, seed, seconds
+    (args.out / "predictions").mkdir(exist_ok=True)
+    if is_network(model):
+        (args.out / "models").mkdir(exist_ok=True)
+        save_estimator(model, args.out / "models" / f"{stem}.skfedspd")
+    frame.to_csv(args.out / "predictions" / f"{stem}.csv", index=False)
+    return (f"fold {k} {name} seed {seed}: balanced accuracy "
+            f"{report.subject_scores(frame)['balanced_accuracy'].mean():.1f} ({seconds:.0f} s)")
 
 
 def trained(args, name, stem, seed, X, y, groups):
