@@ -137,6 +137,12 @@ def transfer_pipelines(names=PIPELINES, seed=0):
     return {name: build[name]() for name in names}
 
 
+def networks(names):
+    """The row keys of the pipelines among ``names`` that train a network: one per fold, from
+    one seed, so their readings over subjects say so."""
+    return [records_report.row_key(name) for name in names if name == "SPDnet"]
+
+
 def metrics_of(mode):
     """The metrics MOABB scores under ``mode``: ROC-AUC only one trial at a time."""
     from moabb.evaluations import CrossSubjectMode
@@ -232,7 +238,8 @@ def run(args):
                 frame, REFERENCE, seconds, {"cs_mode": mode, "split": split.rstrip("-"),
                                             "subjects": sorted(args.subjects),
                                             "fit_seconds_per_pipeline": scores.groupby("pipeline")["time"]
-                                            .mean().round(1).to_dict()},
+                                            .mean().round(1).to_dict(),
+                                            "one_training_seed": networks(args.pipelines)},
                 metrics=metrics_of(mode))
             print(f"record: {path}", flush=True)
     elapsed = time.perf_counter() - start

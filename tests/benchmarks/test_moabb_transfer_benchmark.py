@@ -75,3 +75,8 @@ def test_reused_training_is_the_model_a_fit_gives():
     assert len(moabb_transfer.ReusedTraining.trained) == 1 and reused.domains_ == {"target": 8}
     np.testing.assert_allclose(reused.decision_function(X[48:]), fitted.decision_function(X[48:]), atol=1e-12)
     moabb_transfer.ReusedTraining.trained.clear()
+
+
+def test_the_network_rows_are_named_as_one_training_seed():
+    assert moabb_transfer.networks(["TS+LR", "Recenter+TS+LR", "SPDnet"]) == ["spdnet"]
+    assert moabb_transfer.networks(["TS+LR"]) == []
