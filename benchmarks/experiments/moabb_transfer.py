@@ -23,7 +23,10 @@ Pipelines (the same for every preset; :func:`transfer_pipelines`):
   ``"auto"`` batch norm is domain batch norm with the routed subjects), the slice as the new
   subject's domain statistics. Every preset of a fold trains on the same subjects: the
   network trained for one preset is reused by the others (:class:`ReusedTraining`), which
-  then only add their slice.
+  then only add their slice;
+* opt-in (:data:`NO_SLICE`): "Recenter+TS+LR, no slice" and "SPDnet, no slice", the same
+  pipelines with the slice left unrequested (the network is the same training): paired with
+  their own row on the same test trials, what the slice buys.
 
 The package's pipelines are built with ``Pipeline(transform_input=skfedspd.transfer.
 TARGET_INPUTS)``, which passes the raw slice through the covariance step before the step that
@@ -60,6 +63,9 @@ from .data import offline_root, physionet_moabb
 from .moabb_evaluation import quiet_libraries, subject_frame
 
 PIPELINES = ["TS+LR", "Recenter+TS+LR", "EA+TS+LR", "SPDnet"]
+#: The re-centring pipelines with the slice left unrequested: paired with their own row on the
+#: same test trials, they show what the slice buys (under the calibration presets).
+NO_SLICE = {"Recenter+TS+LR, no slice": "Recenter+TS+LR", "SPDnet, no slice": "SPDnet"}
 METRICS = {"balanced_accuracy": "balanced accuracy (%)", "roc_auc": "ROC-AUC (%)"}
 REFERENCE = "TS+LR"
 
@@ -114,6 +120,7 @@ class ReusedTraining(SPDnetClassifier):
 def transfer_pipelines(names=PIPELINES, seed=0):
     """The pipelines of ``names`` (:data:`PIPELINES`), the package's ones with
     ``transform_input`` so that the routed raw slice reaches them as covariances."""
+    import sklearn
     from moabb.datasets.preprocessing import EuclideanAlignment
     from pyriemann.estimation import Covariances
     from pyriemann.tangentspace import TangentSpace
@@ -126,8 +133,15 @@ def transfer_pipelines(names=PIPELINES, seed=0):
     def ts_lr():
         return [TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000)]
 
+    def without_slice(step):
+        with sklearn.config_context(enable_metadata_routing=True):
+            return step.set_fit_request(**dict.fromkeys(TARGET_INPUTS, False))
+
     build = {
         "TS+LR": lambda: make_pipeline(Covariances("oas"), *ts_lr()),
+        "Recenter+TS+LR, no slice": lambda: make_pipeline(Covariances("oas"), without_slice(Recenter()), *ts_lr()),
+        "SPDnet, no slice": lambda: make_pipeline(Covariances("scm"),
+                                                  without_slice(ReusedTraining(random_state=seed))),
         "Recenter+TS+LR": lambda: make_pipeline(Covariances("oas"), Recenter(), *ts_lr(),
                                                 transform_input=TARGET_INPUTS),
         "EA+TS+LR": lambda: make_pipeline(EuclideanAlignment(), Covariances("oas"), *ts_lr()),
@@ -140,7 +154,7 @@ def transfer_pipelines(names=PIPELINES, seed=0):
 def networks(names):
     """The row keys of the pipelines among ``names`` that train a network: one per fold, from
     one seed, so their readings over subjects say so."""
-    return [records_report.row_key(name) for name in names if name == "SPDnet"]
+    return [records_report.row_key(name) for name in names if name.startswith("SPDnet")]
 
 
 def metrics_of(mode):
@@ -196,7 +210,8 @@ def add_arguments(parser):
     parser.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                         help="CrossSubjectMode presets by value, e.g. train train_trialwise "
                              "train_and_target_unlabeled_20p (default: every preset)")
-    parser.add_argument("--pipelines", nargs="+", choices=PIPELINES, default=PIPELINES)
+    parser.add_argument("--pipelines", nargs="+", choices=PIPELINES + list(NO_SLICE), default=PIPELINES,
+                        help="the rows; the re-centring ones without the slice (NO_SLICE) are opt-in")
     parser.add_argument("--cross-folds", type=int, default=None, metavar="K",
                         help="GroupKFold(K) over the subjects instead of leave one subject out (the slice of a "
                              "fold of several subjects is then one mixed calibration domain)")

@@ -34,6 +34,16 @@ def test_only_the_re_centring_pipelines_consume_the_slice():
         assert pipes[name].transform_input == ["X_target_unlabeled", "X_target_labeled"]
 
 
+def test_the_no_slice_rows_request_the_subjects_but_not_the_slice_even_cloned():
+    pipes = moabb_transfer.transfer_pipelines(list(moabb_transfer.NO_SLICE))
+    with sklearn.config_context(enable_metadata_routing=True):
+        for name, pipe in pipes.items():
+            consumed = get_routing_for_object(sklearn.clone(pipe)).consumes(
+                "fit", {"X_target_unlabeled", "X_target_labeled", "subjects"})
+            assert consumed == {"subjects"}, name
+    assert moabb_transfer.networks(list(moabb_transfer.NO_SLICE)) == ["spdnet-no-slice"]
+
+
 def test_trialwise_presets_score_roc_auc_only():
     assert list(moabb_transfer.metrics_of("train_trialwise")) == ["roc_auc"]
     assert list(moabb_transfer.metrics_of("train_and_target_unlabeled_20p")) == ["balanced_accuracy", "roc_auc"]
