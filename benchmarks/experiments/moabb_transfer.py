@@ -65,7 +65,7 @@ from .moabb_evaluation import quiet_libraries, subject_frame
 PIPELINES = ["TS+LR", "Recenter+TS+LR", "EA+TS+LR", "SPDnet"]
 #: The re-centring pipelines with the slice left unrequested: paired with their own row on the
 #: same test trials, they show what the slice buys (under the calibration presets).
-NO_SLICE = {"Recenter+TS+LR, no slice": "Recenter+TS+LR", "SPDnet, no slice": "SPDnet"}
+NO_SLICE = ["Recenter+TS+LR, no slice", "SPDnet, no slice"]
 METRICS = {"balanced_accuracy": "balanced accuracy (%)", "roc_auc": "ROC-AUC (%)"}
 REFERENCE = "TS+LR"
 
@@ -210,7 +210,7 @@ def add_arguments(parser):
     parser.add_argument("--modes", nargs="+", default=None, metavar="MODE",
                         help="CrossSubjectMode presets by value, e.g. train train_trialwise "
                              "train_and_target_unlabeled_20p (default: every preset)")
-    parser.add_argument("--pipelines", nargs="+", choices=PIPELINES + list(NO_SLICE), default=PIPELINES,
+    parser.add_argument("--pipelines", nargs="+", choices=PIPELINES + NO_SLICE, default=PIPELINES,
                         help="the rows; the re-centring ones without the slice (NO_SLICE) are opt-in")
     parser.add_argument("--cross-folds", type=int, default=None, metavar="K",
                         help="GroupKFold(K) over the subjects instead of leave one subject out (the slice of a "

@@ -6,7 +6,8 @@ MOABB's download in the full profile; the quick profile skips datasets that are 
 disk), plus an unseen-subject table from MOABB's CrossSubjectEvaluation (full profile).
 On the same splits, the package's recommended configuration: SPDnetClassifier() given the
 subjects (per-subject domain batch norm; beside it fitted without them), and federated with
-domain batch norm and server momentum; every row is reported with its difference to TS+LR paired over seeds (splits).
+domain batch norm and server momentum; every row is reported with its difference to TS+LR
+paired over seeds (splits).
 
     python -m benchmarks.experiments table-one --jobs 2          # main job (make experiment):
                                   # quick profile, 8 subjects, 450 rounds (converged), 1 seed

@@ -12,8 +12,9 @@ PARTICIPATION = {"full": 1.0, "half": 0.5, "full+sm": 1.0, "half+sm": 0.5}
 SERVER_MOMENTUM = {"lr": 1.0, "momentum": 0.9}  # ServerMomentum's
 #: "spdnet-default" and "spdnet-domain" are the package's recommended configuration beside the
 #: paper's: ``SPDnetClassifier()`` fitted without the subjects, and with ``batchnorm="domain"``
-#: (each subject a domain, what ``SPDnetClassifier()`` given the subjects does); federated, the latter with ``SERVER_MOMENTUM`` and fresh client Adam (the pairing
-#: the ``server_optimizer`` docstring recommends).
+#: (each subject a domain, what ``SPDnetClassifier()`` given the subjects does); federated,
+#: the latter with ``SERVER_MOMENTUM`` and fresh client Adam (the pairing the
+#: ``server_optimizer`` docstring recommends).
 #: "fed-ts-lr": the federated classical baseline (``FederatedTangentSpaceLR``: re-centred TS+LR whose
 #: logistic regression is fitted across the clients), the honest peer of FedSPDnet.
 MODELS = ("ts-lr", "mdm", "spdnet", "eegnet", "spdnet-default", "spdnet-domain", "fed-ts-lr")

@@ -67,8 +67,7 @@ def build(name, seed):
 def networks(names, seed):
     """The row keys of the pipelines among ``names`` that train a network from ``seed``: each is
     one training seed, whatever the number of subjects its scores are paired over."""
-    return sorted(report.row_key(name) for name in names
-                  if isinstance(build(name, seed), (SPDnetClassifier, FederatedSPDnetClassifier)))
+    return sorted(report.row_key(name) for name in names if is_network(build(name, seed)))
 
 
 def is_network(model):
@@ -172,7 +171,8 @@ def write_report(args):
         predictions["seed"] = 0
     predictions["seed"] = predictions["seed"].fillna(0).astype(int)
     scores = seed_averaged_scores(predictions)
-    seeds = sorted(predictions.loc[predictions["pipeline"].map(lambda n: is_network(build(n, 0))), "seed"].unique())
+    trained_nets = [name for name in predictions["pipeline"].unique() if is_network(build(name, 0))]
+    seeds = sorted(predictions.loc[predictions["pipeline"].isin(trained_nets), "seed"].unique())
     present = list(dict.fromkeys(scores["pipeline"]))
     known = list(PIPELINES) + list(ABLATIONS)
     order = [n for n in known if n in present] + sorted(n for n in present if n not in known)

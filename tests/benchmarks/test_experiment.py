@@ -280,7 +280,8 @@ def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
     assert line.startswith("FakeWeibo test macro-F1 (%), 1 seed; in brackets the difference to TS+LR paired over "
                            f"seeds ± SE. Paper protocol: FedSPDnet (full, ProjAvg) {f1['full/spdnet-projavg']} (")
     for key, text in [("full+sm/spdnet-projavg", "with server momentum"), ("centralized/spdnet", "centralized SPDnet"),
-                      ("full/eegnet", "FedEEGNet (full)"), ("centralized/spdnet-default", "SPDnetClassifier() without the subjects"),
+                      ("full/eegnet", "FedEEGNet (full)"),
+                      ("centralized/spdnet-default", "SPDnetClassifier() without the subjects"),
                       ("centralized/spdnet-domain", "SPDnetClassifier() given the subjects (domain BN)"),
                       ("full+sm/spdnet-domain", "FedSPDnet + domain BN + server momentum")]:
         assert f"{text} {f1[key]} (" in line, key
