@@ -18,7 +18,10 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   predicted in its own call), with each client's data one domain (the default) or each
   subject its own, at 150 and 300 rounds: what it loses to its centralized counterpart;
 - the learning curve: TS+LR and the shipped learner on 25 % and 50 % of each training
-  subject's trials (a stratified subsample per seed), the same test trials.
+  subject's trials (a stratified subsample per seed), the same test trials;
+- more matrices per trial: TS+LR and the shipped learner trained on the covariances of five
+  2 s windows of each 3 s trial (every 0.25 s; each window a training matrix with its trial's
+  label and subject), a test trial's class the mean of its windows' probabilities.
 
 The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
 of one domain, 10 % held out, the epochs within one standard error of the lowest validation
@@ -82,7 +85,11 @@ ROWS = {
     "SPDnetClassifier(), 50 % of the training trials": ("spdnet", {"fraction": 0.5}),
     "TS+LR, 25 % of the training trials": ("ts-lr", {"fraction": 0.25}),
     "SPDnetClassifier(), 25 % of the training trials": ("spdnet", {"fraction": 0.25}),
+    "TS+LR on 2 s windows, their probabilities averaged": ("windows", {"learner": "ts-lr"}),
+    "SPDnetClassifier() on 2 s windows, their probabilities averaged": ("windows", {"learner": "spdnet"}),
 }
+#: Window length and step (samples at 160 Hz) of the windowed rows: 5 windows of each 3 s trial.
+WINDOW, WINDOW_STEP = 320, 40
 
 
 def add_arguments(parser):
@@ -216,6 +223,27 @@ def band_covariances(X_raw, bands, fs):
     return np.stack([sample_covariance(band(lo, hi)) for lo, hi in bands], 1)
 
 
+def window_covariances(X_raw, length=WINDOW, step=WINDOW_STEP):
+    """``(n, n_windows, C, C)`` sample covariances of the windows of ``length`` samples every ``step``."""
+    starts = range(0, X_raw.shape[-1] - length + 1, step)
+    return np.stack([sample_covariance(X_raw[..., s:s + length]) for s in starts], 1)
+
+
+def windowed_proba(settings, windows, y, subjects, train, test, seed):
+    """Test probabilities of a learner fitted on every window of the training trials, each
+    test trial's the mean over its windows (the network predicts each test subject in one call)."""
+    n_windows, shape = windows.shape[1], windows.shape[2:]
+    X_train = windows[train].reshape(-1, *shape)
+    y_train, s_train = np.repeat(y[train], n_windows), np.repeat(subjects[train], n_windows)
+    X_test, s_test = windows[test].reshape(-1, *shape), np.repeat(subjects[test], n_windows)
+    if settings["learner"] == "ts-lr":
+        proba = ts_lr().fit(X_train, y_train).predict_proba(X_test)
+    else:
+        clf = SPDnetClassifier(random_state=seed).fit(X_train, y_train, groups=s_train)
+        proba = per_subject(clf.predict_proba, X_test, s_test)
+    return proba.reshape(len(test), n_windows, -1).mean(1)
+
+
 def fit_study(X, y, domains, seed, dispersion=False, mixed=False, running=False, hidden_dim=18, max_epochs=150,
               patience=25):
     """The study model fitted as the estimator fits with a validation part; returns it.
@@ -270,7 +298,7 @@ def subsample(train, y, subjects, fraction, seed):
 def fit_row(name, data, seed):
     """Test probabilities of the row ``name`` for the split ``seed``: ``{"f1", "accuracy", ...}``."""
     model, settings = ROWS[name]
-    covariances, bands, y, subjects = data
+    covariances, bands, windows, y, subjects = data
     train, test = client_split(y, subjects, seed)
     train = subsample(train, y, subjects, settings.get("fraction", 1.0), seed)
     start = time.perf_counter()
@@ -283,6 +311,8 @@ def fit_row(name, data, seed):
         with torch.no_grad():
             proba = per_subject(lambda Xs: torch.softmax(net(DomainBatch(torch.as_tensor(Xs), np.zeros(len(Xs)))), 1)
                                 .numpy(), X[test], subjects[test])
+    elif model == "windows":
+        proba = windowed_proba(settings, windows, y, subjects, train, test, seed)
     elif model == "federated":  # the recommended federation on the paper's clients of 2 subjects
         fed = recommended_federated(1.0, settings["rounds"], seed, {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)})
         fed.set_params(domains=settings["domains"]).fit(covariances[train], y[train], groups=subjects[train])
@@ -334,7 +364,7 @@ def run(args):
         X_raw, covariances, y, subjects = X_raw[keep], covariances[keep], y[keep], subjects[keep]
         y = np.unique(y, return_inverse=True)[1]
         bands = band_covariances(X_raw, BROAD + SUB_BANDS, protocol.fs)
-        data = (covariances, bands, y, subjects)
+        data = (covariances, bands, window_covariances(X_raw), y, subjects)
         names = ["TS+LR"] + [name for name in args.rows if name != "TS+LR"]
         start = time.perf_counter()
         jobs = [(name, seed) for name in names for seed in range(args.seeds)]
