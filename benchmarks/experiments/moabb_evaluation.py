@@ -17,7 +17,8 @@ Paired differences ± standard error over subjects, with the number of subjects 
 Pipelines (MOABB's own definitions where it has one: OAS covariances for the tangent-space
 and MDM pipelines; SCM covariances for SPDnet, as in the paper):
 
-* TS+LR, TS+SVM, MDM (pyRiemann);
+* TS+LR, TS+SVM, MDM, FgMDM (pyRiemann; FgMDM is MOABB's best PhysionetMI left/right
+  pipeline within session);
 * Recenter+TS+LR: ``skfedspd.Recenter`` (each subject re-centred to the identity) before the
   tangent space. In CrossSubject, MOABB passes the training subjects (``fit(subjects=...)``)
   to the pipelines whose routing asks for them: ``Recenter``, ``SPDnetClassifier`` and the
@@ -50,11 +51,14 @@ sets writes the combined one (``moabb-crosssubject-loso4x4``: leave one out with
 runs of four subjects), and of one folder re-writes that run's record from its folder. Runs
 meant only as parts of a ``--combine`` take ``--no-record``.
 
-    nice python -m benchmarks.experiments moabb --quick    # subjects 1-4, left/right, 5 pipelines
+    nice python -m benchmarks.experiments moabb --quick    # subjects 1-4, left/right, 8 pipelines
     nice python -m benchmarks.experiments moabb            # 40 subjects, + 4 classes, all pipelines
     # unseen subjects only, 40 subjects in GroupKFold(5) (the quick pipelines):
     nice python -m benchmarks.experiments moabb --quick --subjects 1 2 ... 39 42 \
         --evaluations CrossSubject --cross-folds 5
+    # within session, the 40 subjects, the defaults against FgMDM and TS+LR:
+    nice python -m benchmarks.experiments moabb --quick --subjects 1 2 ... 39 42 \
+        --evaluations WithinSession --pipelines TS+LR FgMDM SPDnet
 """
 
 import argparse
@@ -236,7 +240,7 @@ def split_words(evaluation, cross_folds, group_sizes):
 
 #: The rows of a record in the order of :func:`~.pipelines.moabb_pipelines` (MOABB's
 #: results come in the order its parallel tasks end).
-PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "Recenter+TS+LR", "SPDnet", "FedSPDnet", "SPDnet + domain BN",
+PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "FgMDM", "Recenter+TS+LR", "SPDnet", "FedSPDnet", "SPDnet + domain BN",
                   "FedSPDnet + domain BN", "EEGNet"]
 
 
@@ -378,6 +382,8 @@ def add_arguments(parser):
     parser.add_argument("--cross-folds", type=at_least_two, default=None, metavar="K",
                         help="CrossSubject by GroupKFold(K) over the subjects (default: leave-one-subject-out with "
                              "--quick, K = 5 otherwise)")
+    parser.add_argument("--pipelines", nargs="+", choices=PIPELINE_ORDER, default=None, metavar="NAME",
+                        help="only these pipelines: " + ", ".join(PIPELINE_ORDER))
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--record", default="moabb", metavar="PREFIX",
                         help="records PREFIX-withinsession-N, PREFIX-crosssubject-losoN, "
@@ -424,6 +430,13 @@ def evaluate(args, command):
     print(f"command: {command}\nmachine: {cpu_name()}, torch {torch.__version__}\noutput: {out}", flush=True)
     start, cpu_start = time.perf_counter(), time.process_time()
     pipes = moabb_pipelines(args.quick, args.groups_per_client)
+    if args.pipelines:
+        missing = [name for name in args.pipelines if name not in pipes]
+        if missing:
+            print(f"--pipelines: {missing} not in the {'quick' if args.quick else 'full'} run's {list(pipes)}",
+                  file=sys.stderr)
+            return 2
+        pipes = {name: pipes[name] for name in args.pipelines}
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores, subjects = [], {}

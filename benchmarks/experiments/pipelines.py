@@ -77,9 +77,10 @@ def federated(seed, local=None, **params):
 def moabb_pipelines(quick, groups_per_client=2):
     """name -> pipeline of MOABB's evaluations (``moabb``): epochs in, covariances estimated
     inside, MOABB's own definitions where it has one (OAS covariances for the tangent-space
-    and MDM pipelines; SCM covariances for SPDnet, as in the paper); the SPDnet rows are
-    those of :data:`PIPELINES` (``random_state=0``); ``quick`` leaves TS+SVM and EEGNet out."""
-    from pyriemann.classification import MDM
+    and MDM pipelines, FgMDM as its ``FgMDM.yml``; SCM covariances for SPDnet, as in the paper);
+    the SPDnet rows are those of :data:`PIPELINES` (``random_state=0``); ``quick`` leaves TS+SVM
+    and EEGNet out."""
+    from pyriemann.classification import MDM, FgMDM
     from pyriemann.estimation import Covariances
     from sklearn.svm import SVC
 
@@ -92,6 +93,7 @@ def moabb_pipelines(quick, groups_per_client=2):
     if not quick:
         out["TS+SVM"] = ts(SVC(kernel="linear", C=1.0))
     out["MDM"] = make_pipeline(Covariances("oas"), MDM(metric="riemann"))
+    out["FgMDM"] = make_pipeline(Covariances("oas"), FgMDM(metric="riemann"))
     out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), Recenter(), TangentSpace(metric="riemann"),
                                           LogisticRegression(C=1.0))
     out["SPDnet"] = make_pipeline(Covariances("scm"), spdnet(0))

@@ -77,12 +77,13 @@ def test_cross_subject_rows_that_use_domains_get_the_training_subjects():
     with config_context(enable_metadata_routing=True):
         consumes = {name: bool(get_routing_for_object(pipe).consumes("fit", {"subjects"}))
                     for name, pipe in moabb_pipelines(quick=True).items()}
-    assert consumes == {"TS+LR": False, "MDM": False, "Recenter+TS+LR": True, "SPDnet": True, "FedSPDnet": True,
+    assert consumes == {"TS+LR": False, "MDM": False, "FgMDM": False, "Recenter+TS+LR": True, "SPDnet": True, "FedSPDnet": True,
                         "SPDnet + domain BN": True, "FedSPDnet + domain BN": True}
 
 
 @pytest.mark.parametrize("argv, message", [(["--cross-folds", "1"], "--cross-folds: must be at least 2"),
-                                           (["--evaluations", "CrossSession"], "invalid choice: 'CrossSession'")])
+                                           (["--evaluations", "CrossSession"], "invalid choice: 'CrossSession'"),
+                                           (["--pipelines", "CSP+LDA"], "invalid choice: 'CSP+LDA'")])
 def test_bad_evaluation_options_are_refused(argv, message, capsys, tmp_path):
     from benchmarks.experiments.__main__ import main
 
