@@ -21,7 +21,10 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   subject's trials (a stratified subsample per seed), the same test trials;
 - more matrices per trial: TS+LR and the shipped learner trained on the covariances of five
   2 s windows of each 3 s trial (every 0.25 s; each window a training matrix with its trial's
-  label and subject), a test trial's class the mean of its windows' probabilities.
+  label and subject), a test trial's class the mean of its windows' probabilities;
+- the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
+- an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
+  ``5 · seed + k``), its probabilities averaged, alone and averaged with TS+LR's.
 
 The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
 of one domain, 10 % held out, the epochs within one standard error of the lowest validation
@@ -87,6 +90,11 @@ ROWS = {
     "SPDnetClassifier(), 25 % of the training trials": ("spdnet", {"fraction": 0.25}),
     "TS+LR on 2 s windows, their probabilities averaged": ("windows", {"learner": "ts-lr"}),
     "SPDnetClassifier() on 2 s windows, their probabilities averaged": ("windows", {"learner": "spdnet"}),
+    "TS+LR on OAS covariances": ("ts-lr", {"covariances": "oas"}),
+    "SPDnetClassifier() on OAS covariances": ("spdnet", {"covariances": "oas"}),
+    "SPDnetClassifier(), 5 training seeds, probabilities averaged": ("spdnet", {"training_seeds": 5}),
+    "SPDnetClassifier() over 5 training seeds and TS+LR, probabilities averaged":
+        ("ensemble", {"training_seeds": 5}),
 }
 #: Window length and step (samples at 160 Hz) of the windowed rows: 5 windows of each 3 s trial.
 WINDOW, WINDOW_STEP = 320, 40
@@ -298,7 +306,7 @@ def subsample(train, y, subjects, fraction, seed):
 def fit_row(name, data, seed):
     """Test probabilities of the row ``name`` for the split ``seed``: ``{"f1", "accuracy", ...}``."""
     model, settings = ROWS[name]
-    covariances, bands, windows, y, subjects = data
+    covariances, oas, bands, windows, y, subjects = data
     train, test = client_split(y, subjects, seed)
     train = subsample(train, y, subjects, settings.get("fraction", 1.0), seed)
     start = time.perf_counter()
@@ -319,12 +327,16 @@ def fit_row(name, data, seed):
         proba = per_subject(fed.predict_proba, covariances[test], subjects[test])
         extra = {"rounds_run": len(fed.history_), "best_round": int(fed.best_round_)}
     else:
+        X = oas if settings.get("covariances") == "oas" else covariances
         proba = 0.0
         if model in ("ts-lr", "ensemble"):
-            proba = proba + ts_lr().fit(covariances[train], y[train]).predict_proba(covariances[test])
+            proba = proba + ts_lr().fit(X[train], y[train]).predict_proba(X[test])
         if model in ("spdnet", "ensemble"):
-            clf = SPDnetClassifier(random_state=seed).fit(covariances[train], y[train], groups=subjects[train])
-            proba = proba + per_subject(clf.predict_proba, covariances[test], subjects[test])
+            n_seeds = settings.get("training_seeds", 1)
+            seeds = [seed] if n_seeds == 1 else [n_seeds * seed + k for k in range(n_seeds)]
+            proba = proba + np.mean([
+                per_subject(SPDnetClassifier(random_state=s).fit(X[train], y[train], groups=subjects[train])
+                            .predict_proba, X[test], subjects[test]) for s in seeds], 0)
     pred = np.argmax(proba, 1)
     return {**(extra if model == "federated" else {}), "seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
             "accuracy": float(accuracy_score(y[test], pred)), "n_train": int(len(train)),
@@ -364,7 +376,9 @@ def run(args):
         X_raw, covariances, y, subjects = X_raw[keep], covariances[keep], y[keep], subjects[keep]
         y = np.unique(y, return_inverse=True)[1]
         bands = band_covariances(X_raw, BROAD + SUB_BANDS, protocol.fs)
-        data = (covariances, bands, window_covariances(X_raw), y, subjects)
+        from pyriemann.estimation import Covariances
+
+        data = (covariances, Covariances("oas").transform(X_raw), bands, window_covariances(X_raw), y, subjects)
         names = ["TS+LR"] + [name for name in args.rows if name != "TS+LR"]
         start = time.perf_counter()
         jobs = [(name, seed) for name in names for seed in range(args.seeds)]

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from benchmarks.experiments.learner_leads import (ROWS, BandSPDNet, DispersionBatchNorm, RunningDomainBatchNorm, fit_study,
-                                                  mixed_minibatches, momentum_schedule, subsample)
+                                                  mixed_minibatches, momentum_schedule, subsample, window_covariances,
+                                                  windowed_proba)
 from skfedspd.aggregation import projavg
 from skfedspd.batchnorm import DomainBatch
 from skfedspd.functional import karcher_mean, logeig, spd_geodesic
@@ -64,7 +65,7 @@ def test_subsample_keeps_a_stratified_share_of_every_subject():
 
 
 def test_every_row_names_a_model_the_study_fits():
-    assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study", "federated"}
+    assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study", "federated", "windows"}
     assert ROWS["TS+LR"] == ("ts-lr", {})
 
 
@@ -102,3 +103,29 @@ def test_running_domain_means_move_by_the_momentum_and_pass_the_gradient(spd_dom
     assert torch.isfinite(Z.grad).all() and Z.grad.abs().sum() > 0
     with torch.no_grad():  # evaluation: each domain by its own trials, as the package does
         assert torch.allclose(bn.eval()(X[second], codes[second]), bn.normalize_batch(X[second]))
+
+
+def test_window_covariances_are_those_of_each_window():
+    X = np.random.default_rng(0).standard_normal((3, 4, 480))
+    W = window_covariances(X)
+    assert W.shape == (3, 5, 4, 4)  # windows of 320 samples at 0, 40, ..., 160
+    assert np.allclose(W[1, 2], np.cov(X[1, :, 80:400]))
+
+
+def test_windowed_prediction_averages_the_windows_of_each_test_trial(monkeypatch):
+    from benchmarks.experiments import learner_leads
+
+    class Proba:  # the probability of class 1 is a window's first entry
+        def fit(self, X, y):
+            assert len(X) == len(y) == 2 * 3  # every window of the training trials
+            return self
+
+        def predict_proba(self, X):
+            return np.stack([1 - X[:, 0, 0], X[:, 0, 0]], 1)
+
+    monkeypatch.setattr(learner_leads, "ts_lr", Proba)
+    windows = np.zeros((4, 3, 2, 2))
+    windows[..., 0, 0] = [[0.1, 0.2, 0.3], [0, 0, 0], [0.9, 0.6, 0.3], [1, 1, 1]]
+    proba = windowed_proba({"learner": "ts-lr"}, windows, np.array([0, 1, 0, 1]), np.zeros(4), np.array([1, 3]),
+                           np.array([0, 2]), seed=0)
+    assert np.allclose(proba[:, 1], [0.2, 0.6])
