@@ -242,6 +242,9 @@ def split_words(evaluation, cross_folds, group_sizes):
 #: results come in the order its parallel tasks end).
 PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "FgMDM", "Recenter+TS+LR", "SPDnet", "FedSPDnet", "SPDnet + domain BN",
                   "FedSPDnet + domain BN", "EEGNet"]
+#: The rows that train a network, from one seed (``random_state=0``): their readings over
+#: subjects say so (the records' fact ``one_training_seed``).
+NETWORKS = PIPELINE_ORDER[PIPELINE_ORDER.index("SPDnet"):]
 
 
 def subject_frame(scores, task, metrics=None):
@@ -306,7 +309,9 @@ def write_records(folders, prefix="moabb", command=None, figures=None):
         frame = subject_frame(part, task)
         facts = {"task": task, "evaluation": evaluation, "split": split_words(evaluation, cross_folds, group_sizes),
                  "subjects": sorted(s for group in subjects for s in group), "runs": len(used),
-                 "cpu_minutes": round(sum(r["cpu_seconds"] for r in used) / 60, 1)}
+                 "cpu_minutes": round(sum(r["cpu_seconds"] for r in used) / 60, 1),
+                 "one_training_seed": [records_report.row_key(name) for name in NETWORKS
+                                       if name in set(frame["pipeline"])]}
         paired_by = "subject"
         if evaluation == "CrossSubject" and cross_folds is not None:
             paired_by = "fold"

@@ -138,6 +138,9 @@ def test_a_run_writes_one_record_per_evaluation_paired_with_ts_lr(tmp_path, reco
     assert list(within["metrics"]) == ["balanced_accuracy", "roc_auc"]
     assert render.mean_sd(within, "spdnet") == "76.7 ± 11.5"
     assert render.difference(within, "spdnet", "roc_auc") == "+6.7 ± 3.3"
+    assert within["facts"]["one_training_seed"] == ["spdnet"]  # the network's readings say so
+    assert render.worded(within, "higher", "spdnet") == "higher, one training seed"
+    assert render.worded(within, "higher", "ts-lr") == "higher"
     cross = store.read_record("moabb-crosssubject-loso3", records)
     assert render.difference(cross, "spdnet") == "+0.0 ± 5.8" and cross["facts"]["split"] == "leave one subject out"
 
