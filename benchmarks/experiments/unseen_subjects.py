@@ -9,7 +9,10 @@ balanced accuracy, ROC-AUC beside it, with paired differences ± standard error.
 
 A network is trained once per seed of ``--seeds``; its score on a subject is the mean over
 those trainings, so with several seeds the standard error over subjects includes the spread of
-training. The classical pipelines have no seed and are fitted once.
+training. With several seeds, each network also has an ensemble row (``NAME, seed ensemble``):
+every trial's probability averaged over the seeds' networks, as scikit-learn's
+``VotingClassifier(voting="soft")`` of those networks predicts; one ensemble, so its readings
+say "one training seed". The classical pipelines have no seed and are fitted once.
 
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
 for the ``online`` experiment. Each (pipeline, fold, seed) is one file of predictions: a run
@@ -32,9 +35,13 @@ from .data import LEFT_RIGHT_SUBJECTS, load_left_right
 from .pipelines import ABLATIONS, PIPELINES, fit
 
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
+#: The ensemble row of a network trained from several seeds.
+ENSEMBLE = "{}, seed ensemble"
 PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
          ("Recenter+TS+LR", "TS+LR"), ("SPDnet+dBN", "TS+LR"),
-         ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"), ("SPDnet+dBN", "SPDnet+dBN, best epoch")]
+         ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"), ("SPDnet+dBN", "SPDnet+dBN, best epoch"),
+         (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR"), (ENSEMBLE.format("FedSPDnet+dBN"), "FedRecenter+TS+LR"),
+         (ENSEMBLE.format("FedSPDnet+dBN"), ENSEMBLE.format("SPDnet+dBN"))]
 
 
 def add_arguments(parser):
@@ -68,6 +75,14 @@ def networks(names, seed):
     """The row keys of the pipelines among ``names`` that train a network from ``seed``: each is
     one training seed, whatever the number of subjects its scores are paired over."""
     return sorted(report.row_key(name) for name in names if is_network(build(name, seed)))
+
+
+def one_training(names, seeds):
+    """The row keys whose scores come from one training: every network with one seed, the
+    seed ensembles (one ensemble of the seeds' networks) with several."""
+    if len(seeds) == 1:
+        return networks(names, seeds[0])
+    return sorted(report.row_key(name) for name in names if name.endswith(ENSEMBLE.format("")))
 
 
 def is_network(model):
@@ -121,8 +136,7 @@ def run(args):
             time.perf_counter() - start, {"subjects": scores["subject"].nunique(), "cv": args.cv,
                                           "predictions_cached_at_start": cached_at_start,
                                           "training_seeds": seeds,
-                                          **({"one_training_seed": networks(scores["pipeline"].unique(), seeds[0])}
-                                             if len(seeds) == 1 else {})})
+                                          "one_training_seed": one_training(scores["pipeline"].unique(), seeds)})
         print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall, {cached_at_start} "
               f"(pipeline, fold) predictions cached at the start)")
 
@@ -170,19 +184,22 @@ def write_report(args):
     if "seed" not in predictions:  # predictions of a run before seeds were recorded: seed 0
         predictions["seed"] = 0
     predictions["seed"] = predictions["seed"].fillna(0).astype(int)
-    scores = seed_averaged_scores(predictions)
+    ensembles = seed_ensembles(predictions)
+    scores = pd.concat([seed_averaged_scores(predictions)] + ([report.subject_scores(ensembles)] if len(ensembles) else []),
+                       ignore_index=True)
     trained_nets = [name for name in predictions["pipeline"].unique() if is_network(build(name, 0))]
     seeds = sorted(predictions.loc[predictions["pipeline"].isin(trained_nets), "seed"].unique())
     present = list(dict.fromkeys(scores["pipeline"]))
     known = list(PIPELINES) + list(ABLATIONS)
-    order = [n for n in known if n in present] + sorted(n for n in present if n not in known)
+    order = [row for n in known for row in (n, ENSEMBLE.format(n)) if row in present]
+    order += sorted(n for n in present if n not in order)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv}, "
         f"each test subject predicted in one call; networks trained from seeds {[int(s) for s in seeds]}, "
         "their scores averaged per subject", ""]
     lines += report.score_table(scores, order) + [""] + report.paired_lines(scores, PAIRS)
     fit_time = predictions.groupby(["pipeline", "fold", "seed"])["fit_seconds"].first().groupby("pipeline").mean()
-    lines += ["", "mean fit time per fold (s): " + ", ".join(f"{n} {fit_time[n]:.0f}" for n in order)]
+    lines += ["", "mean fit time per fold (s): " + ", ".join(f"{n} {fit_time[n]:.0f}" for n in order if n in fit_time)]
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     scores.to_csv(args.out / "subject_scores.csv", index=False)
     print("\n".join(lines))
@@ -195,3 +212,16 @@ def seed_averaged_scores(predictions):
     per_seed = pd.concat([report.subject_scores(part) for _, part in predictions.groupby("seed")],
                          ignore_index=True)
     return per_seed.groupby(["pipeline", "subject"], sort=False, as_index=False).mean()
+
+
+def seed_ensembles(predictions):
+    """The predictions of each network trained from several seeds, as one ensemble of those
+    networks (pipeline ``NAME, seed ensemble``): a trial's score is the mean over the seeds of
+    its probability of class 1, its decision whether that mean exceeds one half (the argmax
+    of the averaged probabilities, as ``VotingClassifier(voting="soft")``)."""
+    seeded = predictions.groupby("pipeline")["seed"].transform("nunique") > 1
+    keys = ["pipeline", "subject", "trial"]
+    mean = predictions[seeded].groupby(keys, sort=False).agg(y=("y", "first"), score=("score", "mean")).reset_index()
+    mean["pred"] = (mean["score"] > 0.5).astype(int)
+    mean["pipeline"] = mean["pipeline"].map(ENSEMBLE.format)
+    return mean

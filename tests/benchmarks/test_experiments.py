@@ -283,6 +283,21 @@ def test_unseen_subjects_averages_each_subjects_scores_over_the_training_seeds()
     assert list(scores.index) == ["net", "TS+LR"] and (scores["subject"] == 7).all()
 
 
+def test_a_seed_ensemble_averages_each_trials_probability_over_the_seeds():
+    from benchmarks.experiments import unseen_subjects
+
+    y = [0, 0, 1, 1]
+    rows = [("net", 0, [0.2, 0.6, 0.7, 0.4]), ("net", 1, [0.4, 0.6, 0.5, 0.8]), ("TS+LR", 0, [0.1, 0.2, 0.9, 0.8])]
+    predictions = pd.concat([pd.DataFrame({"pipeline": name, "subject": 7, "trial": range(4), "seed": seed, "y": y,
+                                           "score": score, "pred": (np.array(score) > 0.5).astype(int)})
+                             for name, seed, score in rows], ignore_index=True)
+    ensemble = unseen_subjects.seed_ensembles(predictions)
+    assert list(ensemble["pipeline"].unique()) == ["net, seed ensemble"]  # one seed: no ensemble
+    assert np.allclose(ensemble["score"], [0.3, 0.6, 0.6, 0.6]) and list(ensemble["pred"]) == [0, 1, 1, 1]
+    assert list(ensemble["y"]) == y
+    assert unseen_subjects.one_training(["net", "TS+LR", "net, seed ensemble"], [0, 1]) == ["net-seed-ensemble"]
+
+
 def test_the_unseen_subjects_record_names_its_networks_as_one_training_seed_each():
     names = ["TS+LR", "Recenter+TS+LR", "FedRecenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN"]
     assert unseen_subjects.networks(names, 0) == ["fedspdnet-dbn", "spdnet-dbn"]
