@@ -24,7 +24,8 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   label and subject), a test trial's class the mean of its windows' probabilities;
 - the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
 - an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
-  ``5 · seed + k``), its probabilities averaged, alone and averaged with TS+LR's.
+  ``5 · seed + k``), its probabilities averaged (scikit-learn's soft ``VotingClassifier``, the
+  subjects routed to every network), alone and averaged with TS+LR's.
 
 The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
 of one domain, 10 % held out, the epochs within one standard error of the lowest validation
@@ -41,8 +42,10 @@ import logging
 import time
 
 import numpy as np
+import sklearn
 import torch
 from joblib import Parallel, delayed
+from sklearn.ensemble import VotingClassifier
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 from torch import nn
@@ -332,15 +335,23 @@ def fit_row(name, data, seed):
         if model in ("ts-lr", "ensemble"):
             proba = proba + ts_lr().fit(X[train], y[train]).predict_proba(X[test])
         if model in ("spdnet", "ensemble"):
-            n_seeds = settings.get("training_seeds", 1)
-            seeds = [seed] if n_seeds == 1 else [n_seeds * seed + k for k in range(n_seeds)]
-            proba = proba + np.mean([
-                per_subject(SPDnetClassifier(random_state=s).fit(X[train], y[train], groups=subjects[train])
-                            .predict_proba, X[test], subjects[test]) for s in seeds], 0)
+            clf = spdnet(seed, settings.get("training_seeds", 1))
+            with sklearn.config_context(enable_metadata_routing=True):  # groups reach every network
+                clf.fit(X[train], y[train], groups=subjects[train])
+            proba = proba + per_subject(clf.predict_proba, X[test], subjects[test])
     pred = np.argmax(proba, 1)
     return {**(extra if model == "federated" else {}), "seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
             "accuracy": float(accuracy_score(y[test], pred)), "n_train": int(len(train)),
             "fit_seconds": time.perf_counter() - start, "config": {"row": name, **settings}}
+
+
+def spdnet(seed, n_seeds=1):
+    """``SPDnetClassifier()``, or the seed ensemble of ``n_seeds`` of them (training seeds
+    ``n_seeds · seed + k``, their probabilities averaged by a soft ``VotingClassifier``)."""
+    if n_seeds == 1:
+        return SPDnetClassifier(random_state=seed)
+    return VotingClassifier([(f"seed{k}", SPDnetClassifier(random_state=n_seeds * seed + k)) for k in range(n_seeds)],
+                            voting="soft")
 
 
 def ts_lr():
