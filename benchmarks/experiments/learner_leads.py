@@ -25,7 +25,8 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
 - the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
 - an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
   ``5 · seed + k``), its probabilities averaged (scikit-learn's soft ``VotingClassifier``, the
-  subjects routed to every network), alone and averaged with TS+LR's.
+  subjects routed to every network), alone and averaged with TS+LR's; and the recommended
+  federation likewise (five federations, their probabilities averaged).
 
 The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
 of one domain, 10 % held out, the epochs within one standard error of the lowest validation
@@ -98,6 +99,8 @@ ROWS = {
     "SPDnetClassifier(), 5 training seeds, probabilities averaged": ("spdnet", {"training_seeds": 5}),
     "SPDnetClassifier() over 5 training seeds and TS+LR, probabilities averaged":
         ("ensemble", {"training_seeds": 5}),
+    "FedSPDnet + domain BN + server momentum, 5 training seeds, probabilities averaged":
+        ("federated", {"domains": "client", "rounds": 150, "training_seeds": 5}),
 }
 #: Window length and step (samples at 160 Hz) of the windowed rows: 5 windows of each 3 s trial.
 WINDOW, WINDOW_STEP = 320, 40
@@ -325,10 +328,15 @@ def fit_row(name, data, seed):
     elif model == "windows":
         proba = windowed_proba(settings, windows, y, subjects, train, test, seed)
     elif model == "federated":  # the recommended federation on the paper's clients of 2 subjects
-        fed = recommended_federated(1.0, settings["rounds"], seed, {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)})
-        fed.set_params(domains=settings["domains"]).fit(covariances[train], y[train], groups=subjects[train])
+        n_seeds = settings.get("training_seeds", 1)
+        feds = [recommended_federated(1.0, settings["rounds"], s, {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)})
+                .set_params(domains=settings["domains"]) for s in ensemble_seeds(seed, n_seeds)]
+        fed = feds[0] if n_seeds == 1 else VotingClassifier([(f"seed{k}", f) for k, f in enumerate(feds)], voting="soft")
+        with sklearn.config_context(enable_metadata_routing=True):  # groups reach every federation
+            fed.fit(covariances[train], y[train], groups=subjects[train])
         proba = per_subject(fed.predict_proba, covariances[test], subjects[test])
-        extra = {"rounds_run": len(fed.history_), "best_round": int(fed.best_round_)}
+        fitted = [fed] if n_seeds == 1 else fed.estimators_
+        extra = {"rounds_run": len(fitted[0].history_), "best_round": int(fitted[0].best_round_)}
     else:
         X = oas if settings.get("covariances") == "oas" else covariances
         proba = 0.0
@@ -350,8 +358,14 @@ def spdnet(seed, n_seeds=1):
     ``n_seeds · seed + k``, their probabilities averaged by a soft ``VotingClassifier``)."""
     if n_seeds == 1:
         return SPDnetClassifier(random_state=seed)
-    return VotingClassifier([(f"seed{k}", SPDnetClassifier(random_state=n_seeds * seed + k)) for k in range(n_seeds)],
-                            voting="soft")
+    return VotingClassifier([(f"seed{k}", SPDnetClassifier(random_state=s))
+                             for k, s in enumerate(ensemble_seeds(seed, n_seeds))], voting="soft")
+
+
+def ensemble_seeds(seed, n_seeds):
+    """The training seeds of split ``seed``: the seed itself, or ``n_seeds · seed + k`` for an
+    ensemble (a new set for each split)."""
+    return [seed] if n_seeds == 1 else [n_seeds * seed + k for k in range(n_seeds)]
 
 
 def ts_lr():
