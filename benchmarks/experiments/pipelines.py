@@ -12,6 +12,7 @@
 
 import sklearn
 from pyriemann.tangentspace import TangentSpace
+from sklearn.ensemble import VotingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.metadata_routing import get_routing_for_object
@@ -78,8 +79,9 @@ def moabb_pipelines(quick, groups_per_client=2):
     """name -> pipeline of MOABB's evaluations (``moabb``): epochs in, covariances estimated
     inside, MOABB's own definitions where it has one (OAS covariances for the tangent-space
     and MDM pipelines, FgMDM as its ``FgMDM.yml``; SCM covariances for SPDnet, as in the paper);
-    the SPDnet rows are those of :data:`PIPELINES` (``random_state=0``); ``quick`` leaves TS+SVM
-    and EEGNet out."""
+    the SPDnet rows are those of :data:`PIPELINES` (``random_state=0``; ``"SPDnet, 5 seeds"``:
+    five of them, seeds 0-4, in a soft ``VotingClassifier``); ``quick`` leaves TS+SVM and EEGNet
+    out."""
     from pyriemann.classification import MDM, FgMDM
     from pyriemann.estimation import Covariances
     from sklearn.svm import SVC
@@ -97,6 +99,8 @@ def moabb_pipelines(quick, groups_per_client=2):
     out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), Recenter(), TangentSpace(metric="riemann"),
                                           LogisticRegression(C=1.0))
     out["SPDnet"] = make_pipeline(Covariances("scm"), spdnet(0))
+    out["SPDnet, 5 seeds"] = make_pipeline(Covariances("scm"), VotingClassifier(
+        [(f"seed{k}", spdnet(k)) for k in range(5)], voting="soft"))
     out["FedSPDnet"] = make_pipeline(Covariances("scm"), federated(0, clients=ClientPartition(groups_per_client)))
     out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), spdnet(0, batchnorm="domain"))
     out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"),

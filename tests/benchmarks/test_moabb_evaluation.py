@@ -77,7 +77,7 @@ def test_cross_subject_rows_that_use_domains_get_the_training_subjects():
     with config_context(enable_metadata_routing=True):
         consumes = {name: bool(get_routing_for_object(pipe).consumes("fit", {"subjects"}))
                     for name, pipe in moabb_pipelines(quick=True).items()}
-    assert consumes == {"TS+LR": False, "MDM": False, "FgMDM": False, "Recenter+TS+LR": True, "SPDnet": True, "FedSPDnet": True,
+    assert consumes == {"TS+LR": False, "MDM": False, "FgMDM": False, "Recenter+TS+LR": True, "SPDnet": True, "SPDnet, 5 seeds": True, "FedSPDnet": True,
                         "SPDnet + domain BN": True, "FedSPDnet + domain BN": True}
 
 
