@@ -26,7 +26,8 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
 - an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
   ``5 · seed + k``), its probabilities averaged (scikit-learn's soft ``VotingClassifier``, the
   subjects routed to every network), alone and averaged with TS+LR's; and the recommended
-  federation likewise (five federations, their probabilities averaged).
+  federation likewise (five federations, their probabilities averaged), beside the federated
+  classical baseline (``FederatedTangentSpaceLR()`` on the same clients).
 
 The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
 of one domain, 10 % held out, the epochs within one standard error of the lowest validation
@@ -65,7 +66,7 @@ from ..records.store import write_record
 from . import report
 from .console import console_and_log, warnings_to_file
 from .table_one_cells import SERVER_MOMENTUM
-from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommended_federated
+from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommended_federated, riemann_reference
 from .table_one_report import SEED_METRICS
 from .learner_ablation import add_row_arguments, summary
 from .table_one_runner import client_split
@@ -101,6 +102,7 @@ ROWS = {
         ("ensemble", {"training_seeds": 5}),
     "FedSPDnet + domain BN + server momentum, 5 training seeds, probabilities averaged":
         ("federated", {"domains": "client", "rounds": 150, "training_seeds": 5}),
+    "FederatedTangentSpaceLR(), the federated classical baseline": ("fed-ts-lr", {}),
 }
 #: Window length and step (samples at 160 Hz) of the windowed rows: 5 windows of each 3 s trial.
 WINDOW, WINDOW_STEP = 320, 40
@@ -325,6 +327,9 @@ def fit_row(name, data, seed):
         with torch.no_grad():
             proba = per_subject(lambda Xs: torch.softmax(net(DomainBatch(torch.as_tensor(Xs), np.zeros(len(Xs)))), 1)
                                 .numpy(), X[test], subjects[test])
+    elif model == "fed-ts-lr":  # as the main job: the paper's clients of 2 subjects, each test subject one call
+        baseline = riemann_reference("fed-ts-lr").fit(covariances[train], y[train], groups=subjects[train])
+        proba = per_subject(baseline.predict_proba, covariances[test], subjects[test])
     elif model == "windows":
         proba = windowed_proba(settings, windows, y, subjects, train, test, seed)
     elif model == "federated":  # the recommended federation on the paper's clients of 2 subjects

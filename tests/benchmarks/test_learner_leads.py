@@ -65,7 +65,8 @@ def test_subsample_keeps_a_stratified_share_of_every_subject():
 
 
 def test_every_row_names_a_model_the_study_fits():
-    assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study", "federated", "windows"}
+    assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study", "federated", "windows",
+                                                      "fed-ts-lr"}
     assert ROWS["TS+LR"] == ("ts-lr", {})
 
 
