@@ -130,3 +130,15 @@ def test_windowed_prediction_averages_the_windows_of_each_test_trial(monkeypatch
     proba = windowed_proba({"learner": "ts-lr"}, windows, np.array([0, 1, 0, 1]), np.zeros(4), np.array([1, 3]),
                            np.array([0, 2]), seed=0)
     assert np.allclose(proba[:, 1], [0.2, 0.6])
+
+
+def test_an_ensemble_row_trains_a_new_set_of_seeds_for_each_split():
+    from sklearn.ensemble import VotingClassifier
+
+    from benchmarks.experiments.learner_leads import ensemble_seeds, spdnet
+
+    assert ensemble_seeds(3, 1) == [3] and ensemble_seeds(2, 5) == [10, 11, 12, 13, 14]
+    ensemble = spdnet(2, 5)
+    assert isinstance(ensemble, VotingClassifier) and ensemble.voting == "soft"
+    assert [clf.random_state for _, clf in ensemble.estimators] == [10, 11, 12, 13, 14]
+    assert spdnet(3).random_state == 3
