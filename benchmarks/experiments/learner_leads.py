@@ -21,7 +21,9 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   subject's trials (a stratified subsample per seed), the same test trials;
 - more matrices per trial: TS+LR and the shipped learner trained on the covariances of five
   2 s windows of each 3 s trial (every 0.25 s; each window a training matrix with its trial's
-  label and subject), a test trial's class the mean of its windows' probabilities;
+  label and subject), a test trial's class the mean of its windows' probabilities (the
+  network's validation part is drawn over windows, so one trial's windows can fall on both
+  sides of it);
 - the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
 - an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
   ``5 · seed + k``), its probabilities averaged (scikit-learn's soft ``VotingClassifier``, the
@@ -47,7 +49,6 @@ import numpy as np
 import sklearn
 import torch
 from joblib import Parallel, delayed
-from sklearn.ensemble import VotingClassifier
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
 from torch import nn
@@ -69,6 +70,7 @@ from .table_one_cells import SERVER_MOMENTUM
 from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommended_federated, riemann_reference
 from .table_one_report import SEED_METRICS
 from .learner_ablation import add_row_arguments, summary
+from .pipelines import seed_ensemble
 from .table_one_runner import client_split
 
 log = logging.getLogger(__name__)
@@ -334,9 +336,10 @@ def fit_row(name, data, seed):
         proba = windowed_proba(settings, windows, y, subjects, train, test, seed)
     elif model == "federated":  # the recommended federation on the paper's clients of 2 subjects
         n_seeds = settings.get("training_seeds", 1)
-        feds = [recommended_federated(1.0, settings["rounds"], s, {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)})
-                .set_params(domains=settings["domains"]) for s in ensemble_seeds(seed, n_seeds)]
-        fed = feds[0] if n_seeds == 1 else VotingClassifier([(f"seed{k}", f) for k, f in enumerate(feds)], voting="soft")
+        server = {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)}
+        feds = [recommended_federated(1.0, settings["rounds"], s, server).set_params(domains=settings["domains"])
+                for s in ensemble_seeds(seed, n_seeds)]
+        fed = feds[0] if n_seeds == 1 else seed_ensemble(feds)
         with sklearn.config_context(enable_metadata_routing=True):  # groups reach every federation
             fed.fit(covariances[train], y[train], groups=subjects[train])
         proba = per_subject(fed.predict_proba, covariances[test], subjects[test])
@@ -363,8 +366,7 @@ def spdnet(seed, n_seeds=1):
     ``n_seeds · seed + k``, their probabilities averaged by a soft ``VotingClassifier``)."""
     if n_seeds == 1:
         return SPDnetClassifier(random_state=seed)
-    return VotingClassifier([(f"seed{k}", SPDnetClassifier(random_state=s))
-                             for k, s in enumerate(ensemble_seeds(seed, n_seeds))], voting="soft")
+    return seed_ensemble([SPDnetClassifier(random_state=s) for s in ensemble_seeds(seed, n_seeds)])
 
 
 def ensemble_seeds(seed, n_seeds):

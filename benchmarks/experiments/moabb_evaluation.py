@@ -25,10 +25,10 @@ and MDM pipelines; SCM covariances for SPDnet, as in the paper):
   federated estimator do by default;
 * SPDnet, FedSPDnet: ``SPDnetClassifier()`` and ``FederatedSPDnetClassifier()`` with their
   default constructors (``random_state=0``); "SPDnet, 5 seeds": five ``SPDnetClassifier()``
-  (seeds 0-4) in scikit-learn's soft ``VotingClassifier``. In CrossSubject, MOABB routes the training
-  subjects to ``fit`` (metadata routing, key ``subjects``): clients of ``--groups-per-client``
-  subjects (2 by default), each subject a domain. In
-  WithinSession no subjects reach ``fit``: the federated estimator falls back to its
+  (seeds 0-4) in scikit-learn's soft ``VotingClassifier``. In CrossSubject, MOABB routes the
+  training subjects to ``fit`` (metadata routing, key ``subjects``): clients of
+  ``--groups-per-client`` subjects (2 by default), each subject a domain. In WithinSession no
+  subjects reach ``fit``: the federated estimator falls back to its
   ``n_clients`` partition;
 * SPDnet + domain BN, FedSPDnet + domain BN: ``batchnorm="domain"``;
 * EEGNet: ``EEGNetClassifier(fs=160)`` on the band-passed epochs (full run only).
@@ -241,8 +241,8 @@ def split_words(evaluation, cross_folds, group_sizes):
 
 #: The rows of a record in the order of :func:`~.pipelines.moabb_pipelines` (MOABB's
 #: results come in the order its parallel tasks end).
-PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "FgMDM", "Recenter+TS+LR", "SPDnet", "SPDnet, 5 seeds", "FedSPDnet", "SPDnet + domain BN",
-                  "FedSPDnet + domain BN", "EEGNet"]
+PIPELINE_ORDER = ["TS+LR", "TS+SVM", "MDM", "FgMDM", "Recenter+TS+LR", "SPDnet", "SPDnet, 5 seeds", "FedSPDnet",
+                  "SPDnet + domain BN", "FedSPDnet + domain BN", "EEGNet"]
 #: The rows that train a network, from one seed (``random_state=0``): their readings over
 #: subjects say so (the records' fact ``one_training_seed``).
 NETWORKS = PIPELINE_ORDER[PIPELINE_ORDER.index("SPDnet"):]

@@ -75,6 +75,13 @@ def federated(seed, local=None, **params):
     return FederatedSPDnetClassifier(local, random_state=seed, **params)
 
 
+def seed_ensemble(models):
+    """``models`` (one per training seed) as one classifier: their probabilities averaged by
+    scikit-learn's soft ``VotingClassifier``, which routes ``groups`` to each under metadata
+    routing."""
+    return VotingClassifier([(f"seed{k}", model) for k, model in enumerate(models)], voting="soft")
+
+
 def moabb_pipelines(quick, groups_per_client=2):
     """name -> pipeline of MOABB's evaluations (``moabb``): epochs in, covariances estimated
     inside, MOABB's own definitions where it has one (OAS covariances for the tangent-space
@@ -99,8 +106,7 @@ def moabb_pipelines(quick, groups_per_client=2):
     out["Recenter+TS+LR"] = make_pipeline(Covariances("oas"), Recenter(), TangentSpace(metric="riemann"),
                                           LogisticRegression(C=1.0))
     out["SPDnet"] = make_pipeline(Covariances("scm"), spdnet(0))
-    out["SPDnet, 5 seeds"] = make_pipeline(Covariances("scm"), VotingClassifier(
-        [(f"seed{k}", spdnet(k)) for k in range(5)], voting="soft"))
+    out["SPDnet, 5 seeds"] = make_pipeline(Covariances("scm"), seed_ensemble([spdnet(k) for k in range(5)]))
     out["FedSPDnet"] = make_pipeline(Covariances("scm"), federated(0, clients=ClientPartition(groups_per_client)))
     out["SPDnet + domain BN"] = make_pipeline(Covariances("scm"), spdnet(0, batchnorm="domain"))
     out["FedSPDnet + domain BN"] = make_pipeline(Covariances("scm"),

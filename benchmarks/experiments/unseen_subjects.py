@@ -185,8 +185,8 @@ def write_report(args):
         predictions["seed"] = 0
     predictions["seed"] = predictions["seed"].fillna(0).astype(int)
     ensembles = seed_ensembles(predictions)
-    scores = pd.concat([seed_averaged_scores(predictions)] + ([report.subject_scores(ensembles)] if len(ensembles) else []),
-                       ignore_index=True)
+    parts = [seed_averaged_scores(predictions)] + ([report.subject_scores(ensembles)] if len(ensembles) else [])
+    scores = pd.concat(parts, ignore_index=True)
     trained_nets = [name for name in predictions["pipeline"].unique() if is_network(build(name, 0))]
     seeds = sorted(predictions.loc[predictions["pipeline"].isin(trained_nets), "seed"].unique())
     present = list(dict.fromkeys(scores["pipeline"]))
