@@ -31,9 +31,8 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   federation likewise (five federations, their probabilities averaged), beside the federated
   classical baseline (``FederatedTangentSpaceLR()`` on the same clients).
 
-The study model trains as the estimator does with a validation part (Adam 1e-2, minibatches
-of one domain, 10 % held out, the epochs within one standard error of the lowest validation
-loss averaged); it is not part of the package.
+The study model (:mod:`.study_model`) trains as the estimator does with a validation part;
+it is not part of the package.
 
     python -m benchmarks.experiments learner-leads --seeds 8 --jobs 2
 
@@ -47,21 +46,14 @@ import time
 
 import numpy as np
 import sklearn
-import torch
 from joblib import Parallel, delayed
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
-from torch import nn
 
 from skfedspd import SPDnetClassifier
-from skfedspd.aggregation import projavg
-from skfedspd.batchnorm import DomainBatch, DomainSPDBatchNorm
 from skfedspd.datasets import sample_covariance
-from skfedspd.federated_module import FederatedModule
-from skfedspd.functional import expm_sym, logeig, spd_geodesic, sqrtm_invsqrtm
-from skfedspd.nn import SPDNet
 from skfedspd.server_optimizer import ServerMomentum
-from skfedspd.training import torch_threads, train_epochs
+from skfedspd.training import torch_threads
 
 from ..records.store import write_record
 from . import report
@@ -71,6 +63,7 @@ from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommend
 from .table_one_report import SEED_METRICS
 from .learner_ablation import add_row_arguments, summary
 from .pipelines import seed_ensemble
+from .study_model import StudySPDnetClassifier
 from .table_one_runner import client_split
 
 log = logging.getLogger(__name__)
@@ -114,120 +107,6 @@ def add_arguments(parser):
     add_row_arguments(parser, ROWS, "learner-leads")
 
 
-class DispersionBatchNorm(DomainSPDBatchNorm):
-    """Domain batch norm that also rescales each domain's dispersion: the re-centred
-    matrices ``Z`` of a domain become ``B^{1/2} exp(s / σ · log Z) B^{1/2}``, ``σ²`` their mean
-    squared distance to the identity and ``s = exp(log_std)`` a learned target (SPDDSMBN)."""
-
-    def __init__(self, n, karcher_steps=1, dtype=torch.float64):
-        super().__init__(n, karcher_steps=karcher_steps, dtype=dtype)
-        self.log_std = nn.Parameter(torch.zeros((), dtype=dtype))
-
-    def normalize_batch(self, X):
-        inv_half = sqrtm_invsqrtm(self.batch_mean(X))[1]
-        L = logeig(inv_half @ X @ inv_half)
-        power = torch.exp(self.log_std) / torch.sqrt((L**2).sum((-1, -2)).mean() + 1e-8)
-        half = self._bias_half()
-        return half @ expm_sym(power * L) @ half.transpose(-1, -2)
-
-
-class RunningDomainBatchNorm(DomainSPDBatchNorm):
-    """Domain batch norm with running domain means in training (SPDDSMBN): each domain of a
-    minibatch is re-centred by its running mean moved towards the minibatch's mean by the
-    momentum ``eta`` (the gradient flows through the minibatch's part), set once per epoch;
-    in evaluation each domain of a call is re-centred by its own mean, as in the package."""
-
-    def __init__(self, n, karcher_steps=1, dtype=torch.float64):
-        super().__init__(n, karcher_steps=karcher_steps, dtype=dtype)
-        self.eta, self.running = 1.0, {}
-
-    def forward(self, X, domains=None):
-        if not self.training or domains is None:
-            return super().forward(X, domains)
-        parts, rows = [], []
-        for code in torch.unique(domains).tolist():
-            idx = torch.nonzero(domains == code).flatten()
-            mean = self.batch_mean(X[idx])
-            if code in self.running and self.eta < 1:
-                mean = spd_geodesic(self.running[code], mean, self.eta)
-            self.running[code] = mean.detach()
-            parts.append(self.normalize(X[idx], mean))
-            rows.append(idx)
-        return torch.cat(parts)[torch.argsort(torch.cat(rows))]
-
-
-def momentum_schedule(epoch, horizon=50, final=16 / 64):
-    """TSMNet's running-mean momentum at ``epoch`` (from 0): 1 at the first epoch, decaying
-    geometrically to ``final`` (trials of a domain / trials of a minibatch) at ``horizon``."""
-    rho = final ** (1 / horizon)
-    return 1 - (rho ** (horizon * max(horizon - 1 - epoch, 0) / (horizon - 1)) - rho**horizon)
-
-
-def mixed_minibatches(domains, per_domain, domains_per_batch, generator):
-    """One epoch's minibatches of ``domains_per_batch`` chunks of about ``per_domain`` trials,
-    each chunk one domain's (TSMNet's stratified domain batches); index tensors."""
-    chunks = []
-    for code in torch.unique(domains):
-        idx = torch.nonzero(domains == code).flatten()
-        idx = idx[torch.randperm(len(idx), generator=generator)]
-        chunks += list(torch.tensor_split(idx, max(1, round(len(idx) / per_domain))))
-    order = torch.randperm(len(chunks), generator=generator).tolist()
-    return [torch.cat([chunks[j] for j in order[i:i + domains_per_batch]])
-            for i in range(0, len(order), domains_per_batch)]
-
-
-def train_mixed_epoch(model, optimizer, batch, labels, epoch, generator):
-    """One epoch on mixed-domain minibatches, the running-mean momentum of the epoch set."""
-    for bn in model.modules():
-        if isinstance(bn, RunningDomainBatchNorm):
-            bn.eta = momentum_schedule(epoch)
-    with torch.enable_grad():
-        for idx in mixed_minibatches(batch.domains, 16, 4, generator):
-            optimizer.zero_grad(set_to_none=True)
-            nn.functional.cross_entropy(model(batch[idx]), labels[idx]).backward()
-            optimizer.step()
-            model.after_step_()
-
-
-class BandSPDNet(FederatedModule):
-    """One SPDnet (BiMap, domain batch norm, ReEig, LogEig) per band of ``(n, bands, C, C)``
-    inputs, their tangent vectors concatenated into one linear head."""
-
-    def __init__(self, n_bands, n_channels, hidden_dim, n_classes, seed, dispersion=False, running=False):
-        super().__init__()
-        self.nets = nn.ModuleList(SPDNet(n_channels, (hidden_dim,), n_classes, eps=1e-2, seed=seed * 100 + band,
-                                         batchnorm="domain") for band in range(n_bands))
-        layer = DispersionBatchNorm if dispersion else RunningDomainBatchNorm if running else None
-        if layer is not None:
-            for net in self.nets:
-                net.batchnorms = nn.ModuleList(layer(hidden_dim) for _ in net.batchnorms)
-        self.head = nn.Linear(n_bands * hidden_dim * (hidden_dim + 1) // 2, n_classes, dtype=torch.float64)
-
-    def forward(self, batch):
-        features = [net.features(batch.with_inputs(batch.X[:, band])) for band, net in enumerate(self.nets)]
-        return self.head(torch.cat(features, 1))
-
-    def after_step_(self):
-        for net in self.nets:
-            net.after_step_()
-
-    def parameter_kinds(self):
-        kinds = {f"nets.{band}.{name}": kind for band, net in enumerate(self.nets)
-                 for name, kind in net.parameter_kinds().items() if not name.startswith("head.")}
-        return {**kinds, "head.weight": "euclidean", "head.bias": "euclidean"}
-
-    def _exported_state(self):
-        return {name: value for name, value in self.state_dict(keep_vars=True).items()
-                if name in self.parameter_kinds()} | {
-            f"nets.{band}.bimaps.0.weight": net.bimaps[0].weight for band, net in enumerate(self.nets)}
-
-    def _load_array(self, name, value, state):
-        if ".bimaps." in name:
-            self.nets[int(name.split(".")[1])].bimaps[0].set_weight(value)
-        else:
-            super()._load_array(name, value, state)
-
-
 def band_covariances(X_raw, bands, fs):
     """``(n, len(bands), C, C)`` sample covariances of the trials filtered to each band (the
     8-32 Hz trials as they are for that band)."""
@@ -262,39 +141,6 @@ def windowed_proba(settings, windows, y, subjects, train, test, seed):
     return proba.reshape(len(test), n_windows, -1).mean(1)
 
 
-def fit_study(X, y, domains, seed, dispersion=False, mixed=False, running=False, hidden_dim=18, max_epochs=150,
-              patience=25):
-    """The study model fitted as the estimator fits with a validation part; returns it.
-    ``mixed``: minibatches of 4 domains x 16 trials (else one domain each, as the package)."""
-    torch.manual_seed(seed)
-    train, val = train_test_split(np.arange(len(y)), test_size=0.1, stratify=y, random_state=seed)
-    model = BandSPDNet(X.shape[1], X.shape[-1], hidden_dim, int(y.max()) + 1, seed, dispersion, running)
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
-    generator = torch.Generator().manual_seed(seed)
-    batch, labels = DomainBatch(torch.as_tensor(X), domains), torch.as_tensor(y)
-    checkpoints, losses = [], []
-    for epoch in range(max_epochs):
-        model.train()
-        if mixed:
-            train_mixed_epoch(model, optimizer, batch[torch.as_tensor(train)], labels[train], epoch, generator)
-        else:
-            train_epochs(model, optimizer, batch[torch.as_tensor(train)], labels[train], n_epochs=1, batch_size=64,
-                         generator=generator)
-        model.eval()
-        with torch.no_grad():  # each validation domain re-centred by its own trials, as a test subject
-            per_trial = torch.cat([nn.functional.cross_entropy(model(batch[torch.as_tensor(part)]), labels[part],
-                                                               reduction="none")
-                                   for part in (val[domains[val] == d] for d in np.unique(domains[val]))])
-        losses.append((float(per_trial.mean()), float(per_trial.std() / len(per_trial) ** 0.5)))
-        checkpoints.append(model.get_parameters())
-        if len(losses) - 1 - int(np.argmin([loss for loss, _ in losses])) >= patience:
-            break
-    lowest = min(losses)
-    chosen = [c for c, (loss, _) in zip(checkpoints, losses) if loss <= lowest[0] + lowest[1]]
-    model.set_parameters(projavg(chosen, [1 / len(chosen)] * len(chosen), None, model.parameter_kinds()))
-    return model.eval()
-
-
 def per_subject(predict, X, subjects):
     """``predict`` called once per subject (domain batch norm re-centres each call)."""
     parts = [predict(X[subjects == s]) for s in np.unique(subjects)]
@@ -322,13 +168,10 @@ def fit_row(name, data, seed):
     start = time.perf_counter()
     if model == "study":
         X = bands[:, 1:] if settings["bands"] == SUB_BANDS else bands[:, :1]
-        X = X / np.trace(X[train], axis1=-2, axis2=-1).mean(0)[None, :, None, None] * X.shape[-1]
-        _, codes = np.unique(subjects, return_inverse=True)
-        net = fit_study(X[train], y[train], codes[train], seed, **{key: settings.get(key, False)
-                                                                    for key in ("dispersion", "mixed", "running")})
-        with torch.no_grad():
-            proba = per_subject(lambda Xs: torch.softmax(net(DomainBatch(torch.as_tensor(Xs), np.zeros(len(Xs)))), 1)
-                                .numpy(), X[test], subjects[test])
+        study = StudySPDnetClassifier(random_state=seed, **{key: settings.get(key, False)
+                                                            for key in ("dispersion", "mixed", "running")})
+        study.fit(X[train], y[train], groups=subjects[train])
+        proba = per_subject(study.predict_proba, X[test], subjects[test])
     elif model == "fed-ts-lr":  # as the main job: the paper's clients of 2 subjects, each test subject one call
         baseline = riemann_reference("fed-ts-lr").fit(covariances[train], y[train], groups=subjects[train])
         proba = per_subject(baseline.predict_proba, covariances[test], subjects[test])

@@ -1,7 +1,9 @@
-"""The named pipelines every accuracy experiment draws from, built from the public API only.
+"""The named pipelines every accuracy experiment draws from, the package's from its public API only.
 
 * :data:`PIPELINES`: covariances in (TS+LR, Recenter+TS+LR, SPDnet and FedSPDnet with and
   without domain batch norm), and :data:`ABLATIONS`, each one setting away from one of them;
+* :data:`STUDIES`: the study model of :mod:`.study_model` (outside the package), the parts of
+  SPDDSMBN added one at a time;
 * :func:`moabb_pipelines`: epochs in, the covariances estimated inside, for MOABB's
   evaluations (``moabb``);
 * the paper's Table I estimators are built by :mod:`.table_one_protocols` (its training
@@ -10,15 +12,20 @@
   Python) are checked against them by ``tests/benchmarks/test_moabb_pipelines.py``.
 """
 
+import numpy as np
 import sklearn
 from pyriemann.tangentspace import TangentSpace
+from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
 from sklearn.ensemble import VotingClassifier
 from sklearn.linear_model import LogisticRegression
 from sklearn.pipeline import make_pipeline
 from sklearn.utils.metadata_routing import get_routing_for_object
+from sklearn.utils.validation import check_is_fitted
 
 from skfedspd import FederatedSPDnetClassifier, FederatedTangentSpaceLR, Recenter, SPDnetClassifier
 from skfedspd.clients import ClientPartition
+
+from .study_model import StudySPDnetClassifier
 
 
 def ts_lr(seed):
@@ -62,10 +69,66 @@ def fit(model, X, y, groups):
         return model.fit(X, y, **({"groups": groups} if wants else {}))
 
 
-#: Pipelines that differ from a named one in one setting (the ablations of the design decisions).
+class TrainingSubjects(MetaEstimatorMixin, ClassifierMixin, BaseEstimator):
+    """``estimator`` fitted on ``n_subjects`` of the training subjects (``groups``), drawn by
+    ``random_state``: the same subjects for every pipeline given the same training subjects.
+
+    Attributes
+    ----------
+    estimator_ : the fitted clone of ``estimator``
+    subjects_ : ndarray of shape (n_subjects,)
+    classes_ : ndarray of shape (n_classes,)
+    """
+
+    __metadata_request__fit = {"groups": True}
+
+    def __init__(self, estimator, n_subjects, random_state=0):
+        self.estimator = estimator
+        self.n_subjects = n_subjects
+        self.random_state = random_state
+
+    def __sklearn_is_fitted__(self):
+        return hasattr(self, "estimator_")
+
+    def fit(self, X, y, groups=None):
+        subjects = np.unique(groups) if groups is not None else []
+        if len(subjects) < self.n_subjects:
+            raise ValueError(f"TrainingSubjects needs at least n_subjects={self.n_subjects} subjects as groups, "
+                             f"got {len(subjects)}")
+        self.subjects_ = np.random.default_rng(self.random_state).choice(subjects, self.n_subjects, replace=False)
+        kept = np.isin(groups, self.subjects_)
+        self.estimator_ = fit(clone(self.estimator), X[kept], np.asarray(y)[kept], np.asarray(groups)[kept])
+        self.classes_ = self.estimator_.classes_
+        return self
+
+    def predict_proba(self, X):
+        check_is_fitted(self)
+        return self.estimator_.predict_proba(X)
+
+    def predict(self, X):
+        check_is_fitted(self)
+        return self.estimator_.predict(X)
+
+
+#: Pipelines that differ from a named one in one setting (the ablations of the design decisions,
+#: and the number of training subjects).
 ABLATIONS = {
     "FedSPDnet+dBN, subject domains": lambda seed: fedspdnet(seed, batchnorm="domain").set_params(domains="group"),
     "SPDnet+dBN, best epoch": lambda seed: spdnet(seed, batchnorm="domain", checkpoint="best"),
+    **{f"{name}, {n} training subjects": (lambda seed, name=name, n=n: TrainingSubjects(PIPELINES[name](seed), n))
+       for name in ("Recenter+TS+LR", "SPDnet+dBN") for n in (8, 16)},
+}
+
+#: The SPDDSMBN study model (:mod:`.study_model`) with the parts of SPDDSMBN added one at a time.
+STUDIES = {
+    "study model": lambda seed: StudySPDnetClassifier(random_state=seed),
+    "study model, dispersion normalized": lambda seed: StudySPDnetClassifier(dispersion=True, random_state=seed),
+    "study model, minibatches of 4 subjects x 16 trials":
+        lambda seed: StudySPDnetClassifier(mixed=True, random_state=seed),
+    "study model, minibatches of 4 subjects x 16 trials, running domain means":
+        lambda seed: StudySPDnetClassifier(mixed=True, running=True, random_state=seed),
+    "study model, complete SPDDSMBN":
+        lambda seed: StudySPDnetClassifier(mixed=True, running=True, dispersion=True, random_state=seed),
 }
 
 

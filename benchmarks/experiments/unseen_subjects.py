@@ -32,7 +32,8 @@ from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator
 
 from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
-from .pipelines import ABLATIONS, PIPELINES, fit
+from .pipelines import ABLATIONS, PIPELINES, STUDIES, TrainingSubjects, fit
+from .study_model import StudySPDnetClassifier
 
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
 #: The ensemble row of a network trained from several seeds.
@@ -41,7 +42,15 @@ PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), 
          ("Recenter+TS+LR", "TS+LR"), ("SPDnet+dBN", "TS+LR"),
          ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"), ("SPDnet+dBN", "SPDnet+dBN, best epoch"),
          (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR"), (ENSEMBLE.format("FedSPDnet+dBN"), "FedRecenter+TS+LR"),
-         (ENSEMBLE.format("FedSPDnet+dBN"), ENSEMBLE.format("SPDnet+dBN"))]
+         (ENSEMBLE.format("FedSPDnet+dBN"), ENSEMBLE.format("SPDnet+dBN")),
+         ("SPDnet+dBN, 8 training subjects", "Recenter+TS+LR, 8 training subjects"),
+         ("SPDnet+dBN, 16 training subjects", "Recenter+TS+LR, 16 training subjects"),
+         ("study model", "SPDnet+dBN"), ("study model, dispersion normalized", "study model"),
+         ("study model, minibatches of 4 subjects x 16 trials", "study model"),
+         ("study model, minibatches of 4 subjects x 16 trials, running domain means",
+          "study model, minibatches of 4 subjects x 16 trials"),
+         ("study model, complete SPDDSMBN", "study model, minibatches of 4 subjects x 16 trials, running domain means"),
+         ("study model, complete SPDDSMBN", "Recenter+TS+LR")]
 
 
 def add_arguments(parser):
@@ -49,7 +58,7 @@ def add_arguments(parser):
     parser.add_argument("--cv", choices=["groupkfold5", "loso"], default="groupkfold5")
     parser.add_argument("--folds", type=int, nargs="+", default=None, help="run only these fold indices")
     parser.add_argument("--pipelines", nargs="+", default=DEFAULT_PIPELINES,
-                        choices=list(PIPELINES) + list(ABLATIONS))
+                        choices=list(PIPELINES) + list(ABLATIONS) + list(STUDIES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="training seeds of the networks (their scores are averaged per subject)")
     parser.add_argument("--jobs", type=int, default=1, help="trainings run in parallel, one process each")
@@ -58,6 +67,7 @@ def add_arguments(parser):
                         help="an earlier run's folder: its saved models predict again instead of being refitted "
                              "(the others are refitted), e.g. after a change to the prediction rule")
     parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
+    parser.add_argument("--record", default=None, help="the record written (default: unseen-subjects-CV)")
 
 
 def folds(groups, cv):
@@ -68,25 +78,23 @@ def folds(groups, cv):
 
 def build(name, seed):
     """The model of a pipeline name."""
-    return {**PIPELINES, **ABLATIONS}[name](seed)
+    return {**PIPELINES, **ABLATIONS, **STUDIES}[name](seed)
 
 
-def networks(names, seed):
-    """The row keys of the pipelines among ``names`` that train a network from ``seed``: each is
-    one training seed, whatever the number of subjects its scores are paired over."""
-    return sorted(report.row_key(name) for name in names if is_network(build(name, seed)))
-
-
-def one_training(names, seeds):
-    """The row keys whose scores come from one training: every network with one seed, the
-    seed ensembles (one ensemble of the seeds' networks) with several."""
-    if len(seeds) == 1:
-        return networks(names, seeds[0])
-    return sorted(report.row_key(name) for name in names if name.endswith(ENSEMBLE.format("")))
+def one_training(names, seeds_of):
+    """The row keys among ``names`` whose scores come from one training: a network trained
+    from one seed (``seeds_of``: network name -> its training seeds), whatever the number of
+    subjects its scores are paired over, and a seed ensemble (one ensemble of the seeds'
+    networks)."""
+    return sorted(report.row_key(name) for name in names
+                  if name.endswith(ENSEMBLE.format("")) or len(seeds_of.get(name, ())) == 1)
 
 
 def is_network(model):
-    return isinstance(model, (SPDnetClassifier, FederatedSPDnetClassifier))
+    """Whether ``model`` trains from a seed: a network, or training subjects of one."""
+    if isinstance(model, TrainingSubjects):
+        return is_network(model.estimator)
+    return isinstance(model, (SPDnetClassifier, FederatedSPDnetClassifier, StudySPDnetClassifier))
 
 
 def runs(name, seeds):
@@ -128,15 +136,15 @@ def run(args):
                 delayed(fit_and_predict)(args, name, stem, seed, k, X, y, groups, splits[k])
                 for k, name, seed, stem in todo):
             print(line, flush=True)
-    scores, seeds = write_report(args)
+    scores, seeds_of = write_report(args)
     if scores is not None and args.folds is None and args.models is None and not args.report_only:
         path = report.write_subject_record(
-            f"unseen-subjects-{args.cv}", f"Unseen subjects, whole-subject adaptation, {args.cv}", scores,
+            args.record or f"unseen-subjects-{args.cv}", f"Unseen subjects, whole-subject adaptation, {args.cv}", scores,
             "Recenter+TS+LR" if "Recenter+TS+LR" in set(scores["pipeline"]) else scores["pipeline"].iloc[0],
             time.perf_counter() - start, {"subjects": scores["subject"].nunique(), "cv": args.cv,
                                           "predictions_cached_at_start": cached_at_start,
-                                          "training_seeds": seeds,
-                                          "one_training_seed": one_training(scores["pipeline"].unique(), seeds)})
+                                          "training_seeds": sorted({s for of in seeds_of.values() for s in of}),
+                                          "one_training_seed": one_training(scores["pipeline"].unique(), seeds_of)})
         print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall, {cached_at_start} "
               f"(pipeline, fold) predictions cached at the start)")
 
@@ -152,7 +160,7 @@ def fit_and_predict(args, name, stem, seed, k, X, y, groups, split):
     frame.insert(0, "pipeline", name)
     frame["fold"], frame["seed"], frame["fit_seconds"] = k, seed, seconds
     (args.out / "predictions").mkdir(exist_ok=True)
-    if is_network(model):
+    if isinstance(model, (SPDnetClassifier, FederatedSPDnetClassifier)):  # the package's: for ``online``
         (args.out / "models").mkdir(exist_ok=True)
         save_estimator(model, args.out / "models" / f"{stem}.skfedspd")
     frame.to_csv(args.out / "predictions" / f"{stem}.csv", index=False)
@@ -175,11 +183,11 @@ def trained(args, name, stem, seed, X, y, groups):
 
 def write_report(args):
     """Print and write the report of the predictions in ``args.out``; ``(per-subject scores,
-    the networks' training seeds)``, ``(None, [])`` when there are none."""
+    {network: its training seeds})``, ``(None, {})`` when there are none."""
     files = sorted((args.out / "predictions").glob("*.csv"))
     if not files:
         print("no predictions yet")
-        return None, []
+        return None, {}
     predictions = pd.concat([pd.read_csv(f) for f in files], ignore_index=True)
     if "seed" not in predictions:  # predictions of a run before seeds were recorded: seed 0
         predictions["seed"] = 0
@@ -188,9 +196,11 @@ def write_report(args):
     parts = [seed_averaged_scores(predictions)] + ([report.subject_scores(ensembles)] if len(ensembles) else [])
     scores = pd.concat(parts, ignore_index=True)
     trained_nets = [name for name in predictions["pipeline"].unique() if is_network(build(name, 0))]
-    seeds = sorted(predictions.loc[predictions["pipeline"].isin(trained_nets), "seed"].unique())
+    seeds_of = {name: sorted(int(s) for s in predictions.loc[predictions["pipeline"] == name, "seed"].unique())
+                for name in trained_nets}
+    seeds = sorted({s for of in seeds_of.values() for s in of})
     present = list(dict.fromkeys(scores["pipeline"]))
-    known = list(PIPELINES) + list(ABLATIONS)
+    known = list(PIPELINES) + list(ABLATIONS) + list(STUDIES)
     order = [row for n in known for row in (n, ENSEMBLE.format(n)) if row in present]
     order += sorted(n for n in present if n not in order)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [
@@ -203,7 +213,7 @@ def write_report(args):
     (args.out / "report.md").write_text("\n".join(lines) + "\n")
     scores.to_csv(args.out / "subject_scores.csv", index=False)
     print("\n".join(lines))
-    return scores, [int(s) for s in seeds]
+    return scores, seeds_of
 
 
 def seed_averaged_scores(predictions):

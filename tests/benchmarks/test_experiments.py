@@ -295,9 +295,30 @@ def test_a_seed_ensemble_averages_each_trials_probability_over_the_seeds():
     assert list(ensemble["pipeline"].unique()) == ["net, seed ensemble"]  # one seed: no ensemble
     assert np.allclose(ensemble["score"], [0.3, 0.6, 0.6, 0.6]) and list(ensemble["pred"]) == [0, 1, 1, 1]
     assert list(ensemble["y"]) == y
-    assert unseen_subjects.one_training(["net", "TS+LR", "net, seed ensemble"], [0, 1]) == ["net-seed-ensemble"]
+    assert unseen_subjects.one_training(["net", "TS+LR", "net, seed ensemble"], {"net": [0, 1]}) == [
+        "net-seed-ensemble"]
 
 
 def test_the_unseen_subjects_record_names_its_networks_as_one_training_seed_each():
     names = ["TS+LR", "Recenter+TS+LR", "FedRecenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN"]
-    assert unseen_subjects.networks(names, 0) == ["fedspdnet-dbn", "spdnet-dbn"]
+    seeds_of = {"SPDnet+dBN": [0], "FedSPDnet+dBN": [0]}
+    assert unseen_subjects.one_training(names, seeds_of) == ["fedspdnet-dbn", "spdnet-dbn"]
+
+
+def test_training_subjects_fit_the_same_drawn_subjects_for_every_pipeline(spd_domains):
+    X, y, groups = spd_domains(n_groups=4, n_per_group=10)
+    tsr = pipelines.ABLATIONS["Recenter+TS+LR, 8 training subjects"](0).set_params(n_subjects=2).fit(X, y, groups)
+    net = pipelines.ABLATIONS["SPDnet+dBN, 8 training subjects"](3).set_params(n_subjects=2)
+    net.set_params(estimator__max_epochs=2).fit(X, y, groups)
+    assert len(tsr.subjects_) == 2 and set(tsr.subjects_) == set(net.subjects_) <= set(groups)
+    assert net.predict_proba(X).shape == (40, 2) and set(tsr.predict(X)) <= set(y)
+    assert unseen_subjects.is_network(net) and not unseen_subjects.is_network(tsr)
+    with pytest.raises(ValueError, match="n_subjects=8"):
+        pipelines.ABLATIONS["Recenter+TS+LR, 8 training subjects"](0).fit(X, y, groups)
+
+
+def test_the_study_rows_are_networks_named_one_training_seed_when_trained_once():
+    assert all(unseen_subjects.is_network(factory(0)) for factory in pipelines.STUDIES.values())
+    seeds_of = {"study model": [0], "SPDnet+dBN": [0, 1]}
+    names = ["TS+LR", "study model", "SPDnet+dBN", "SPDnet+dBN, seed ensemble"]
+    assert unseen_subjects.one_training(names, seeds_of) == ["spdnet-dbn-seed-ensemble", "study-model"]

@@ -1,56 +1,8 @@
-"""The learner-leads study: its band model, its dispersion normalization, its mixed-domain
-minibatches with running domain means, and its subsamples."""
+"""The learner-leads experiment: its rows, subsamples, windows and ensembles."""
 
 import numpy as np
-import pytest
-import torch
 
-from benchmarks.experiments.learner_leads import (ROWS, BandSPDNet, DispersionBatchNorm, RunningDomainBatchNorm, fit_study,
-                                                  mixed_minibatches, momentum_schedule, subsample, window_covariances,
-                                                  windowed_proba)
-from skfedspd.aggregation import projavg
-from skfedspd.batchnorm import DomainBatch
-from skfedspd.functional import karcher_mean, logeig, spd_geodesic
-
-
-def test_dispersion_normalization_sets_each_domain_to_its_target_dispersion(spd_domains):
-    X, _, groups = spd_domains(n_groups=2, n_per_group=20, n_channels=4)
-    bn = DispersionBatchNorm(4)
-    with torch.no_grad():
-        bn.log_std.fill_(np.log(0.7))
-        Y = bn(torch.as_tensor(X), groups)
-    for g in np.unique(groups):
-        L = logeig(Y[torch.as_tensor(groups == g)])
-        # re-centred at the identity (the bias), mean squared distance the target's square
-        assert torch.allclose(L.mean(0), torch.zeros(4, 4, dtype=L.dtype), atol=0.05)
-        assert (L**2).sum((-1, -2)).mean().item() == pytest.approx(0.49, rel=1e-6)
-
-
-@pytest.mark.parametrize("dispersion", [False, True])
-def test_band_model_exports_every_band_and_averages_on_the_stiefel_manifold(spd_domains, dispersion):
-    X, y, groups = spd_domains(n_groups=2, n_per_group=20, n_channels=6)
-    bands = np.stack([X, X + 0.1 * np.eye(6)], 1)
-    model = BandSPDNet(2, 6, 3, 2, seed=0, dispersion=dispersion)
-    kinds = model.parameter_kinds()
-    assert [name for name, kind in kinds.items() if kind == "stiefel"] == ["nets.0.bimaps.0.weight",
-                                                                           "nets.1.bimaps.0.weight"]
-    assert any(name.endswith("log_std") for name in kinds) == dispersion
-    logits = model(DomainBatch(torch.as_tensor(bands), groups))
-    assert logits.shape == (40, 2)
-    first = model.get_parameters()
-    other = BandSPDNet(2, 6, 3, 2, seed=1, dispersion=dispersion).get_parameters()
-    model.set_parameters(projavg([first, other], [0.5, 0.5], None, kinds))
-    W = model.get_parameters()["nets.1.bimaps.0.weight"]
-    assert np.allclose(W.T @ W, np.eye(3), atol=1e-10)
-
-
-def test_study_fit_keeps_an_average_of_its_validated_epochs(spd_domains):
-    X, y, groups = spd_domains(n_groups=2, n_per_group=40, n_channels=4)
-    X = X[:, None]
-    model = fit_study(X, y, groups, seed=0, dispersion=False, hidden_dim=3, max_epochs=6, patience=2)
-    with torch.no_grad():
-        pred = model(DomainBatch(torch.as_tensor(X), groups)).argmax(1).numpy()
-    assert not model.training and (pred == y).mean() > 0.6
+from benchmarks.experiments.learner_leads import ROWS, subsample, window_covariances, windowed_proba
 
 
 def test_subsample_keeps_a_stratified_share_of_every_subject():
@@ -68,42 +20,6 @@ def test_every_row_names_a_model_the_study_fits():
     assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study", "federated", "windows",
                                                       "fed-ts-lr"}
     assert ROWS["TS+LR"] == ("ts-lr", {})
-
-
-def test_momentum_decays_from_one_to_the_domain_share_of_a_minibatch():
-    etas = [momentum_schedule(epoch) for epoch in range(60)]
-    assert etas[0] == pytest.approx(1.0) and etas[49] == pytest.approx(16 / 64) and etas[59] == etas[49]
-    assert all(a > b for a, b in zip(etas[:49], etas[1:50]))
-
-
-def test_mixed_minibatches_hold_chunks_of_several_domains_covering_every_trial_once():
-    domains = torch.as_tensor(np.repeat([0, 1, 2, 3, 4], [30, 33, 16, 40, 17]))
-    batches = mixed_minibatches(domains, 16, 4, torch.Generator().manual_seed(0))
-    assert sorted(torch.cat(batches).tolist()) == list(range(len(domains)))
-    # 4 chunks a batch (two chunks of one domain may meet): several domains in a batch
-    assert all(2 <= len(torch.unique(domains[b])) <= 4 for b in batches[:-1])
-    for b in batches:  # every domain's chunk in a batch has at least half of 16 trials
-        assert min(torch.bincount(domains[b])[torch.unique(domains[b])].tolist()) >= 8
-
-
-def test_running_domain_means_move_by_the_momentum_and_pass_the_gradient(spd_domains):
-    X, _, groups = spd_domains(n_groups=2, n_per_group=20, n_channels=4)
-    X, codes = torch.as_tensor(X), torch.as_tensor(groups)
-    bn = RunningDomainBatchNorm(4).train()
-    first, second = slice(0, 10), slice(10, 20)  # domain 0's trials, in two minibatches
-    bn(X[first], codes[first])
-    held = bn.running[0]
-    assert torch.allclose(held, karcher_mean(X[first], 1))  # momentum 1: the minibatch's mean
-    bn.eta = 0.25
-    Z = X[second].clone().requires_grad_(True)
-    Y = bn(Z, codes[second])
-    expected = spd_geodesic(held, karcher_mean(X[second], 1), 0.25)
-    assert torch.allclose(bn.running[0], expected)
-    assert torch.allclose(Y, bn.normalize(X[second], expected))
-    Y.sum().backward()
-    assert torch.isfinite(Z.grad).all() and Z.grad.abs().sum() > 0
-    with torch.no_grad():  # evaluation: each domain by its own trials, as the package does
-        assert torch.allclose(bn.eval()(X[second], codes[second]), bn.normalize_batch(X[second]))
 
 
 def test_window_covariances_are_those_of_each_window():
