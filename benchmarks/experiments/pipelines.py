@@ -125,6 +125,8 @@ STUDIES = {
     "study model, dispersion normalized": lambda seed: StudySPDnetClassifier(dispersion=True, random_state=seed),
     "study model, minibatches of 4 subjects x 16 trials":
         lambda seed: StudySPDnetClassifier(mixed=True, random_state=seed),
+    "study model, minibatches of 4 subjects x 16 trials, dispersion normalized":
+        lambda seed: StudySPDnetClassifier(mixed=True, dispersion=True, random_state=seed),
     "study model, minibatches of 4 subjects x 16 trials, running domain means":
         lambda seed: StudySPDnetClassifier(mixed=True, running=True, random_state=seed),
     "study model, complete SPDDSMBN":

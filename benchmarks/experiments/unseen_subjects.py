@@ -50,6 +50,9 @@ PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), 
          ("study model, minibatches of 4 subjects x 16 trials, running domain means",
           "study model, minibatches of 4 subjects x 16 trials"),
          ("study model, complete SPDDSMBN", "study model, minibatches of 4 subjects x 16 trials, running domain means"),
+         ("study model, minibatches of 4 subjects x 16 trials, dispersion normalized",
+          "study model, minibatches of 4 subjects x 16 trials"),
+         ("study model, minibatches of 4 subjects x 16 trials, dispersion normalized", "Recenter+TS+LR"),
          ("study model, complete SPDDSMBN", "Recenter+TS+LR")]
 
 
