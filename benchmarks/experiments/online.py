@@ -25,7 +25,11 @@ once it has seen ``k`` unlabeled trials, adapting on.
 
 Rows: SPDnet + domain BN and FedSPDnet + domain BN (the saved models), Recenter+TS+LR
 (refitted per fold: ``Recenter`` adapts online the same way) and TS+LR (no adaptation at
-all, for reference).
+all, for reference). With several ``--seeds``, each network's saved model of every seed
+predicts; a subject's score is the mean over the seeds, and each condition has a seed-ensemble
+row (``NAME | condition, seed ensemble``: every trial's probability averaged over the seeds'
+networks, each adapting its own statistics to the same trials), as the ``unseen-subjects``
+experiment does for whole subjects.
 """
 
 import time
@@ -44,7 +48,7 @@ from skfedspd.online import adaptation_of
 from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
 from .pipelines import PIPELINES, fit
-from .unseen_subjects import folds
+from .unseen_subjects import folds, one_training, runs, seed_averaged_scores, seed_ensembles
 
 MODELS = ["SPDnet+dBN", "FedSPDnet+dBN"]
 REFITTED = ["Recenter+TS+LR", "TS+LR"]
@@ -69,7 +73,9 @@ def add_arguments(parser):
     parser.add_argument("--include-self", action="store_true",
                         help="also score each trial with statistics that include it (the ablation of "
                              "DomainAdaptation(include_self=True)); adds rows")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the seed of the refitted pipelines")
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0],
+                        help="the networks' training seeds whose saved models predict (the unseen-subjects run's)")
     parser.add_argument("--out", type=Path, default=Path("results/online"))
     parser.add_argument("--report-only", action="store_true", help="report the predictions already in --out")
 
@@ -155,30 +161,33 @@ def run(args):
     X, y, groups = load_left_right(args.subjects)
     rows, latency = [], []
     for k, (train, test) in enumerate(folds(groups, args.cv)):
-        models = {name: load_estimator(args.models / f"{name}-fold{k}.skfedspd") for name in MODELS}
+        models = {(name, seed): load_estimator(args.models / f"{stem.format(k=k)}.skfedspd")
+                  for name in MODELS for seed, stem in runs(name, args.seeds)}
         for model in models.values():
             if model.domain_prior_ is None:  # saved by a version without domain statistics
                 model.fit_domain_prior(X[train], groups[train])
         for name in REFITTED:
-            models[name] = fit(PIPELINES[name](args.seed), X[train], y[train], groups[train])
-        variants = {name: (model, {}) for name, model in models.items()}
+            models[name, args.seed] = fit(PIPELINES[name](args.seed), X[train], y[train], groups[train])
+        variants = {(name, seed): (model, {}) for (name, seed), model in models.items()}
         ablations = [(f"prior weight {v:g}", {"prior_weight": v}) for v in args.prior_weights or []]
         ablations += [(f"memory {v:g}", {"memory": v}) for v in args.memories or []]
         ablations += [("itself included", {"include_self": True})] if args.include_self else []
         for label, params in ablations:
-            variants.update({f"{name} ({label})": (models[name], params) for name in MODELS + ["Recenter+TS+LR"]})
+            variants.update({(f"{name} ({label})", seed): (model, params) for (name, seed), model in models.items()
+                             if name in MODELS + ["Recenter+TS+LR"]})
         for subject in pd.unique(groups[test]):
             mine = groups == subject
-            for name, (model, params) in variants.items():
+            for (name, seed), (model, params) in variants.items():
                 with domain_params(model, **params) if params else nullcontext():
                     proba, seconds = conditions(name.split(" (")[0], model, X[mine], args.warmup)
                 truth = (y[mine] == model.classes_[1]).astype(int)
                 for condition, p in proba.items():
                     rows.append(pd.DataFrame({"pipeline": f"{name} | {condition}", "subject": subject,
+                                              "seed": seed, "trial": np.arange(len(p)),
                                               "y": truth[len(truth) - len(p):],
                                               "pred": (p > 0.5).astype(int), "score": p}))
                 if seconds is not None:
-                    latency.append({"pipeline": name, "subject": subject, "seconds": seconds})
+                    latency.append({"pipeline": name, "subject": subject, "seed": seed, "seconds": seconds})
         print(f"fold {k} done", flush=True)
     predictions = pd.concat(rows, ignore_index=True)
     predictions.to_csv(args.out / "predictions.csv", index=False)
@@ -189,9 +198,11 @@ def run(args):
         scores[scores["pipeline"].map(recorded)],
         "Recenter+TS+LR | online", time.perf_counter() - start,
         {"subjects": scores["subject"].nunique(), "cv": args.cv, "warmup": args.warmup,
-         # the networks are the unseen-subjects run's, each trained from one seed
-         "one_training_seed": sorted(report.row_key(p) for p in scores["pipeline"].unique()
-                                     if recorded(p) and p.split(" | ")[0].split(" (")[0] in MODELS)})
+         "training_seeds": args.seeds,
+         # the networks are the unseen-subjects run's: one training per seed, one ensemble of them
+         "one_training_seed": one_training([p for p in scores["pipeline"].unique() if recorded(p)],
+                                           {p: args.seeds for p in scores["pipeline"].unique()
+                                            if p.split(" | ")[0].split(" (")[0] in MODELS})})
     print(f"record: {path} ({(time.perf_counter() - start) / 60:.1f} min wall)")
 
 
@@ -202,14 +213,25 @@ def curve(scores):
     return frame.groupby(["model", "condition"])["balanced_accuracy"].mean().unstack()
 
 
+def seed_scores(predictions):
+    """Per (pipeline, subject) scores: each network's averaged over its training seeds, and the
+    seed-ensemble rows of those trained from several."""
+    if "seed" not in predictions:  # predictions of a run before seeds were recorded: seed 0
+        predictions = predictions.assign(seed=0)
+    ensembles = seed_ensembles(predictions)
+    return pd.concat([seed_averaged_scores(predictions)] + ([report.subject_scores(ensembles)] if len(ensembles)
+                                                             else []), ignore_index=True)
+
+
 def write_report(args, predictions, latency):
-    scores = report.subject_scores(predictions)
+    scores = seed_scores(predictions)
     table = curve(scores)
     columns = ["none"] + [str(k) for k in SEEN] + [f"{k} recent" for k in RECENT] + ["all", "online"]
     lines = ["# Online adaptation to unseen subjects", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv} (the unseen-subjects "
         f"folds), scored on each subject's trials after its first {args.warmup}; balanced accuracy %, mean over "
-        "subjects", "", "| model | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
+        f"subjects; networks from training seeds {sorted(predictions.get('seed', pd.Series([0])).unique().tolist())}, "
+        "a subject's score the mean over them", "", "| model | " + " | ".join(columns) + " |", "| --- |" + " --- |" * len(columns)]
     for model in sorted(table.index, key=lambda m: (MODELS + REFITTED).index(m.split(" (")[0])):
         lines.append(f"| {model} | " + " | ".join(
                 "-" if pd.isna(table.loc[model].get(c)) else f"{table.loc[model][c]:.1f}" for c in columns) + " |")
@@ -223,6 +245,8 @@ def write_report(args, predictions, latency):
              for a, b in (("10", "all"), ("10 recent", "all"), ("20 recent", "all"), ("0", "none"), ("1", "none"),
                           ("online", "all"), ("online", "none"), ("online after 10", "all after 10"),
                           ("online after 0", "all after 0"))]
+    pairs += [(f"{m} | {c}, seed ensemble", other) for m in MODELS for c in ("online", "all")
+              for other in (f"Recenter+TS+LR | {c}", f"{m} | {c}")]
     lines += ["", "Paired over subjects:"] + report.paired_lines(scores, pairs)
     if len(latency):
         lines += ["", "median seconds of one online predict call (one trial, domain updated), per model: " + ", ".join(

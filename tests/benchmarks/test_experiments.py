@@ -322,3 +322,18 @@ def test_the_study_rows_are_networks_named_one_training_seed_when_trained_once()
     seeds_of = {"study model": [0], "SPDnet+dBN": [0, 1]}
     names = ["TS+LR", "study model", "SPDnet+dBN", "SPDnet+dBN, seed ensemble"]
     assert unseen_subjects.one_training(names, seeds_of) == ["spdnet-dbn-seed-ensemble", "study-model"]
+
+
+def test_online_scores_average_a_networks_seeds_and_add_their_ensemble():
+    y = [0, 0, 1, 1]
+    rows = [("SPDnet+dBN | online", 0, [0.2, 0.6, 0.7, 0.4]), ("SPDnet+dBN | online", 1, [0.4, 0.2, 0.5, 0.8]),
+            ("Recenter+TS+LR | online", 0, [0.1, 0.2, 0.9, 0.8])]
+    predictions = pd.concat([pd.DataFrame({"pipeline": name, "subject": 3, "seed": seed, "trial": range(4), "y": y,
+                                           "score": score, "pred": (np.array(score) > 0.5).astype(int)})
+                             for name, seed, score in rows], ignore_index=True)
+    scores = online.seed_scores(predictions).set_index("pipeline")["balanced_accuracy"]
+    assert scores["SPDnet+dBN | online"] == pytest.approx((50 + 75) / 2)  # the mean of the two seeds
+    assert scores["SPDnet+dBN | online, seed ensemble"] == pytest.approx(100)  # mean probabilities 0.3 0.4 0.6 0.6
+    assert scores["Recenter+TS+LR | online"] == pytest.approx(100) and len(scores) == 3
+    # a report of predictions saved before seeds were recorded: one seed, no ensemble
+    assert len(online.seed_scores(predictions[predictions["seed"] == 0].drop(columns="seed"))) == 2
