@@ -48,7 +48,7 @@ from skfedspd.online import adaptation_of
 from . import report
 from .data import LEFT_RIGHT_SUBJECTS, load_left_right
 from .pipelines import PIPELINES, fit
-from .unseen_subjects import folds, one_training, runs, seed_averaged_scores, seed_ensembles
+from .unseen_subjects import ENSEMBLE, folds, one_training, runs, seed_averaged_scores, seed_ensembles
 
 MODELS = ["SPDnet+dBN", "FedSPDnet+dBN"]
 REFITTED = ["Recenter+TS+LR", "TS+LR"]
@@ -142,11 +142,16 @@ def conditions(name, model, X, warmup):
 
 #: The conditions an ablation's rows keep in the record (the models' own rows keep every one).
 ABLATION_RECORDED = ("none", "0", "1", "1 recent", "all", "online")
+#: The conditions a seed ensemble's rows keep in the record.
+ENSEMBLE_RECORDED = ("none", "10", "all", "online", "online after 10", "all after 10")
 
 
 def recorded(pipeline):
-    """Whether the record keeps the scores of ``pipeline`` (``"model (ablation) | condition"``)."""
+    """Whether the record keeps the scores of ``pipeline`` (``"model (ablation) | condition"``,
+    a seed ensemble's ending in ``", seed ensemble"``)."""
     variant, condition = pipeline.split(" | ")
+    if condition.endswith(ENSEMBLE.format("")):
+        return "(" not in variant and condition[:-len(ENSEMBLE.format(""))] in ENSEMBLE_RECORDED
     return "(" not in variant or condition in ABLATION_RECORDED
 
 

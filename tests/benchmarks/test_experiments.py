@@ -204,7 +204,9 @@ def test_online_conditions_score_every_trial_after_the_warmup_and_restore_the_mo
     ("SPDnet+dBN | 20 recent", True), ("Recenter+TS+LR | online after 5", True), ("TS+LR | none", True),
     ("SPDnet+dBN (memory 10) | online", True), ("FedSPDnet+dBN (itself included) | 1", True),
     ("SPDnet+dBN (prior weight 4) | 1 recent", True), ("SPDnet+dBN (memory 10) | 20", False),
-    ("Recenter+TS+LR (itself included) | online after 10", False)])
+    ("Recenter+TS+LR (itself included) | online after 10", False), ("SPDnet+dBN | online, seed ensemble", True),
+    ("FedSPDnet+dBN | all after 10, seed ensemble", True), ("SPDnet+dBN | 5 recent, seed ensemble", False),
+    ("SPDnet+dBN (memory 10) | online, seed ensemble", False)])
 def test_the_online_record_keeps_every_condition_of_a_model_and_the_ablations_compared(pipeline, kept):
     assert online.recorded(pipeline) is kept
 
