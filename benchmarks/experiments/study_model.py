@@ -7,7 +7,7 @@ dispersion normalized to a learned target, minibatches of several domains, runni
 with TSMNet's momentum schedule. It trains as the estimator does with a validation part (Adam
 1e-2, 10 % held out, the epochs within one standard error of the lowest validation loss
 averaged); it is not part of the package. The experiments ``learner-leads`` (the main job's
-splits) and ``unseen-subjects`` (its ``SPDDSMBN study`` rows) measure it.
+splits) and ``unseen-subjects`` (its ``study model`` rows) measure it.
 """
 
 import numpy as np
