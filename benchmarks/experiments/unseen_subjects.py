@@ -14,6 +14,10 @@ every trial's probability averaged over the seeds' networks, as scikit-learn's
 ``VotingClassifier(voting="soft")`` of those networks predicts; one ensemble, so its readings
 say "one training seed". The classical pipelines have no seed and are fitted once.
 
+Besides the named pipelines and their ablations (among them the networks and Recenter+TS+LR
+trained on 8 or 16 of the training subjects), ``--pipelines`` takes the study model's rows
+(:data:`.pipelines.STUDIES`: SPDDSMBN's parts one at a time); ``--record`` names the record.
+
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
 for the ``online`` experiment. Each (pipeline, fold, seed) is one file of predictions: a run
 can be split over processes with ``--folds`` and resumed; the report covers what is there.
