@@ -25,6 +25,8 @@ seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
   network's validation part is drawn over windows, so one trial's windows can fall on both
   sides of it);
 - the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
+- the filter-bank peer of the band model: TS+LR on the 4 sub-bands, one tangent space per
+  band, the vectors concatenated into one logistic regression;
 - an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
   ``5 · seed + k``), its probabilities averaged (scikit-learn's soft ``VotingClassifier``, the
   subjects routed to every network), alone and averaged with TS+LR's; and the recommended
@@ -91,6 +93,7 @@ ROWS = {
     "TS+LR on 2 s windows, their probabilities averaged": ("windows", {"learner": "ts-lr"}),
     "SPDnetClassifier() on 2 s windows, their probabilities averaged": ("windows", {"learner": "spdnet"}),
     "TS+LR on OAS covariances": ("ts-lr", {"covariances": "oas"}),
+    "TS+LR on 4 sub-bands, one tangent space each, concatenated": ("ts-lr", {"bands": SUB_BANDS}),
     "SPDnetClassifier() on OAS covariances": ("spdnet", {"covariances": "oas"}),
     "SPDnetClassifier(), 5 training seeds, probabilities averaged": ("spdnet", {"training_seeds": 5}),
     "SPDnetClassifier() over 5 training seeds and TS+LR, probabilities averaged":
@@ -190,9 +193,11 @@ def fit_row(name, data, seed):
         extra = {"rounds_run": len(fitted[0].history_), "best_round": int(fitted[0].best_round_)}
     else:
         X = oas if settings.get("covariances") == "oas" else covariances
+        if settings.get("bands") == SUB_BANDS:
+            X = bands[:, 1:]
         proba = 0.0
         if model in ("ts-lr", "ensemble"):
-            proba = proba + ts_lr().fit(X[train], y[train]).predict_proba(X[test])
+            proba = proba + ts_lr(X.shape[1] if X.ndim == 4 else None).fit(X[train], y[train]).predict_proba(X[test])
         if model in ("spdnet", "ensemble"):
             clf = spdnet(seed, settings.get("training_seeds", 1))
             with sklearn.config_context(enable_metadata_routing=True):  # groups reach every network
@@ -218,12 +223,24 @@ def ensemble_seeds(seed, n_seeds):
     return [seed] if n_seeds == 1 else [n_seeds * seed + k for k in range(n_seeds)]
 
 
-def ts_lr():
+def ts_lr(n_bands=None):
+    """pyRiemann's TS+LR; with ``n_bands`` (``(n, bands, C, C)`` input) a filter bank: one
+    tangent space per band, the vectors concatenated into one logistic regression."""
     from pyriemann.tangentspace import TangentSpace
     from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
+    from sklearn.pipeline import make_pipeline, make_union
+    from sklearn.preprocessing import FunctionTransformer
 
-    return make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000))
+    if n_bands is None:
+        return make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000))
+    tangent_spaces = [make_pipeline(FunctionTransformer(band_of, kw_args={"band": band}), TangentSpace(metric="riemann"))
+                      for band in range(n_bands)]
+    return make_pipeline(make_union(*tangent_spaces), LogisticRegression(max_iter=1000))
+
+
+def band_of(X, band):
+    """The matrices of one band of ``(n, bands, C, C)`` input."""
+    return X[:, band]
 
 
 def cached_fit(name, data, seed, out, log_file):

@@ -58,3 +58,17 @@ def test_an_ensemble_row_trains_a_new_set_of_seeds_for_each_split():
     assert isinstance(ensemble, VotingClassifier) and ensemble.voting == "soft"
     assert [clf.random_state for _, clf in ensemble.estimators] == [10, 11, 12, 13, 14]
     assert spdnet(3).random_state == 3
+
+
+def test_the_filter_bank_ts_lr_concatenates_one_tangent_space_per_band(spd_domains):
+    from pyriemann.tangentspace import TangentSpace
+
+    from benchmarks.experiments.learner_leads import ts_lr
+
+    X, y, _ = spd_domains(n_groups=2, n_per_group=20, n_channels=4)
+    bands = np.stack([X, X + 0.5 * np.eye(4)], 1)
+    bank = ts_lr(n_bands=2).fit(bands, y)
+    features = bank[0].transform(bands)
+    assert features.shape == (40, 2 * 10)
+    np.testing.assert_allclose(features[:, 10:], TangentSpace(metric="riemann").fit_transform(bands[:, 1]))
+    assert bank.predict_proba(bands).shape == (40, 2)
