@@ -25,8 +25,12 @@ from pathlib import Path
 import numpy as np
 
 from skfedspd.datasets import PHYSIONET_LEFT_RIGHT_SUBJECTS as LEFT_RIGHT_SUBJECTS
+from skfedspd.datasets import PHYSIONET_SFREQ, sample_covariance
 
 CACHE = Path(os.environ.get("SKFEDSPD_CACHE", "results/cache"))
+#: The 8-32 Hz band of every covariance, and the four sub-bands of the band models.
+BROAD = [(8, 32)]
+SUB_BANDS = [(8, 12), (12, 16), (16, 24), (24, 32)]
 #: The events of PhysionetMI's 4-class imagery (MOABB's names).
 FOUR_CLASS_EVENTS = ("left_hand", "right_hand", "feet", "hands")
 NOT_FOUND = "PhysioNet EEG files not found (../shared/data or $SKFEDSPD_DATA): nothing to run."
@@ -173,3 +177,36 @@ def load_left_right_channels(subjects, cache, channels="sensorimotor"):
     cache.parent.mkdir(parents=True, exist_ok=True)
     np.savez(cache, X=X, y=y, subjects=subject)
     return X, y, subject
+
+
+def band_covariances(X_raw, bands, fs):
+    """``(n, len(bands), C, C)`` sample covariances of the trials filtered to each band (the
+    8-32 Hz trials as they are for that band)."""
+    from scipy.signal import butter, sosfiltfilt
+
+    def band(lo, hi):
+        if (lo, hi) == (8, 32):
+            return X_raw
+        return sosfiltfilt(butter(4, [lo, hi], btype="band", fs=fs, output="sos"), X_raw, axis=-1)
+
+    return np.stack([sample_covariance(band(lo, hi)) for lo, hi in bands], 1)
+
+
+def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, cache=CACHE):
+    """``(X, y, subject)`` as :func:`load_left_right`, ``X`` of shape ``(n, len(bands), 64, 64)``:
+    the sample covariances of the 8-32 Hz trials filtered again to each band (4th-order
+    Butterworth, zero phase). One file per subject under ``cache``, written on first use."""
+    cache = Path(cache)
+    cache.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for subject in subjects:
+        path = cache / f"physionet-lr-bands-{subject}.npz"
+        if not path.exists():
+            X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
+            np.savez(path, X=band_covariances(X_raw, bands, fs=PHYSIONET_SFREQ), y=y, bands=np.array(bands))
+        with np.load(path) as f:
+            if f["bands"].tolist() != [list(b) for b in bands]:
+                raise ValueError(f"{path} holds bands {f['bands'].tolist()}, not {bands}: remove it to refit")
+            parts.append((f["X"], f["y"], np.full(len(f["y"]), subject)))
+    X, y, groups = (np.concatenate(a) for a in zip(*parts))
+    return X, y, groups

@@ -60,18 +60,17 @@ from skfedspd.training import torch_threads
 from ..records.store import write_record
 from . import report
 from .console import console_and_log, warnings_to_file
+from .data import BROAD, SUB_BANDS, band_covariances
 from .table_one_cells import SERVER_MOMENTUM
 from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommended_federated, riemann_reference
 from .table_one_report import SEED_METRICS
 from .learner_ablation import add_row_arguments, summary
-from .pipelines import seed_ensemble
+from .pipelines import filter_bank, seed_ensemble
 from .study_model import StudySPDnetClassifier
 from .table_one_runner import client_split
 
 log = logging.getLogger(__name__)
 
-BROAD = [(8, 32)]
-SUB_BANDS = [(8, 12), (12, 16), (16, 24), (24, 32)]
 #: label -> (model, settings)
 ROWS = {
     "TS+LR": ("ts-lr", {}),
@@ -108,19 +107,6 @@ WINDOW, WINDOW_STEP = 320, 40
 
 def add_arguments(parser):
     add_row_arguments(parser, ROWS, "learner-leads")
-
-
-def band_covariances(X_raw, bands, fs):
-    """``(n, len(bands), C, C)`` sample covariances of the trials filtered to each band (the
-    8-32 Hz trials as they are for that band)."""
-    from scipy.signal import butter, sosfiltfilt
-
-    def band(lo, hi):
-        if (lo, hi) == (8, 32):
-            return X_raw
-        return sosfiltfilt(butter(4, [lo, hi], btype="band", fs=fs, output="sos"), X_raw, axis=-1)
-
-    return np.stack([sample_covariance(band(lo, hi)) for lo, hi in bands], 1)
 
 
 def window_covariances(X_raw, length=WINDOW, step=WINDOW_STEP):
@@ -228,19 +214,12 @@ def ts_lr(n_bands=None):
     tangent space per band, the vectors concatenated into one logistic regression."""
     from pyriemann.tangentspace import TangentSpace
     from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline, make_union
-    from sklearn.preprocessing import FunctionTransformer
+    from sklearn.pipeline import make_pipeline
 
     if n_bands is None:
         return make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000))
-    tangent_spaces = [make_pipeline(FunctionTransformer(band_of, kw_args={"band": band}), TangentSpace(metric="riemann"))
-                      for band in range(n_bands)]
-    return make_pipeline(make_union(*tangent_spaces), LogisticRegression(max_iter=1000))
-
-
-def band_of(X, band):
-    """The matrices of one band of ``(n, bands, C, C)`` input."""
-    return X[:, band]
+    return make_pipeline(filter_bank(lambda: [TangentSpace(metric="riemann")], n_bands),
+                         LogisticRegression(max_iter=1000))
 
 
 def cached_fit(name, data, seed, out, log_file):

@@ -3,7 +3,7 @@
 * :data:`PIPELINES`: covariances in (TS+LR, Recenter+TS+LR, SPDnet and FedSPDnet with and
   without domain batch norm), and :data:`ABLATIONS`, each one setting away from one of them;
 * :data:`STUDIES`: the study model of :mod:`.study_model` (outside the package), the parts of
-  SPDDSMBN added one at a time;
+  SPDDSMBN added one at a time; :data:`BANDED`: filter banks on four sub-bands;
 * :func:`moabb_pipelines`: epochs in, the covariances estimated inside, for MOABB's
   evaluations (``moabb``);
 * the paper's Table I estimators are built by :mod:`.table_one_protocols` (its training
@@ -18,7 +18,8 @@ from pyriemann.tangentspace import TangentSpace
 from sklearn.base import BaseEstimator, ClassifierMixin, MetaEstimatorMixin, clone
 from sklearn.ensemble import VotingClassifier
 from sklearn.linear_model import LogisticRegression
-from sklearn.pipeline import make_pipeline
+from sklearn.pipeline import make_pipeline, make_union
+from sklearn.preprocessing import FunctionTransformer
 from sklearn.utils.metadata_routing import get_routing_for_object
 from sklearn.utils.validation import check_is_fitted
 
@@ -117,6 +118,26 @@ ABLATIONS = {
     "SPDnet+dBN, best epoch": lambda seed: spdnet(seed, batchnorm="domain", checkpoint="best"),
     **{f"{name}, {n} training subjects": (lambda seed, name=name, n=n: TrainingSubjects(PIPELINES[name](seed), n))
        for name in ("Recenter+TS+LR", "SPDnet+dBN") for n in (8, 16)},
+}
+
+def band_of(X, band):
+    """The matrices of one band of ``(n, bands, C, C)`` input."""
+    return X[:, band]
+
+
+def filter_bank(steps, n_bands):
+    """A filter bank over ``(n, bands, C, C)`` input: the steps ``steps()`` on each band, their
+    outputs concatenated (scikit-learn's ``FeatureUnion``, which routes ``groups`` to them)."""
+    return make_union(*[make_pipeline(FunctionTransformer(band_of, kw_args={"band": band}), *steps())
+                        for band in range(n_bands)])
+
+
+#: Pipelines on the covariances of the four sub-bands, ``(n, 4, C, C)``
+#: (:data:`.data.SUB_BANDS`, :func:`.data.load_left_right_bands`).
+BANDED = {
+    "Recenter+TS+LR, 4 sub-bands": lambda seed: make_pipeline(filter_bank(lambda: [Recenter(), TangentSpace()], 4),
+                                                              LogisticRegression(max_iter=1000)),
+    "study model, 4 sub-bands, one BiMap each": lambda seed: StudySPDnetClassifier(random_state=seed),
 }
 
 #: The SPDDSMBN study model (:mod:`.study_model`) with the parts of SPDDSMBN added one at a time.

@@ -16,7 +16,9 @@ say "one training seed". The classical pipelines have no seed and are fitted onc
 
 Besides the named pipelines and their ablations (among them the networks and Recenter+TS+LR
 trained on 8 or 16 of the training subjects), ``--pipelines`` takes the study model's rows
-(:data:`.pipelines.STUDIES`: SPDDSMBN's parts one at a time); ``--record`` names the record.
+(:data:`.pipelines.STUDIES`: SPDDSMBN's parts one at a time) and the filter banks on four
+sub-bands (:data:`.pipelines.BANDED`, fitted on the sub-bands' covariances of the same
+trials); ``--record`` names the record.
 
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
 for the ``online`` experiment. Each (pipeline, fold, seed) is one file of predictions: a run
@@ -35,8 +37,8 @@ from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
 
 from . import report
-from .data import LEFT_RIGHT_SUBJECTS, load_left_right
-from .pipelines import ABLATIONS, PIPELINES, STUDIES, TrainingSubjects, fit
+from .data import LEFT_RIGHT_SUBJECTS, load_left_right, load_left_right_bands
+from .pipelines import ABLATIONS, BANDED, PIPELINES, STUDIES, TrainingSubjects, fit
 from .study_model import StudySPDnetClassifier
 
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
@@ -57,7 +59,9 @@ PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), 
          ("study model, minibatches of 4 subjects x 16 trials, dispersion normalized",
           "study model, minibatches of 4 subjects x 16 trials"),
          ("study model, minibatches of 4 subjects x 16 trials, dispersion normalized", "Recenter+TS+LR"),
-         ("study model, complete SPDDSMBN", "Recenter+TS+LR")]
+         ("study model, complete SPDDSMBN", "Recenter+TS+LR"),
+         ("Recenter+TS+LR, 4 sub-bands", "Recenter+TS+LR"), ("study model, 4 sub-bands, one BiMap each", "study model"),
+         ("study model, 4 sub-bands, one BiMap each", "Recenter+TS+LR, 4 sub-bands")]
 
 
 def add_arguments(parser):
@@ -65,7 +69,7 @@ def add_arguments(parser):
     parser.add_argument("--cv", choices=["groupkfold5", "loso"], default="groupkfold5")
     parser.add_argument("--folds", type=int, nargs="+", default=None, help="run only these fold indices")
     parser.add_argument("--pipelines", nargs="+", default=DEFAULT_PIPELINES,
-                        choices=list(PIPELINES) + list(ABLATIONS) + list(STUDIES))
+                        choices=list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="training seeds of the networks (their scores are averaged per subject)")
     parser.add_argument("--jobs", type=int, default=1, help="trainings run in parallel, one process each")
@@ -85,7 +89,7 @@ def folds(groups, cv):
 
 def build(name, seed):
     """The model of a pipeline name."""
-    return {**PIPELINES, **ABLATIONS, **STUDIES}[name](seed)
+    return {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED}[name](seed)
 
 
 def one_training(names, seeds_of):
@@ -132,6 +136,11 @@ def run(args):
     cached_at_start = len(list((args.out / "predictions").glob("*.csv")))
     if not args.report_only:
         X, y, groups = load_left_right(args.subjects)
+        inputs = {False: X}
+        if any(name in BANDED for name in args.pipelines):  # the sub-bands' covariances, same trials
+            inputs[True], y_bands, groups_bands = load_left_right_bands(args.subjects)
+            if not (np.array_equal(y_bands, y) and np.array_equal(groups_bands, groups)):
+                raise RuntimeError("the sub-band trials are not those of the 8-32 Hz covariances")
         splits = folds(groups, args.cv)
         np.save(args.out / "groups.npy", groups)
         todo = [(k, name, seed, stem.format(k=k)) for k in range(len(splits))
@@ -140,7 +149,7 @@ def run(args):
         todo = [task for task in todo if not (args.out / "predictions" / f"{task[3]}.csv").exists()]
         # each training in its own process (one thread each): the fits are independent
         for line in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-                delayed(fit_and_predict)(args, name, stem, seed, k, X, y, groups, splits[k])
+                delayed(fit_and_predict)(args, name, stem, seed, k, inputs[name in BANDED], y, groups, splits[k])
                 for k, name, seed, stem in todo):
             print(line, flush=True)
     scores, seeds_of = write_report(args)
@@ -207,7 +216,7 @@ def write_report(args):
                 for name in trained_nets}
     seeds = sorted({s for of in seeds_of.values() for s in of})
     present = list(dict.fromkeys(scores["pipeline"]))
-    known = list(PIPELINES) + list(ABLATIONS) + list(STUDIES)
+    known = list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED)
     order = [row for n in known for row in (n, ENSEMBLE.format(n)) if row in present]
     order += sorted(n for n in present if n not in order)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [
