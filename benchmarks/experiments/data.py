@@ -179,9 +179,12 @@ def load_left_right_channels(subjects, cache, channels="sensorimotor"):
     return X, y, subject
 
 
-def band_covariances(X_raw, bands, fs):
-    """``(n, len(bands), C, C)`` sample covariances of the trials filtered to each band (the
-    8-32 Hz trials as they are for that band)."""
+def band_covariances(X_raw, bands, fs, estimator="scm"):
+    """``(n, len(bands), C, C)`` covariances of the trials filtered to each band (the 8-32 Hz
+    trials as they are for that band): sample covariances, or ``"oas"`` (pyRiemann's
+    ``Covariances("oas")``, shrunk: a narrow band's sample covariance of 64 channels over
+    3 s is near singular)."""
+    from pyriemann.estimation import Covariances
     from scipy.signal import butter, sosfiltfilt
 
     def band(lo, hi):
@@ -189,21 +192,23 @@ def band_covariances(X_raw, bands, fs):
             return X_raw
         return sosfiltfilt(butter(4, [lo, hi], btype="band", fs=fs, output="sos"), X_raw, axis=-1)
 
-    return np.stack([sample_covariance(band(lo, hi)) for lo, hi in bands], 1)
+    covariance = sample_covariance if estimator == "scm" else Covariances(estimator).transform
+    return np.stack([covariance(band(lo, hi)) for lo, hi in bands], 1)
 
 
-def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, cache=CACHE):
+def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, estimator="oas", cache=CACHE):
     """``(X, y, subject)`` as :func:`load_left_right`, ``X`` of shape ``(n, len(bands), 64, 64)``:
-    the sample covariances of the 8-32 Hz trials filtered again to each band (4th-order
-    Butterworth, zero phase). One file per subject under ``cache``, written on first use."""
+    the ``estimator`` covariances (:func:`band_covariances`) of the 8-32 Hz trials filtered again
+    to each band (4th-order Butterworth, zero phase). One file per subject under ``cache``,
+    written on first use."""
     cache = Path(cache)
     cache.mkdir(parents=True, exist_ok=True)
     parts = []
     for subject in subjects:
-        path = cache / f"physionet-lr-bands-{subject}.npz"
+        path = cache / f"physionet-lr-bands-{estimator}-{subject}.npz"
         if not path.exists():
             X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
-            np.savez(path, X=band_covariances(X_raw, bands, fs=PHYSIONET_SFREQ), y=y, bands=np.array(bands))
+            np.savez(path, X=band_covariances(X_raw, bands, PHYSIONET_SFREQ, estimator), y=y, bands=np.array(bands))
         with np.load(path) as f:
             if f["bands"].tolist() != [list(b) for b in bands]:
                 raise ValueError(f"{path} holds bands {f['bands'].tolist()}, not {bands}: remove it to refit")

@@ -132,12 +132,12 @@ def filter_bank(steps, n_bands):
                         for band in range(n_bands)])
 
 
-#: Pipelines on the covariances of the four sub-bands, ``(n, 4, C, C)``
+#: Pipelines on the OAS covariances of the four sub-bands, ``(n, 4, C, C)``
 #: (:data:`.data.SUB_BANDS`, :func:`.data.load_left_right_bands`).
 BANDED = {
-    "Recenter+TS+LR, 4 sub-bands": lambda seed: make_pipeline(filter_bank(lambda: [Recenter(), TangentSpace()], 4),
+    "Recenter+TS+LR, 4 sub-bands (OAS)": lambda seed: make_pipeline(filter_bank(lambda: [Recenter(), TangentSpace()], 4),
                                                               LogisticRegression(max_iter=1000)),
-    "study model, 4 sub-bands, one BiMap each": lambda seed: StudySPDnetClassifier(random_state=seed),
+    "study model, 4 sub-bands (OAS), one BiMap each": lambda seed: StudySPDnetClassifier(random_state=seed),
 }
 
 #: The SPDDSMBN study model (:mod:`.study_model`) with the parts of SPDDSMBN added one at a time.

@@ -17,7 +17,7 @@ say "one training seed". The classical pipelines have no seed and are fitted onc
 Besides the named pipelines and their ablations (among them the networks and Recenter+TS+LR
 trained on 8 or 16 of the training subjects), ``--pipelines`` takes the study model's rows
 (:data:`.pipelines.STUDIES`: SPDDSMBN's parts one at a time) and the filter banks on four
-sub-bands (:data:`.pipelines.BANDED`, fitted on the sub-bands' covariances of the same
+sub-bands (:data:`.pipelines.BANDED`, fitted on the sub-bands' OAS covariances of the same
 trials); ``--record`` names the record.
 
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
@@ -60,8 +60,9 @@ PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), 
           "study model, minibatches of 4 subjects x 16 trials"),
          ("study model, minibatches of 4 subjects x 16 trials, dispersion normalized", "Recenter+TS+LR"),
          ("study model, complete SPDDSMBN", "Recenter+TS+LR"),
-         ("Recenter+TS+LR, 4 sub-bands", "Recenter+TS+LR"), ("study model, 4 sub-bands, one BiMap each", "study model"),
-         ("study model, 4 sub-bands, one BiMap each", "Recenter+TS+LR, 4 sub-bands")]
+         ("Recenter+TS+LR, 4 sub-bands (OAS)", "Recenter+TS+LR"),
+         ("study model, 4 sub-bands (OAS), one BiMap each", "study model"),
+         ("study model, 4 sub-bands (OAS), one BiMap each", "Recenter+TS+LR, 4 sub-bands (OAS)")]
 
 
 def add_arguments(parser):

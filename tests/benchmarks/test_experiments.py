@@ -348,7 +348,7 @@ def test_the_filter_bank_recentres_each_band_by_the_routed_subjects(spd_domains)
 
     X, y, groups = spd_domains(n_groups=3, n_per_group=20, n_channels=4)
     bands = np.stack([X, X + 0.5 * np.eye(4), 2 * X, X @ X], 1)
-    bank = pipelines.fit(pipelines.BANDED["Recenter+TS+LR, 4 sub-bands"](0), bands, y, groups)
+    bank = pipelines.fit(pipelines.BANDED["Recenter+TS+LR, 4 sub-bands (OAS)"](0), bands, y, groups)
     features = bank[0].transform(bands[groups == 1])
     n = 4 * 5 // 2
     assert features.shape == (20, 4 * n)
@@ -360,6 +360,6 @@ def test_the_filter_bank_recentres_each_band_by_the_routed_subjects(spd_domains)
 def test_band_covariances_from_another_band_set_are_refused(tmp_path):
     from benchmarks.experiments.data import load_left_right_bands
 
-    np.savez(tmp_path / "physionet-lr-bands-1.npz", X=np.zeros((2, 1, 3, 3)), y=np.zeros(2), bands=np.array([[8, 30]]))
+    np.savez(tmp_path / "physionet-lr-bands-oas-1.npz", X=np.zeros((2, 1, 3, 3)), y=np.zeros(2), bands=np.array([[8, 30]]))
     with pytest.raises(ValueError, match="remove it"):
         load_left_right_bands([1], bands=[(8, 12)], cache=tmp_path)
