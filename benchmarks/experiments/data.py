@@ -146,19 +146,32 @@ def load_left_right(subjects=LEFT_RIGHT_SUBJECTS, cache=CACHE):
     """
     from skfedspd.datasets import load_physionet_mi
 
-    cache = Path(cache)
+    def covariances(subject):
+        X, y, _, meta = load_physionet_mi([subject], n_classes=2)
+        if not np.all(np.diff(meta["physionet_run"].to_numpy()) >= 0):
+            raise RuntimeError(f"subject {subject}: trials are not in recording order")
+        return {"X": X, "y": y}
+
+    return concatenated(per_subject(subjects, Path(cache), "physionet-lr", covariances))
+
+
+def per_subject(subjects, cache, stem, arrays):
+    """``[(arrays of subject, subject)]``: each subject's ``arrays(subject)`` (a dict with ``X``
+    and ``y``), kept in ``cache/STEM-S.npz`` and written there on first use."""
     cache.mkdir(parents=True, exist_ok=True)
     parts = []
     for subject in subjects:
-        path = cache / f"physionet-lr-{subject}.npz"
+        path = cache / f"{stem}-{subject}.npz"
         if not path.exists():
-            X, y, _, meta = load_physionet_mi([subject], n_classes=2)
-            if not np.all(np.diff(meta["physionet_run"].to_numpy()) >= 0):
-                raise RuntimeError(f"subject {subject}: trials are not in recording order")
-            np.savez(path, X=X, y=y)
+            np.savez(path, **arrays(subject))
         with np.load(path) as f:
-            parts.append((f["X"], f["y"], np.full(len(f["y"]), subject)))
-    X, y, groups = (np.concatenate(a) for a in zip(*parts))
+            parts.append(({name: f[name] for name in f.files}, subject))
+    return parts
+
+
+def concatenated(parts):
+    """``(X, y, subject)`` of :func:`per_subject`'s parts, in their order."""
+    X, y, groups = (np.concatenate(a) for a in zip(*[(p["X"], p["y"], np.full(len(p["y"]), s)) for p, s in parts]))
     return X, y, groups
 
 
@@ -201,17 +214,13 @@ def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, estimat
     the ``estimator`` covariances (:func:`band_covariances`) of the 8-32 Hz trials filtered again
     to each band (4th-order Butterworth, zero phase). One file per subject under ``cache``,
     written on first use."""
-    cache = Path(cache)
-    cache.mkdir(parents=True, exist_ok=True)
-    parts = []
-    for subject in subjects:
-        path = cache / f"physionet-lr-bands-{estimator}-{subject}.npz"
-        if not path.exists():
-            X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
-            np.savez(path, X=band_covariances(X_raw, bands, PHYSIONET_SFREQ, estimator), y=y, bands=np.array(bands))
-        with np.load(path) as f:
-            if f["bands"].tolist() != [list(b) for b in bands]:
-                raise ValueError(f"{path} holds bands {f['bands'].tolist()}, not {bands}: remove it to refit")
-            parts.append((f["X"], f["y"], np.full(len(f["y"]), subject)))
-    X, y, groups = (np.concatenate(a) for a in zip(*parts))
-    return X, y, groups
+    def covariances(subject):
+        X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
+        return {"X": band_covariances(X_raw, bands, PHYSIONET_SFREQ, estimator), "y": y, "bands": np.array(bands)}
+
+    parts = per_subject(subjects, Path(cache), f"physionet-lr-bands-{estimator}", covariances)
+    for arrays, subject in parts:
+        if arrays["bands"].tolist() != [list(b) for b in bands]:
+            raise ValueError(f"the cached bands of subject {subject} are {arrays['bands'].tolist()}, not {bands}: "
+                             f"remove {Path(cache) / f'physionet-lr-bands-{estimator}-{subject}.npz'} to refit")
+    return concatenated(parts)

@@ -361,5 +361,5 @@ def test_band_covariances_from_another_band_set_are_refused(tmp_path):
     from benchmarks.experiments.data import load_left_right_bands
 
     np.savez(tmp_path / "physionet-lr-bands-oas-1.npz", X=np.zeros((2, 1, 3, 3)), y=np.zeros(2), bands=np.array([[8, 30]]))
-    with pytest.raises(ValueError, match="remove it"):
+    with pytest.raises(ValueError, match="cached bands of subject 1 .* remove"):
         load_left_right_bands([1], bands=[(8, 12)], cache=tmp_path)
