@@ -152,10 +152,10 @@ def load_left_right(subjects=LEFT_RIGHT_SUBJECTS, cache=CACHE):
             raise RuntimeError(f"subject {subject}: trials are not in recording order")
         return {"X": X, "y": y}
 
-    return concatenated(per_subject(subjects, Path(cache), "physionet-lr", covariances))
+    return concatenated(cached_per_subject(subjects, Path(cache), "physionet-lr", covariances))
 
 
-def per_subject(subjects, cache, stem, arrays):
+def cached_per_subject(subjects, cache, stem, arrays):
     """``[(arrays of subject, subject)]``: each subject's ``arrays(subject)`` (a dict with ``X``
     and ``y``), kept in ``cache/STEM-S.npz`` and written there on first use."""
     cache.mkdir(parents=True, exist_ok=True)
@@ -170,7 +170,7 @@ def per_subject(subjects, cache, stem, arrays):
 
 
 def concatenated(parts):
-    """``(X, y, subject)`` of :func:`per_subject`'s parts, in their order."""
+    """``(X, y, subject)`` of :func:`cached_per_subject`'s parts, in their order."""
     X, y, groups = (np.concatenate(a) for a in zip(*[(p["X"], p["y"], np.full(len(p["y"]), s)) for p, s in parts]))
     return X, y, groups
 
@@ -218,7 +218,7 @@ def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, estimat
         X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
         return {"X": band_covariances(X_raw, bands, PHYSIONET_SFREQ, estimator), "y": y, "bands": np.array(bands)}
 
-    parts = per_subject(subjects, Path(cache), f"physionet-lr-bands-{estimator}", covariances)
+    parts = cached_per_subject(subjects, Path(cache), f"physionet-lr-bands-{estimator}", covariances)
     for arrays, subject in parts:
         if arrays["bands"].tolist() != [list(b) for b in bands]:
             raise ValueError(f"the cached bands of subject {subject} are {arrays['bands'].tolist()}, not {bands}: "

@@ -2,7 +2,7 @@
 
 PhysionetMI, 4 classes, the main job's 8 subjects and client splits (clients of 2 subjects,
 each client's own stratified 85/15 split; one split per seed), test macro-F1 paired seed by
-seed with pyRiemann's TS+LR. Each row is one lead of the learner issue:
+seed with pyRiemann's TS+LR. Each row is one lead towards a learner above TS+LR:
 
 - the shipped learner, ``SPDnetClassifier()`` given the subjects (domain batch norm, each
   test subject predicted in its own call), and its probabilities averaged with TS+LR's;
@@ -50,8 +50,11 @@ import time
 import numpy as np
 import sklearn
 from joblib import Parallel, delayed
+from pyriemann.tangentspace import TangentSpace
+from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import accuracy_score, f1_score
 from sklearn.model_selection import train_test_split
+from sklearn.pipeline import make_pipeline
 
 from skfedspd import SPDnetClassifier
 from skfedspd.datasets import sample_covariance
@@ -59,7 +62,7 @@ from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
 
 from ..records.store import write_record
-from . import report
+from . import pipelines, report
 from .console import console_and_log, warnings_to_file
 from .data import BROAD, SUB_BANDS, band_covariances
 from .table_one_cells import SERVER_MOMENTUM
@@ -180,9 +183,11 @@ def fit_row(name, data, seed):
         fitted = [fed] if n_seeds == 1 else fed.estimators_
         extra = {"rounds_run": len(fitted[0].history_), "best_round": int(fitted[0].best_round_)}
     else:
-        X = oas[:, 0] if settings.get("covariances") == "oas" else covariances
+        shrunk = settings.get("covariances") == "oas"
         if settings.get("bands") == SUB_BANDS:
-            X = oas[:, 1:]
+            X = oas[:, 1:] if shrunk else bands[:, 1:]
+        else:
+            X = oas[:, 0] if shrunk else covariances
         proba = 0.0
         if model in ("ts-lr", "ensemble"):
             proba = proba + ts_lr(X.shape[1] if X.ndim == 4 else None).fit(X[train], y[train]).predict_proba(X[test])
@@ -212,16 +217,12 @@ def ensemble_seeds(seed, n_seeds):
 
 
 def ts_lr(n_bands=None):
-    """pyRiemann's TS+LR; with ``n_bands`` (``(n, bands, C, C)`` input) a filter bank: one
-    tangent space per band, the vectors concatenated into one logistic regression."""
-    from pyriemann.tangentspace import TangentSpace
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.pipeline import make_pipeline
-
+    """pyRiemann's TS+LR (:func:`.pipelines.ts_lr`); with ``n_bands`` (``(n, bands, C, C)``
+    input) a filter bank: one tangent space per band, the vectors concatenated into one
+    logistic regression."""
     if n_bands is None:
-        return make_pipeline(TangentSpace(metric="riemann"), LogisticRegression(max_iter=1000))
-    return make_pipeline(filter_bank(lambda: [TangentSpace(metric="riemann")], n_bands),
-                         LogisticRegression(max_iter=1000))
+        return pipelines.ts_lr(None)
+    return make_pipeline(filter_bank(lambda: [TangentSpace()], n_bands), LogisticRegression(max_iter=1000))
 
 
 def cached_fit(name, data, seed, out, log_file):

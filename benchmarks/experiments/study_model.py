@@ -225,6 +225,8 @@ class StudySPDnetClassifier(ClassifierMixin, BaseEstimator):
     def fit(self, X, y, groups=None):
         if groups is None:
             raise ValueError("StudySPDnetClassifier needs the subjects of the training matrices as groups")
+        if self.running and not self.mixed:
+            raise ValueError("running=True needs mixed=True: the running means' momentum follows the mixed epochs")
         X = self._bands(X)
         self.trace_ = np.trace(X, axis1=-2, axis2=-1).mean(0)
         self.classes_, labels = np.unique(y, return_inverse=True)

@@ -122,3 +122,9 @@ def test_classifier_needs_the_subjects():
     X = np.tile(np.eye(3), (6, 1, 1))
     with pytest.raises(ValueError, match="groups"):
         StudySPDnetClassifier().fit(X, np.array([0, 1] * 3))
+
+
+def test_running_means_without_mixed_minibatches_are_refused():
+    X = np.tile(np.eye(3), (6, 1, 1))
+    with pytest.raises(ValueError, match="running=True needs mixed=True"):
+        StudySPDnetClassifier(running=True).fit(X, np.array([0, 1] * 3), groups=np.repeat([1, 2], 3))
