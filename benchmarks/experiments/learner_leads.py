@@ -16,7 +16,8 @@ seed with pyRiemann's TS+LR. Each row is one lead towards a learner above TS+LR:
 - the recommended federation (``SPDnetClassifier(batchnorm="domain")`` on the paper's clients
   of 2 subjects, server momentum, a fresh client Adam every round; each test subject
   predicted in its own call), with each client's data one domain (the default) or each
-  subject its own, at 150 and 300 rounds: what it loses to its centralized counterpart;
+  subject its own, at 150 and 300 rounds, and with the sites' Adam at lr 1e-3 instead of the
+  estimator's 1e-2: what it loses to its centralized counterpart;
 - the learning curve: TS+LR and the shipped learner on 25 % and 50 % of each training
   subject's trials (a stratified subsample per seed), the same test trials;
 - more matrices per trial: TS+LR and the shipped learner trained on the covariances of five
@@ -38,6 +39,9 @@ The study model (:mod:`.study_model`) trains as the estimator does with a valida
 it is not part of the package.
 
     python -m benchmarks.experiments learner-leads --seeds 8 --jobs 2
+
+``--first-seed 8`` draws eight new splits (seeds 8-15) with the same rows: a replication of
+the record on splits no row was chosen on.
 
 Every (row, seed) fit is cached as JSON under ``--out``; the run writes the record
 ``learner-leads`` (``benchmarks/records/data``), paired by seed with TS+LR.
@@ -89,6 +93,8 @@ ROWS = {
     "FedSPDnet + domain BN + server momentum": ("federated", {"domains": "client", "rounds": 150}),
     "FedSPDnet + domain BN + server momentum, subject domains": ("federated", {"domains": "group", "rounds": 150}),
     "FedSPDnet + domain BN + server momentum, 300 rounds": ("federated", {"domains": "client", "rounds": 300}),
+    "FedSPDnet + domain BN + server momentum, client lr 1e-3":
+        ("federated", {"domains": "client", "rounds": 150, "client_lr": 1e-3}),
     "TS+LR, 50 % of the training trials": ("ts-lr", {"fraction": 0.5}),
     "SPDnetClassifier(), 50 % of the training trials": ("spdnet", {"fraction": 0.5}),
     "TS+LR, 25 % of the training trials": ("ts-lr", {"fraction": 0.25}),
@@ -112,6 +118,15 @@ WINDOW, WINDOW_STEP = 320, 40
 
 def add_arguments(parser):
     add_row_arguments(parser, ROWS, "learner-leads")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="the first split: seeds FIRST .. FIRST + SEEDS - 1 (default 0; new splits replicate a record)")
+
+
+def splits_title(seeds):
+    """The splits of a run in its record's title: the main job's are seeds 0 to 7."""
+    if list(seeds) == list(range(8)):
+        return "the main job's splits"
+    return f"new splits (seeds {seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"one split (seed {seeds[0]})"
 
 
 def window_covariances(X_raw, length=WINDOW, step=WINDOW_STEP):
@@ -172,15 +187,12 @@ def fit_row(name, data, seed):
     elif model == "windows":
         proba = windowed_proba(settings, windows, y, subjects, train, test, seed)
     elif model == "federated":  # the recommended federation on the paper's clients of 2 subjects
-        n_seeds = settings.get("training_seeds", 1)
-        server = {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)}
-        feds = [recommended_federated(1.0, settings["rounds"], s, server).set_params(domains=settings["domains"])
-                for s in ensemble_seeds(seed, n_seeds)]
-        fed = feds[0] if n_seeds == 1 else seed_ensemble(feds)
+        feds = federations(settings, seed)
+        fed = feds[0] if len(feds) == 1 else seed_ensemble(feds)
         with sklearn.config_context(enable_metadata_routing=True):  # groups reach every federation
             fed.fit(covariances[train], y[train], groups=subjects[train])
         proba = per_subject(fed.predict_proba, covariances[test], subjects[test])
-        fitted = [fed] if n_seeds == 1 else fed.estimators_
+        fitted = [fed] if len(feds) == 1 else fed.estimators_
         extra = {"rounds_run": len(fitted[0].history_), "best_round": int(fitted[0].best_round_)}
     else:
         shrunk = settings.get("covariances") == "oas"
@@ -200,6 +212,16 @@ def fit_row(name, data, seed):
     return {**(extra if model == "federated" else {}), "seed": seed, "f1": float(f1_score(y[test], pred, average="macro")),
             "accuracy": float(accuracy_score(y[test], pred)), "n_train": int(len(train)),
             "fit_seconds": time.perf_counter() - start, "config": {"row": name, **settings}}
+
+
+def federations(settings, seed):
+    """The recommended federations of a federated row for split ``seed``: one, or one per
+    training seed of an ensemble (``settings``: domains, rounds, optionally the sites' Adam
+    ``client_lr`` and ``training_seeds``)."""
+    server = {"server_optimizer": ServerMomentum(**SERVER_MOMENTUM)}
+    local = {"estimator__lr": settings["client_lr"]} if "client_lr" in settings else {}
+    return [recommended_federated(1.0, settings["rounds"], s, server).set_params(domains=settings["domains"], **local)
+            for s in ensemble_seeds(seed, settings.get("training_seeds", 1))]
 
 
 def spdnet(seed, n_seeds=1):
@@ -254,7 +276,8 @@ def run(args):
         data = (covariances, oas, bands, window_covariances(X_raw), y, subjects)
         names = ["TS+LR"] + [name for name in args.rows if name != "TS+LR"]
         start = time.perf_counter()
-        jobs = [(name, seed) for name in names for seed in range(args.seeds)]
+        seeds = range(args.first_seed, args.first_seed + args.seeds)
+        jobs = [(name, seed) for name in names for seed in seeds]
         done = Parallel(n_jobs=args.jobs)(delayed(cached_fit)(name, data, seed, args.out, log_file)
                                           for name, seed in jobs)
         elapsed = time.perf_counter() - start
@@ -264,10 +287,10 @@ def run(args):
             "macro_f1": {r["seed"]: 100 * r["f1"] for r in runs},
             "accuracy": {r["seed"]: 100 * r["accuracy"] for r in runs}}} for name, runs in results.items()}
         path = write_record(
-            args.record, title="The learner's leads on PhysionetMI, 4 classes, the main job's splits, against TS+LR",
+            args.record, title="The learner's leads on PhysionetMI, 4 classes, " + splits_title(seeds) + ", against TS+LR",
             command=command, rows=rows, metrics=SEED_METRICS, reference=report.row_key("TS+LR"),
             paired_by="seed", wall_seconds=elapsed,
-            facts={"seeds": args.seeds, "subjects": list(QUICK_SUBJECTS), "dataset": protocol.name,
+            facts={"seeds": list(seeds), "subjects": list(QUICK_SUBJECTS), "dataset": protocol.name,
                    "bands_hz": [list(b) for b in SUB_BANDS], "runs_cached_at_start": len(cached),
                    "training_trials": {name: sorted({r["n_train"] for r in runs}) for name, runs in results.items()},
                    "best_round_by_seed": {name: {r["seed"]: r["best_round"] for r in runs}

@@ -72,3 +72,24 @@ def test_the_filter_bank_ts_lr_concatenates_one_tangent_space_per_band(spd_domai
     assert features.shape == (40, 2 * 10)
     np.testing.assert_allclose(features[:, 10:], TangentSpace(metric="riemann").fit_transform(bands[:, 1]))
     assert bank.predict_proba(bands).shape == (40, 2)
+
+
+def test_a_replication_run_names_its_new_splits():
+    from benchmarks.experiments.learner_leads import splits_title
+
+    assert splits_title(range(8)) == "the main job's splits"
+    assert splits_title(range(8, 16)) == "new splits (seeds 8-15)"
+
+
+def test_the_client_lr_row_sets_the_sites_adam_only():
+    from benchmarks.experiments.learner_leads import federations
+
+    lowered = federations(ROWS["FedSPDnet + domain BN + server momentum, client lr 1e-3"][1], seed=2)
+    shipped = federations(ROWS["FedSPDnet + domain BN + server momentum"][1], seed=2)
+    assert [fed.estimator.lr for fed in lowered + shipped] == [1e-3, 1e-2]
+    def others(fed):  # every setting but the local estimator's learning rate
+        return {key: repr(value) for key, value in fed.get_params().items() if key not in ("estimator", "estimator__lr")}
+
+    assert others(lowered[0]) == others(shipped[0])
+    ensemble = federations(ROWS["FedSPDnet + domain BN + server momentum, 5 training seeds, probabilities averaged"][1], 2)
+    assert [fed.random_state for fed in ensemble] == [10, 11, 12, 13, 14]
