@@ -1,13 +1,15 @@
-"""Table I: the FedSPDnet paper's protocol, and the package's recommended configuration beside it.
+"""Table I: the FedSPDnet paper's protocol, and the package's models beside it.
 
 FedSPDnet vs centralized SPDnet, federated EEGNet and pyRiemann. The protocol of the FedSPDnet paper (section IV, Table I, Figures 3-4) on PhysionetMI (the
 offline copy in ../shared/data, 4 classes, clients of 2 subjects) and Weibo2014 (through
 MOABB's download in the full profile; the quick profile skips datasets that are not on
 disk), plus an unseen-subject table from MOABB's CrossSubjectEvaluation (full profile).
-On the same splits, the package's recommended configuration: SPDnetClassifier() given the
-subjects (per-subject domain batch norm; beside it fitted without them), and federated with
-domain batch norm and server momentum; every row is reported with its difference to TS+LR
-paired over seeds (splits).
+On the same splits, the package's single models: SPDnetClassifier() given the subjects
+(per-subject domain batch norm; beside it fitted without them), and federated with domain
+batch norm and server momentum; every row is reported with its difference to TS+LR paired
+over seeds (splits). The recommended configurations, ensembles of five of these models, are
+read from the learner-leads record of the same splits (the quick profile's PhysionetMI): five
+federations a split would take the main job past its budget.
 
     python -m benchmarks.experiments table-one --jobs 2          # main job (make experiment):
                                   # quick profile, 8 subjects, 450 rounds (converged), 1 seed
@@ -43,16 +45,21 @@ from .console import console_and_log
 from .data import prepare_data_folders
 from .table_one_cells import select
 from .table_one_protocols import PROFILES
+from ..records.store import read_record, record_path
 from .table_one_report import (
     convergence,
     headline,
     paired_table,
     plot_curves,
+    recorded_ensembles,
     table_one,
     targets,
     write_table_one_record,
 )
 from .table_one_runner import run_protocol
+
+#: The record of the recommended ensembles on the quick profile's PhysionetMI splits.
+ENSEMBLES_RECORD = "learner-leads"
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +203,7 @@ def report(done, budget, profile, out, command, args, elapsed):
         plot_curves(name, results, figures[name])
     text = ["## Table I protocol", "", table_one(tables, budget), "", "Targets:",
             "\n".join(targets(name, results) for (name, _), results in tables.items()), "",
-            "## Paper protocol and recommended configuration against TS+LR", "", paired_table(tables), "",
+            "## Paper protocol and the package's models against TS+LR", "", paired_table(tables), "",
             "## Convergence", "", convergence(tables)]
     for name, (_, _, unseen) in done.items():
         if unseen:
@@ -204,6 +211,12 @@ def report(done, budget, profile, out, command, args, elapsed):
     if budget.unseen_folds == 0:
         text += ["", f"Unseen-subject table (MOABB CrossSubjectEvaluation): not in the {profile} profile "
                      f"(`--full`)."]
+    recorded = {name: recorded_ensembles(read_record(ENSEMBLES_RECORD))
+                if (profile, name, budget.centralized_seeds) == ("quick", "PhysionetMI", 8)
+                and record_path(ENSEMBLES_RECORD).exists() else "" for (name, _) in tables}
+    for name, sentence in recorded.items():
+        if sentence:
+            text += ["", f"## Recommended configurations: {name}", "", sentence.strip()]
     runs = [r for results in tables.values() for records in results.values() for r in records]
     fit_minutes = sum(r["fit_seconds"] for r in runs) / 60
     timing = "report rebuilt from the cached runs" if args.report_only else f"this invocation {elapsed / 60:.1f} min"
@@ -219,7 +232,8 @@ def report(done, budget, profile, out, command, args, elapsed):
         f" ({budget.recommended_rounds} for the recommended federation)"
         if budget.recommended_rounds != budget.rounds else "")
     lines = ["Figure" + ("s" if len(figures) > 1 else "") + ": " + ", ".join(str(f) for f in figures.values()),
-             "Headline: " + " | ".join(headline(name, results, seeds) for (name, _), results in tables.items())]
+             "Headline: " + " | ".join(headline(name, results, seeds, recorded[name])
+                                       for (name, _), results in tables.items())]
     return "\n".join(text), figures, lines
 
 

@@ -166,11 +166,11 @@ def paired_table(tables):
                 continue
             mean, se, wins, n = difference
             spread = f" ± {se:.1f}" if n > 1 else ""
-            lines.append(f"| {name} | {'recommended' if cell.recommended else 'paper'} | {cell.label} | "
+            lines.append(f"| {name} | {'package' if cell.recommended else 'paper'} | {cell.label} | "
                          f"{fmt(records)} | {len(records)} | {mean:+.1f}{spread} | {wins} of {n} |")
     lines += ["", "Each seed is one split (every client's own stratified 85/15 split) and one initialization; "
                   "a row's difference to TS+LR is paired over the seeds both have, mean ± standard error. "
-                  "Recommended configuration: `SPDnetClassifier()` given the subjects (its `\"auto\"` batch "
+                  "Package rows: `SPDnetClassifier()` given the subjects (its `\"auto\"` batch "
                   "norm is then domain batch norm: each subject a domain, each test subject predicted in its own "
                   "call), beside it the same estimator fitted without them; federated, the domain-BN local "
                   "model on the paper's clients with server momentum "
@@ -180,9 +180,37 @@ def paired_table(tables):
     return "\n".join(lines)
 
 
-def headline(name, results, seeds):
+#: The federated classical baseline's row in that record.
+RECORDED_FEDERATED_BASELINE = "federatedtangentspacelr-the-federated-classical-baseline"
+#: The recommended configurations (ensembles of five, probabilities averaged): measured on
+#: the quick profile's PhysionetMI splits by the learner-leads experiment, which the main job
+#: does not re-run (five federations a split would take it past its budget). label -> row.
+RECORDED_ENSEMBLES = {
+    "five SPDnetClassifier() given the subjects, with TS+LR":
+        "spdnetclassifier-over-5-training-seeds-and-ts-lr-probabilities-averaged",
+    "five recommended federations": "fedspdnet-domain-bn-server-momentum-5-training-seeds-probabilities-averaged",
+}
+
+
+def recorded_ensembles(record):
+    """The headline's sentence on the recommended ensembles, read from the learner-leads
+    ``record`` (the same splits), with its command; each row against the record's TS+LR."""
+    from ..records import render
+
+    rows = ", ".join(f"{label} {render.mean(record, row)} ({render.difference(record, row)}: "
+                     f"{render.reading(record, row)})" for label, row in RECORDED_ENSEMBLES.items())
+    federations = RECORDED_ENSEMBLES["five recommended federations"]
+    return (f" Recommended configurations, ensembles of five with probabilities averaged (record {record['name']} "
+            f"on these splits, {len(render.scores(record, record['reference'], 'macro_f1'))} seeds, "
+            f"`{record['command']}`; not re-run by this job): {rows}; the five federations against the "
+            f"federated classical baseline on the same clients "
+            f"{render.pair(record, federations, RECORDED_FEDERATED_BASELINE)}.")
+
+
+def headline(name, results, seeds, recorded=""):
     """One line: the paper's protocol (FedSPDnet, centralized SPDnet, FedEEGNet) and the
-    package's recommended configuration, each row with its paired difference to TS+LR."""
+    package's single models, each row with its paired difference to TS+LR, then
+    ``recorded`` (:func:`recorded_ensembles`, where the dataset has that record)."""
     def v(cell):
         return with_difference(results, cell)
 
@@ -191,14 +219,14 @@ def headline(name, results, seeds):
             f"Paper protocol: FedSPDnet (full, ProjAvg) {v(FED['full', 'projavg'])}{momentum}, centralized SPDnet "
             f"{v(SPDNET)}, FedEEGNet (full) {v(FEDEEG['full'])}.")
     if any(cell in results for cell in RECOMMENDED.values()):
-        line += (f" Recommended configuration: SPDnetClassifier() given the subjects (domain BN) "
+        line += (f" Single models: SPDnetClassifier() given the subjects (domain BN) "
                  f"{v(RECOMMENDED['domain'])}, FedSPDnet + domain BN + server momentum "
                  f"{v(RECOMMENDED['federated'])}; SPDnetClassifier() without the subjects "
                  f"{v(RECOMMENDED['spdnet'])}.")
     if FED_TS_LR in results:
         line += f" Federated classical baseline: FedRecenter+TS+LR {v(FED_TS_LR)}."
     n = len(results.get(TS_LR, ()))
-    return line + f" TS+LR {mean_f1(results, TS_LR):.1f} ({n} seed{'s' if n != 1 else ''})."
+    return line + f" TS+LR {mean_f1(results, TS_LR):.1f} ({n} seed{'s' if n != 1 else ''})." + recorded
 
 
 def plot_curves(name, results, path):

@@ -274,7 +274,7 @@ def test_smoke_run_on_weibo_shaped_data(fake_weibo, tmp_path, caplog):
     assert "FedSPDnet Full / centralized SPDnet" in report.targets("FakeWeibo", results)
     assert "Half - Full with server momentum" in report.targets("FakeWeibo", results)
     assert "| FakeWeibo | FedSPDnet ProjAvg (full) | 2 |" in report.convergence(tables)
-    assert "| FakeWeibo | recommended | SPDnet + domain BN, package defaults |" in report.paired_table(tables)
+    assert "| FakeWeibo | package | SPDnet + domain BN, package defaults |" in report.paired_table(tables)
     line = report.headline("FakeWeibo", results, "1 seed")
     f1 = {c.key: f"{100 * np.mean([r['f1'] for r in rs]):.1f}" for c, rs in results.items()}
     assert line.startswith("FakeWeibo test macro-F1 (%), 1 seed; in brackets the difference to TS+LR paired over "
@@ -377,10 +377,11 @@ def test_entry_point_prints_the_headline_and_keeps_library_output_in_the_log(fak
     assert lines[-1].startswith("Headline: FakeWeibo test macro-F1 (%), 1 seed, 3 rounds; in brackets the difference "
                                 "to TS+LR paired over seeds ± SE. Paper protocol: FedSPDnet (full, ProjAvg) ")
     assert len(json.loads((out / "FakeWeibo" / "half__eegnet__seed0.json").read_text())["curve"]) == 3
-    for row in (", centralized SPDnet ", ", FedEEGNet (full) ", ". Recommended configuration: SPDnetClassifier() ",
+    for row in (", centralized SPDnet ", ", FedEEGNet (full) ", ". Single models: SPDnetClassifier() ",
                 ". TS+LR "):
         assert row in lines[-1], row
-    assert "## Paper protocol and recommended configuration against TS+LR" in (out / "report.md").read_text()
+    assert "## Paper protocol and the package's models against TS+LR" in (out / "report.md").read_text()
+    assert "Recommended configurations" not in lines[-1]  # the recorded ensembles are PhysionetMI's
     figure = out / "FakeWeibo" / "FakeWeibo_val_f1.png"
     assert lines[-2] == f"Figure: {figure}" and figure.stat().st_size > 0
     for noise in ("Warning", "Used Annotations", "Setting up", "Filtering", "Not setting metadata",
@@ -455,3 +456,19 @@ def test_report_only_without_results_says_so(fake_weibo, tmp_path, capsys):
     lines = capsys.readouterr().out.strip().splitlines()
     assert lines[-2:] == [f"FakeWeibo: no results in {out / 'FakeWeibo'}; nothing to report for it.", "Nothing to report."]
     assert not (out / "FakeWeibo").exists()
+
+
+def test_the_headline_reads_the_recommended_ensembles_from_their_record():
+    from benchmarks.records import render
+    from benchmarks.records.store import read_record
+
+    record = read_record(table_one.ENSEMBLES_RECORD)
+    sentence = report.recorded_ensembles(record)
+    assert f"`{record['command']}`" in sentence and "8 seeds" in sentence
+    for label, row in report.RECORDED_ENSEMBLES.items():
+        assert row in record["rows"], row
+        assert f"{label} {render.mean(record, row)} ({render.difference(record, row)}: " in sentence
+    baseline = render.pair(record, report.RECORDED_ENSEMBLES["five recommended federations"],
+                           report.RECORDED_FEDERATED_BASELINE)
+    assert f"federated classical baseline on the same clients {baseline}." in sentence
+    assert report.headline("PhysionetMI", {}, "8 seeds", sentence).endswith(sentence)
