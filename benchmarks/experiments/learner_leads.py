@@ -26,6 +26,9 @@ seed with pyRiemann's TS+LR. Each row is one lead towards a learner above TS+LR:
   network's validation part is drawn over windows, so one trial's windows can fall on both
   sides of it);
 - the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
+- capacity and training budget: the shipped learner with a BiMap to 12 or 32 instead of 18,
+  and without its validation part (300 epochs on every training trial, the last weights,
+  instead of the epochs near the lowest validation loss averaged);
 - the filter-bank peer of the band model: TS+LR on the 4 sub-bands, one tangent space per
   band, the vectors concatenated into one logistic regression, on OAS covariances (a narrow
   band's sample covariance of 64 channels over 3 s is near singular);
@@ -105,6 +108,10 @@ ROWS = {
     "TS+LR on 4 sub-bands (OAS), one tangent space each, concatenated":
         ("ts-lr", {"bands": SUB_BANDS, "covariances": "oas"}),
     "SPDnetClassifier() on OAS covariances": ("spdnet", {"covariances": "oas"}),
+    "SPDnetClassifier(hidden_dims=12) given the subjects": ("spdnet", {"estimator": {"hidden_dims": 12}}),
+    "SPDnetClassifier(hidden_dims=32) given the subjects": ("spdnet", {"estimator": {"hidden_dims": 32}}),
+    "SPDnetClassifier(early_stopping=False) given the subjects: 300 epochs on every training trial":
+        ("spdnet", {"estimator": {"early_stopping": False}}),
     "SPDnetClassifier(), 5 training seeds, probabilities averaged": ("spdnet", {"training_seeds": 5}),
     "SPDnetClassifier() over 5 training seeds and TS+LR, probabilities averaged":
         ("ensemble", {"training_seeds": 5}),
@@ -204,7 +211,7 @@ def fit_row(name, data, seed):
         if model in ("ts-lr", "ensemble"):
             proba = proba + ts_lr(X.shape[1] if X.ndim == 4 else None).fit(X[train], y[train]).predict_proba(X[test])
         if model in ("spdnet", "ensemble"):
-            clf = spdnet(seed, settings.get("training_seeds", 1))
+            clf = spdnet(seed, settings.get("training_seeds", 1), **settings.get("estimator", {}))
             with sklearn.config_context(enable_metadata_routing=True):  # groups reach every network
                 clf.fit(X[train], y[train], groups=subjects[train])
             proba = proba + per_subject(clf.predict_proba, X[test], subjects[test])
@@ -224,12 +231,12 @@ def federations(settings, seed):
             for s in ensemble_seeds(seed, settings.get("training_seeds", 1))]
 
 
-def spdnet(seed, n_seeds=1):
-    """``SPDnetClassifier()``, or the seed ensemble of ``n_seeds`` of them (training seeds
-    ``n_seeds · seed + k``, their probabilities averaged by a soft ``VotingClassifier``)."""
+def spdnet(seed, n_seeds=1, **params):
+    """``SPDnetClassifier(**params)``, or the seed ensemble of ``n_seeds`` of them (training
+    seeds ``n_seeds · seed + k``, their probabilities averaged by a soft ``VotingClassifier``)."""
     if n_seeds == 1:
-        return SPDnetClassifier(random_state=seed)
-    return seed_ensemble([SPDnetClassifier(random_state=s) for s in ensemble_seeds(seed, n_seeds)])
+        return SPDnetClassifier(random_state=seed, **params)
+    return seed_ensemble([SPDnetClassifier(random_state=s, **params) for s in ensemble_seeds(seed, n_seeds)])
 
 
 def ensemble_seeds(seed, n_seeds):

@@ -58,6 +58,8 @@ def test_an_ensemble_row_trains_a_new_set_of_seeds_for_each_split():
     assert isinstance(ensemble, VotingClassifier) and ensemble.voting == "soft"
     assert [clf.random_state for _, clf in ensemble.estimators] == [10, 11, 12, 13, 14]
     assert spdnet(3).random_state == 3
+    assert spdnet(3, hidden_dims=32).hidden_dims == 32
+    assert [clf.hidden_dims for _, clf in spdnet(2, 5, hidden_dims=12).estimators] == [12] * 5
 
 
 def test_the_filter_bank_ts_lr_concatenates_one_tangent_space_per_band(spd_domains):
