@@ -25,7 +25,9 @@ seed with pyRiemann's TS+LR. Each row is one lead towards a learner above TS+LR:
   label and subject), a test trial's class the mean of its windows' probabilities (the
   network's validation part is drawn over windows, so one trial's windows can fall on both
   sides of it);
-- the covariance estimator: TS+LR and the shipped learner on OAS (shrunk) covariances;
+- the covariance estimator: TS+LR, re-centred TS+LR (``Recenter``, each subject by its own
+  mean; each test subject in its own call) and the shipped learner on OAS (shrunk)
+  covariances, beside re-centred TS+LR on the sample covariances;
 - capacity and training budget: the shipped learner with a BiMap to 12 or 32 instead of 18,
   and without its validation part (300 epochs on every training trial, the last weights,
   instead of the epochs near the lowest validation loss averaged);
@@ -34,7 +36,8 @@ seed with pyRiemann's TS+LR. Each row is one lead towards a learner above TS+LR:
   band's sample covariance of 64 channels over 3 s is near singular);
 - an ensemble of networks: the shipped learner trained from 5 seeds (training seeds
   ``5 · seed + k``), its probabilities averaged (scikit-learn's soft ``VotingClassifier``, the
-  subjects routed to every network), alone and averaged with TS+LR's; and the recommended
+  subjects routed to every network), alone and averaged with TS+LR's (on the sample or the
+  OAS covariances, the networks on the sample covariances); and the recommended
   federation likewise (five federations, their probabilities averaged), beside the federated
   classical baseline (``FederatedTangentSpaceLR()`` on the same clients).
 
@@ -108,6 +111,8 @@ ROWS = {
     "TS+LR on 4 sub-bands (OAS), one tangent space each, concatenated":
         ("ts-lr", {"bands": SUB_BANDS, "covariances": "oas"}),
     "SPDnetClassifier() on OAS covariances": ("spdnet", {"covariances": "oas"}),
+    "Recenter+TS+LR": ("recenter-ts-lr", {}),
+    "Recenter+TS+LR on OAS covariances": ("recenter-ts-lr", {"covariances": "oas"}),
     "SPDnetClassifier(hidden_dims=12) given the subjects": ("spdnet", {"estimator": {"hidden_dims": 12}}),
     "SPDnetClassifier(hidden_dims=32) given the subjects": ("spdnet", {"estimator": {"hidden_dims": 32}}),
     "SPDnetClassifier(early_stopping=False) given the subjects: 300 epochs on every training trial":
@@ -115,6 +120,8 @@ ROWS = {
     "SPDnetClassifier(), 5 training seeds, probabilities averaged": ("spdnet", {"training_seeds": 5}),
     "SPDnetClassifier() over 5 training seeds and TS+LR, probabilities averaged":
         ("ensemble", {"training_seeds": 5}),
+    "SPDnetClassifier() over 5 training seeds and TS+LR on OAS covariances, probabilities averaged":
+        ("ensemble", {"training_seeds": 5, "ts_lr_covariances": "oas"}),
     "FedSPDnet + domain BN + server momentum, 5 training seeds, probabilities averaged":
         ("federated", {"domains": "client", "rounds": 150, "training_seeds": 5}),
     "FederatedTangentSpaceLR(), the federated classical baseline": ("fed-ts-lr", {}),
@@ -208,8 +215,13 @@ def fit_row(name, data, seed):
         else:
             X = oas[:, 0] if shrunk else covariances
         proba = 0.0
+        if model == "recenter-ts-lr":  # each training subject re-centred by its own mean, each test subject too
+            clf = pipelines.fit(pipelines.recenter_ts_lr(seed), X[train], y[train], subjects[train])
+            proba = per_subject(clf.predict_proba, X[test], subjects[test])
         if model in ("ts-lr", "ensemble"):
-            proba = proba + ts_lr(X.shape[1] if X.ndim == 4 else None).fit(X[train], y[train]).predict_proba(X[test])
+            X_ts = oas[:, 0] if settings.get("ts_lr_covariances") == "oas" else X  # the ensemble's TS+LR on OAS
+            proba = proba + ts_lr(X.shape[1] if X.ndim == 4 else None).fit(X_ts[train], y[train]).predict_proba(
+                X_ts[test])
         if model in ("spdnet", "ensemble"):
             clf = spdnet(seed, settings.get("training_seeds", 1), **settings.get("estimator", {}))
             with sklearn.config_context(enable_metadata_routing=True):  # groups reach every network

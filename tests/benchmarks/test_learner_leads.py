@@ -18,7 +18,7 @@ def test_subsample_keeps_a_stratified_share_of_every_subject():
 
 def test_every_row_names_a_model_the_study_fits():
     assert {model for model, _ in ROWS.values()} == {"ts-lr", "spdnet", "ensemble", "study", "federated", "windows",
-                                                      "fed-ts-lr"}
+                                                      "fed-ts-lr", "recenter-ts-lr"}
     assert ROWS["TS+LR"] == ("ts-lr", {})
 
 
@@ -95,3 +95,29 @@ def test_the_client_lr_row_sets_the_sites_adam_only():
     assert others(lowered[0]) == others(shipped[0])
     ensemble = federations(ROWS["FedSPDnet + domain BN + server momentum, 5 training seeds, probabilities averaged"][1], 2)
     assert [fed.random_state for fed in ensemble] == [10, 11, 12, 13, 14]
+
+
+def test_recentred_ts_lr_and_the_ensemble_with_ts_lr_on_oas(spd_domains, monkeypatch):
+    from benchmarks.experiments import learner_leads
+
+    X, y, subjects = spd_domains(n_groups=4, n_per_group=40, n_channels=4, seed=0)
+    shrunk = X + np.eye(4)  # stands for the OAS covariances: told apart by their smallest eigenvalue
+    data = (X, shrunk[:, None], None, None, y, subjects)
+    row = learner_leads.fit_row("Recenter+TS+LR", data, seed=0)
+    assert row["f1"] > 0.6 and row["n_train"] == 136  # 85 % of each client's 80 trials
+
+    seen = []
+
+    class Recorder:
+        def fit(self, X, y, groups=None):
+            seen.append(np.linalg.eigvalsh(X).min())
+            return self
+
+        def predict_proba(self, X):
+            return np.full((len(X), 2), 0.5)
+
+    monkeypatch.setattr(learner_leads, "ts_lr", lambda n_bands=None: Recorder())
+    monkeypatch.setattr(learner_leads, "spdnet", lambda seed, n_seeds=1, **params: Recorder())
+    learner_leads.fit_row("SPDnetClassifier() over 5 training seeds and TS+LR on OAS covariances, probabilities "
+                          "averaged", data, seed=0)
+    assert seen[0] >= 1 > seen[1]  # TS+LR on the shrunk matrices, the networks on the sample covariances
