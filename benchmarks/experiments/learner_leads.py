@@ -138,8 +138,11 @@ def add_arguments(parser):
 
 def splits_title(seeds):
     """The splits of a run in its record's title: the main job's are seeds 0 to 7."""
-    if list(seeds) == list(range(8)):
+    seeds = list(seeds)
+    if seeds == list(range(8)):
         return "the main job's splits"
+    if seeds == list(range(len(seeds))) and len(seeds) > 8:
+        return f"the main job's splits and {len(seeds) - 8} new ones (seeds 0-{seeds[-1]})"
     return f"new splits (seeds {seeds[0]}-{seeds[-1]})" if len(seeds) > 1 else f"one split (seed {seeds[0]})"
 
 

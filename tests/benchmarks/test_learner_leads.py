@@ -81,6 +81,7 @@ def test_a_replication_run_names_its_new_splits():
 
     assert splits_title(range(8)) == "the main job's splits"
     assert splits_title(range(8, 16)) == "new splits (seeds 8-15)"
+    assert splits_title(range(16)) == "the main job's splits and 8 new ones (seeds 0-15)"
 
 
 def test_the_client_lr_row_sets_the_sites_adam_only():
