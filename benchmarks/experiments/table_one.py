@@ -7,9 +7,10 @@ disk), plus an unseen-subject table from MOABB's CrossSubjectEvaluation (full pr
 On the same splits, the package's single models: SPDnetClassifier() given the subjects
 (per-subject domain batch norm; beside it fitted without them), and federated with domain
 batch norm and server momentum; every row is reported with its difference to TS+LR paired
-over seeds (splits). The recommended configurations, ensembles of five of these models, are
-read from the learner-leads record of the same splits (the quick profile's PhysionetMI): five
-federations a split would take the main job past its budget.
+over seeds (splits). The recommended configurations (TS+LR on OAS covariances for pooled
+subjects, five federations for federated sites) and the best ensemble are read from the
+learner-leads record of the same splits (the quick profile's PhysionetMI): five federations a
+split would take the main job past its budget.
 
     python -m benchmarks.experiments table-one --jobs 2          # main job (make experiment):
                                   # quick profile, 8 subjects, 450 rounds (converged), 1 seed
@@ -51,15 +52,17 @@ from .table_one_report import (
     headline,
     paired_table,
     plot_curves,
-    recorded_ensembles,
+    recorded_recommended,
     table_one,
     targets,
     write_table_one_record,
 )
 from .table_one_runner import run_protocol
 
-#: The record of the recommended ensembles on the quick profile's PhysionetMI splits.
-ENSEMBLES_RECORD = "learner-leads"
+#: The record of the recommended configurations on the quick profile's PhysionetMI splits.
+RECOMMENDED_RECORD = "learner-leads"
+#: Its rows over those splits and eight new ones.
+WIDER_RECORD = "learner-leads-16-seeds"
 
 log = logging.getLogger(__name__)
 
@@ -211,9 +214,10 @@ def report(done, budget, profile, out, command, args, elapsed):
     if budget.unseen_folds == 0:
         text += ["", f"Unseen-subject table (MOABB CrossSubjectEvaluation): not in the {profile} profile "
                      f"(`--full`)."]
-    recorded = {name: recorded_ensembles(read_record(ENSEMBLES_RECORD))
+    wider = read_record(WIDER_RECORD) if record_path(WIDER_RECORD).exists() else None
+    recorded = {name: recorded_recommended(read_record(RECOMMENDED_RECORD), wider)
                 if (profile, name, budget.centralized_seeds) == ("quick", "PhysionetMI", 8)
-                and record_path(ENSEMBLES_RECORD).exists() else "" for (name, _) in tables}
+                and record_path(RECOMMENDED_RECORD).exists() else "" for (name, _) in tables}
     for name, sentence in recorded.items():
         if sentence:
             text += ["", f"## Recommended configurations: {name}", "", sentence.strip()]

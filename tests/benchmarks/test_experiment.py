@@ -458,17 +458,22 @@ def test_report_only_without_results_says_so(fake_weibo, tmp_path, capsys):
     assert not (out / "FakeWeibo").exists()
 
 
-def test_the_headline_reads_the_recommended_ensembles_from_their_record():
+def test_the_headline_reads_the_recommended_configurations_from_their_record():
     from benchmarks.records import render
     from benchmarks.records.store import read_record
 
-    record = read_record(table_one.ENSEMBLES_RECORD)
-    sentence = report.recorded_ensembles(record)
+    record = read_record(table_one.RECOMMENDED_RECORD)
+    sentence = report.recorded_recommended(record)
     assert f"`{record['command']}`" in sentence and "8 seeds" in sentence
-    for label, row in report.RECORDED_ENSEMBLES.items():
+    for label, row in report.RECORDED_RECOMMENDED.items():
         assert row in record["rows"], row
         assert f"{label} {render.mean(record, row)} ({render.difference(record, row)}: " in sentence
-    baseline = render.pair(record, report.RECORDED_ENSEMBLES["five recommended federations"],
+    baseline = render.pair(record, report.RECORDED_RECOMMENDED["five recommended federations (federated sites)"],
                            report.RECORDED_FEDERATED_BASELINE)
     assert f"federated classical baseline on the same clients {baseline}." in sentence
     assert report.headline("PhysionetMI", {}, "8 seeds", sentence).endswith(sentence)
+    wider = read_record(table_one.WIDER_RECORD)
+    both = report.recorded_recommended(record, wider)
+    assert both.startswith(sentence) and f"Over 16 splits, these and new ones (record {wider['name']}" in both
+    for label, row in report.RECORDED_RECOMMENDED.items():
+        assert f"{label} {render.mean(wider, row)} ({render.difference(wider, row)}: " in both[len(sentence):]
