@@ -218,9 +218,12 @@ def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, estimat
         X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
         return {"X": band_covariances(X_raw, bands, PHYSIONET_SFREQ, estimator), "y": y, "bands": np.array(bands)}
 
-    parts = cached_per_subject(subjects, Path(cache), f"physionet-lr-bands-{estimator}", covariances)
+    # the sub-bands keep their files' first name; another band set names its bands
+    stem = f"physionet-lr-bands-{estimator}" + ("" if list(bands) == list(SUB_BANDS) else
+                                                 "-" + "_".join(f"{low}-{high}" for low, high in bands))
+    parts = cached_per_subject(subjects, Path(cache), stem, covariances)
     for arrays, subject in parts:
         if arrays["bands"].tolist() != [list(b) for b in bands]:
             raise ValueError(f"the cached bands of subject {subject} are {arrays['bands'].tolist()}, not {bands}: "
-                             f"remove {Path(cache) / f'physionet-lr-bands-{estimator}-{subject}.npz'} to refit")
+                             f"remove {Path(cache) / f'{stem}-{subject}.npz'} to refit")
     return concatenated(parts)

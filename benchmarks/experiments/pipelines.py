@@ -140,6 +140,12 @@ BANDED = {
     "study model, 4 sub-bands (OAS), one BiMap each": lambda seed: StudySPDnetClassifier(random_state=seed),
 }
 
+#: Pipelines on the OAS covariances of the 8-32 Hz trials, ``(n, C, C)``
+#: (:func:`.data.load_left_right_bands` with :data:`.data.BROAD`): the shrunk classical baseline.
+SHRUNK = {
+    "Recenter+TS+LR on OAS covariances": recenter_ts_lr,
+}
+
 #: The SPDDSMBN study model (:mod:`.study_model`) with the parts of SPDDSMBN added one at a time.
 STUDIES = {
     "study model": lambda seed: StudySPDnetClassifier(random_state=seed),

@@ -18,7 +18,8 @@ Besides the named pipelines and their ablations (among them the networks and Rec
 trained on 8 or 16 of the training subjects), ``--pipelines`` takes the study model's rows
 (:data:`.pipelines.STUDIES`: SPDDSMBN's parts one at a time) and the filter banks on four
 sub-bands (:data:`.pipelines.BANDED`, fitted on the sub-bands' OAS covariances of the same
-trials); ``--record`` names the record.
+trials) and re-centred TS+LR on the OAS covariances of the 8-32 Hz trials
+(:data:`.pipelines.SHRUNK`); ``--record`` names the record.
 
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
 for the ``online`` experiment. Each (pipeline, fold, seed) is one file of predictions: a run
@@ -37,14 +38,16 @@ from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
 
 from . import report
-from .data import LEFT_RIGHT_SUBJECTS, load_left_right, load_left_right_bands
-from .pipelines import ABLATIONS, BANDED, PIPELINES, STUDIES, TrainingSubjects, fit
+from .data import BROAD, LEFT_RIGHT_SUBJECTS, load_left_right, load_left_right_bands
+from .pipelines import ABLATIONS, BANDED, PIPELINES, SHRUNK, STUDIES, TrainingSubjects, fit
 from .study_model import StudySPDnetClassifier
 
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
 #: The ensemble row of a network trained from several seeds.
 ENSEMBLE = "{}, seed ensemble"
-PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
+PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("Recenter+TS+LR on OAS covariances", "Recenter+TS+LR"),
+         ("SPDnet+dBN", "Recenter+TS+LR on OAS covariances"),
+         (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR on OAS covariances"), ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
          ("Recenter+TS+LR", "TS+LR"), ("SPDnet+dBN", "TS+LR"),
          ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"), ("SPDnet+dBN", "SPDnet+dBN, best epoch"),
          (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR"), (ENSEMBLE.format("FedSPDnet+dBN"), "FedRecenter+TS+LR"),
@@ -70,7 +73,7 @@ def add_arguments(parser):
     parser.add_argument("--cv", choices=["groupkfold5", "loso"], default="groupkfold5")
     parser.add_argument("--folds", type=int, nargs="+", default=None, help="run only these fold indices")
     parser.add_argument("--pipelines", nargs="+", default=DEFAULT_PIPELINES,
-                        choices=list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED))
+                        choices=list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED) + list(SHRUNK))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="training seeds of the networks (their scores are averaged per subject)")
     parser.add_argument("--jobs", type=int, default=1, help="trainings run in parallel, one process each")
@@ -88,9 +91,14 @@ def folds(groups, cv):
     return list(splitter.split(np.zeros(len(groups)), groups=groups))
 
 
+def input_kind(name):
+    """Which covariances a pipeline takes: ``"sub-bands"``, ``"oas"`` or ``"sample"``."""
+    return "sub-bands" if name in BANDED else "oas" if name in SHRUNK else "sample"
+
+
 def build(name, seed):
     """The model of a pipeline name."""
-    return {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED}[name](seed)
+    return {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED, **SHRUNK}[name](seed)
 
 
 def one_training(names, seeds_of):
@@ -137,11 +145,13 @@ def run(args):
     cached_at_start = len(list((args.out / "predictions").glob("*.csv")))
     if not args.report_only:
         X, y, groups = load_left_right(args.subjects)
-        inputs = {False: X}
-        if any(name in BANDED for name in args.pipelines):  # the sub-bands' covariances, same trials
-            inputs[True], y_bands, groups_bands = load_left_right_bands(args.subjects)
-            if not (np.array_equal(y_bands, y) and np.array_equal(groups_bands, groups)):
-                raise RuntimeError("the sub-band trials are not those of the 8-32 Hz covariances")
+        inputs = {"sample": X}
+        for kind, rows, bands in (("sub-bands", BANDED, None), ("oas", SHRUNK, BROAD)):
+            if any(name in rows for name in args.pipelines):  # other covariances of the same trials
+                other, y_other, groups_other = load_left_right_bands(args.subjects, **({"bands": bands} if bands else {}))
+                if not (np.array_equal(y_other, y) and np.array_equal(groups_other, groups)):
+                    raise RuntimeError(f"the {kind} trials are not those of the 8-32 Hz covariances")
+                inputs[kind] = other if bands is None else other[:, 0]
         splits = folds(groups, args.cv)
         np.save(args.out / "groups.npy", groups)
         todo = [(k, name, seed, stem.format(k=k)) for k in range(len(splits))
@@ -150,7 +160,7 @@ def run(args):
         todo = [task for task in todo if not (args.out / "predictions" / f"{task[3]}.csv").exists()]
         # each training in its own process (one thread each): the fits are independent
         for line in Parallel(n_jobs=args.jobs, return_as="generator_unordered")(
-                delayed(fit_and_predict)(args, name, stem, seed, k, inputs[name in BANDED], y, groups, splits[k])
+                delayed(fit_and_predict)(args, name, stem, seed, k, inputs[input_kind(name)], y, groups, splits[k])
                 for k, name, seed, stem in todo):
             print(line, flush=True)
     scores, seeds_of = write_report(args)
@@ -217,7 +227,7 @@ def write_report(args):
                 for name in trained_nets}
     seeds = sorted({s for of in seeds_of.values() for s in of})
     present = list(dict.fromkeys(scores["pipeline"]))
-    known = list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED)
+    known = list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED) + list(SHRUNK)
     order = [row for n in known for row in (n, ENSEMBLE.format(n)) if row in present]
     order += sorted(n for n in present if n not in order)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [

@@ -360,6 +360,25 @@ def test_the_filter_bank_recentres_each_band_by_the_routed_subjects(spd_domains)
 def test_band_covariances_from_another_band_set_are_refused(tmp_path):
     from benchmarks.experiments.data import load_left_right_bands
 
-    np.savez(tmp_path / "physionet-lr-bands-oas-1.npz", X=np.zeros((2, 1, 3, 3)), y=np.zeros(2), bands=np.array([[8, 30]]))
-    with pytest.raises(ValueError, match="cached bands of subject 1 .* remove"):
+    np.savez(tmp_path / "physionet-lr-bands-oas-8-12-1.npz", X=np.zeros((2, 1, 3, 3)), y=np.zeros(2),
+             bands=np.array([[8, 30]]))
+    with pytest.raises(ValueError, match="cached bands of subject 1 .* remove .*physionet-lr-bands-oas-8-12-1.npz"):
         load_left_right_bands([1], bands=[(8, 12)], cache=tmp_path)
+
+
+def test_each_band_set_has_its_own_cache_files(tmp_path):
+    from benchmarks.experiments.data import BROAD, SUB_BANDS, load_left_right_bands
+
+    for bands, stem in ((SUB_BANDS, "physionet-lr-bands-oas"), (BROAD, "physionet-lr-bands-oas-8-32")):
+        n = len(bands)
+        np.savez(tmp_path / f"{stem}-1.npz", X=np.full((2, n, 3, 3), n), y=np.zeros(2), bands=np.array(bands))
+        X, _, groups = load_left_right_bands([1], bands=bands, cache=tmp_path)
+        assert X.shape == (2, n, 3, 3) and (X == n).all() and (groups == 1).all()
+
+
+def test_the_shrunk_baseline_takes_the_broad_band_oas_covariances():
+    from benchmarks.experiments.pipelines import BANDED, SHRUNK
+    from benchmarks.experiments.unseen_subjects import input_kind
+
+    assert [input_kind(name) for name in SHRUNK] == ["oas"]
+    assert {input_kind(name) for name in BANDED} == {"sub-bands"} and input_kind("Recenter+TS+LR") == "sample"
