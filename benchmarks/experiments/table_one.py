@@ -41,12 +41,12 @@ import time
 from pathlib import Path
 
 from .._machine import machine_line
+from ..records.store import read_record, record_path
 from . import table_one_protocols
 from .console import console_and_log
 from .data import prepare_data_folders
 from .table_one_cells import select
 from .table_one_protocols import PROFILES
-from ..records.store import read_record, record_path
 from .table_one_report import (
     convergence,
     headline,

@@ -180,8 +180,6 @@ def paired_table(tables):
     return "\n".join(lines)
 
 
-#: The federated classical baseline's row in that record.
-RECORDED_FEDERATED_BASELINE = "federatedtangentspacelr-the-federated-classical-baseline"
 #: The recommended configurations and the best ensemble, measured on the quick profile's
 #: PhysionetMI splits by the learner-leads experiment, which the main job does not re-run
 #: (five federations a split would take it past its budget). label -> row.
@@ -192,6 +190,8 @@ RECORDED_RECOMMENDED = {
     "five recommended federations (federated sites)":
         "fedspdnet-domain-bn-server-momentum-5-training-seeds-probabilities-averaged",
 }
+#: The federated classical baseline's row in that record.
+RECORDED_FEDERATED_BASELINE = "federatedtangentspacelr-the-federated-classical-baseline"
 
 
 def recorded_recommended(record, wider=None):
