@@ -183,12 +183,12 @@ def paired_table(tables):
 #: The recommended configurations and the best ensemble, measured on the quick profile's
 #: PhysionetMI splits by the learner-leads experiment, which the main job does not re-run
 #: (five federations a split would take it past its budget). label -> row.
+RECORDED_FEDERATIONS = "fedspdnet-domain-bn-server-momentum-5-training-seeds-probabilities-averaged"
 RECORDED_RECOMMENDED = {
     "TS+LR on OAS covariances (pooled subjects)": "ts-lr-on-oas-covariances",
     "five SPDnetClassifier() given the subjects with TS+LR on OAS covariances":
         "spdnetclassifier-over-5-training-seeds-and-ts-lr-on-oas-covariances-probabilities-averaged",
-    "five recommended federations (federated sites)":
-        "fedspdnet-domain-bn-server-momentum-5-training-seeds-probabilities-averaged",
+    "five recommended federations (federated sites)": RECORDED_FEDERATIONS,
 }
 #: The federated classical baseline's row in that record.
 RECORDED_FEDERATED_BASELINE = "federatedtangentspacelr-the-federated-classical-baseline"
@@ -209,12 +209,11 @@ def recorded_recommended(record, wider=None):
     more = "" if wider is None else (
         f" Over {len(render.scores(wider, wider['reference'], 'macro_f1'))} splits, these and new ones (record "
         f"{wider['name']}): {scored(wider)}.")
-    federations = RECORDED_RECOMMENDED["five recommended federations (federated sites)"]
     return (f" Recommended configurations and the best ensemble, ensembles' probabilities averaged (record "
             f"{record['name']} on these splits, {len(render.scores(record, record['reference'], 'macro_f1'))} "
             f"seeds, `{record['command']}`; not re-run by this job): {rows}; the five federations against the "
             f"federated classical baseline on the same clients "
-            f"{render.pair(record, federations, RECORDED_FEDERATED_BASELINE)}.{more}")
+            f"{render.pair(record, RECORDED_FEDERATIONS, RECORDED_FEDERATED_BASELINE)}.{more}")
 
 
 def headline(name, results, seeds, recorded=""):

@@ -38,16 +38,19 @@ from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
 
 from . import report
-from .data import BROAD, LEFT_RIGHT_SUBJECTS, load_left_right, load_left_right_bands
+from .data import BROAD, LEFT_RIGHT_SUBJECTS, SUB_BANDS, load_left_right, load_left_right_bands
 from .pipelines import ABLATIONS, BANDED, PIPELINES, SHRUNK, STUDIES, TrainingSubjects, fit
 from .study_model import StudySPDnetClassifier
 
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
 #: The ensemble row of a network trained from several seeds.
 ENSEMBLE = "{}, seed ensemble"
+#: Every pipeline ``--pipelines`` takes, by name.
+ALL_PIPELINES = {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED, **SHRUNK}
 PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("Recenter+TS+LR on OAS covariances", "Recenter+TS+LR"),
          ("SPDnet+dBN", "Recenter+TS+LR on OAS covariances"),
-         (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR on OAS covariances"), ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
+         (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR on OAS covariances"),
+         ("FedSPDnet+dBN", "Recenter+TS+LR"), ("FedSPDnet+dBN", "SPDnet+dBN"),
          ("Recenter+TS+LR", "TS+LR"), ("SPDnet+dBN", "TS+LR"),
          ("FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"), ("SPDnet+dBN", "SPDnet+dBN, best epoch"),
          (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR"), (ENSEMBLE.format("FedSPDnet+dBN"), "FedRecenter+TS+LR"),
@@ -73,7 +76,7 @@ def add_arguments(parser):
     parser.add_argument("--cv", choices=["groupkfold5", "loso"], default="groupkfold5")
     parser.add_argument("--folds", type=int, nargs="+", default=None, help="run only these fold indices")
     parser.add_argument("--pipelines", nargs="+", default=DEFAULT_PIPELINES,
-                        choices=list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED) + list(SHRUNK))
+                        choices=list(ALL_PIPELINES))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0],
                         help="training seeds of the networks (their scores are averaged per subject)")
     parser.add_argument("--jobs", type=int, default=1, help="trainings run in parallel, one process each")
@@ -98,7 +101,7 @@ def input_kind(name):
 
 def build(name, seed):
     """The model of a pipeline name."""
-    return {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED, **SHRUNK}[name](seed)
+    return ALL_PIPELINES[name](seed)
 
 
 def one_training(names, seeds_of):
@@ -146,12 +149,12 @@ def run(args):
     if not args.report_only:
         X, y, groups = load_left_right(args.subjects)
         inputs = {"sample": X}
-        for kind, rows, bands in (("sub-bands", BANDED, None), ("oas", SHRUNK, BROAD)):
+        for kind, rows, bands in (("sub-bands", BANDED, SUB_BANDS), ("oas", SHRUNK, BROAD)):
             if any(name in rows for name in args.pipelines):  # other covariances of the same trials
-                other, y_other, groups_other = load_left_right_bands(args.subjects, **({"bands": bands} if bands else {}))
+                other, y_other, groups_other = load_left_right_bands(args.subjects, bands=bands)
                 if not (np.array_equal(y_other, y) and np.array_equal(groups_other, groups)):
                     raise RuntimeError(f"the {kind} trials are not those of the 8-32 Hz covariances")
-                inputs[kind] = other if bands is None else other[:, 0]
+                inputs[kind] = other[:, 0] if bands == BROAD else other  # one band: (n, C, C)
         splits = folds(groups, args.cv)
         np.save(args.out / "groups.npy", groups)
         todo = [(k, name, seed, stem.format(k=k)) for k in range(len(splits))
@@ -227,8 +230,7 @@ def write_report(args):
                 for name in trained_nets}
     seeds = sorted({s for of in seeds_of.values() for s in of})
     present = list(dict.fromkeys(scores["pipeline"]))
-    known = list(PIPELINES) + list(ABLATIONS) + list(STUDIES) + list(BANDED) + list(SHRUNK)
-    order = [row for n in known for row in (n, ENSEMBLE.format(n)) if row in present]
+    order = [row for n in ALL_PIPELINES for row in (n, ENSEMBLE.format(n)) if row in present]
     order += sorted(n for n in present if n not in order)
     lines = ["# Unseen subjects: whole-subject adaptation", ""] + report.header() + [
         f"protocol: left/right imagery, {scores['subject'].nunique()} subjects, {args.cv}, "
