@@ -39,7 +39,11 @@ seed with pyRiemann's TS+LR. Each row is one lead towards a learner above TS+LR:
   subjects routed to every network), alone and averaged with TS+LR's (on the sample or the
   OAS covariances, the networks on the sample covariances); and the recommended
   federation likewise (five federations, their probabilities averaged), beside the federated
-  classical baseline (``FederatedTangentSpaceLR()`` on the same clients).
+  classical baseline (``FederatedTangentSpaceLR()`` on the same clients);
+- the number of channels: TS+LR (on the sample or the OAS covariances), re-centred TS+LR on
+  OAS, the shipped learner, alone, five of them, and five with TS+LR on OAS, on the trials'
+  16 sensorimotor channels (:data:`skfedspd.datasets.SENSORIMOTOR_CHANNELS`; the learner's
+  BiMap 16 to 8) instead of the 64.
 
 The study model (:mod:`.study_model`) trains as the estimator does with a validation part;
 it is not part of the package.
@@ -67,14 +71,14 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import SPDnetClassifier
-from skfedspd.datasets import sample_covariance
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, _channel_picks, sample_covariance
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
 
 from ..records.store import write_record
 from . import pipelines, report
 from .console import console_and_log, warnings_to_file
-from .data import BROAD, SUB_BANDS, band_covariances
+from .data import BROAD, SUB_BANDS, band_covariances, channel_names
 from .table_one_cells import SERVER_MOMENTUM
 from .table_one_protocols import QUICK_SUBJECTS, logged_offline_study, recommended_federated, riemann_reference
 from .table_one_report import SEED_METRICS
@@ -125,6 +129,15 @@ ROWS = {
     "FedSPDnet + domain BN + server momentum, 5 training seeds, probabilities averaged":
         ("federated", {"domains": "client", "rounds": 150, "training_seeds": 5}),
     "FederatedTangentSpaceLR(), the federated classical baseline": ("fed-ts-lr", {}),
+    "TS+LR, 16 sensorimotor channels": ("ts-lr", {"channels": "sensorimotor"}),
+    "TS+LR on OAS covariances, 16 sensorimotor channels": ("ts-lr", {"channels": "sensorimotor", "covariances": "oas"}),
+    "Recenter+TS+LR on OAS covariances, 16 sensorimotor channels":
+        ("recenter-ts-lr", {"channels": "sensorimotor", "covariances": "oas"}),
+    "SPDnetClassifier() given the subjects, 16 sensorimotor channels": ("spdnet", {"channels": "sensorimotor"}),
+    "SPDnetClassifier(), 5 training seeds, probabilities averaged, 16 sensorimotor channels":
+        ("spdnet", {"channels": "sensorimotor", "training_seeds": 5}),
+    "SPDnetClassifier() over 5 training seeds and TS+LR on OAS covariances, probabilities averaged, 16 sensorimotor "
+    "channels": ("ensemble", {"channels": "sensorimotor", "training_seeds": 5, "ts_lr_covariances": "oas"}),
 }
 #: Window length and step (samples at 160 Hz) of the windowed rows: 5 windows of each 3 s trial.
 WINDOW, WINDOW_STEP = 320, 40
@@ -167,6 +180,15 @@ def windowed_proba(settings, windows, y, subjects, train, test, seed):
     return proba.reshape(len(test), n_windows, -1).mean(1)
 
 
+def sensorimotor_covariances(X_raw):
+    """``(n, 2, 16, 16)``: the sample and the OAS covariances of the trials' 16 sensorimotor
+    channels (:data:`skfedspd.datasets.SENSORIMOTOR_CHANNELS`)."""
+    from pyriemann.estimation import Covariances
+
+    picks = _channel_picks(channel_names(QUICK_SUBJECTS[0]), SENSORIMOTOR_CHANNELS)
+    return np.stack([sample_covariance(X_raw[:, picks]), Covariances("oas").transform(X_raw[:, picks])], 1)
+
+
 def per_subject(predict, X, subjects):
     """``predict`` called once per subject (domain batch norm re-centres each call)."""
     parts = [predict(X[subjects == s]) for s in np.unique(subjects)]
@@ -188,7 +210,7 @@ def subsample(train, y, subjects, fraction, seed):
 def fit_row(name, data, seed):
     """Test probabilities of the row ``name`` for the split ``seed``: ``{"f1", "accuracy", ...}``."""
     model, settings = ROWS[name]
-    covariances, oas, bands, windows, y, subjects = data
+    covariances, oas, bands, windows, sensorimotor, y, subjects = data
     train, test = client_split(y, subjects, seed)
     train = subsample(train, y, subjects, settings.get("fraction", 1.0), seed)
     start = time.perf_counter()
@@ -213,16 +235,19 @@ def fit_row(name, data, seed):
         extra = {"rounds_run": len(fitted[0].history_), "best_round": int(fitted[0].best_round_)}
     else:
         shrunk = settings.get("covariances") == "oas"
+        X_oas = sensorimotor[:, 1] if settings.get("channels") == "sensorimotor" else oas[:, 0]
         if settings.get("bands") == SUB_BANDS:
             X = oas[:, 1:] if shrunk else bands[:, 1:]
+        elif settings.get("channels") == "sensorimotor":
+            X = sensorimotor[:, int(shrunk)]
         else:
-            X = oas[:, 0] if shrunk else covariances
+            X = X_oas if shrunk else covariances
         proba = 0.0
         if model == "recenter-ts-lr":  # each training subject re-centred by its own mean, each test subject too
             clf = pipelines.fit(pipelines.recenter_ts_lr(seed), X[train], y[train], subjects[train])
             proba = per_subject(clf.predict_proba, X[test], subjects[test])
         if model in ("ts-lr", "ensemble"):
-            X_ts = oas[:, 0] if settings.get("ts_lr_covariances") == "oas" else X  # the ensemble's TS+LR on OAS
+            X_ts = X_oas if settings.get("ts_lr_covariances") == "oas" else X  # the ensemble's TS+LR on OAS
             proba = proba + ts_lr(X.shape[1] if X.ndim == 4 else None).fit(X_ts[train], y[train]).predict_proba(
                 X_ts[test])
         if model in ("spdnet", "ensemble"):
@@ -295,7 +320,7 @@ def run(args):
         y = np.unique(y, return_inverse=True)[1]
         bands = band_covariances(X_raw, BROAD + SUB_BANDS, protocol.fs)
         oas = band_covariances(X_raw, BROAD + SUB_BANDS, protocol.fs, "oas")
-        data = (covariances, oas, bands, window_covariances(X_raw), y, subjects)
+        data = (covariances, oas, bands, window_covariances(X_raw), sensorimotor_covariances(X_raw), y, subjects)
         names = ["TS+LR"] + [name for name in args.rows if name != "TS+LR"]
         start = time.perf_counter()
         seeds = range(args.first_seed, args.first_seed + args.seeds)
