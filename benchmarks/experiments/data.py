@@ -209,18 +209,19 @@ def band_covariances(X_raw, bands, fs, estimator="scm"):
     return np.stack([covariance(band(lo, hi)) for lo, hi in bands], 1)
 
 
-def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, estimator="oas", cache=CACHE):
-    """``(X, y, subject)`` as :func:`load_left_right`, ``X`` of shape ``(n, len(bands), 64, 64)``:
+def load_left_right_bands(subjects=LEFT_RIGHT_SUBJECTS, bands=SUB_BANDS, estimator="oas", cache=CACHE, channels=None):
+    """``(X, y, subject)`` as :func:`load_left_right`, ``X`` of shape ``(n, len(bands), C, C)``:
     the ``estimator`` covariances (:func:`band_covariances`) of the 8-32 Hz trials filtered again
-    to each band (4th-order Butterworth, zero phase). One file per subject under ``cache``,
-    written on first use."""
+    to each band (4th-order Butterworth, zero phase), on ``channels`` (names; None: all 64).
+    One file per subject under ``cache``, written on first use."""
     def covariances(subject):
-        X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480)
+        X_raw, y, _ = physionet_trials([subject], n_classes=2, n_times=480, channels=channels)
         return {"X": band_covariances(X_raw, bands, PHYSIONET_SFREQ, estimator), "y": y, "bands": np.array(bands)}
 
-    # the sub-bands keep their files' first name; another band set names its bands
-    stem = f"physionet-lr-bands-{estimator}" + ("" if list(bands) == list(SUB_BANDS) else
-                                                 "-" + "_".join(f"{low}-{high}" for low, high in bands))
+    # the sub-bands keep their files' first name; another band set names its bands, a channel set its size
+    stem = (f"physionet-lr-bands-{estimator}"
+            + ("" if list(bands) == list(SUB_BANDS) else "-" + "_".join(f"{low}-{high}" for low, high in bands))
+            + ("" if channels is None else f"-{len(channels)}ch"))
     parts = cached_per_subject(subjects, Path(cache), stem, covariances)
     for arrays, subject in parts:
         if arrays["bands"].tolist() != [list(b) for b in bands]:

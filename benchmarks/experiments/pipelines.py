@@ -146,6 +146,18 @@ SHRUNK = {
     "Recenter+TS+LR on OAS covariances": recenter_ts_lr,
 }
 
+#: Pipelines on the 16 sensorimotor channels of the 8-32 Hz trials
+#: (:data:`skfedspd.datasets.SENSORIMOTOR_CHANNELS`; sample covariances): the number of channels.
+SENSORIMOTOR = {
+    "Recenter+TS+LR, 16 sensorimotor channels": recenter_ts_lr,
+    "SPDnet+dBN, 16 sensorimotor channels": PIPELINES["SPDnet+dBN"],
+}
+
+#: Re-centred TS+LR on the OAS covariances of the 16 sensorimotor channels.
+SENSORIMOTOR_SHRUNK = {
+    "Recenter+TS+LR on OAS covariances, 16 sensorimotor channels": recenter_ts_lr,
+}
+
 #: The SPDDSMBN study model (:mod:`.study_model`) with the parts of SPDDSMBN added one at a time.
 STUDIES = {
     "study model": lambda seed: StudySPDnetClassifier(random_state=seed),

@@ -19,7 +19,9 @@ trained on 8 or 16 of the training subjects), ``--pipelines`` takes the study mo
 (:data:`.pipelines.STUDIES`: SPDDSMBN's parts one at a time) and the filter banks on four
 sub-bands (:data:`.pipelines.BANDED`, fitted on the sub-bands' OAS covariances of the same
 trials) and re-centred TS+LR on the OAS covariances of the 8-32 Hz trials
-(:data:`.pipelines.SHRUNK`); ``--record`` names the record.
+(:data:`.pipelines.SHRUNK`), and re-centred TS+LR (sample or OAS covariances) and SPDnet+dBN on
+the trials' 16 sensorimotor channels (:data:`.pipelines.SENSORIMOTOR`,
+:data:`.pipelines.SENSORIMOTOR_SHRUNK`); ``--record`` names the record.
 
 The fitted SPDnet-family models are saved under ``OUT/models`` (``skfedspd.save_estimator``)
 for the ``online`` experiment. Each (pipeline, fold, seed) is one file of predictions: a run
@@ -36,17 +38,24 @@ from joblib import Parallel, delayed
 from sklearn.model_selection import GroupKFold, LeaveOneGroupOut
 
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier, load_estimator, save_estimator
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS
 
 from . import report
 from .data import BROAD, LEFT_RIGHT_SUBJECTS, SUB_BANDS, load_left_right, load_left_right_bands
-from .pipelines import ABLATIONS, BANDED, PIPELINES, SHRUNK, STUDIES, TrainingSubjects, fit
+from .pipelines import (ABLATIONS, BANDED, PIPELINES, SENSORIMOTOR, SENSORIMOTOR_SHRUNK, SHRUNK, STUDIES,
+                        TrainingSubjects, fit)
 from .study_model import StudySPDnetClassifier
 
 DEFAULT_PIPELINES = ["TS+LR", "Recenter+TS+LR", "SPDnet+dBN", "FedSPDnet+dBN", "FedSPDnet+dBN, subject domains"]
 #: The ensemble row of a network trained from several seeds.
 ENSEMBLE = "{}, seed ensemble"
 #: Every pipeline ``--pipelines`` takes, by name.
-ALL_PIPELINES = {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED, **SHRUNK}
+ALL_PIPELINES = {**PIPELINES, **ABLATIONS, **STUDIES, **BANDED, **SHRUNK, **SENSORIMOTOR, **SENSORIMOTOR_SHRUNK}
+#: The inputs other than the 64-channel sample covariances: kind -> (its pipelines, bands,
+#: covariance estimator, channels), loaded by :func:`.data.load_left_right_bands`.
+OTHER_INPUTS = {"sub-bands": (BANDED, SUB_BANDS, "oas", None), "oas": (SHRUNK, BROAD, "oas", None),
+                "sensorimotor": (SENSORIMOTOR, BROAD, "scm", SENSORIMOTOR_CHANNELS),
+                "sensorimotor-oas": (SENSORIMOTOR_SHRUNK, BROAD, "oas", SENSORIMOTOR_CHANNELS)}
 PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("Recenter+TS+LR on OAS covariances", "Recenter+TS+LR"),
          ("SPDnet+dBN", "Recenter+TS+LR on OAS covariances"),
          (ENSEMBLE.format("SPDnet+dBN"), "Recenter+TS+LR on OAS covariances"),
@@ -68,7 +77,13 @@ PAIRS = [("SPDnet+dBN", "Recenter+TS+LR"), ("Recenter+TS+LR on OAS covariances",
          ("study model, complete SPDDSMBN", "Recenter+TS+LR"),
          ("Recenter+TS+LR, 4 sub-bands (OAS)", "Recenter+TS+LR"),
          ("study model, 4 sub-bands (OAS), one BiMap each", "study model"),
-         ("study model, 4 sub-bands (OAS), one BiMap each", "Recenter+TS+LR, 4 sub-bands (OAS)")]
+         ("study model, 4 sub-bands (OAS), one BiMap each", "Recenter+TS+LR, 4 sub-bands (OAS)"),
+         ("SPDnet+dBN, 16 sensorimotor channels", "Recenter+TS+LR, 16 sensorimotor channels"),
+         ("SPDnet+dBN, 16 sensorimotor channels", "Recenter+TS+LR on OAS covariances, 16 sensorimotor channels"),
+         (ENSEMBLE.format("SPDnet+dBN, 16 sensorimotor channels"),
+          "Recenter+TS+LR on OAS covariances, 16 sensorimotor channels"),
+         ("SPDnet+dBN", "SPDnet+dBN, 16 sensorimotor channels"),
+         ("Recenter+TS+LR on OAS covariances", "Recenter+TS+LR on OAS covariances, 16 sensorimotor channels")]
 
 
 def add_arguments(parser):
@@ -95,8 +110,8 @@ def folds(groups, cv):
 
 
 def input_kind(name):
-    """Which covariances a pipeline takes: ``"sub-bands"``, ``"oas"`` or ``"sample"``."""
-    return "sub-bands" if name in BANDED else "oas" if name in SHRUNK else "sample"
+    """Which covariances a pipeline takes: a kind of :data:`OTHER_INPUTS`, or ``"sample"``."""
+    return next((kind for kind, (rows, *_) in OTHER_INPUTS.items() if name in rows), "sample")
 
 
 def build(name, seed):
@@ -149,9 +164,10 @@ def run(args):
     if not args.report_only:
         X, y, groups = load_left_right(args.subjects)
         inputs = {"sample": X}
-        for kind, rows, bands in (("sub-bands", BANDED, SUB_BANDS), ("oas", SHRUNK, BROAD)):
+        for kind, (rows, bands, estimator, channels) in OTHER_INPUTS.items():
             if any(name in rows for name in args.pipelines):  # other covariances of the same trials
-                other, y_other, groups_other = load_left_right_bands(args.subjects, bands=bands)
+                other, y_other, groups_other = load_left_right_bands(args.subjects, bands=bands, estimator=estimator,
+                                                                     channels=channels)
                 if not (np.array_equal(y_other, y) and np.array_equal(groups_other, groups)):
                     raise RuntimeError(f"the {kind} trials are not those of the 8-32 Hz covariances")
                 inputs[kind] = other[:, 0] if bands == BROAD else other  # one band: (n, C, C)

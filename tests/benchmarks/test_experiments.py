@@ -10,6 +10,7 @@ from sklearn.utils.metadata_routing import get_routing_for_object
 from benchmarks.experiments import (client_optimizer_state, defaults, online, pipelines, report, table_one_ablation,
                                    unseen_subjects)
 from skfedspd import FederatedSPDnetClassifier, SPDnetClassifier
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS
 
 
 def test_paired_differences():
@@ -382,3 +383,29 @@ def test_the_shrunk_baseline_takes_the_broad_band_oas_covariances():
 
     assert [input_kind(name) for name in SHRUNK] == ["oas"]
     assert {input_kind(name) for name in BANDED} == {"sub-bands"} and input_kind("Recenter+TS+LR") == "sample"
+
+
+def test_the_sensorimotor_pipelines_take_the_16_channel_covariances():
+    from benchmarks.experiments.pipelines import SENSORIMOTOR, SENSORIMOTOR_SHRUNK
+    from benchmarks.experiments.unseen_subjects import OTHER_INPUTS, input_kind
+
+    assert {input_kind(name) for name in SENSORIMOTOR} == {"sensorimotor"}
+    assert [input_kind(name) for name in SENSORIMOTOR_SHRUNK] == ["sensorimotor-oas"]
+    assert [OTHER_INPUTS[kind][2:] for kind in ("sensorimotor", "sensorimotor-oas")] == [
+        ("scm", SENSORIMOTOR_CHANNELS), ("oas", SENSORIMOTOR_CHANNELS)]
+
+
+def test_a_channel_set_has_its_own_cache_files(tmp_path, monkeypatch):
+    from benchmarks.experiments import data
+
+    asked = []
+
+    def trials(subjects, n_classes, n_times, channels=None):
+        asked.append(channels)
+        return np.random.default_rng(0).standard_normal((4, len(channels), 480)), np.array([0, 1, 0, 1]), None
+
+    monkeypatch.setattr(data, "physionet_trials", trials)
+    X, _, _ = data.load_left_right_bands([1], bands=data.BROAD, estimator="scm", cache=tmp_path,
+                                         channels=SENSORIMOTOR_CHANNELS)
+    assert X.shape == (4, 1, 16, 16) and asked == [SENSORIMOTOR_CHANNELS]
+    assert [f.name for f in tmp_path.iterdir()] == ["physionet-lr-bands-scm-8-32-16ch-1.npz"]
