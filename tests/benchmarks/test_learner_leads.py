@@ -98,14 +98,10 @@ def test_the_client_lr_row_sets_the_sites_adam_only():
     assert [fed.random_state for fed in ensemble] == [10, 11, 12, 13, 14]
 
 
-def test_recentred_ts_lr_and_the_ensemble_with_ts_lr_on_oas(spd_domains, monkeypatch):
+def smallest_eigenvalue_fitted(monkeypatch):
+    """The TS+LR and the networks of ``learner_leads`` replaced by models that record the
+    smallest eigenvalue of the matrices each is fitted on (in the list returned)."""
     from benchmarks.experiments import learner_leads
-
-    X, y, subjects = spd_domains(n_groups=4, n_per_group=40, n_channels=4, seed=0)
-    shrunk = X + np.eye(4)  # stands for the OAS covariances: told apart by their smallest eigenvalue
-    data = (X, shrunk[:, None], None, None, None, y, subjects)
-    row = learner_leads.fit_row("Recenter+TS+LR", data, seed=0)
-    assert row["f1"] > 0.6 and row["n_train"] == 136  # 85 % of each client's 80 trials
 
     seen = []
 
@@ -119,6 +115,19 @@ def test_recentred_ts_lr_and_the_ensemble_with_ts_lr_on_oas(spd_domains, monkeyp
 
     monkeypatch.setattr(learner_leads, "ts_lr", lambda n_bands=None: Recorder())
     monkeypatch.setattr(learner_leads, "spdnet", lambda seed, n_seeds=1, **params: Recorder())
+    return seen
+
+
+def test_recentred_ts_lr_and_the_ensemble_with_ts_lr_on_oas(spd_domains, monkeypatch):
+    from benchmarks.experiments import learner_leads
+
+    X, y, subjects = spd_domains(n_groups=4, n_per_group=40, n_channels=4, seed=0)
+    shrunk = X + np.eye(4)  # stands for the OAS covariances: told apart by their smallest eigenvalue
+    data = (X, shrunk[:, None], None, None, None, y, subjects)
+    row = learner_leads.fit_row("Recenter+TS+LR", data, seed=0)
+    assert row["f1"] > 0.6 and row["n_train"] == 136  # 85 % of each client's 80 trials
+
+    seen = smallest_eigenvalue_fitted(monkeypatch)
     learner_leads.fit_row("SPDnetClassifier() over 5 training seeds and TS+LR on OAS covariances, probabilities "
                           "averaged", data, seed=0)
     assert seen[0] >= 1 > seen[1]  # TS+LR on the shrunk matrices, the networks on the sample covariances
@@ -131,18 +140,7 @@ def test_the_sensorimotor_rows_take_the_16_channel_matrices(spd_domains, monkeyp
     # all 64 channels (+5 I) and their OAS (+9 I) told apart from the sensorimotor sample (X) and OAS (+2 I)
     sensorimotor = np.stack([X, X + 2 * np.eye(4)], 1)
     data = (X + 5 * np.eye(4), (X + 9 * np.eye(4))[:, None], None, None, sensorimotor, y, subjects)
-    seen = []
-
-    class Recorder:
-        def fit(self, X, y, groups=None):
-            seen.append(np.linalg.eigvalsh(X).min())
-            return self
-
-        def predict_proba(self, X):
-            return np.full((len(X), 2), 0.5)
-
-    monkeypatch.setattr(learner_leads, "ts_lr", lambda n_bands=None: Recorder())
-    monkeypatch.setattr(learner_leads, "spdnet", lambda seed, n_seeds=1, **params: Recorder())
+    seen = smallest_eigenvalue_fitted(monkeypatch)
     learner_leads.fit_row("SPDnetClassifier() over 5 training seeds and TS+LR on OAS covariances, probabilities "
                           "averaged, 16 sensorimotor channels", data, seed=0)
     learner_leads.fit_row("TS+LR, 16 sensorimotor channels", data, seed=0)
