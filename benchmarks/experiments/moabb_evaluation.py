@@ -14,6 +14,10 @@ Paired differences ± standard error over subjects, with the number of subjects 
 * 4 classes (``MotorImagery``, accuracy) on subjects 1, 4, 15 and 42, the only ones whose six
   imagery runs are all present (full run only).
 
+``--channels sensorimotor`` keeps the 16 sensorimotor channels
+(:data:`skfedspd.datasets.SENSORIMOTOR_CHANNELS`) in every paradigm instead of the 64; the
+records say so in their title and facts (name them with ``--record``).
+
 Pipelines (MOABB's own definitions where it has one: OAS covariances for the tangent-space
 and MDM pipelines; SCM covariances for SPDnet, as in the paper):
 
@@ -73,6 +77,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS
+
 from .._machine import cpu_name, machine_facts
 from ..records.store import read_record
 from . import report as records_report
@@ -83,17 +89,25 @@ EVALUATIONS = ("WithinSession", "CrossSubject")
 QUICK_SUBJECTS = [1, 2, 3, 4]
 
 
-def datasets(quick, subjects=None):
-    """(label, dataset, paradigm) triples; ``subjects`` overrides the left/right subjects."""
+#: ``--channels``: the EEG channels the paradigms keep (None: all 64).
+CHANNEL_SETS = {"all": None, "sensorimotor": SENSORIMOTOR_CHANNELS}
+
+
+def datasets(quick, subjects=None, channels=None):
+    """(label, dataset, paradigm) triples; ``subjects`` overrides the left/right subjects,
+    ``channels`` (names) restricts every paradigm to them."""
     from skfedspd.datasets import PHYSIONET_LEFT_RIGHT_SUBJECTS
+
+    picked = {} if channels is None else {"channels": list(channels)}
 
     subjects = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_LEFT_RIGHT_SUBJECTS))
     missing = sorted(set(subjects) - set(PHYSIONET_LEFT_RIGHT_SUBJECTS))
     if missing:
         raise SystemExit(f"subjects {missing} are not in the offline copy ({list(PHYSIONET_LEFT_RIGHT_SUBJECTS)})")
-    out = [("left/right", *physionet_moabb(subjects, 2, scorer=list(METRICS["left/right"])))]
+    out = [("left/right", *physionet_moabb(subjects, 2, scorer=list(METRICS["left/right"]), **picked))]
     if not quick:
-        out.append(("4 classes", *physionet_moabb(FOUR_CLASS_SUBJECTS, 4, scorer=list(METRICS["4 classes"]))))
+        out.append(("4 classes", *physionet_moabb(FOUR_CLASS_SUBJECTS, 4, scorer=list(METRICS["4 classes"]),
+                                                  **picked)))
     return out
 
 
@@ -190,15 +204,15 @@ RUN_FILE = "run.json"
 RECORD_REFERENCE = "TS+LR"
 
 
-def write_run(out, command, wall_seconds, cpu_seconds, cross_folds, subjects, measured_on=None):
+def write_run(out, command, wall_seconds, cpu_seconds, cross_folds, subjects, measured_on=None, channels="all"):
     """``out/run.json``: how the scores of ``out`` were computed (``cross_folds``: K of
     CrossSubject's GroupKFold, None for leave-one-subject-out; ``subjects``: ``{task: the
     subjects evaluated}``, more than the scores name when a test fold of several subjects is
-    scored as one)."""
+    scored as one; ``channels``: a key of :data:`CHANNEL_SETS`)."""
     run = {"command": command, "wall_seconds": round(float(wall_seconds), 1),
            "cpu_seconds": round(float(cpu_seconds), 1), "cross_folds": cross_folds,
            "subjects": {task: [int(s) for s in subject_list] for task, subject_list in subjects.items()},
-           "machine": measured_on or machine_facts()}
+           "channels": channels, "machine": measured_on or machine_facts()}
     (Path(out) / RUN_FILE).write_text(json.dumps(run, indent=1) + "\n")
     return run
 
@@ -306,6 +320,10 @@ def write_records(folders, prefix="moabb", command=None, figures=None):
         if evaluation == "CrossSubject" and len(folds) > 1:
             raise SystemExit(f"the runs split CrossSubject differently ({sorted(folds, key=str)}): not one record")
         cross_folds = folds.pop() if evaluation == "CrossSubject" else None
+        channels = {r.get("channels", "all") for r in used}  # runs before the option: all 64
+        if len(channels) > 1:
+            raise SystemExit(f"the runs keep different channels ({sorted(channels)}): not one record")
+        channels = channels.pop()
         name = record_name(prefix, task, evaluation, cross_folds, group_sizes)
         frame = subject_frame(part, task)
         facts = {"task": task, "evaluation": evaluation, "split": split_words(evaluation, cross_folds, group_sizes),
@@ -321,6 +339,10 @@ def write_records(folders, prefix="moabb", command=None, figures=None):
             facts["run_commands"] = [r["command"] for r in used]
             facts["run_wall_seconds"] = [r["wall_seconds"] for r in used]
         title = f"MOABB {evaluation}, PhysionetMI {task}, {len(facts['subjects'])} subjects, {facts['split']}"
+        if channels != "all":
+            picked = CHANNEL_SETS[channels]
+            facts["channels"] = list(picked)
+            title += f", {len(picked)} {channels} channels"
         reference = RECORD_REFERENCE if RECORD_REFERENCE in set(frame["pipeline"]) else frame["pipeline"].iloc[0]
         metrics = {m: f"{label} (%)" for m, label in METRICS[task].items()}
         paths.append(records_report.write_subject_record(
@@ -390,6 +412,9 @@ def add_arguments(parser):
                              "--quick, K = 5 otherwise)")
     parser.add_argument("--pipelines", nargs="+", choices=PIPELINE_ORDER, default=None, metavar="NAME",
                         help="only these pipelines: " + ", ".join(PIPELINE_ORDER))
+    parser.add_argument("--channels", choices=list(CHANNEL_SETS), default="all",
+                        help="the EEG channels kept: all 64, or the 16 sensorimotor ones "
+                             "(skfedspd.datasets.SENSORIMOTOR_CHANNELS)")
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--record", default="moabb", metavar="PREFIX",
                         help="records PREFIX-withinsession-N, PREFIX-crosssubject-losoN, "
@@ -446,7 +471,7 @@ def evaluate(args, command):
     report = [f"# MOABB evaluation{' (quick)' if args.quick else ''}\n", f"command: `{command}`  ",
               f"machine: {cpu_name()}, 1 process, torch {torch.__version__}  "]
     all_scores, subjects = [], {}
-    for label, dataset, paradigm in datasets(args.quick, args.subjects):
+    for label, dataset, paradigm in datasets(args.quick, args.subjects, CHANNEL_SETS[args.channels]):
         subjects[label] = list(dataset.subject_list)
         runs = []
         cross_folds = args.cross_folds or (None if args.quick else 5)
@@ -488,7 +513,7 @@ def evaluate(args, command):
     (out / "report.md").write_text("\n".join(report) + "\n")
     print(f"total time: {elapsed / 60:.1f} min wall, {cpu / 60:.1f} min CPU; report: {out / 'report.md'}")
     write_run(out, records_report.command_line(), elapsed, cpu,
-              args.cross_folds or (None if args.quick else 5), subjects)
+              args.cross_folds or (None if args.quick else 5), subjects, channels=args.channels)
     if not args.no_record:
         for path in write_records([out], args.record, figures=args.figures):
             print(f"record: {path}")

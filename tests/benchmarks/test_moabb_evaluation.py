@@ -93,13 +93,14 @@ def test_bad_evaluation_options_are_refused(argv, message, capsys, tmp_path):
 
 
 def run_folder(path, table, cross_folds=None, command="python -m benchmarks.experiments moabb --quick",
-               subjects=None):
+               subjects=None, channels="all"):
     """A results folder as a run leaves it: MOABB's scores and ``run.json``."""
     path.mkdir()
     table.to_csv(path / "scores.csv", index=False)
     subjects = {"left/right": sorted(table["subject"].unique()) if subjects is None else subjects}
     me.write_run(path, command, wall_seconds=60.0, cpu_seconds=30.0, cross_folds=cross_folds, subjects=subjects,
-                 measured_on={"cpu": "test CPU", "cores": 2, "python": "3", "torch": "2", "load_average": 0.5})
+                 measured_on={"cpu": "test CPU", "cores": 2, "python": "3", "torch": "2", "load_average": 0.5},
+                 channels=channels)
     return path
 
 
@@ -143,6 +144,23 @@ def test_a_run_writes_one_record_per_evaluation_paired_with_ts_lr(tmp_path, reco
     assert render.worded(within, "higher", "ts-lr") == "higher"
     cross = store.read_record("moabb-crosssubject-loso3", records)
     assert render.difference(cross, "spdnet") == "+0.0 ± 5.8" and cross["facts"]["split"] == "leave one subject out"
+
+
+def test_the_sensorimotor_channels_reach_the_paradigms_and_the_record(tmp_path, records):
+    from benchmarks.records import store
+    from skfedspd.datasets import SENSORIMOTOR_CHANNELS
+
+    assert all(paradigm.channels == list(SENSORIMOTOR_CHANNELS)
+               for _, _, paradigm in me.datasets(False, [1, 2], SENSORIMOTOR_CHANNELS))
+    assert all(paradigm.channels is None for _, _, paradigm in me.datasets(True, [1, 2]))
+    table = scores({"TS+LR": [0.6, 0.7], "SPDnet": [0.7, 0.8]}, subjects=(1, 2))
+    me.write_records([run_folder(tmp_path / "run", table, channels="sensorimotor")], prefix="moabb-16ch")
+    record = store.read_record("moabb-16ch-withinsession-2", records)
+    assert record["title"].endswith(", 16 sensorimotor channels")
+    assert record["facts"]["channels"] == list(SENSORIMOTOR_CHANNELS)
+    everything = run_folder(tmp_path / "all", scores({"TS+LR": [0.6, 0.7]}, subjects=(3, 4)))
+    with pytest.raises(SystemExit, match="different channels"):
+        me.write_records([tmp_path / "run", everything])
 
 
 def test_sessions_of_a_subject_are_averaged_into_one_unit(tmp_path, records):
