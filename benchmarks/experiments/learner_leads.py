@@ -71,7 +71,7 @@ from sklearn.model_selection import train_test_split
 from sklearn.pipeline import make_pipeline
 
 from skfedspd import SPDnetClassifier
-from skfedspd.datasets import SENSORIMOTOR_CHANNELS, _channel_picks, sample_covariance
+from skfedspd.datasets import SENSORIMOTOR_CHANNELS, sample_covariance
 from skfedspd.server_optimizer import ServerMomentum
 from skfedspd.training import torch_threads
 
@@ -185,7 +185,8 @@ def sensorimotor_covariances(X_raw):
     channels (:data:`skfedspd.datasets.SENSORIMOTOR_CHANNELS`)."""
     from pyriemann.estimation import Covariances
 
-    picks = _channel_picks(channel_names(QUICK_SUBJECTS[0]), SENSORIMOTOR_CHANNELS)
+    names = channel_names(QUICK_SUBJECTS[0])
+    picks = [names.index(channel) for channel in SENSORIMOTOR_CHANNELS]
     return np.stack([sample_covariance(X_raw[:, picks]), Covariances("oas").transform(X_raw[:, picks])], 1)
 
 

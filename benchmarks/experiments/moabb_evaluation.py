@@ -98,12 +98,11 @@ def datasets(quick, subjects=None, channels=None):
     ``channels`` (names) restricts every paradigm to them."""
     from skfedspd.datasets import PHYSIONET_LEFT_RIGHT_SUBJECTS
 
-    picked = {} if channels is None else {"channels": list(channels)}
-
     subjects = list(subjects or (QUICK_SUBJECTS if quick else PHYSIONET_LEFT_RIGHT_SUBJECTS))
     missing = sorted(set(subjects) - set(PHYSIONET_LEFT_RIGHT_SUBJECTS))
     if missing:
         raise SystemExit(f"subjects {missing} are not in the offline copy ({list(PHYSIONET_LEFT_RIGHT_SUBJECTS)})")
+    picked = {} if channels is None else {"channels": list(channels)}
     out = [("left/right", *physionet_moabb(subjects, 2, scorer=list(METRICS["left/right"]), **picked))]
     if not quick:
         out.append(("4 classes", *physionet_moabb(FOUR_CLASS_SUBJECTS, 4, scorer=list(METRICS["4 classes"]),

@@ -147,3 +147,15 @@ def test_the_sensorimotor_rows_take_the_16_channel_matrices(spd_domains, monkeyp
     assert 2 <= seen[0] < 5 and seen[1] < 2 and seen[2] < 2  # OAS for TS+LR, sample covariances otherwise
     row = learner_leads.fit_row("Recenter+TS+LR on OAS covariances, 16 sensorimotor channels", data, seed=0)
     assert row["config"]["channels"] == "sensorimotor" and row["n_train"] == 136
+
+
+def test_sensorimotor_covariances_pick_the_channels_by_name(monkeypatch):
+    from benchmarks.experiments import learner_leads
+    from skfedspd.datasets import SENSORIMOTOR_CHANNELS, sample_covariance
+
+    names = [f"X{k}" for k in range(48)] + list(SENSORIMOTOR_CHANNELS)[::-1]  # the 16 last, reversed
+    monkeypatch.setattr(learner_leads, "channel_names", lambda subject: names)
+    X_raw = np.random.default_rng(0).standard_normal((3, 64, 200))
+    C = learner_leads.sensorimotor_covariances(X_raw)
+    np.testing.assert_allclose(C[:, 0], sample_covariance(X_raw[:, 63:47:-1]))
+    assert C.shape == (3, 2, 16, 16) and (np.linalg.eigvalsh(C[:, 1]) > 0).all()
